@@ -1,0 +1,171 @@
+//! Per-step retry and deadline policies, with per-workflow defaults.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+/// Default number of failed attempts (errors and timeouts) after which a step fails.
+pub const MAX_FAILURES_DEFAULT: u32 = 5;
+/// Default first retry delay.
+pub const INITIAL_BACKOFF_DEFAULT: Duration = Duration::from_millis(200);
+/// Default ceiling of the retry delay.
+pub const MAX_BACKOFF_DEFAULT: Duration = Duration::from_secs(60);
+/// Default time a step attempt may take before the supervisor treats it as failed (SAS-3).
+pub const DEADLINE_DEFAULT: Duration = Duration::from_secs(30);
+/// Default ceiling to which the supervisor extends a step's deadline.
+pub const DEADLINE_CAP_DEFAULT: Duration = Duration::from_secs(600);
+
+/// How a step is retried after a retryable failure or a timeout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Failed attempts (errors and timeouts) at which the step fails for good: the
+    /// supervisor's failure threshold (SAS-4). `None` retries forever (the default for
+    /// retriable steps).
+    pub max_failures: Option<u32>,
+    /// Delay before the first retry.
+    pub initial_backoff: Duration,
+    /// Ceiling of the delay.
+    pub max_backoff: Duration,
+    /// Whether to randomise each delay (recommended: spreads retry storms).
+    pub jitter: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_failures: Some(MAX_FAILURES_DEFAULT),
+            initial_backoff: INITIAL_BACKOFF_DEFAULT,
+            max_backoff: MAX_BACKOFF_DEFAULT,
+            jitter: true,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Sets the failure threshold.
+    #[must_use]
+    pub fn with_max_failures(mut self, n: u32) -> Self {
+        self.max_failures = Some(n);
+        self
+    }
+
+    /// Retries without limit.
+    #[must_use]
+    pub fn with_unlimited_failures(mut self) -> Self {
+        self.max_failures = None;
+        self
+    }
+
+    /// Sets the first and the largest delay.
+    #[must_use]
+    pub fn with_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max;
+        self
+    }
+
+    /// Turns jitter on or off.
+    #[must_use]
+    pub fn with_jitter(mut self, jitter: bool) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The threshold as stored (`i32::MAX` stands for "unlimited").
+    pub fn max_failures_stored(&self) -> i32 {
+        self.max_failures.map_or(i32::MAX, |n| i32::try_from(n).unwrap_or(i32::MAX))
+    }
+
+    /// Delay before the attempt that follows the `failures`-th failure (1-based):
+    /// exponential with factor 2, capped, with optional jitter.
+    pub fn backoff(&self, failures: u32) -> Duration {
+        let mut builder = ExponentialBuilder::default()
+            .with_min_delay(self.initial_backoff)
+            .with_max_delay(self.max_backoff)
+            .with_factor(2.0)
+            .without_max_times();
+        if self.jitter {
+            builder = builder.with_jitter();
+        }
+        let n = usize::try_from(failures.saturating_sub(1)).unwrap_or(usize::MAX).min(64);
+        builder.build().nth(n).unwrap_or(self.max_backoff)
+    }
+}
+
+/// How long an attempt may take, and how the supervisor extends it after a timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadlinePolicy {
+    /// The first attempt's deadline (`CompleteBy = now + initial`).
+    pub initial: Duration,
+    /// Each timeout doubles the deadline up to this cap.
+    pub cap: Duration,
+}
+
+impl Default for DeadlinePolicy {
+    fn default() -> Self {
+        Self { initial: DEADLINE_DEFAULT, cap: DEADLINE_CAP_DEFAULT }
+    }
+}
+
+impl DeadlinePolicy {
+    /// A policy with the given first deadline and cap.
+    pub fn new(initial: Duration, cap: Duration) -> Self {
+        Self { initial, cap }
+    }
+
+    /// The deadline after one more timeout: doubled, capped.
+    pub fn extend(&self, current: Duration) -> Duration {
+        current.saturating_mul(2).min(self.cap).max(self.initial)
+    }
+}
+
+/// Settings of one step; a workflow's defaults apply where a step sets nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepSettings {
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// Deadline policy.
+    pub deadline: DeadlinePolicy,
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_without_jitter() {
+        let p = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_millis(1000))
+            .with_jitter(false);
+        let delays: Vec<_> = (1..=6).map(|n| p.backoff(n).as_millis()).collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1000, 1000]);
+    }
+
+    #[test]
+    fn jitter_stays_within_bounds() {
+        let p = RetryPolicy::default().with_backoff(Duration::from_millis(100), Duration::from_secs(10));
+        for n in 1..=5 {
+            let base = 100u128 << (n - 1);
+            let d = p.backoff(n).as_millis();
+            assert!(d >= base && d <= base * 2, "attempt {n}: {d} ms not in [{base}, {}]", base * 2);
+        }
+    }
+
+    #[test]
+    fn deadline_extension_doubles_and_caps() {
+        let p = DeadlinePolicy::new(Duration::from_secs(1), Duration::from_secs(5));
+        assert_eq!(p.extend(Duration::from_secs(1)), Duration::from_secs(2));
+        assert_eq!(p.extend(Duration::from_secs(4)), Duration::from_secs(5));
+        assert_eq!(p.extend(Duration::from_secs(5)), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn unlimited_failures_are_stored_as_max() {
+        assert_eq!(RetryPolicy::default().with_unlimited_failures().max_failures_stored(), i32::MAX);
+        assert_eq!(RetryPolicy::default().max_failures_stored(), 5);
+    }
+}

@@ -1,0 +1,167 @@
+//! What a step runs: the [`StepAction`] trait and the [`StepContext`] handed to it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::StepError;
+
+/// The body of a step or of its compensation.
+///
+/// An implementation calls one remote service (through an agent) and returns the step's
+/// output as JSON. It must be idempotent with respect to
+/// [`StepContext::idempotency_key`]: the same key arrives on every retry of the step.
+#[async_trait::async_trait]
+pub trait StepAction: Send + Sync + 'static {
+    /// Runs one attempt.
+    ///
+    /// # Errors
+    /// A [`StepError`]; retryable unless built with [`StepError::terminal`].
+    async fn run(&self, ctx: StepContext) -> Result<serde_json::Value, StepError>;
+}
+
+/// Adapts an async closure returning any serialisable output into a [`StepAction`].
+pub(crate) struct FnAction<F>(pub(crate) F);
+
+#[async_trait::async_trait]
+impl<F, Fut, O> StepAction for FnAction<F>
+where
+    F: Fn(StepContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, StepError>> + Send + 'static,
+    O: Serialize + Send + 'static,
+{
+    async fn run(&self, ctx: StepContext) -> Result<serde_json::Value, StepError> {
+        let out = (self.0)(ctx).await?;
+        serde_json::to_value(out).map_err(StepError::from)
+    }
+}
+
+/// Everything one attempt of a step (or compensation) may know.
+#[derive(Clone)]
+pub struct StepContext {
+    pub(crate) run_id: Uuid,
+    pub(crate) step: Arc<str>,
+    pub(crate) attempt: u32,
+    pub(crate) idempotency_key: Arc<str>,
+    pub(crate) deadline: Instant,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) input: Arc<serde_json::Value>,
+    pub(crate) deps: Arc<BTreeMap<String, serde_json::Value>>,
+    pub(crate) output: Option<Arc<serde_json::Value>>,
+}
+
+impl fmt::Debug for StepContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepContext")
+            .field("run_id", &self.run_id)
+            .field("step", &self.step)
+            .field("attempt", &self.attempt)
+            .field("idempotency_key", &self.idempotency_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StepContext {
+    /// Builds a context; used by the scheduler and by tests of step bodies.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        run_id: Uuid,
+        step: &str,
+        attempt: u32,
+        idempotency_key: &str,
+        deadline: Instant,
+        cancel: CancellationToken,
+        input: Arc<serde_json::Value>,
+        deps: Arc<BTreeMap<String, serde_json::Value>>,
+        output: Option<Arc<serde_json::Value>>,
+    ) -> Self {
+        Self {
+            run_id,
+            step: step.into(),
+            attempt,
+            idempotency_key: idempotency_key.into(),
+            deadline,
+            cancel,
+            input,
+            deps,
+            output,
+        }
+    }
+
+    /// The run this attempt belongs to.
+    pub fn run_id(&self) -> Uuid {
+        self.run_id
+    }
+
+    /// The step's name.
+    pub fn step(&self) -> &str {
+        &self.step
+    }
+
+    /// 1-based attempt number (across errors, timeouts and restarts).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The stable idempotency key: the same on every retry of this step in this run, different
+    /// for other steps, runs and for the compensation (SAS-2). Pass it to the remote service.
+    pub fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+
+    /// Time left before the deadline (zero once it passed).
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// The local instant of the deadline.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Cancelled when the deadline passes or the engine shuts down; the attempt's future is
+    /// dropped at that moment anyway, the token lets blocking work notice.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The run's input, typed.
+    ///
+    /// # Errors
+    /// A terminal [`StepError`] when the input does not deserialise into `T`.
+    pub fn input<T: DeserializeOwned>(&self) -> Result<T, StepError> {
+        T::deserialize(&*self.input).map_err(|e| StepError::terminal("input", e.to_string()))
+    }
+
+    /// The output of a dependency, typed.
+    ///
+    /// # Errors
+    /// A terminal [`StepError`] when `step` is not a dependency or its output does not
+    /// deserialise into `T`.
+    pub fn dep<T: DeserializeOwned>(&self, step: &str) -> Result<T, StepError> {
+        let v = self.deps.get(step).ok_or_else(|| {
+            StepError::terminal("dependency", format!("step `{}` has no dependency `{step}`", self.step))
+        })?;
+        T::deserialize(v).map_err(|e| StepError::terminal("dependency", format!("`{step}`: {e}")))
+    }
+
+    /// In a compensation: the output the step produced when it completed.
+    ///
+    /// # Errors
+    /// A terminal [`StepError`] outside a compensation or when it does not deserialise.
+    pub fn output<T: DeserializeOwned>(&self) -> Result<T, StepError> {
+        let v = self
+            .output
+            .as_deref()
+            .ok_or_else(|| StepError::terminal("output", "only a compensation sees the step's output"))?;
+        T::deserialize(v).map_err(|e| StepError::terminal("output", e.to_string()))
+    }
+}

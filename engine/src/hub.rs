@@ -1,0 +1,102 @@
+//! In-process fan-out: run status events (SAS-8), alert delivery, and wake-ups between the
+//! scheduler's loops.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, broadcast};
+use uuid::Uuid;
+
+use crate::RunState;
+use crate::store::AlertRow;
+
+const EVENT_CAPACITY: usize = 4096;
+
+/// A status message about a run, published by the engine instance that moved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEvent {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its workflow name.
+    pub workflow: String,
+    /// Its state after the change.
+    pub state: RunState,
+}
+
+/// Receives every alert after it has been stored.
+pub trait AlertSink: Send + Sync + 'static {
+    /// Delivers one alert. Must not block: hand the alert off and return.
+    fn deliver(&self, alert: &AlertRow);
+}
+
+/// Logs alerts at `error` level.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TracingSink;
+
+impl AlertSink for TracingSink {
+    fn deliver(&self, a: &AlertRow) {
+        tracing::error!(
+            alert_id = a.id,
+            run_id = ?a.run_id,
+            step = ?a.step,
+            kind = %a.kind,
+            attempts = a.attempts,
+            actions = ?a.actions,
+            "operator alert: {}",
+            a.reason
+        );
+    }
+}
+
+/// Shared by the scheduler, the supervisor and the public API of one engine instance.
+pub struct Hub {
+    events: broadcast::Sender<RunEvent>,
+    alerts: broadcast::Sender<AlertRow>,
+    sinks: Vec<Arc<dyn AlertSink>>,
+    /// Wakes the claim loop (new ready steps).
+    pub claim: Notify,
+    /// Wakes the evaluation loop (runs marked dirty).
+    pub eval: Notify,
+}
+
+impl fmt::Debug for Hub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hub").field("sinks", &self.sinks.len()).finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    /// A hub delivering alerts to `sinks` (plus in-process subscribers).
+    pub fn new(sinks: Vec<Arc<dyn AlertSink>>) -> Self {
+        Self {
+            events: broadcast::channel(EVENT_CAPACITY).0,
+            alerts: broadcast::channel(EVENT_CAPACITY).0,
+            sinks,
+            claim: Notify::new(),
+            eval: Notify::new(),
+        }
+    }
+
+    /// Subscribes to run status events.
+    pub fn subscribe_events(&self) -> broadcast::Receiver<RunEvent> {
+        self.events.subscribe()
+    }
+
+    /// Subscribes to alerts.
+    pub fn subscribe_alerts(&self) -> broadcast::Receiver<AlertRow> {
+        self.alerts.subscribe()
+    }
+
+    /// Publishes a status event (dropped when nobody listens).
+    pub fn publish(&self, event: RunEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// Delivers a stored alert to every sink and subscriber.
+    pub fn alert(&self, alert: &AlertRow) {
+        for s in &self.sinks {
+            s.deliver(alert);
+        }
+        let _ = self.alerts.send(alert.clone());
+    }
+}

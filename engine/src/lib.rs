@@ -1,0 +1,28 @@
+//! The sagaflow engine: shared vocabulary (states, definitions, the agent protocol), the
+//! storage seam, the planner and the scheduler.
+//!
+//! Applications depend on the `sagaflow` crate, which wires this engine together with the
+//! agents and the supervisor; this crate is what those parts share.
+
+mod error;
+mod outcome;
+mod state;
+
+pub mod definition;
+pub mod hub;
+pub mod operator;
+pub mod plan;
+pub mod protocol;
+pub mod scheduler;
+pub mod store;
+
+pub use definition::{
+    DeadlinePolicy, Registry, RetryPolicy, StepAction, StepContext, StepKind, StepSettings, Workflow, WorkflowBuilder,
+    workflow_key,
+};
+pub use error::{Error, Result};
+pub use hub::{AlertSink, Hub, RunEvent, TracingSink};
+pub use outcome::StepError;
+pub use scheduler::{Scheduler, SchedulerConfig};
+pub use state::{RunState, StepState};
+pub use store::{AlertRow, Backend, HistoryRow, RunRow, StepRow, Store};

@@ -1,0 +1,161 @@
+//! The claim loop.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{ErrorStreak, Scheduler, pause};
+use crate::definition::StepContext;
+use crate::protocol::{AgentRequest, AgentResponse, Dispatch, StepLease};
+use crate::store::ClaimedStep;
+use crate::{Error, StepError, StepState};
+
+pub(super) async fn run(
+    s: Arc<Scheduler>,
+    cancel: CancellationToken,
+    agents: mpsc::Sender<Dispatch>,
+    reply: mpsc::Sender<AgentResponse>,
+) {
+    let mut streak = ErrorStreak::default();
+    loop {
+        // Wait for one free slot, then take as many more as are free (up to a batch).
+        let first = tokio::select! {
+            p = s.slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            () = cancel.cancelled() => return,
+        };
+        let mut permits = vec![first];
+        while permits.len() < s.config.claim_batch as usize {
+            match s.slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
+        let claimed = match s.store.step_claim(&s.config.owner, &s.keys, limit).await {
+            Ok(c) => {
+                streak.succeeded("claiming steps");
+                c
+            }
+            Err(e) => {
+                streak.failed("claiming steps", &e);
+                drop(permits);
+                if !pause(&cancel, s.config.error_pause).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        if claimed.is_empty() {
+            drop(permits);
+            tokio::select! {
+                () = s.hub.claim.notified() => {}
+                () = tokio::time::sleep(s.config.empty_poll_pause) => {}
+                () = cancel.cancelled() => return,
+            }
+            continue;
+        }
+        let runs: Vec<_> = claimed.iter().map(|c| c.run_id).collect();
+        let inputs = match s.store.step_inputs(&runs).await {
+            Ok(i) => i,
+            Err(e) => {
+                // The claims stand: their deadlines expire and the supervisor re-queues them.
+                streak.failed("loading step inputs", &e);
+                drop(permits);
+                if !pause(&cancel, s.config.error_pause).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
+            match request(&s, &cancel, c, &inputs) {
+                Ok(request) => {
+                    if agents.send(Dispatch { request, reply: reply.clone(), permit }).await.is_err() {
+                        return;
+                    }
+                }
+                Err((lease, error)) => {
+                    // Answer on the agent's behalf: the step cannot even start.
+                    drop(permit);
+                    let _ = reply.send(AgentResponse { lease, result: Err(error) }).await;
+                }
+            }
+        }
+        if !pause(&cancel, s.config.success_pause).await {
+            return;
+        }
+    }
+}
+
+/// Builds the agent request of a claimed step, or the error that fails it at once.
+fn request(
+    s: &Scheduler,
+    cancel: &CancellationToken,
+    c: ClaimedStep,
+    inputs: &crate::store::StepInputs,
+) -> Result<AgentRequest, (StepLease, StepError)> {
+    let lease = StepLease {
+        step_id: c.id,
+        run_id: c.run_id,
+        workflow_key: c.workflow_key.clone(),
+        step: c.name.clone(),
+        state: c.state,
+        attempt: c.attempt,
+        failure_count: c.failure_count,
+        max_failures: c.max_failures,
+        owner: s.config.owner.clone(),
+    };
+    let fail = |lease: StepLease, e: Error| (lease, StepError::terminal("engine", e.to_string()));
+    let Some(wf) = s.registry.by_key(&c.workflow_key) else {
+        return Err(fail(lease, Error::WorkflowNotFound(c.workflow_key)));
+    };
+    let Some(def) = wf.step(&c.name) else {
+        return Err(fail(lease, Error::corrupt("sagaflow_steps", c.id, format!("unknown step `{}`", c.name))));
+    };
+    let compensation = c.state == StepState::Compensating;
+    let action = if compensation { def.compensation().cloned() } else { Some(def.action().clone()) };
+    let Some(action) = action else {
+        return Err(fail(lease, Error::corrupt("sagaflow_steps", c.id, "compensating a step without compensation")));
+    };
+    let input = match inputs.inputs.get(&c.run_id).map(|i| serde_json::from_str(i)) {
+        Some(Ok(v)) => Arc::new(v),
+        Some(Err(e)) => return Err(fail(lease, Error::corrupt("sagaflow_runs", c.run_id, e))),
+        None => return Err(fail(lease, Error::corrupt("sagaflow_runs", c.run_id, "run row missing"))),
+    };
+    let mut deps = BTreeMap::new();
+    for dep in wf.deps_of(wf.position(&c.name).unwrap_or_default()) {
+        if let Some(raw) = inputs.outputs.get(&(c.run_id, dep.to_owned())) {
+            match serde_json::from_str(raw) {
+                Ok(v) => {
+                    deps.insert(dep.to_owned(), v);
+                }
+                Err(e) => return Err(fail(lease, Error::corrupt("sagaflow_steps", dep, e))),
+            }
+        }
+    }
+    let output = match (&c.output, compensation) {
+        (Some(raw), true) => match serde_json::from_str(raw) {
+            Ok(v) => Some(Arc::new(v)),
+            Err(e) => return Err(fail(lease, Error::corrupt("sagaflow_steps", c.id, e))),
+        },
+        _ => None,
+    };
+    // The deadline is the database's (AT-2); the local timer only measures what is left.
+    let remaining = Duration::from_millis(u64::try_from(c.complete_by - c.db_now).unwrap_or(0));
+    let key = if compensation { format!("{}:compensate", c.idempotency_key) } else { c.idempotency_key.clone() };
+    let context = StepContext::new(
+        c.run_id,
+        &c.name,
+        u32::try_from(c.attempt).unwrap_or(0),
+        &key,
+        Instant::now() + remaining,
+        cancel.child_token(),
+        input,
+        Arc::new(deps),
+        output,
+    );
+    Ok(AgentRequest { lease, action, context })
+}

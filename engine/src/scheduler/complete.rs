@@ -1,0 +1,98 @@
+//! The completion loop: agent responses → fenced batch writes.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{ErrorStreak, Scheduler, pause};
+use crate::protocol::AgentResponse;
+use crate::store::{StepFinish, StepFinishKind};
+use crate::{StepError, StepState};
+
+/// Attempts to write a batch before leaving it to the supervisor (its leases then expire and
+/// the steps are re-queued; idempotency keys make the re-run safe).
+const WRITE_ATTEMPTS: u32 = 5;
+
+pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken, mut rx: mpsc::Receiver<AgentResponse>) {
+    let mut streak = ErrorStreak::default();
+    let mut batch = Vec::with_capacity(s.config.complete_batch);
+    loop {
+        tokio::select! {
+            n = rx.recv_many(&mut batch, s.config.complete_batch) => if n == 0 { return },
+            () = cancel.cancelled() => return,
+        }
+        let finishes: Vec<StepFinish> = batch.drain(..).map(|r| decide(&s, r)).collect();
+        let mut written = false;
+        for _ in 0..WRITE_ATTEMPTS {
+            match s.store.step_finish_batch(&finishes).await {
+                Ok(applied) => {
+                    streak.succeeded("writing step results");
+                    let lost = applied.iter().filter(|a| !**a).count();
+                    if lost > 0 {
+                        tracing::debug!(lost, "results dropped: their leases were lost (SAS-3)");
+                    }
+                    written = true;
+                    break;
+                }
+                Err(e) => {
+                    streak.failed("writing step results", &e);
+                    if !pause(&cancel, s.config.error_pause).await {
+                        return;
+                    }
+                }
+            }
+        }
+        if !written {
+            tracing::warn!(
+                results = finishes.len(),
+                "giving up on writing step results; the supervisor will re-queue them at their deadline"
+            );
+        }
+        s.hub.eval.notify_one();
+    }
+}
+
+/// Turns an agent's answer into the write: success, retry after backoff, or failure.
+fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
+    let lease = r.lease;
+    let compensation = lease.state == StepState::Compensating;
+    let result = r.result.and_then(|v| {
+        let json = v.to_string();
+        if json.len() > s.config.max_payload_bytes {
+            Err(StepError::terminal(
+                "output_too_large",
+                format!("output is {} bytes, over the limit of {}", json.len(), s.config.max_payload_bytes),
+            ))
+        } else {
+            Ok(json)
+        }
+    });
+    let kind = match result {
+        Ok(json) => StepFinishKind::Succeeded { output: (!compensation).then_some(json) },
+        Err(error) => {
+            let failures = lease.failure_count.saturating_add(1);
+            if error.retryable && failures < lease.max_failures {
+                let policy = s
+                    .registry
+                    .by_key(&lease.workflow_key)
+                    .and_then(|w| w.step(&lease.step))
+                    .map(|d| d.settings().retry)
+                    .unwrap_or_default();
+                let delay = policy.backoff(u32::try_from(failures).unwrap_or(u32::MAX));
+                StepFinishKind::Retry { delay_ms: crate::definition::millis(delay), error }
+            } else {
+                StepFinishKind::Failed { error }
+            }
+        }
+    };
+    StepFinish {
+        id: lease.step_id,
+        run_id: lease.run_id,
+        name: lease.step,
+        state: lease.state,
+        attempt: lease.attempt,
+        owner: lease.owner,
+        kind,
+    }
+}

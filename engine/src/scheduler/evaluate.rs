@@ -1,0 +1,153 @@
+//! The evaluation loop: runs marked dirty → planner → writes, alerts, events.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{ErrorStreak, Scheduler, pause};
+use crate::hub::RunEvent;
+use crate::plan;
+use crate::store::NewAlert;
+use crate::Error;
+
+/// Runs evaluated per poll.
+const EVAL_BATCH: u32 = 128;
+/// How often to look for unfinished runs of versions this engine does not have.
+const VERSION_CHECK_EVERY: Duration = Duration::from_secs(60);
+
+pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
+    let mut streak = ErrorStreak::default();
+    // Runs whose evaluation failed on bad data: alerted once, not retried in a hot loop.
+    let mut poisoned: HashSet<Uuid> = HashSet::new();
+    let mut last_version_check: Option<tokio::time::Instant> = None;
+    loop {
+        if last_version_check.is_none_or(|t| t.elapsed() >= VERSION_CHECK_EVERY) {
+            last_version_check = Some(tokio::time::Instant::now());
+            if let Err(e) = check_versions(&s).await {
+                streak.failed("checking workflow versions", &e);
+            }
+        }
+        let dirty = match s.store.run_list_dirty(&s.keys, EVAL_BATCH).await {
+            Ok(d) => {
+                streak.succeeded("evaluating runs");
+                d
+            }
+            Err(e) => {
+                streak.failed("evaluating runs", &e);
+                if !pause(&cancel, s.config.error_pause).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let dirty: Vec<Uuid> = dirty.into_iter().filter(|id| !poisoned.contains(id)).collect();
+        let mut progressed = false;
+        for id in &dirty {
+            match evaluate_one(&s, *id).await {
+                Ok(p) => progressed |= p,
+                Err(e @ Error::CorruptRow { .. }) => {
+                    poisoned.insert(*id);
+                    raise(&s, corrupt_alert(*id, &e)).await;
+                }
+                Err(e) => {
+                    streak.failed("evaluating a run", &e);
+                    break;
+                }
+            }
+        }
+        if progressed {
+            continue;
+        }
+        tokio::select! {
+            () = s.hub.eval.notified() => {}
+            () = tokio::time::sleep(s.config.empty_poll_pause) => {}
+            () = cancel.cancelled() => return,
+        }
+    }
+}
+
+/// Evaluates one run; returns whether anything was written.
+async fn evaluate_one(s: &Scheduler, id: Uuid) -> Result<bool, Error> {
+    let registry = s.registry.clone();
+    let applied = s
+        .store
+        .run_evaluate(id, &s.config.owner, |run, steps| {
+            let wf = registry.get(&run.workflow, run.version).ok_or_else(|| Error::VersionNotFound {
+                name: run.workflow.clone(),
+                version: run.version,
+                run_id: run.id,
+            })?;
+            plan::evaluate(wf, run, steps)
+        })
+        .await?;
+    let Some(a) = applied else { return Ok(false) };
+    if a.ready > 0 {
+        s.hub.claim.notify_one();
+    }
+    if a.stale > 0 {
+        s.hub.eval.notify_one();
+    }
+    if a.state != a.before.state {
+        tracing::debug!(run_id = %id, from = %a.before.state, to = %a.state, "run moved");
+        s.hub.publish(RunEvent { run_id: id, workflow: a.before.workflow.clone(), state: a.state });
+    }
+    if let Some(alert) = &a.alert {
+        s.hub.alert(alert);
+    }
+    Ok(a.ready > 0 || a.stale > 0 || a.state != a.before.state)
+}
+
+/// SAS-5 / versioning: a run pinned to a version this engine lacks is not guessed at; the
+/// operator is told.
+async fn check_versions(s: &Scheduler) -> Result<(), Error> {
+    for (key, count) in s.store.run_unfinished_keys().await? {
+        if s.registry.by_key(&key).is_some() {
+            continue;
+        }
+        let Some((name, _)) = key.rsplit_once('@') else { continue };
+        if s.registry.latest(name).is_err() {
+            continue; // another application's workflow on a shared database
+        }
+        raise(
+            s,
+            NewAlert {
+                run_id: None,
+                step: None,
+                kind: "unknown_version".into(),
+                reason: format!(
+                    "{count} unfinished run(s) of {key} are pinned to a version this engine does not have; \
+                     they are left untouched until an engine with that version runs"
+                ),
+                attempts: 0,
+                actions: vec!["deploy an engine that registers this version".into()],
+                open_key: Some(format!("unknown_version:{key}")),
+            },
+        )
+        .await;
+    }
+    Ok(())
+}
+
+fn corrupt_alert(id: Uuid, e: &Error) -> NewAlert {
+    NewAlert {
+        run_id: Some(id),
+        step: None,
+        kind: "corrupt_row".into(),
+        reason: format!("run cannot be evaluated: {e}"),
+        attempts: 0,
+        actions: vec!["inspect and repair the run's rows, then resume".into()],
+        open_key: Some(format!("corrupt_row:{id}")),
+    }
+}
+
+async fn raise(s: &Scheduler, alert: NewAlert) {
+    match s.store.alert_insert(&alert).await {
+        Ok(Some(row)) => s.hub.alert(&row),
+        Ok(None) => {}
+        Err(e) => tracing::error!(error = %e, reason = %alert.reason, "could not store an alert"),
+    }
+}
+

@@ -1,0 +1,173 @@
+//! The scheduler (SAS-1, SAS-5): claims due steps in batches, hands them to agents, writes
+//! their results through fenced batch writes, and advances runs through the planner.
+//!
+//! Three loops per engine instance, all on one `TaskTracker` and watching one
+//! `CancellationToken`:
+//! - **claim**: takes up to `claim_batch` due steps in one statement while in-flight slots are
+//!   free, loads their inputs in two queries, and sends a [`Dispatch`] per step to the agents;
+//! - **complete**: drains agent responses, decides complete / retry with backoff / fail, and
+//!   writes the whole batch in one transaction;
+//! - **evaluate**: takes runs marked dirty and applies the planner's decisions under each
+//!   run's row lock; raises alerts and publishes status events.
+//!
+//! Restart recovery (SAS-5) needs no special path: queued steps are simply claimed again,
+//! dirty runs evaluated again, and steps left `Running` by a dead process expire and are
+//! re-queued by the supervisor.
+
+mod claim;
+mod complete;
+mod evaluate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::definition::Registry;
+use crate::hub::Hub;
+use crate::protocol::{AgentResponse, Dispatch};
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// Default maximum of steps in flight per engine instance.
+pub const MAX_IN_FLIGHT_DEFAULT: usize = 256;
+/// Default number of steps claimed per statement.
+pub const CLAIM_BATCH_DEFAULT: u32 = 64;
+/// Default pause after a poll that found nothing (a local submission wakes the loop at once).
+pub const EMPTY_POLL_PAUSE_DEFAULT: Duration = Duration::from_millis(500);
+/// Default pause after a database error.
+pub const ERROR_PAUSE_DEFAULT: Duration = Duration::from_secs(2);
+/// Default pause after a successful claim (AT-6: leaves room for intake).
+pub const SUCCESS_PAUSE_DEFAULT: Duration = Duration::ZERO;
+/// Default maximum of results written per transaction.
+pub const COMPLETE_BATCH_DEFAULT: usize = 128;
+/// Default largest serialized step output.
+pub const MAX_PAYLOAD_DEFAULT: usize = 256 * 1024;
+
+/// Scheduler settings (AT-6: concurrency and pauses are configuration).
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// This instance's id, written to `LockedBy`.
+    pub owner: String,
+    /// Steps in flight at most.
+    pub max_in_flight: usize,
+    /// Steps per claim statement.
+    pub claim_batch: u32,
+    /// Pause after an empty poll.
+    pub empty_poll_pause: Duration,
+    /// Pause after an error.
+    pub error_pause: Duration,
+    /// Pause after a successful claim.
+    pub success_pause: Duration,
+    /// Results per write transaction.
+    pub complete_batch: usize,
+    /// Largest step output, serialized.
+    pub max_payload_bytes: usize,
+}
+
+impl SchedulerConfig {
+    /// Defaults with the given owner id.
+    pub fn new(owner: impl Into<String>) -> Self {
+        Self {
+            owner: owner.into(),
+            max_in_flight: MAX_IN_FLIGHT_DEFAULT,
+            claim_batch: CLAIM_BATCH_DEFAULT,
+            empty_poll_pause: EMPTY_POLL_PAUSE_DEFAULT,
+            error_pause: ERROR_PAUSE_DEFAULT,
+            success_pause: SUCCESS_PAUSE_DEFAULT,
+            complete_batch: COMPLETE_BATCH_DEFAULT,
+            max_payload_bytes: MAX_PAYLOAD_DEFAULT,
+        }
+    }
+
+    /// Checks cross-field rules.
+    ///
+    /// # Errors
+    /// [`Error::Config`].
+    pub fn validate(&self) -> Result<()> {
+        if self.owner.is_empty() {
+            return Err(Error::Config("scheduler owner id must not be empty".into()));
+        }
+        if self.max_in_flight == 0 || self.claim_batch == 0 || self.complete_batch == 0 {
+            return Err(Error::Config("max_in_flight, claim_batch and complete_batch must be at least 1".into()));
+        }
+        if self.empty_poll_pause.is_zero() {
+            return Err(Error::Config("empty_poll_pause must be positive (it bounds polling)".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One scheduler instance.
+#[derive(Debug)]
+pub struct Scheduler {
+    store: Store,
+    registry: Arc<Registry>,
+    hub: Arc<Hub>,
+    config: SchedulerConfig,
+    slots: Arc<Semaphore>,
+    keys: Vec<String>,
+}
+
+impl Scheduler {
+    /// A scheduler over `store` running the workflows of `registry`.
+    ///
+    /// # Errors
+    /// [`Error::Config`].
+    pub fn new(store: Store, registry: Arc<Registry>, hub: Arc<Hub>, config: SchedulerConfig) -> Result<Self> {
+        config.validate()?;
+        let keys = registry.keys();
+        Ok(Self { slots: Arc::new(Semaphore::new(config.max_in_flight)), store, registry, hub, config, keys })
+    }
+
+    /// Spawns the claim, complete and evaluate loops on `tracker`; they stop when `cancel`
+    /// fires. Dispatches go to `agents`.
+    pub fn spawn(self: Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken, agents: mpsc::Sender<Dispatch>) {
+        let (reply_tx, reply_rx) = mpsc::channel::<AgentResponse>(self.config.max_in_flight.max(16));
+        tracker.spawn(claim::run(self.clone(), cancel.clone(), agents, reply_tx));
+        tracker.spawn(complete::run(self.clone(), cancel.clone(), reply_rx));
+        tracker.spawn(evaluate::run(self, cancel));
+    }
+
+    /// The scheduler's owner id.
+    pub fn owner(&self) -> &str {
+        &self.config.owner
+    }
+}
+
+/// Sleeps for `d` or until cancelled; returns `false` when cancelled.
+pub(crate) async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
+    if d.is_zero() {
+        return !cancel.is_cancelled();
+    }
+    tokio::select! {
+        () = tokio::time::sleep(d) => true,
+        () = cancel.cancelled() => false,
+    }
+}
+
+/// Logs a database error once per incident, not once per poll (AT-8).
+#[derive(Debug, Default)]
+pub(crate) struct ErrorStreak {
+    failures: u64,
+}
+
+impl ErrorStreak {
+    pub(crate) fn failed(&mut self, what: &str, e: &Error) {
+        self.failures += 1;
+        if self.failures == 1 {
+            tracing::warn!(error = %e, "{what} failed; retrying with backoff");
+        } else if self.failures.is_power_of_two() {
+            tracing::warn!(error = %e, failures = self.failures, "{what} still failing");
+        }
+    }
+
+    pub(crate) fn succeeded(&mut self, what: &str) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "{what} recovered");
+            self.failures = 0;
+        }
+    }
+}

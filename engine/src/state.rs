@@ -1,0 +1,187 @@
+//! The state machines of a step and of a run.
+//!
+//! Each variant's documentation names the component that moves a row *out* of it. The full
+//! graph with every edge is drawn in `docs/state-machines.md`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::Error;
+
+/// Persisted state of one step of a run (SAS-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StepState {
+    /// Waiting for its dependencies. Moved to `Ready` by the scheduler's evaluator when every
+    /// dependency completed, or to `Skipped` when the run compensates.
+    NotStarted,
+    /// Queued, due at `available_at`. Moved to `Running` by a scheduler's claim, or to
+    /// `Skipped` by the evaluator when the run compensates.
+    Ready,
+    /// Claimed by a scheduler (`locked_by`) and handed to an agent; must finish before
+    /// `complete_by`. Moved by the fenced completion write (to `Completed`, `Ready` for a
+    /// retry, or `Failed`) or by the supervisor when the deadline passed (to `Ready` with an
+    /// extended deadline, or `Failed` at the failure threshold).
+    Running,
+    /// Finished successfully; its output is stored. Moved to `CompensationReady` by the
+    /// evaluator when the run compensates and the step has a compensation.
+    Completed,
+    /// Failed terminally or past its failure threshold. Moved back to `Ready` only by an
+    /// operator retry.
+    Failed,
+    /// Its compensation is queued. Moved to `Compensating` by a scheduler's claim.
+    CompensationReady,
+    /// Its compensation is running under a deadline. Moved like `Running`, to
+    /// `Compensated`, `CompensationReady` or `CompensationFailed`.
+    Compensating,
+    /// Its compensation finished. Final.
+    Compensated,
+    /// Its compensation exhausted its retries; the run is in `Error`. Moved back to
+    /// `CompensationReady` only by an operator retry.
+    CompensationFailed,
+    /// Never ran because the run compensated first. Final.
+    Skipped,
+}
+
+impl StepState {
+    /// Every state, for exhaustive tests and documentation.
+    pub const ALL: [StepState; 10] = [
+        Self::NotStarted,
+        Self::Ready,
+        Self::Running,
+        Self::Completed,
+        Self::Failed,
+        Self::CompensationReady,
+        Self::Compensating,
+        Self::Compensated,
+        Self::CompensationFailed,
+        Self::Skipped,
+    ];
+
+    /// The stored spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NotStarted => "not_started",
+            Self::Ready => "ready",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::CompensationReady => "compensation_ready",
+            Self::Compensating => "compensating",
+            Self::Compensated => "compensated",
+            Self::CompensationFailed => "compensation_failed",
+            Self::Skipped => "skipped",
+        }
+    }
+
+    /// Whether an agent is (or may be) working on the step.
+    pub const fn is_in_flight(self) -> bool {
+        matches!(self, Self::Running | Self::Compensating)
+    }
+
+    /// Whether the step belongs to the compensation phase.
+    pub const fn is_compensation(self) -> bool {
+        matches!(
+            self,
+            Self::CompensationReady | Self::Compensating | Self::Compensated | Self::CompensationFailed
+        )
+    }
+}
+
+impl fmt::Display for StepState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for StepState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| Error::corrupt("sagaflow_steps", "state", format!("unknown step state `{s}`")))
+    }
+}
+
+/// Persisted state of a run (SAS-7 `ProcessState`, extended for sagas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RunState {
+    /// Accepted; its first steps are queued. Moved to `Running` by the first claim's
+    /// evaluation (a run whose first steps are queued is reported `Running`).
+    Pending,
+    /// Steps are executing. Moved by the evaluator to `Completed`, `Compensating` or `Error`.
+    Running,
+    /// Completed steps are being undone in reverse dependency order. Moved by the evaluator
+    /// to `Compensated`, or `Error` when a compensation exhausts its retries.
+    Compensating,
+    /// Every step completed. Final.
+    Completed,
+    /// Every completed step was compensated. Final.
+    Compensated,
+    /// Needs an operator: an alert was raised. Moved by operator actions (retry a step,
+    /// compensate, resume).
+    Error,
+}
+
+impl RunState {
+    /// Every state.
+    pub const ALL: [RunState; 6] =
+        [Self::Pending, Self::Running, Self::Compensating, Self::Completed, Self::Compensated, Self::Error];
+
+    /// The stored spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Compensating => "compensating",
+            Self::Completed => "completed",
+            Self::Compensated => "compensated",
+            Self::Error => "error",
+        }
+    }
+
+    /// Whether the run will not move again without an operator.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Compensated | Self::Error)
+    }
+
+    /// Whether the run is finished for good (an `Error` run can still be retried).
+    pub const fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Compensated)
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RunState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| Error::corrupt("sagaflow_runs", "state", format!("unknown run state `{s}`")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_through_their_stored_spelling() {
+        for s in StepState::ALL {
+            assert_eq!(s.as_str().parse::<StepState>().ok(), Some(s));
+        }
+        for s in RunState::ALL {
+            assert_eq!(s.as_str().parse::<RunState>().ok(), Some(s));
+        }
+        assert!("bogus".parse::<StepState>().is_err());
+        assert!("bogus".parse::<RunState>().is_err());
+    }
+}

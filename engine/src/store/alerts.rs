@@ -1,0 +1,130 @@
+//! Operator alerts, persisted before they are delivered.
+
+use sea_orm::{ConnectionTrait, QueryResult, Value};
+use uuid::Uuid;
+
+use super::Store;
+use crate::Result;
+
+/// An alert to insert.
+#[derive(Debug, Clone)]
+pub struct NewAlert {
+    /// Run concerned, if any.
+    pub run_id: Option<Uuid>,
+    /// Step concerned, if any.
+    pub step: Option<String>,
+    /// Kind: `run_error`, `unknown_version`, `corrupt_row`, …
+    pub kind: String,
+    /// What happened.
+    pub reason: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// What the operator can do.
+    pub actions: Vec<String>,
+    /// While the alert is open, a second alert with the same key is not inserted.
+    pub open_key: Option<String>,
+}
+
+/// A stored alert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertRow {
+    /// Alert id.
+    pub id: i64,
+    /// Run concerned.
+    pub run_id: Option<Uuid>,
+    /// Step concerned.
+    pub step: Option<String>,
+    /// Kind.
+    pub kind: String,
+    /// What happened.
+    pub reason: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// What the operator can do.
+    pub actions: Vec<String>,
+    /// When raised (DB clock).
+    pub created_at: i64,
+    /// When resolved.
+    pub resolved_at: Option<i64>,
+}
+
+const ALERT_COLS: &str = "id, run_id, step, kind, reason, attempts, actions, created_at, resolved_at";
+
+impl AlertRow {
+    fn decode(r: &QueryResult) -> Result<Self> {
+        let actions: String = r.try_get("", "actions")?;
+        Ok(Self {
+            id: r.try_get("", "id")?,
+            run_id: r.try_get("", "run_id")?,
+            step: r.try_get("", "step")?,
+            kind: r.try_get("", "kind")?,
+            reason: r.try_get("", "reason")?,
+            attempts: r.try_get("", "attempts")?,
+            actions: serde_json::from_str(&actions).unwrap_or_else(|_| vec![actions]),
+            created_at: r.try_get("", "created_at")?,
+            resolved_at: r.try_get("", "resolved_at")?,
+        })
+    }
+}
+
+pub(super) async fn insert_alert<C: ConnectionTrait>(store: &Store, conn: &C, a: &NewAlert) -> Result<Option<AlertRow>> {
+    let sql = format!(
+        "INSERT INTO sagaflow_alerts (run_id, step, kind, reason, attempts, actions, open_key, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, {{now}}) ON CONFLICT (open_key) DO NOTHING RETURNING {ALERT_COLS}"
+    );
+    let actions = serde_json::to_string(&a.actions).unwrap_or_else(|_| "[]".into());
+    let row = conn
+        .query_one_raw(store.stmt(
+            &sql,
+            vec![
+                a.run_id.into(),
+                a.step.clone().into(),
+                a.kind.clone().into(),
+                a.reason.clone().into(),
+                a.attempts.into(),
+                actions.into(),
+                a.open_key.clone().into(),
+            ],
+        ))
+        .await?;
+    row.as_ref().map(AlertRow::decode).transpose()
+}
+
+impl Store {
+    /// Persists an alert outside any run transaction (e.g. unknown version, corrupt row).
+    /// Returns `None` when an open alert with the same key exists.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn alert_insert(&self, alert: &NewAlert) -> Result<Option<AlertRow>> {
+        insert_alert(self, &self.db, alert).await
+    }
+
+    /// Open alerts, oldest first; or all alerts of one run.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn alert_list(&self, run_id: Option<Uuid>, open_only: bool) -> Result<Vec<AlertRow>> {
+        let mut sql = format!("SELECT {ALERT_COLS} FROM sagaflow_alerts WHERE 1 = 1");
+        let mut values: Vec<Value> = Vec::new();
+        if let Some(r) = run_id {
+            sql.push_str(" AND run_id = $1");
+            values.push(r.into());
+        }
+        if open_only {
+            sql.push_str(" AND resolved_at IS NULL");
+        }
+        sql.push_str(" ORDER BY id");
+        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+        rows.iter().map(AlertRow::decode).collect()
+    }
+
+    pub(super) async fn alert_resolve_run<C: ConnectionTrait>(&self, conn: &C, run_id: Uuid) -> Result<()> {
+        conn.execute_raw(self.stmt(
+            "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE run_id = $1 AND resolved_at IS NULL",
+            vec![run_id.into()],
+        ))
+        .await?;
+        Ok(())
+    }
+}

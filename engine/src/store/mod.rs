@@ -1,0 +1,198 @@
+//! The storage seam: every SQL statement of sagaflow lives below this module.
+//!
+//! One [`Store`] over a sea-orm connection serves PostgreSQL and SQLite; the few statements
+//! that differ per backend take their fragments from `postgres.rs` and `sqlite.rs`. Every
+//! time is read from the database's clock (AT-2) and stored as epoch milliseconds. Every write
+//! for a claimed step is fenced by `(id, state, attempt, locked_by)`: a late agent's write
+//! matches no row (SAS-3).
+
+mod alerts;
+mod leases;
+mod postgres;
+mod rows;
+mod runs;
+mod sqlite;
+mod steps;
+
+use std::time::Duration;
+
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value};
+
+pub use alerts::{AlertRow, NewAlert};
+pub use leases::LeaderFence;
+pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
+pub use runs::{EvalApplied, NewRun, NewStep, PlanWrite, RunInsertOutcome, StepWrite};
+pub use steps::{Rescue, RescueCounts, StepFinish, StepFinishKind, StepInputs};
+
+use crate::{Error, Result};
+
+/// Default size of the PostgreSQL connection pool.
+pub const PG_POOL_DEFAULT: u32 = 10;
+
+/// Which database is behind the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// SQLite (a file; one writer at a time).
+    Sqlite,
+}
+
+/// The state store (SAS-1): runs, steps, history, alerts and leases.
+#[derive(Debug, Clone)]
+pub struct Store {
+    db: DatabaseConnection,
+    backend: Backend,
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://path?mode=rwc` or `postgres://…`) and brings the schema up
+    /// to date.
+    ///
+    /// SQLite gets one pooled connection (it has one writer anyway, and a single connection
+    /// rules out lock-upgrade deadlocks between our own transactions) and WAL journaling.
+    ///
+    /// # Errors
+    /// [`Error::Db`] when the database cannot be reached or migrated; [`Error::Config`] for an
+    /// unsupported URL scheme.
+    pub async fn connect(url: &str, pool_size: Option<u32>) -> Result<Self> {
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(Error::Config(format!("unsupported database URL `{url}` (use sqlite:// or postgres://)")));
+        };
+        let mut opts = ConnectOptions::new(url.to_owned());
+        opts.sqlx_logging(false)
+            .connect_timeout(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_secs(30))
+            .max_connections(match backend {
+                Backend::Sqlite => 1,
+                Backend::Postgres => pool_size.unwrap_or(PG_POOL_DEFAULT),
+            });
+        let db = Database::connect(opts).await?;
+        let store = Self::from_connection(db)?;
+        if backend == Backend::Sqlite {
+            store.db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
+        }
+        sagaflow_migrations::migrate(&store.db).await?;
+        Ok(store)
+    }
+
+    /// Wraps an existing connection (schema must already be migrated; see
+    /// [`Store::migrate`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a backend other than PostgreSQL or SQLite.
+    pub fn from_connection(db: DatabaseConnection) -> Result<Self> {
+        let backend = match db.get_database_backend() {
+            DbBackend::Postgres => Backend::Postgres,
+            DbBackend::Sqlite => Backend::Sqlite,
+            other => return Err(Error::Config(format!("unsupported backend {other:?}"))),
+        };
+        Ok(Self { db, backend })
+    }
+
+    /// Applies pending migrations.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn migrate(&self) -> Result<()> {
+        sagaflow_migrations::migrate(&self.db).await?;
+        Ok(())
+    }
+
+    /// The underlying connection pool (to begin transactions that include a run start).
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The database's clock, in epoch milliseconds.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn now_ms(&self) -> Result<i64> {
+        let row = self.db.query_one_raw(self.stmt("SELECT {now} AS now", vec![])).await?;
+        row.map(|r| r.try_get::<i64>("", "now")).transpose()?.ok_or_else(|| Error::corrupt("clock", "now", "no row"))
+    }
+
+    fn now_sql(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => postgres::NOW,
+            Backend::Sqlite => sqlite::NOW,
+        }
+    }
+
+    fn claim_lock(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => postgres::CLAIM_LOCK,
+            Backend::Sqlite => sqlite::CLAIM_LOCK,
+        }
+    }
+
+    fn fence_lock(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => postgres::FENCE_LOCK,
+            Backend::Sqlite => sqlite::FENCE_LOCK,
+        }
+    }
+
+    fn db_backend(&self) -> DbBackend {
+        match self.backend {
+            Backend::Postgres => DbBackend::Postgres,
+            Backend::Sqlite => DbBackend::Sqlite,
+        }
+    }
+
+    /// Builds a statement from SQL written with `$n` placeholders and `{now}` for the database
+    /// clock. SQLite reads `$n` as a *named* parameter, so placeholders become `?n`, which
+    /// SQLite binds by number.
+    fn stmt(&self, sql: &str, values: Vec<Value>) -> Statement {
+        let sql = sql.replace("{now}", self.now_sql());
+        let sql = match self.backend {
+            Backend::Postgres => sql,
+            Backend::Sqlite => dollar_to_question(&sql),
+        };
+        Statement::from_sql_and_values(self.db_backend(), sql, values)
+    }
+}
+
+/// `$12` → `?12`, leaving `$` inside string literals alone.
+fn dollar_to_question(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut in_str = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_str = !in_str;
+                out.push(c);
+            }
+            '$' if !in_str && chars.peek().is_some_and(char::is_ascii_digit) => out.push('?'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// `$from, $from+1, …` placeholders for an IN list of `n` values.
+fn placeholders(from: usize, n: usize) -> String {
+    (from..from + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_rewritten_outside_literals_only() {
+        assert_eq!(dollar_to_question("a = $1 AND b = '$2' AND c = $10"), "a = ?1 AND b = '$2' AND c = ?10");
+        assert_eq!(placeholders(3, 3), "$3, $4, $5");
+    }
+}

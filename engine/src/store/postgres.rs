@@ -1,0 +1,13 @@
+//! PostgreSQL-specific SQL.
+
+/// The database clock in epoch milliseconds. `clock_timestamp()` rather than `now()`: inside a
+/// long transaction `now()` is frozen at the transaction's start.
+pub(super) const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+
+/// Row lock taken by the claim's inner SELECT: rows another scheduler is claiming are skipped,
+/// never waited for and never handed out twice.
+pub(super) const CLAIM_LOCK: &str = "FOR UPDATE SKIP LOCKED";
+
+/// Shared lock on the leader lease for the duration of a fenced supervisor transaction: an
+/// election or renewal cannot slip in between the fence check and the writes.
+pub(super) const FENCE_LOCK: &str = "FOR SHARE";

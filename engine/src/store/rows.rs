@@ -1,0 +1,245 @@
+//! Rows read from the store, decoded with typed errors (a corrupt row is an error, not a panic).
+
+use sea_orm::QueryResult;
+use uuid::Uuid;
+
+use crate::{Error, Result, RunState, StepState};
+
+/// One run.
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    /// Run id.
+    pub id: Uuid,
+    /// Workflow name.
+    pub workflow: String,
+    /// Pinned workflow version.
+    pub version: i32,
+    /// Business key, if any.
+    pub business_key: Option<String>,
+    /// State.
+    pub state: RunState,
+    /// Input JSON.
+    pub input: String,
+    /// Output JSON (object of step outputs) once completed.
+    pub output: Option<String>,
+    /// Error envelope JSON of the failure that stopped the run.
+    pub error: Option<String>,
+    /// Created (DB clock, epoch ms).
+    pub created_at: i64,
+    /// Last changed.
+    pub updated_at: i64,
+    /// Finished.
+    pub finished_at: Option<i64>,
+}
+
+pub(super) const RUN_COLS: &str =
+    "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at";
+
+impl RunRow {
+    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+        let id: Uuid = r.try_get("", "id")?;
+        let state: String = r.try_get("", "state")?;
+        Ok(Self {
+            id,
+            workflow: r.try_get("", "workflow")?,
+            version: r.try_get("", "version")?,
+            business_key: r.try_get("", "business_key")?,
+            state: state.parse().map_err(|_| Error::corrupt("sagaflow_runs", id, format!("state `{state}`")))?,
+            input: r.try_get("", "input")?,
+            output: r.try_get("", "output")?,
+            error: r.try_get("", "error")?,
+            created_at: r.try_get("", "created_at")?,
+            updated_at: r.try_get("", "updated_at")?,
+            finished_at: r.try_get("", "finished_at")?,
+        })
+    }
+}
+
+/// One step of an unfinished run.
+#[derive(Debug, Clone)]
+pub struct StepRow {
+    /// Row id.
+    pub id: i64,
+    /// Run id.
+    pub run_id: Uuid,
+    /// Step name.
+    pub name: String,
+    /// State.
+    pub state: StepState,
+    /// Owner while running (`LockedBy`).
+    pub locked_by: Option<String>,
+    /// Deadline while running (`CompleteBy`, epoch ms).
+    pub complete_by: Option<i64>,
+    /// Due time while queued.
+    pub available_at: Option<i64>,
+    /// Attempts so far (the fencing token).
+    pub attempt: i32,
+    /// Failed attempts in the current phase (`FailureCount`).
+    pub failure_count: i32,
+    /// Failure threshold.
+    pub max_failures: i32,
+    /// Current deadline length in ms.
+    pub deadline_ms: i64,
+    /// Idempotency key of the forward step.
+    pub idempotency_key: String,
+    /// Output JSON once completed.
+    pub output: Option<String>,
+    /// Last error envelope JSON.
+    pub error: Option<String>,
+}
+
+pub(super) const STEP_COLS: &str = "id, run_id, name, state, locked_by, complete_by, available_at, attempt, \
+     failure_count, max_failures, deadline_ms, idempotency_key, output, error";
+
+impl StepRow {
+    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+        let id: i64 = r.try_get("", "id")?;
+        let state: String = r.try_get("", "state")?;
+        Ok(Self {
+            id,
+            run_id: r.try_get("", "run_id")?,
+            name: r.try_get("", "name")?,
+            state: state.parse().map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            locked_by: r.try_get("", "locked_by")?,
+            complete_by: r.try_get("", "complete_by")?,
+            available_at: r.try_get("", "available_at")?,
+            attempt: r.try_get("", "attempt")?,
+            failure_count: r.try_get("", "failure_count")?,
+            max_failures: r.try_get("", "max_failures")?,
+            deadline_ms: r.try_get("", "deadline_ms")?,
+            idempotency_key: r.try_get("", "idempotency_key")?,
+            output: r.try_get("", "output")?,
+            error: r.try_get("", "error")?,
+        })
+    }
+}
+
+/// A step just claimed: the lease that fences every later write of this attempt.
+#[derive(Debug, Clone)]
+pub struct ClaimedStep {
+    /// Row id.
+    pub id: i64,
+    /// Run id.
+    pub run_id: Uuid,
+    /// `name@version` of the workflow.
+    pub workflow_key: String,
+    /// Step name.
+    pub name: String,
+    /// `Running` or `Compensating`.
+    pub state: StepState,
+    /// This attempt's number.
+    pub attempt: i32,
+    /// Failures so far in this phase.
+    pub failure_count: i32,
+    /// Failure threshold.
+    pub max_failures: i32,
+    /// Deadline (epoch ms, DB clock).
+    pub complete_by: i64,
+    /// The DB clock when claimed: `complete_by - db_now` is the time the agent has.
+    pub db_now: i64,
+    /// Idempotency key of the forward step.
+    pub idempotency_key: String,
+    /// The step's output (for a compensation).
+    pub output: Option<String>,
+}
+
+impl ClaimedStep {
+    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+        let id: i64 = r.try_get("", "id")?;
+        let state: String = r.try_get("", "state")?;
+        Ok(Self {
+            id,
+            run_id: r.try_get("", "run_id")?,
+            workflow_key: r.try_get("", "workflow_key")?,
+            name: r.try_get("", "name")?,
+            state: state.parse().map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            attempt: r.try_get("", "attempt")?,
+            failure_count: r.try_get("", "failure_count")?,
+            max_failures: r.try_get("", "max_failures")?,
+            complete_by: r.try_get("", "complete_by")?,
+            db_now: r.try_get("", "db_now")?,
+            idempotency_key: r.try_get("", "idempotency_key")?,
+            output: r.try_get("", "output")?,
+        })
+    }
+}
+
+/// A running step whose deadline has passed (SAS-3: crashed and timed-out look the same).
+#[derive(Debug, Clone)]
+pub struct ExpiredStep {
+    /// Row id.
+    pub id: i64,
+    /// Run id.
+    pub run_id: Uuid,
+    /// Step name.
+    pub name: String,
+    /// `Running` or `Compensating`.
+    pub state: StepState,
+    /// Attempt that timed out.
+    pub attempt: i32,
+    /// Failures so far.
+    pub failure_count: i32,
+    /// Threshold.
+    pub max_failures: i32,
+    /// Current deadline length.
+    pub deadline_ms: i64,
+    /// Deadline cap.
+    pub deadline_cap_ms: i64,
+}
+
+impl ExpiredStep {
+    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+        let id: i64 = r.try_get("", "id")?;
+        let state: String = r.try_get("", "state")?;
+        Ok(Self {
+            id,
+            run_id: r.try_get("", "run_id")?,
+            name: r.try_get("", "name")?,
+            state: state.parse().map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            attempt: r.try_get("", "attempt")?,
+            failure_count: r.try_get("", "failure_count")?,
+            max_failures: r.try_get("", "max_failures")?,
+            deadline_ms: r.try_get("", "deadline_ms")?,
+            deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
+        })
+    }
+}
+
+/// One entry of a run's append-only history.
+#[derive(Debug, Clone)]
+pub struct HistoryRow {
+    /// Sequence number.
+    pub id: i64,
+    /// Step, when the event concerns one.
+    pub step: Option<String>,
+    /// What happened: `submitted`, `completed`, `retry`, `failed`, `timeout`, `state`, `operator_*`, …
+    pub event: String,
+    /// State before.
+    pub from_state: Option<String>,
+    /// State after.
+    pub to_state: Option<String>,
+    /// Attempt concerned.
+    pub attempt: Option<i32>,
+    /// Who: a scheduler owner id, `supervisor:<holder>#<term>`, or `operator`.
+    pub actor: String,
+    /// Details (error envelope, note).
+    pub detail: Option<String>,
+    /// When (DB clock).
+    pub at: i64,
+}
+
+impl HistoryRow {
+    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+        Ok(Self {
+            id: r.try_get("", "id")?,
+            step: r.try_get("", "step")?,
+            event: r.try_get("", "event")?,
+            from_state: r.try_get("", "from_state")?,
+            to_state: r.try_get("", "to_state")?,
+            attempt: r.try_get("", "attempt")?,
+            actor: r.try_get("", "actor")?,
+            detail: r.try_get("", "detail")?,
+            at: r.try_get("", "at")?,
+        })
+    }
+}

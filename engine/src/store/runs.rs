@@ -1,0 +1,447 @@
+//! Runs: submission, evaluation under the run's row lock, operator transitions, retention.
+
+use sea_orm::{ConnectionTrait, DatabaseTransaction, TransactionTrait, Value};
+use uuid::Uuid;
+
+use super::alerts::{NewAlert, insert_alert};
+use super::rows::{RUN_COLS, STEP_COLS};
+use super::{AlertRow, HistoryRow, RunRow, StepRow, Store, placeholders};
+use crate::{Error, Result, RunState, StepState};
+
+/// A run to insert.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// Run id.
+    pub id: Uuid,
+    /// Workflow name.
+    pub workflow: String,
+    /// Version.
+    pub version: i32,
+    /// Business key (unique among active runs of the workflow).
+    pub business_key: Option<String>,
+    /// Input JSON.
+    pub input: String,
+    /// Its steps.
+    pub steps: Vec<NewStep>,
+}
+
+/// A step row to insert with its run.
+#[derive(Debug, Clone)]
+pub struct NewStep {
+    /// Step name.
+    pub name: String,
+    /// Failure threshold.
+    pub max_failures: i32,
+    /// First deadline in ms.
+    pub deadline_ms: i64,
+    /// Deadline cap in ms.
+    pub deadline_cap_ms: i64,
+    /// Stable idempotency key.
+    pub idempotency_key: String,
+}
+
+/// What inserting a run did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunInsertOutcome {
+    /// The run was inserted.
+    Inserted(Uuid),
+    /// An active run with the same business key exists; nothing was written.
+    Duplicate(Uuid),
+}
+
+/// A step transition decided by the planner or an operator action.
+#[derive(Debug, Clone)]
+pub struct StepWrite {
+    /// Row id.
+    pub id: i64,
+    /// Step name (for history).
+    pub name: String,
+    /// Expected current state: the write is guarded by it.
+    pub from: StepState,
+    /// New state.
+    pub to: StepState,
+}
+
+/// Everything one evaluation or operator action writes for a run.
+#[derive(Debug, Clone, Default)]
+pub struct PlanWrite {
+    /// Step transitions.
+    pub steps: Vec<StepWrite>,
+    /// New run state.
+    pub run_state: Option<RunState>,
+    /// Run output JSON (when completing).
+    pub run_output: Option<String>,
+    /// Run error JSON (when compensating or failing).
+    pub run_error: Option<String>,
+    /// Alert to raise in the same transaction.
+    pub alert: Option<NewAlert>,
+    /// Resolve the run's open alerts (operator actions).
+    pub resolve_alerts: bool,
+    /// History event name for the run transition.
+    pub event: &'static str,
+    /// Detail recorded with the run transition.
+    pub detail: Option<String>,
+}
+
+/// What an evaluation or operator action did.
+#[derive(Debug, Clone)]
+pub struct EvalApplied {
+    /// The run before.
+    pub before: RunRow,
+    /// The run's state after.
+    pub state: RunState,
+    /// Steps made ready (forward or compensation) by this write.
+    pub ready: usize,
+    /// Guarded step writes that found the step moved on: the run was marked for another look.
+    pub stale: usize,
+    /// Alert raised, if any.
+    pub alert: Option<AlertRow>,
+}
+
+impl Store {
+    /// Inserts a run and its steps on `conn`: the engine's pool, or the caller's transaction
+    /// so that a business row and its saga commit together (SAS-7). The run starts `Pending`
+    /// and marked for evaluation; its steps start `NotStarted`.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_insert<C: ConnectionTrait>(&self, conn: &C, run: &NewRun) -> Result<RunInsertOutcome> {
+        let key = crate::workflow_key(&run.workflow, run.version);
+        let res = conn
+            .execute_raw(self.stmt(
+                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
+                 input, dirty, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5, 'pending', $6, TRUE, {now}, {now}) \
+                 ON CONFLICT (workflow, active_key) DO NOTHING",
+                vec![
+                    run.id.into(),
+                    run.workflow.clone().into(),
+                    run.version.into(),
+                    key.clone().into(),
+                    run.business_key.clone().into(),
+                    run.input.clone().into(),
+                ],
+            ))
+            .await?;
+        if res.rows_affected() == 0 {
+            let existing = conn
+                .query_one_raw(self.stmt(
+                    "SELECT id FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
+                    vec![run.workflow.clone().into(), run.business_key.clone().into()],
+                ))
+                .await?
+                .map(|r| r.try_get::<Uuid>("", "id"))
+                .transpose()?
+                .ok_or_else(|| Error::corrupt("sagaflow_runs", run.id, "insert conflicted but no active run found"))?;
+            return Ok(RunInsertOutcome::Duplicate(existing));
+        }
+        let mut sql = String::from(
+            "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
+             initial_deadline_ms, deadline_cap_ms, idempotency_key, updated_at) VALUES ",
+        );
+        let mut values: Vec<Value> = vec![run.id.into(), key.into()];
+        for (i, s) in run.steps.iter().enumerate() {
+            let b = 3 + i * 5;
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!(
+                "($1, $2, ${b}, 'not_started', ${}, ${}, ${}, ${}, ${}, {{now}})",
+                b + 1,
+                b + 2,
+                b + 2,
+                b + 3,
+                b + 4
+            ));
+            values.extend([
+                s.name.clone().into(),
+                s.max_failures.into(),
+                s.deadline_ms.into(),
+                s.deadline_cap_ms.into(),
+                s.idempotency_key.clone().into(),
+            ]);
+        }
+        conn.execute_raw(self.stmt(&sql, values)).await?;
+        self.history_insert(conn, run.id, None, "submitted", None, Some(RunState::Pending.as_str()), None, "api", None)
+            .await?;
+        Ok(RunInsertOutcome::Inserted(run.id))
+    }
+
+    /// A run by id.
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_get(&self, id: Uuid) -> Result<Option<RunRow>> {
+        let sql = format!("SELECT {RUN_COLS} FROM sagaflow_runs WHERE id = $1");
+        let row = self.db.query_one_raw(self.stmt(&sql, vec![id.into()])).await?;
+        row.as_ref().map(RunRow::decode).transpose()
+    }
+
+    /// The steps of an unfinished run (a finished run's steps have left the hot table; see
+    /// [`Store::run_history`]).
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_steps(&self, id: Uuid) -> Result<Vec<StepRow>> {
+        run_steps_on(self, &self.db, id).await
+    }
+
+    /// The append-only history of a run, oldest first.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_history(&self, id: Uuid) -> Result<Vec<HistoryRow>> {
+        let rows = self
+            .db
+            .query_all_raw(self.stmt(
+                "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at FROM sagaflow_history \
+                 WHERE run_id = $1 ORDER BY id",
+                vec![id.into()],
+            ))
+            .await?;
+        rows.iter().map(HistoryRow::decode).collect()
+    }
+
+    /// Runs marked for evaluation, oldest change first, among the given workflow keys.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_list_dirty(&self, workflow_keys: &[String], limit: u32) -> Result<Vec<Uuid>> {
+        if workflow_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT id FROM sagaflow_runs WHERE dirty AND workflow_key IN ({}) ORDER BY updated_at LIMIT $1",
+            placeholders(2, workflow_keys.len())
+        );
+        let mut values: Vec<Value> = vec![i64::from(limit).into()];
+        values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
+        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+        rows.iter().map(|r| r.try_get::<Uuid>("", "id").map_err(Error::from)).collect()
+    }
+
+    /// Workflow keys of unfinished runs, with counts (to spot runs pinned to a version this
+    /// engine does not have).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_unfinished_keys(&self) -> Result<Vec<(String, i64)>> {
+        let rows = self
+            .db
+            .query_all_raw(self.stmt(
+                "SELECT workflow_key, COUNT(*) AS n FROM sagaflow_runs WHERE finished_at IS NULL GROUP BY workflow_key",
+                vec![],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String>("", "workflow_key")?, r.try_get::<i64>("", "n")?)))
+            .collect()
+    }
+
+    /// Counts runs per state (for summaries and monitoring).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_count_by_state(&self) -> Result<Vec<(String, i64)>> {
+        let rows = self
+            .db
+            .query_all_raw(self.stmt("SELECT state, COUNT(*) AS n FROM sagaflow_runs GROUP BY state", vec![]))
+            .await?;
+        rows.iter().map(|r| Ok((r.try_get::<String>("", "state")?, r.try_get::<i64>("", "n")?))).collect()
+    }
+
+    /// Evaluates a run marked dirty: under the run's row lock, reads its steps, asks `plan`
+    /// what to change, and writes it. Returns `None` when the run is no longer dirty (another
+    /// scheduler got there first).
+    ///
+    /// # Errors
+    /// [`Error::Db`], or whatever `plan` returns (the transaction is rolled back).
+    pub async fn run_evaluate<F>(&self, id: Uuid, actor: &str, plan: F) -> Result<Option<EvalApplied>>
+    where
+        F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
+    {
+        self.run_transition(id, true, actor, plan).await
+    }
+
+    /// Applies an operator action under the run's row lock and marks the run for evaluation.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`], [`Error::Db`], or whatever `plan` returns.
+    pub async fn run_operate<F>(&self, id: Uuid, plan: F) -> Result<EvalApplied>
+    where
+        F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
+    {
+        self.run_transition(id, false, "operator", plan).await?.ok_or(Error::RunNotFound(id))
+    }
+
+    async fn run_transition<F>(&self, id: Uuid, evaluate: bool, actor: &str, plan: F) -> Result<Option<EvalApplied>>
+    where
+        F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
+    {
+        let txn = self.db.begin().await?;
+        // The first statement is a write: it takes the run's row lock on PostgreSQL and the
+        // write lock on SQLite, so evaluations of one run are serialised.
+        let lock_sql = if evaluate {
+            format!("UPDATE sagaflow_runs SET dirty = FALSE WHERE id = $1 AND dirty RETURNING {RUN_COLS}")
+        } else {
+            format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}")
+        };
+        let Some(row) = txn.query_one_raw(self.stmt(&lock_sql, vec![id.into()])).await? else {
+            return Ok(None);
+        };
+        let before = RunRow::decode(&row)?;
+        let steps = run_steps_on(self, &txn, id).await?;
+        let write = plan(&before, &steps)?;
+        let applied = self.apply_plan(&txn, &before, write, actor).await?;
+        txn.commit().await?;
+        Ok(Some(applied))
+    }
+
+    async fn apply_plan(
+        &self,
+        txn: &DatabaseTransaction,
+        before: &RunRow,
+        write: PlanWrite,
+        actor: &str,
+    ) -> Result<EvalApplied> {
+        let id = before.id;
+        let mut ready = 0;
+        let mut stale = 0;
+        for s in &write.steps {
+            let extra = match s.to {
+                StepState::Ready | StepState::CompensationReady => {
+                    ", available_at = {now}, failure_count = 0, deadline_ms = initial_deadline_ms"
+                }
+                _ => ", available_at = NULL",
+            };
+            let sql = format!(
+                "UPDATE sagaflow_steps SET state = $1, updated_at = {{now}}{extra} WHERE id = $2 AND state = $3"
+            );
+            let res = txn
+                .execute_raw(self.stmt(&sql, vec![s.to.as_str().into(), s.id.into(), s.from.as_str().into()]))
+                .await?;
+            if res.rows_affected() == 0 {
+                stale += 1;
+                continue;
+            }
+            if matches!(s.to, StepState::Ready | StepState::CompensationReady) {
+                ready += 1;
+            }
+            self.history_insert(txn, id, Some(&s.name), "state", Some(s.from.as_str()), Some(s.to.as_str()), None, actor, None)
+                .await?;
+        }
+        let state = write.run_state.unwrap_or(before.state);
+        if state != before.state || write.run_output.is_some() || write.run_error.is_some() {
+            let finished = state.is_final();
+            let sql = format!(
+                "UPDATE sagaflow_runs SET state = $1, output = COALESCE($2, output), error = COALESCE($3, error), \
+                 updated_at = {{now}}{} WHERE id = $4",
+                if finished { ", finished_at = {now}, active_key = NULL" } else { "" }
+            );
+            txn.execute_raw(self.stmt(
+                &sql,
+                vec![state.as_str().into(), write.run_output.clone().into(), write.run_error.clone().into(), id.into()],
+            ))
+            .await?;
+            if finished {
+                // AT-5: a finished run's steps leave the hot table; the history keeps every
+                // transition and the run row keeps the outputs.
+                txn.execute_raw(self.stmt("DELETE FROM sagaflow_steps WHERE run_id = $1", vec![id.into()])).await?;
+            }
+        }
+        if state != before.state || write.event.starts_with("operator") {
+            let event = if write.event.is_empty() { "state" } else { write.event };
+            self.history_insert(
+                txn,
+                id,
+                None,
+                event,
+                Some(before.state.as_str()),
+                Some(state.as_str()),
+                None,
+                actor,
+                write.detail.as_deref(),
+            )
+            .await?;
+        }
+        if stale > 0 {
+            txn.execute_raw(self.stmt("UPDATE sagaflow_runs SET dirty = TRUE WHERE id = $1", vec![id.into()])).await?;
+        }
+        if write.resolve_alerts {
+            self.alert_resolve_run(txn, id).await?;
+        }
+        let alert = match write.alert {
+            Some(a) => insert_alert(self, txn, &a).await?,
+            None => None,
+        };
+        Ok(EvalApplied { before: before.clone(), state, ready, stale, alert })
+    }
+
+    /// Deletes finished runs (and their history and alerts) that finished before
+    /// `finished_before` (epoch ms, DB clock): the retention policy. Returns how many runs.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_purge_finished(&self, older_than_ms: i64, limit: u32) -> Result<u64> {
+        let txn = self.db.begin().await?;
+        let ids: Vec<Uuid> = txn
+            .query_all_raw(self.stmt(
+                "SELECT id FROM sagaflow_runs WHERE finished_at IS NOT NULL AND finished_at < {now} - $1 \
+                 ORDER BY finished_at LIMIT $2",
+                vec![older_than_ms.into(), i64::from(limit).into()],
+            ))
+            .await?
+            .iter()
+            .map(|r| r.try_get::<Uuid>("", "id"))
+            .collect::<Result<_, _>>()?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let list = placeholders(1, ids.len());
+        let values: Vec<Value> = ids.iter().map(|&i| i.into()).collect();
+        for table in ["sagaflow_history", "sagaflow_alerts"] {
+            let sql = format!("DELETE FROM {table} WHERE run_id IN ({list})");
+            txn.execute_raw(self.stmt(&sql, values.clone())).await?;
+        }
+        let sql = format!("DELETE FROM sagaflow_runs WHERE id IN ({list})");
+        let n = txn.execute_raw(self.stmt(&sql, values)).await?.rows_affected();
+        txn.commit().await?;
+        Ok(n)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn history_insert<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        run_id: Uuid,
+        step: Option<&str>,
+        event: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+        attempt: Option<i32>,
+        actor: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        conn.execute_raw(self.stmt(
+            "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, attempt, actor, detail, at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {now})",
+            vec![
+                run_id.into(),
+                step.map(str::to_owned).into(),
+                event.to_owned().into(),
+                from.map(str::to_owned).into(),
+                to.map(str::to_owned).into(),
+                attempt.into(),
+                actor.to_owned().into(),
+                detail.map(str::to_owned).into(),
+            ],
+        ))
+        .await?;
+        Ok(())
+    }
+}
+
+async fn run_steps_on<C: ConnectionTrait>(store: &Store, conn: &C, id: Uuid) -> Result<Vec<StepRow>> {
+    let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE run_id = $1 ORDER BY id");
+    let rows = conn.query_all_raw(store.stmt(&sql, vec![id.into()])).await?;
+    rows.iter().map(StepRow::decode).collect()
+}

@@ -1,0 +1,325 @@
+//! Steps: the batch claim, fenced completion writes, and the supervisor's rescue of expired
+//! steps.
+
+use std::collections::HashMap;
+
+use sea_orm::{ConnectionTrait, TransactionTrait, Value};
+use uuid::Uuid;
+
+use super::leases::LeaderFence;
+use super::rows::{ClaimedStep, ExpiredStep};
+use super::{Store, placeholders};
+use crate::{Result, StepError, StepState};
+
+/// Inputs a batch of claimed steps needs: run inputs and the outputs of completed steps.
+#[derive(Debug, Clone, Default)]
+pub struct StepInputs {
+    /// Input JSON per run.
+    pub inputs: HashMap<Uuid, String>,
+    /// Output JSON per (run, completed step).
+    pub outputs: HashMap<(Uuid, String), String>,
+}
+
+/// How an attempt ended, as decided by the scheduler from the agent's response.
+#[derive(Debug, Clone)]
+pub enum StepFinishKind {
+    /// Success: `Running → Completed` or `Compensating → Compensated`.
+    Succeeded {
+        /// Output JSON (forward steps).
+        output: Option<String>,
+    },
+    /// Retryable failure under the threshold: back to the queue after `delay_ms`.
+    Retry {
+        /// Backoff before the next attempt.
+        delay_ms: i64,
+        /// The failure.
+        error: StepError,
+    },
+    /// Terminal failure or threshold reached: `Failed` / `CompensationFailed`.
+    Failed {
+        /// The failure.
+        error: StepError,
+    },
+}
+
+/// A fenced write of one attempt's result.
+#[derive(Debug, Clone)]
+pub struct StepFinish {
+    /// Row id.
+    pub id: i64,
+    /// Run id.
+    pub run_id: Uuid,
+    /// Step name.
+    pub name: String,
+    /// The state the lease was taken in (`Running` or `Compensating`).
+    pub state: StepState,
+    /// The attempt of the lease.
+    pub attempt: i32,
+    /// The lease owner.
+    pub owner: String,
+    /// What happened.
+    pub kind: StepFinishKind,
+}
+
+/// One expired step the supervisor decided about.
+#[derive(Debug, Clone)]
+pub struct Rescue {
+    /// The step as listed.
+    pub step: ExpiredStep,
+    /// New deadline length (extended) when re-queued.
+    pub new_deadline_ms: i64,
+    /// Whether the failure threshold is reached (the step fails instead of re-queueing).
+    pub give_up: bool,
+}
+
+/// What a rescue pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RescueCounts {
+    /// Steps put back in the queue with an extended deadline.
+    pub requeued: u64,
+    /// Steps failed at their threshold (the run compensates or errors).
+    pub failed: u64,
+    /// Steps that moved on before the write (finished meanwhile): left alone.
+    pub skipped: u64,
+}
+
+impl Store {
+    /// Claims up to `limit` due steps for `owner` in one atomic statement (AT-3, SAS-7):
+    /// sets `LockedBy`, `CompleteBy = now + deadline`, state `Running` (or `Compensating`)
+    /// and `attempt + 1`. Only steps of the given workflow keys are taken.
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn step_claim(&self, owner: &str, workflow_keys: &[String], limit: u32) -> Result<Vec<ClaimedStep>> {
+        if workflow_keys.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "UPDATE sagaflow_steps SET \
+               state = CASE WHEN state = 'ready' THEN 'running' ELSE 'compensating' END, \
+               locked_by = $1, attempt = attempt + 1, complete_by = {{now}} + deadline_ms, \
+               available_at = NULL, updated_at = {{now}} \
+             WHERE id IN ( \
+               SELECT id FROM sagaflow_steps \
+               WHERE state IN ('ready', 'compensation_ready') AND available_at <= {{now}} AND workflow_key IN ({keys}) \
+               ORDER BY available_at LIMIT $2 {lock}) \
+             RETURNING id, run_id, workflow_key, name, state, attempt, failure_count, max_failures, complete_by, \
+               idempotency_key, output, {{now}} AS db_now",
+            keys = placeholders(3, workflow_keys.len()),
+            lock = self.claim_lock(),
+        );
+        let mut values: Vec<Value> = vec![owner.to_owned().into(), i64::from(limit).into()];
+        values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
+        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+        rows.iter().map(ClaimedStep::decode).collect()
+    }
+
+    /// Loads what a batch of claimed steps needs: their runs' inputs and the outputs of the
+    /// runs' completed steps. Two queries for the whole batch.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn step_inputs(&self, runs: &[Uuid]) -> Result<StepInputs> {
+        let mut out = StepInputs::default();
+        if runs.is_empty() {
+            return Ok(out);
+        }
+        let list = placeholders(1, runs.len());
+        let values: Vec<Value> = runs.iter().map(|&r| r.into()).collect();
+        let sql = format!("SELECT id, input FROM sagaflow_runs WHERE id IN ({list})");
+        for r in self.db.query_all_raw(self.stmt(&sql, values.clone())).await? {
+            out.inputs.insert(r.try_get("", "id")?, r.try_get("", "input")?);
+        }
+        let sql = format!(
+            "SELECT run_id, name, output FROM sagaflow_steps WHERE run_id IN ({list}) AND output IS NOT NULL"
+        );
+        for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
+            out.outputs.insert((r.try_get("", "run_id")?, r.try_get("", "name")?), r.try_get("", "output")?);
+        }
+        Ok(out)
+    }
+
+    /// Writes a batch of attempt results in one transaction. Each write is fenced by
+    /// `(id, state, attempt, locked_by)`; a write that matches no row lost its lease (the
+    /// supervisor re-queued the step, another attempt owns it) and is dropped. Returns, per
+    /// item, whether it was applied. Every applied write marks its run for evaluation.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn step_finish_batch(&self, items: &[StepFinish]) -> Result<Vec<bool>> {
+        let txn = self.db.begin().await?;
+        let mut applied = Vec::with_capacity(items.len());
+        for it in items {
+            let compensation = it.state == StepState::Compensating;
+            // `$1..$5` are common; kind-specific values follow from `$6` (SQLite binds by
+            // number, so the numbering stays dense).
+            let (to, set, extra): (StepState, &str, Vec<Value>) = match &it.kind {
+                StepFinishKind::Succeeded { output } => (
+                    if compensation { StepState::Compensated } else { StepState::Completed },
+                    "output = COALESCE($6, output), error = NULL, available_at = NULL",
+                    vec![output.clone().into()],
+                ),
+                StepFinishKind::Retry { delay_ms, error } => (
+                    if compensation { StepState::CompensationReady } else { StepState::Ready },
+                    "error = $6, failure_count = failure_count + 1, available_at = {now} + $7",
+                    vec![error.to_json().into(), (*delay_ms).into()],
+                ),
+                StepFinishKind::Failed { error } => (
+                    if compensation { StepState::CompensationFailed } else { StepState::Failed },
+                    "error = $6, failure_count = failure_count + 1, available_at = NULL",
+                    vec![error.to_json().into()],
+                ),
+            };
+            let sql = format!(
+                "UPDATE sagaflow_steps SET state = $1, locked_by = NULL, complete_by = NULL, updated_at = {{now}}, {set} \
+                 WHERE id = $2 AND state = $3 AND attempt = $4 AND locked_by = $5"
+            );
+            let mut vals: Vec<Value> = vec![
+                to.as_str().into(),
+                it.id.into(),
+                it.state.as_str().into(),
+                it.attempt.into(),
+                it.owner.clone().into(),
+            ];
+            vals.extend(extra);
+            let ok = txn.execute_raw(self.stmt(&sql, vals)).await?.rows_affected() == 1;
+            applied.push(ok);
+            if !ok {
+                continue;
+            }
+            let (event, detail) = match &it.kind {
+                StepFinishKind::Succeeded { .. } => ("completed", None),
+                StepFinishKind::Retry { error, .. } => ("retry", Some(error.to_json())),
+                StepFinishKind::Failed { error } => ("failed", Some(error.to_json())),
+            };
+            self.history_insert(
+                &txn,
+                it.run_id,
+                Some(&it.name),
+                event,
+                Some(it.state.as_str()),
+                Some(to.as_str()),
+                Some(it.attempt),
+                &it.owner,
+                detail.as_deref(),
+            )
+            .await?;
+            txn.execute_raw(self.stmt(
+                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {now} WHERE id = $1",
+                vec![it.run_id.into()],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(applied)
+    }
+
+    /// Running steps whose deadline has passed, oldest deadline first, after `after_id`
+    /// (keyset paging by id within one sweep).
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn step_list_expired(&self, limit: u32) -> Result<Vec<ExpiredStep>> {
+        let rows = self
+            .db
+            .query_all_raw(self.stmt(
+                "SELECT id, run_id, name, state, attempt, failure_count, max_failures, deadline_ms, deadline_cap_ms \
+                 FROM sagaflow_steps WHERE state IN ('running', 'compensating') AND complete_by < {now} \
+                 ORDER BY complete_by LIMIT $1",
+                vec![i64::from(limit).into()],
+            ))
+            .await?;
+        rows.iter().map(ExpiredStep::decode).collect()
+    }
+
+    /// Applies the supervisor's decisions for expired steps in one transaction, fenced by the
+    /// leader lease: if `fence` no longer holds the lease, nothing is written and
+    /// [`Error::ActionNotAllowed`] is returned. Each write also re-checks that the step is
+    /// still the same expired attempt.
+    ///
+    /// # Errors
+    /// [`Error::Db`]; [`Error::ActionNotAllowed`] when the lease was lost.
+    pub async fn step_rescue(&self, fence: &LeaderFence, items: &[Rescue]) -> Result<RescueCounts> {
+        let txn = self.db.begin().await?;
+        self.fence_check(&txn, fence).await?;
+        let actor = fence.actor();
+        let mut counts = RescueCounts::default();
+        for r in items {
+            let s = &r.step;
+            let compensation = s.state == StepState::Compensating;
+            let to = match (compensation, r.give_up) {
+                (false, false) => StepState::Ready,
+                (false, true) => StepState::Failed,
+                (true, false) => StepState::CompensationReady,
+                (true, true) => StepState::CompensationFailed,
+            };
+            let error = StepError::timeout(s.deadline_ms);
+            let res = txn
+                .execute_raw(self.stmt(
+                    "UPDATE sagaflow_steps SET state = $1, locked_by = NULL, complete_by = NULL, \
+                     failure_count = failure_count + 1, deadline_ms = $2, error = $3, updated_at = {now}, \
+                     available_at = CASE WHEN $4 THEN {now} ELSE NULL END \
+                     WHERE id = $5 AND state = $6 AND attempt = $7 AND complete_by < {now}",
+                    vec![
+                        to.as_str().into(),
+                        r.new_deadline_ms.into(),
+                        error.to_json().into(),
+                        (!r.give_up).into(),
+                        s.id.into(),
+                        s.state.as_str().into(),
+                        s.attempt.into(),
+                    ],
+                ))
+                .await?;
+            if res.rows_affected() == 0 {
+                counts.skipped += 1;
+                continue;
+            }
+            if r.give_up {
+                counts.failed += 1;
+            } else {
+                counts.requeued += 1;
+            }
+            let detail = format!(
+                "{{\"failure_count\":{},\"max_failures\":{},\"deadline_ms\":{}}}",
+                s.failure_count + 1,
+                s.max_failures,
+                r.new_deadline_ms
+            );
+            self.history_insert(
+                &txn,
+                s.run_id,
+                Some(&s.name),
+                "timeout",
+                Some(s.state.as_str()),
+                Some(to.as_str()),
+                Some(s.attempt),
+                &actor,
+                Some(&detail),
+            )
+            .await?;
+            txn.execute_raw(self.stmt(
+                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {now} WHERE id = $1",
+                vec![s.run_id.into()],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(counts)
+    }
+
+    /// Number of steps waiting in the queue (ready or compensation-ready), for monitoring.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn step_queue_depth(&self) -> Result<i64> {
+        let row = self
+            .db
+            .query_one_raw(self.stmt(
+                "SELECT COUNT(*) AS n FROM sagaflow_steps WHERE state IN ('ready', 'compensation_ready')",
+                vec![],
+            ))
+            .await?;
+        Ok(row.map(|r| r.try_get::<i64>("", "n")).transpose()?.unwrap_or(0))
+    }
+}

@@ -1,0 +1,3 @@
+//! The order-processing saga and the simulated remote services it talks to: inventory, payments, shipping.
+
+pub mod services;

@@ -1,0 +1,211 @@
+//! HTTP clients implementing the service traits against [`serve`](super::serve).
+
+use std::collections::BTreeMap;
+use std::error::Error as _;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::ServiceError;
+use super::faults::FaultCounts;
+use super::http_server::IDEMPOTENCY_KEY_HEADER;
+use super::inventory::{InventoryApi, ReleaseRequest, Released, Reservation, ReserveRequest};
+use super::ledger::EffectRecord;
+use super::operation::Service;
+use super::payments::{Charge, ChargeRequest, PaymentsApi, Refund, RefundRequest};
+use super::report::LedgerReport;
+use super::shipping::{ShipRequest, Shipment, ShippingApi};
+
+/// A `reqwest` client bound to a base URL.
+#[derive(Debug, Clone)]
+struct Http {
+    client: reqwest::Client,
+    base_url: String,
+}
+
+impl Http {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    async fn post<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        key: &str,
+        request: &Req,
+    ) -> Result<Resp, ServiceError> {
+        let response = self
+            .client
+            .post(self.url(path))
+            .header(IDEMPOTENCY_KEY_HEADER, key)
+            .json(request)
+            .send()
+            .await
+            .map_err(from_reqwest)?;
+        decode(response).await
+    }
+
+    async fn get<Resp: DeserializeOwned>(&self, path: &str) -> Result<Resp, ServiceError> {
+        let response = self
+            .client
+            .get(self.url(path))
+            .send()
+            .await
+            .map_err(from_reqwest)?;
+        decode(response).await
+    }
+}
+
+/// 2xx → body; 503 and other 5xx → Transient; 422 and other 4xx → Permanent.
+async fn decode<Resp: DeserializeOwned>(response: reqwest::Response) -> Result<Resp, ServiceError> {
+    let status = response.status();
+    if status.is_success() {
+        return response.json().await.map_err(from_reqwest);
+    }
+    let body = response.text().await.map_err(from_reqwest)?;
+    let message = match serde_json::from_str::<ServiceError>(&body) {
+        Ok(
+            ServiceError::Transient(m) | ServiceError::Permanent(m) | ServiceError::Transport(m),
+        ) => m,
+        Err(_) => format!("HTTP {status}: {body}"),
+    };
+    Err(match status {
+        StatusCode::SERVICE_UNAVAILABLE => ServiceError::Transient(message),
+        StatusCode::UNPROCESSABLE_ENTITY => ServiceError::Permanent(message),
+        s if s.is_server_error() => ServiceError::Transient(message),
+        s if s.is_client_error() => ServiceError::Permanent(message),
+        _ => ServiceError::Transport(message),
+    })
+}
+
+/// A request that could not be built is a bug on our side (e.g. a key that is not a
+/// valid header value): permanent. Anything else on the wire is transport.
+fn from_reqwest(err: reqwest::Error) -> ServiceError {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if err.is_builder() {
+        ServiceError::Permanent(message)
+    } else {
+        ServiceError::Transport(message)
+    }
+}
+
+/// [`InventoryApi`] over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpInventory {
+    http: Http,
+}
+
+#[async_trait]
+impl InventoryApi for HttpInventory {
+    async fn reserve(&self, key: &str, req: ReserveRequest) -> Result<Reservation, ServiceError> {
+        self.http.post("/inventory/reserve", key, &req).await
+    }
+
+    async fn release(&self, key: &str, req: ReleaseRequest) -> Result<Released, ServiceError> {
+        self.http.post("/inventory/release", key, &req).await
+    }
+}
+
+/// [`PaymentsApi`] over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpPayments {
+    http: Http,
+}
+
+#[async_trait]
+impl PaymentsApi for HttpPayments {
+    async fn charge(&self, key: &str, req: ChargeRequest) -> Result<Charge, ServiceError> {
+        self.http.post("/payments/charge", key, &req).await
+    }
+
+    async fn refund(&self, key: &str, req: RefundRequest) -> Result<Refund, ServiceError> {
+        self.http.post("/payments/refund", key, &req).await
+    }
+}
+
+/// [`ShippingApi`] over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpShipping {
+    http: Http,
+}
+
+#[async_trait]
+impl ShippingApi for HttpShipping {
+    async fn ship(&self, key: &str, req: ShipRequest) -> Result<Shipment, ServiceError> {
+        self.http.post("/shipping/ship", key, &req).await
+    }
+}
+
+/// HTTP clients of the three services sharing one `reqwest::Client`; the HTTP twin
+/// of [`Services`](super::Services).
+#[derive(Debug, Clone)]
+pub struct HttpServices {
+    http: Http,
+    inventory: Arc<HttpInventory>,
+    payments: Arc<HttpPayments>,
+    shipping: Arc<HttpShipping>,
+}
+
+impl HttpServices {
+    /// Clients of the server at `base_url` (e.g. `http://127.0.0.1:4000`), with no
+    /// request timeout: the caller bounds each call (dropping the future cancels it).
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Self::with_client(base_url, reqwest::Client::new())
+    }
+
+    /// Like [`new`](Self::new) with a caller-configured client (timeouts, pool...).
+    pub fn with_client(base_url: impl Into<String>, client: reqwest::Client) -> Self {
+        let base_url = base_url.into().trim_end_matches('/').to_owned();
+        let http = Http { client, base_url };
+        Self {
+            inventory: Arc::new(HttpInventory { http: http.clone() }),
+            payments: Arc::new(HttpPayments { http: http.clone() }),
+            shipping: Arc::new(HttpShipping { http: http.clone() }),
+            http,
+        }
+    }
+
+    /// The base URL requests go to.
+    pub fn base_url(&self) -> &str {
+        &self.http.base_url
+    }
+
+    /// The inventory client.
+    pub fn inventory(&self) -> Arc<dyn InventoryApi> {
+        self.inventory.clone()
+    }
+
+    /// The payments client.
+    pub fn payments(&self) -> Arc<dyn PaymentsApi> {
+        self.payments.clone()
+    }
+
+    /// The shipping client.
+    pub fn shipping(&self) -> Arc<dyn ShippingApi> {
+        self.shipping.clone()
+    }
+
+    /// `GET /ledger`: every effect the server applied.
+    pub async fn ledger_records(&self) -> Result<Vec<EffectRecord>, ServiceError> {
+        self.http.get("/ledger").await
+    }
+
+    /// `GET /ledger/report`: the server's check of all orders.
+    pub async fn report(&self) -> Result<LedgerReport, ServiceError> {
+        self.http.get("/ledger/report").await
+    }
+
+    /// `GET /faults`: faults the server injected, per service.
+    pub async fn fault_counts(&self) -> Result<BTreeMap<Service, FaultCounts>, ServiceError> {
+        self.http.get("/faults").await
+    }
+}

@@ -1,0 +1,235 @@
+//! The loopback HTTP face of [`Services`].
+//!
+//! | route                     | body              | answer                 |
+//! |---------------------------|-------------------|------------------------|
+//! | `POST /inventory/reserve` | [`ReserveRequest`]| [`Reservation`]        |
+//! | `POST /inventory/release` | [`ReleaseRequest`]| [`Released`]           |
+//! | `POST /payments/charge`   | [`ChargeRequest`] | [`Charge`]             |
+//! | `POST /payments/refund`   | [`RefundRequest`] | [`Refund`]             |
+//! | `POST /shipping/ship`     | [`ShipRequest`]   | [`Shipment`]           |
+//! | `GET /ledger`             |                   | `Vec<EffectRecord>`    |
+//! | `GET /ledger/report`      |                   | [`LedgerReport`]       |
+//! | `GET /faults`             |                   | `{service: FaultCounts}` |
+//!
+//! POST routes need the `Idempotency-Key` header (else 400). Success is 200 + JSON;
+//! failures carry a [`ServiceError`] JSON body: 503 transient, 422 permanent, 400 bad
+//! request. A hang is a request that never gets an answer.
+//!
+//! [`ReserveRequest`]: super::ReserveRequest
+//! [`Reservation`]: super::Reservation
+//! [`ReleaseRequest`]: super::ReleaseRequest
+//! [`Released`]: super::Released
+//! [`ChargeRequest`]: super::ChargeRequest
+//! [`Charge`]: super::Charge
+//! [`RefundRequest`]: super::RefundRequest
+//! [`Refund`]: super::Refund
+//! [`ShipRequest`]: super::ShipRequest
+//! [`Shipment`]: super::Shipment
+//! [`LedgerReport`]: super::LedgerReport
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::bundle::Services;
+use super::error::ServiceError;
+
+/// Name of the header carrying the idempotency key.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+/// How long [`ServerHandle::shutdown`] waits for open connections before aborting.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+struct AppState {
+    services: Services,
+    stop: watch::Receiver<bool>,
+}
+
+/// A running HTTP server. Dropping the handle also stops it (in the background).
+#[derive(Debug)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl ServerHandle {
+    /// The address actually bound (useful after binding port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://{addr}`, ready for [`HttpServices::new`](super::HttpServices::new).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting, answer hung requests with 503, and wait (boundedly) for the
+    /// server task to finish.
+    pub async fn shutdown(mut self) -> io::Result<()> {
+        self.stop.send_replace(true);
+        let Some(mut task) = self.task.take() else {
+            return Ok(());
+        };
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(io::Error::other(join)),
+            Err(_) => {
+                task.abort();
+                tracing::warn!(addr = %self.addr, "HTTP server did not stop in time; aborted");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+/// Serve `services` over HTTP on `addr` (`127.0.0.1:0` picks a free port).
+pub async fn serve(services: Services, addr: SocketAddr) -> io::Result<ServerHandle> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let app = router(AppState {
+        services,
+        stop: stop_rx.clone(),
+    });
+    let server = axum::serve(listener, app).with_graceful_shutdown(stopped(stop_rx));
+    let task = tokio::spawn(async move { server.await });
+    tracing::info!(%addr, "simulated services listening");
+    Ok(ServerHandle {
+        addr,
+        stop: stop_tx,
+        task: Some(task),
+    })
+}
+
+/// Resolves once a stop was requested (or the handle is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/inventory/reserve", post(reserve))
+        .route("/inventory/release", post(release))
+        .route("/payments/charge", post(charge))
+        .route("/payments/refund", post(refund))
+        .route("/shipping/ship", post(ship))
+        .route("/ledger", get(ledger))
+        .route("/ledger/report", get(report))
+        .route("/faults", get(faults))
+        .with_state(state)
+}
+
+async fn reserve(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(st, &headers, &body, |s, key, req| async move {
+        s.inventory().reserve(&key, req).await
+    })
+    .await
+}
+
+async fn release(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(st, &headers, &body, |s, key, req| async move {
+        s.inventory().release(&key, req).await
+    })
+    .await
+}
+
+async fn charge(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(st, &headers, &body, |s, key, req| async move {
+        s.payments().charge(&key, req).await
+    })
+    .await
+}
+
+async fn refund(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(st, &headers, &body, |s, key, req| async move {
+        s.payments().refund(&key, req).await
+    })
+    .await
+}
+
+async fn ship(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(st, &headers, &body, |s, key, req| async move {
+        s.shipping().ship(&key, req).await
+    })
+    .await
+}
+
+async fn ledger(State(st): State<AppState>) -> Response {
+    Json(st.services.ledger().records()).into_response()
+}
+
+async fn report(State(st): State<AppState>) -> Response {
+    Json(st.services.ledger().report()).into_response()
+}
+
+async fn faults(State(st): State<AppState>) -> Response {
+    Json(st.services.fault_counts_by_service()).into_response()
+}
+
+/// Extract key and body, run `call`, and map its result to a response. A call that
+/// hangs is answered 503 only when the server shuts down.
+async fn handle<Req, Resp, F, Fut>(
+    st: AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    call: F,
+) -> Response
+where
+    Req: DeserializeOwned,
+    Resp: Serialize,
+    F: FnOnce(Services, String, Req) -> Fut,
+    Fut: Future<Output = Result<Resp, ServiceError>>,
+{
+    let Some(key) = headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+    else {
+        let err = ServiceError::Permanent(format!("missing {IDEMPOTENCY_KEY_HEADER} header"));
+        return (StatusCode::BAD_REQUEST, Json(err)).into_response();
+    };
+    let request: Req = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(e) => {
+            let err = ServiceError::Permanent(format!("invalid JSON body: {e}"));
+            return (StatusCode::BAD_REQUEST, Json(err)).into_response();
+        }
+    };
+    let result = tokio::select! {
+        result = call(st.services.clone(), key.to_owned(), request) => result,
+        () = stopped(st.stop.clone()) => {
+            Err(ServiceError::Transient("server shutting down".into()))
+        }
+    };
+    match result {
+        Ok(response) => (StatusCode::OK, Json(response)).into_response(),
+        Err(err) => (status_of(&err), Json(err)).into_response(),
+    }
+}
+
+fn status_of(err: &ServiceError) -> StatusCode {
+    match err {
+        ServiceError::Transient(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ServiceError::Permanent(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        ServiceError::Transport(_) => StatusCode::BAD_GATEWAY,
+    }
+}
