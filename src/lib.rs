@@ -1,1 +1,69 @@
-//! placeholder
+//! # sagaflow
+//!
+//! Durable sagas for Rust services, on the Scheduler-Agent-Supervisor pattern.
+//!
+//! Define a business process as a graph of steps, each with an optional compensation; start
+//! runs of it on an embedded SQLite file or on PostgreSQL; sagaflow runs every accepted run to
+//! **Completed**, undoes it to **Compensated**, or stops it in **Error** with an operator
+//! alert — through retries, hung remote calls, permanent failures and crashes.
+//!
+//! - The **scheduler** claims due steps in batches (one atomic statement), keeps per-step state
+//!   (`NotStarted`, `Running` with a `CompleteBy` deadline, `Completed`, `Failed`, and the
+//!   compensation states) and advances runs.
+//! - **Agents** run each attempt against its remote service with a stable idempotency key,
+//!   and go silent when the deadline passes.
+//! - The **supervisor** (one leader at a time) re-queues timed-out steps with a longer
+//!   deadline, or fails them at their threshold so the saga compensates.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use sagaflow::prelude::*;
+//!
+//! # async fn demo() -> Result<(), sagaflow::Error> {
+//! let order = Workflow::builder("order", 1)
+//!     .input::<serde_json::Value>()
+//!     .step("reserve", |ctx: StepContext| async move {
+//!         // call the inventory service with ctx.idempotency_key() …
+//!         Ok::<_, StepError>("reservation-1")
+//!     })
+//!     .compensate(|_ctx: StepContext| async move { Ok::<_, StepError>(()) })
+//!     .step("charge", |_ctx: StepContext| async move { Ok::<_, StepError>("charge-1") })
+//!     .after(["reserve"])
+//!     .pivot()
+//!     .build()?;
+//!
+//! let engine = Engine::builder()
+//!     .with_database_url("sqlite://sagaflow.db?mode=rwc")
+//!     .with_workflow(order)
+//!     .start()
+//!     .await?;
+//! let id = engine.start("order", &serde_json::json!({ "sku": "A-1" })).await?;
+//! let run = engine.wait(id, Duration::from_secs(30)).await?;
+//! assert_eq!(run.state, RunState::Completed);
+//! engine.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod builder;
+mod engine;
+
+pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
+pub use engine::{Engine, OnDuplicate, Operator, StartOptions, Started};
+pub use sagaflow_agents::{Agent, AgentStep, agent_step};
+pub use sagaflow_engine::{
+    AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, Result, RetryPolicy, RunEvent, RunRow, RunState,
+    StepAction, StepContext, StepError, StepKind, StepRow, StepState, Store, TracingSink, Workflow, WorkflowBuilder,
+};
+pub use sagaflow_supervisor::{Supervisor, SupervisorStats};
+
+/// Re-exported so that applications can begin transactions for [`Engine::start_in`] without
+/// a direct dependency.
+pub use sea_orm;
+
+/// The names most applications need.
+pub mod prelude {
+    pub use crate::{
+        Agent, DeadlinePolicy, Engine, OnDuplicate, RetryPolicy, RunState, StartOptions, StepContext, StepError,
+        StepState, Workflow, agent_step,
+    };
+}

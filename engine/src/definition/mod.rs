@@ -22,7 +22,7 @@ pub use policy::{
     DEADLINE_CAP_DEFAULT, DEADLINE_DEFAULT, DeadlinePolicy, INITIAL_BACKOFF_DEFAULT, MAX_BACKOFF_DEFAULT,
     MAX_FAILURES_DEFAULT, RetryPolicy, StepSettings,
 };
-pub(crate) use policy::millis;
+pub use policy::millis;
 pub use registry::Registry;
 pub use step::{StepAction, StepContext};
 

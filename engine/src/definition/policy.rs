@@ -128,7 +128,8 @@ pub struct StepSettings {
     pub deadline: DeadlinePolicy,
 }
 
-pub(crate) fn millis(d: Duration) -> i64 {
+/// A duration in whole milliseconds, saturating.
+pub fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

@@ -1,0 +1,80 @@
+//! The agent pool: executes dispatched attempts under their deadlines.
+
+use std::any::Any;
+
+use sagaflow_engine::StepError;
+use sagaflow_engine::protocol::{AgentRequest, AgentResponse, Dispatch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Runs step attempts received on the scheduler's request channel.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AgentPool;
+
+impl AgentPool {
+    /// Spawns the pool's receive loop on `tracker`. Each attempt runs in its own task; how
+    /// many run at once is bounded by the scheduler's in-flight slots, which travel with each
+    /// dispatch. Stops when `cancel` fires or the channel closes; attempts still running are
+    /// cancelled and report nothing.
+    pub fn spawn(tracker: &TaskTracker, cancel: CancellationToken, mut requests: mpsc::Receiver<Dispatch>) {
+        let t = tracker.clone();
+        tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    d = requests.recv() => match d {
+                        Some(d) => { t.spawn(execute(d, cancel.clone())); }
+                        None => return,
+                    },
+                    () = cancel.cancelled() => return,
+                }
+            }
+        });
+    }
+}
+
+/// Runs one attempt; answers unless the deadline passed or the engine is shutting down.
+async fn execute(d: Dispatch, shutdown: CancellationToken) {
+    let Dispatch { request, reply, permit } = d;
+    let AgentRequest { lease, action, context } = request;
+    let deadline = context.deadline();
+    let token = context.cancellation().clone();
+    // Its own task, so that a panic in the step is contained and reported as a failure.
+    let mut handle = tokio::spawn(async move { action.run(context).await });
+    let joined = tokio::select! {
+        r = &mut handle => Some(r),
+        () = tokio::time::sleep_until(deadline) => None,
+        () = shutdown.cancelled() => None,
+    };
+    let Some(joined) = joined else {
+        // SAS-3: past the deadline the attempt stops and reports nothing.
+        token.cancel();
+        handle.abort();
+        tracing::debug!(run_id = %lease.run_id, step = %lease.step, attempt = lease.attempt, "attempt abandoned at its deadline");
+        return;
+    };
+    if tokio::time::Instant::now() >= deadline {
+        return;
+    }
+    let result = match joined {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => {
+            let msg = panic_message(e.into_panic());
+            tracing::warn!(run_id = %lease.run_id, step = %lease.step, "step panicked: {msg}");
+            Err(StepError::retryable("panic", format!("the step panicked: {msg}")))
+        }
+        Err(_) => return,
+    };
+    let _ = reply.send(AgentResponse { lease, result }).await;
+    drop(permit);
+}
+
+fn panic_message(p: Box<dyn Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

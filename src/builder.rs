@@ -1,0 +1,215 @@
+//! Configuring and starting an engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sagaflow_engine::scheduler::SchedulerConfig;
+use sagaflow_engine::{AlertSink, Error, Registry, Result, Store, TracingSink, Workflow};
+use sagaflow_supervisor::SupervisorConfig;
+
+use crate::engine::Engine;
+
+/// Default largest serialized run input.
+pub const MAX_INPUT_DEFAULT: usize = 256 * 1024;
+
+/// Builds an [`Engine`]. Setters are `with_*`; [`EngineBuilder::start`] checks everything and
+/// starts the background loops.
+#[must_use]
+pub struct EngineBuilder {
+    url: Option<String>,
+    store: Option<Store>,
+    pool_size: Option<u32>,
+    registry: Registry,
+    errors: Vec<Error>,
+    sinks: Vec<Arc<dyn AlertSink>>,
+    pub(crate) scheduler: SchedulerConfig,
+    pub(crate) supervisor: SupervisorConfig,
+    run_supervisor: bool,
+    max_input_bytes: usize,
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("url", &self.url)
+            .field("scheduler", &self.scheduler)
+            .field("supervisor", &self.supervisor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        let id = format!("{}-{}", hostname(), uuid::Uuid::now_v7().simple());
+        Self {
+            url: None,
+            store: None,
+            pool_size: None,
+            registry: Registry::new(),
+            errors: Vec::new(),
+            sinks: vec![Arc::new(TracingSink)],
+            scheduler: SchedulerConfig::new(id.clone()),
+            supervisor: SupervisorConfig::new(id),
+            run_supervisor: true,
+            max_input_bytes: MAX_INPUT_DEFAULT,
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| format!("pid{}", std::process::id()))
+}
+
+impl EngineBuilder {
+    /// The database: `sqlite://path/to/file.db?mode=rwc` or `postgres://user@host/db`.
+    pub fn with_database_url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// An already connected (and migrated) store, instead of a URL.
+    pub fn with_store(mut self, store: Store) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// PostgreSQL pool size.
+    pub fn with_pool_size(mut self, n: u32) -> Self {
+        self.pool_size = Some(n);
+        self
+    }
+
+    /// Registers a workflow definition (several versions of one name may be registered).
+    pub fn with_workflow(mut self, wf: Workflow) -> Self {
+        if let Err(e) = self.registry.register(wf) {
+            self.errors.push(e);
+        }
+        self
+    }
+
+    /// Registers a workflow given as the result of its builder, so a definition error surfaces
+    /// from [`EngineBuilder::start`].
+    pub fn with_workflow_result(mut self, wf: Result<Workflow>) -> Self {
+        match wf {
+            Ok(wf) => self.with_workflow(wf),
+            Err(e) => {
+                self.errors.push(e);
+                self
+            }
+        }
+    }
+
+    /// Adds an alert sink (the tracing sink is always present).
+    pub fn with_alert_sink(mut self, sink: impl AlertSink) -> Self {
+        self.sinks.push(Arc::new(sink));
+        self
+    }
+
+    /// This instance's id (written to `LockedBy` and the leader lease).
+    pub fn with_instance_id(mut self, id: impl Into<String>) -> Self {
+        let id = id.into();
+        self.scheduler.owner.clone_from(&id);
+        self.supervisor.holder = id;
+        self
+    }
+
+    /// Steps in flight at most in this instance.
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        self.scheduler.max_in_flight = n;
+        self
+    }
+
+    /// Steps claimed per statement.
+    pub fn with_claim_batch(mut self, n: u32) -> Self {
+        self.scheduler.claim_batch = n;
+        self
+    }
+
+    /// Pause after an empty poll (local submissions wake the scheduler at once).
+    pub fn with_poll_interval(mut self, d: Duration) -> Self {
+        self.scheduler.empty_poll_pause = d;
+        self
+    }
+
+    /// Pause after a database error.
+    pub fn with_error_pause(mut self, d: Duration) -> Self {
+        self.scheduler.error_pause = d;
+        self
+    }
+
+    /// Pause after each successful claim (AT-6).
+    pub fn with_success_pause(mut self, d: Duration) -> Self {
+        self.scheduler.success_pause = d;
+        self
+    }
+
+    /// Largest serialized run input.
+    pub fn with_max_input_bytes(mut self, n: usize) -> Self {
+        self.max_input_bytes = n;
+        self
+    }
+
+    /// Largest serialized step output.
+    pub fn with_max_output_bytes(mut self, n: usize) -> Self {
+        self.scheduler.max_payload_bytes = n;
+        self
+    }
+
+    /// Leader lease lifetime and renewal period.
+    pub fn with_lease(mut self, ttl: Duration, renew_every: Duration) -> Self {
+        self.supervisor.lease_ttl = ttl;
+        self.supervisor.renew_interval = renew_every;
+        self
+    }
+
+    /// Supervisor sweep period.
+    pub fn with_sweep_interval(mut self, d: Duration) -> Self {
+        self.supervisor.sweep_interval = d;
+        self
+    }
+
+    /// Retention of finished runs (`None`: keep forever).
+    pub fn with_retention(mut self, d: Option<Duration>) -> Self {
+        self.supervisor.retention = d;
+        self
+    }
+
+    /// Whether this instance takes part in supervisor leader election (default: yes).
+    pub fn with_supervisor(mut self, on: bool) -> Self {
+        self.run_supervisor = on;
+        self
+    }
+
+    /// Connects, migrates, and starts the scheduler, agents and (unless disabled) the
+    /// supervisor.
+    ///
+    /// # Errors
+    /// The first definition error; [`Error::Config`] for missing or inconsistent settings;
+    /// [`Error::Db`] when the database cannot be reached or migrated.
+    pub async fn start(mut self) -> Result<Engine> {
+        if let Some(e) = self.errors.drain(..).next() {
+            return Err(e);
+        }
+        if self.registry.is_empty() {
+            return Err(Error::Config("no workflow registered".into()));
+        }
+        self.scheduler.validate()?;
+        self.supervisor.validate()?;
+        if self.max_input_bytes == 0 {
+            return Err(Error::Config("max_input_bytes must be positive".into()));
+        }
+        let store = match (self.store.take(), self.url.take()) {
+            (Some(s), _) => s,
+            (None, Some(url)) => Store::connect(&url, self.pool_size).await?,
+            (None, None) => return Err(Error::Config("no database: call with_database_url or with_store".into())),
+        };
+        Engine::launch(
+            store,
+            Arc::new(self.registry),
+            self.sinks,
+            self.scheduler,
+            self.run_supervisor.then_some(self.supervisor),
+            self.max_input_bytes,
+        )
+    }
+}

@@ -1,0 +1,359 @@
+//! A running engine instance.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sagaflow_agents::AgentPool;
+use sagaflow_engine::definition::millis;
+use sagaflow_engine::hub::{AlertSink, Hub, RunEvent};
+use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
+use sagaflow_engine::store::{EvalApplied, NewRun, NewStep, RunInsertOutcome};
+use sagaflow_engine::{
+    AlertRow, Error, HistoryRow, Registry, Result, RunRow, RunState, StepRow, Store, Workflow, operator,
+};
+use sagaflow_supervisor::{Supervisor, SupervisorConfig};
+use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::builder::EngineBuilder;
+
+/// What to do when an active run with the same business key exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDuplicate {
+    /// Fail with [`Error::DuplicateActive`].
+    #[default]
+    Reject,
+    /// Return the existing run's id ([`Started::created`] is `false`).
+    ReturnExisting,
+}
+
+/// Options of a run start.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Business key: at most one active run per workflow and key (e.g. the order id).
+    pub business_key: Option<String>,
+    /// What to do with a duplicate.
+    pub on_duplicate: OnDuplicate,
+}
+
+impl StartOptions {
+    /// Options with a business key and the default duplicate policy (reject).
+    pub fn keyed(key: impl Into<String>) -> Self {
+        Self { business_key: Some(key.into()), on_duplicate: OnDuplicate::Reject }
+    }
+
+    /// Sets the duplicate policy.
+    #[must_use]
+    pub fn on_duplicate(mut self, d: OnDuplicate) -> Self {
+        self.on_duplicate = d;
+        self
+    }
+}
+
+/// The result of a start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    /// The run's id.
+    pub id: Uuid,
+    /// Whether a new run was created (false: an active duplicate was returned).
+    pub created: bool,
+}
+
+struct Inner {
+    store: Store,
+    registry: Arc<Registry>,
+    hub: Arc<Hub>,
+    scheduler: Arc<Scheduler>,
+    supervisor: Option<Arc<Supervisor>>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+    max_input_bytes: usize,
+}
+
+/// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
+/// one database. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("owner", &self.inner.scheduler.owner()).finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Starts configuring an engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    pub(crate) fn launch(
+        store: Store,
+        registry: Arc<Registry>,
+        sinks: Vec<Arc<dyn AlertSink>>,
+        scheduler: SchedulerConfig,
+        supervisor: Option<SupervisorConfig>,
+        max_input_bytes: usize,
+    ) -> Result<Self> {
+        let hub = Arc::new(Hub::new(sinks));
+        let tracker = TaskTracker::new();
+        let cancel = CancellationToken::new();
+        let in_flight = scheduler.max_in_flight;
+        let scheduler = Arc::new(Scheduler::new(store.clone(), registry.clone(), hub.clone(), scheduler)?);
+        let supervisor = match supervisor {
+            Some(c) => Some(Arc::new(Supervisor::new(store.clone(), hub.clone(), c)?)),
+            None => None,
+        };
+        let (tx, rx) = mpsc::channel(in_flight.max(1));
+        AgentPool::spawn(&tracker, cancel.clone(), rx);
+        scheduler.clone().spawn(&tracker, cancel.clone(), tx);
+        if let Some(s) = &supervisor {
+            s.clone().spawn(&tracker, cancel.clone());
+        }
+        Ok(Self { inner: Arc::new(Inner { store, registry, hub, scheduler, supervisor, tracker, cancel, max_input_bytes }) })
+    }
+
+    /// Starts a run of the newest version of `workflow`.
+    ///
+    /// # Errors
+    /// [`Error::WorkflowNotFound`], [`Error::InvalidInput`], [`Error::PayloadTooLarge`],
+    /// [`Error::Db`].
+    pub async fn start<I: Serialize>(&self, workflow: &str, input: &I) -> Result<Uuid> {
+        self.start_with(workflow, input, StartOptions::default()).await.map(|s| s.id)
+    }
+
+    /// Starts a run with options (business key, duplicate policy).
+    ///
+    /// # Errors
+    /// As [`Engine::start`], plus [`Error::DuplicateActive`].
+    pub async fn start_with<I: Serialize>(&self, workflow: &str, input: &I, opts: StartOptions) -> Result<Started> {
+        let txn = self.inner.store.connection().begin().await?;
+        let started = self.start_in(&txn, workflow, input, opts).await?;
+        txn.commit().await?;
+        self.wake();
+        Ok(started)
+    }
+
+    /// Starts a run on the caller's connection or transaction: the run and its steps commit
+    /// or roll back with the caller's own writes (e.g. the order row, SAS-7). Call
+    /// [`Engine::wake`] after committing for the quickest pickup (otherwise the next poll
+    /// finds it).
+    ///
+    /// # Errors
+    /// As [`Engine::start_with`].
+    pub async fn start_in<C, I>(&self, conn: &C, workflow: &str, input: &I, opts: StartOptions) -> Result<Started>
+    where
+        C: ConnectionTrait,
+        I: Serialize,
+    {
+        let wf = self.inner.registry.latest(workflow)?;
+        let value = serde_json::to_value(input)
+            .map_err(|e| Error::InvalidInput { workflow: workflow.to_owned(), reason: e.to_string() })?;
+        wf.check_input(&value)?;
+        let json = value.to_string();
+        if json.len() > self.inner.max_input_bytes {
+            return Err(Error::PayloadTooLarge {
+                what: format!("input of workflow `{workflow}`"),
+                size: json.len(),
+                limit: self.inner.max_input_bytes,
+            });
+        }
+        let run = new_run(wf, json, opts.business_key.clone());
+        match self.inner.store.run_insert(conn, &run).await? {
+            RunInsertOutcome::Inserted(id) => {
+                self.inner.hub.publish(RunEvent { run_id: id, workflow: workflow.to_owned(), state: RunState::Pending });
+                Ok(Started { id, created: true })
+            }
+            RunInsertOutcome::Duplicate(existing) => match opts.on_duplicate {
+                OnDuplicate::ReturnExisting => Ok(Started { id: existing, created: false }),
+                OnDuplicate::Reject => Err(Error::DuplicateActive {
+                    workflow: workflow.to_owned(),
+                    key: opts.business_key.unwrap_or_default(),
+                    existing,
+                }),
+            },
+        }
+    }
+
+    /// Wakes this instance's scheduler (after committing a transaction that started runs).
+    pub fn wake(&self) {
+        self.inner.hub.eval.notify_one();
+    }
+
+    /// A run by id.
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run(&self, id: Uuid) -> Result<Option<RunRow>> {
+        self.inner.store.run_get(id).await
+    }
+
+    /// The steps of an unfinished run (finished runs keep their history; see
+    /// [`Engine::history`]).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn steps(&self, id: Uuid) -> Result<Vec<StepRow>> {
+        self.inner.store.run_steps(id).await
+    }
+
+    /// A run's history, oldest first.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn history(&self, id: Uuid) -> Result<Vec<HistoryRow>> {
+        self.inner.store.run_history(id).await
+    }
+
+    /// Subscribes to status events of runs moved by this instance (SAS-8).
+    pub fn subscribe(&self) -> broadcast::Receiver<RunEvent> {
+        self.inner.hub.subscribe_events()
+    }
+
+    /// Subscribes to alerts raised by this instance.
+    pub fn subscribe_alerts(&self) -> broadcast::Receiver<AlertRow> {
+        self.inner.hub.subscribe_alerts()
+    }
+
+    /// Open alerts (from every instance sharing the database).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn open_alerts(&self) -> Result<Vec<AlertRow>> {
+        self.inner.store.alert_list(None, true).await
+    }
+
+    /// Alerts of one run, open or resolved.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_alerts(&self, id: Uuid) -> Result<Vec<AlertRow>> {
+        self.inner.store.alert_list(Some(id), false).await
+    }
+
+    /// Waits until the run is `Completed`, `Compensated` or `Error`, at most `timeout`.
+    /// Works for runs moved by other instances too (it re-reads the run periodically).
+    ///
+    /// # Errors
+    /// [`Error::WaitTimeout`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn wait(&self, id: Uuid, timeout: Duration) -> Result<RunRow> {
+        let mut events = self.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let run = self.run(id).await?.ok_or(Error::RunNotFound(id))?;
+            if run.state.is_terminal() {
+                return Ok(run);
+            }
+            let tick = tokio::time::sleep(Duration::from_millis(200));
+            tokio::select! {
+                () = tick => {}
+                e = events.recv() => if let Ok(e) = e && e.run_id != id { continue; },
+                () = tokio::time::sleep_until(deadline) => return Err(Error::WaitTimeout(id)),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::WaitTimeout(id));
+            }
+        }
+    }
+
+    /// Operator actions.
+    pub fn operator(&self) -> Operator<'_> {
+        Operator { engine: self }
+    }
+
+    /// This instance's supervisor candidate, if enabled.
+    pub fn supervisor(&self) -> Option<&Supervisor> {
+        self.inner.supervisor.as_deref()
+    }
+
+    /// The store (for inspection and advanced use).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The database connection pool (to begin transactions for [`Engine::start_in`]).
+    pub fn connection(&self) -> &DatabaseConnection {
+        self.inner.store.connection()
+    }
+
+    /// This instance's id.
+    pub fn instance_id(&self) -> &str {
+        self.inner.scheduler.owner()
+    }
+
+    /// Stops every background loop and waits for them. Attempts in flight are cancelled and
+    /// report nothing; their steps are re-queued by a supervisor after their deadline.
+    /// Idempotent.
+    pub async fn shutdown(&self) {
+        self.inner.cancel.cancel();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+}
+
+fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun {
+    let id = Uuid::now_v7();
+    let steps = wf
+        .steps()
+        .iter()
+        .map(|s| NewStep {
+            name: s.name().to_owned(),
+            max_failures: s.settings().retry.max_failures_stored(),
+            deadline_ms: millis(s.settings().deadline.initial),
+            deadline_cap_ms: millis(s.settings().deadline.cap),
+            // SAS-2: stable across every retry of this step in this run.
+            idempotency_key: format!("{id}:{}", s.name()),
+        })
+        .collect();
+    NewRun { id, workflow: wf.name().to_owned(), version: wf.version(), business_key, input, steps }
+}
+
+/// Operator actions on runs (each recorded in the run's history; each resolves the run's open
+/// alerts).
+#[derive(Debug, Clone, Copy)]
+pub struct Operator<'a> {
+    engine: &'a Engine,
+}
+
+impl Operator<'_> {
+    /// Retries a failed step (or failed compensation) of a run in `Error`.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn retry_step(&self, run_id: Uuid, step: &str) -> Result<RunState> {
+        let a = operator::retry_step(&self.engine.inner.store, run_id, step).await?;
+        Ok(self.after(a))
+    }
+
+    /// Requests compensation of a run that is not finished.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn compensate(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::compensate(&self.engine.inner.store, run_id).await?;
+        Ok(self.after(a))
+    }
+
+    /// Resumes a run in `Error`, retrying the failed steps of the phase it stopped in.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn resume(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::resume(&self.engine.inner.store, run_id).await?;
+        Ok(self.after(a))
+    }
+
+    fn after(&self, a: EvalApplied) -> RunState {
+        let hub = &self.engine.inner.hub;
+        hub.publish(RunEvent { run_id: a.before.id, workflow: a.before.workflow.clone(), state: a.state });
+        hub.eval.notify_one();
+        hub.claim.notify_one();
+        a.state
+    }
+}
