@@ -249,6 +249,19 @@ impl Store {
         rows.iter().map(|r| Ok((r.try_get::<String>("", "state")?, r.try_get::<i64>("", "n")?))).collect()
     }
 
+    /// Counts history entries per event (`retry`, `timeout`, `completed`, `failed`, …) across
+    /// all runs still retained: the figures behind summaries and dashboards.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn history_event_counts(&self) -> Result<Vec<(String, i64)>> {
+        let rows = self
+            .db
+            .query_all_raw(self.stmt("SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event ORDER BY event", vec![]))
+            .await?;
+        rows.iter().map(|r| Ok((r.try_get::<String>("", "event")?, r.try_get::<i64>("", "n")?))).collect()
+    }
+
     /// Evaluates a run marked dirty: under the run's row lock, reads its steps, asks `plan`
     /// what to change, and writes it. Returns `None` when the run is no longer dirty (another
     /// scheduler got there first).

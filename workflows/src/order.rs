@@ -1,0 +1,165 @@
+//! The canonical order saga (SAS-7): reserve stock → charge the card → ship.
+//!
+//! `reserve_stock` and `charge_card` are compensatable (release, refund). `ship` is the pivot:
+//! once a parcel left, nothing is undone; if shipping fails for good, the charge is refunded
+//! and the stock released, in that order. Every remote call carries the step's idempotency
+//! key, so a retried or re-run step never applies its effect twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sagaflow::{DeadlinePolicy, RetryPolicy, StepContext, StepError, Workflow};
+use serde::{Deserialize, Serialize};
+
+use crate::services::{
+    ChargeRequest, HttpServices, InventoryApi, PaymentsApi, RefundRequest, ReleaseRequest, Reservation, ReserveRequest,
+    ServiceError, Services, ShipRequest, ShippingApi,
+};
+use crate::services::{Charge, Shipment};
+
+/// The workflow's name.
+pub const ORDER_WORKFLOW: &str = "order";
+
+/// An order, the saga's input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Order {
+    /// Business id of the order (also the run's business key).
+    pub order_id: String,
+    /// Stock keeping unit.
+    pub sku: String,
+    /// Quantity.
+    pub qty: u32,
+    /// Amount to charge, in cents.
+    pub amount_cents: u64,
+    /// Where to ship.
+    pub address: String,
+}
+
+impl Order {
+    /// A sample order with the given number.
+    pub fn sample(n: usize) -> Self {
+        Self {
+            order_id: format!("order-{n:05}"),
+            sku: format!("SKU-{}", n % 7),
+            qty: u32::try_from(n % 3 + 1).unwrap_or(1),
+            amount_cents: 1999 + (n as u64 % 5) * 500,
+            address: format!("{} Saga Street", n % 100 + 1),
+        }
+    }
+}
+
+/// The remote services the saga talks to.
+#[derive(Debug, Clone)]
+pub struct OrderApis {
+    /// Inventory.
+    pub inventory: Arc<dyn InventoryApi>,
+    /// Payments.
+    pub payments: Arc<dyn PaymentsApi>,
+    /// Shipping.
+    pub shipping: Arc<dyn ShippingApi>,
+}
+
+impl From<&Services> for OrderApis {
+    fn from(s: &Services) -> Self {
+        Self { inventory: s.inventory(), payments: s.payments(), shipping: s.shipping() }
+    }
+}
+
+impl From<&HttpServices> for OrderApis {
+    fn from(s: &HttpServices) -> Self {
+        Self { inventory: s.inventory(), payments: s.payments(), shipping: s.shipping() }
+    }
+}
+
+/// Tunables of the saga (defaults suit the demo; tests shorten the deadline).
+#[derive(Debug, Clone, Copy)]
+pub struct OrderSettings {
+    /// Version registered.
+    pub version: i32,
+    /// Retry policy of every step.
+    pub retry: RetryPolicy,
+    /// Deadline policy of every step.
+    pub deadline: DeadlinePolicy,
+}
+
+impl Default for OrderSettings {
+    fn default() -> Self {
+        Self {
+            version: 1,
+            retry: RetryPolicy::default()
+                .with_max_failures(4)
+                .with_backoff(Duration::from_millis(20), Duration::from_millis(500)),
+            deadline: DeadlinePolicy::new(Duration::from_secs(2), Duration::from_secs(8)),
+        }
+    }
+}
+
+fn step_error(e: ServiceError) -> StepError {
+    if e.is_retryable() {
+        StepError::retryable("transient", e.to_string())
+    } else {
+        StepError::terminal("permanent", e.to_string())
+    }
+}
+
+/// Builds the order saga over `apis`.
+///
+/// # Errors
+/// Never for these settings unless they are inconsistent (e.g. a zero deadline):
+/// [`sagaflow::Error::InvalidDefinition`].
+pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<Workflow> {
+    let (inv, inv2) = (apis.inventory.clone(), apis.inventory);
+    let (pay, pay2) = (apis.payments.clone(), apis.payments);
+    let ship = apis.shipping;
+    Workflow::builder(ORDER_WORKFLOW, settings.version)
+        .input::<Order>()
+        .default_retry(settings.retry)
+        .default_deadline(settings.deadline)
+        .step("reserve_stock", move |ctx: StepContext| {
+            let inv = inv.clone();
+            async move {
+                let o: Order = ctx.input()?;
+                let req = ReserveRequest { order_id: o.order_id, sku: o.sku, qty: o.qty };
+                inv.reserve(ctx.idempotency_key(), req).await.map_err(step_error)
+            }
+        })
+        .compensate(move |ctx: StepContext| {
+            let inv = inv2.clone();
+            async move {
+                let r: Reservation = ctx.output()?;
+                let req = ReleaseRequest { order_id: r.order_id, reservation_id: r.reservation_id };
+                inv.release(ctx.idempotency_key(), req).await.map_err(step_error)
+            }
+        })
+        .step("charge_card", move |ctx: StepContext| {
+            let pay = pay.clone();
+            async move {
+                let o: Order = ctx.input()?;
+                let _reserved: Reservation = ctx.dep("reserve_stock")?;
+                let req = ChargeRequest { order_id: o.order_id, amount_cents: o.amount_cents };
+                pay.charge(ctx.idempotency_key(), req).await.map_err(step_error)
+            }
+        })
+        .after(["reserve_stock"])
+        .compensate(move |ctx: StepContext| {
+            let pay = pay2.clone();
+            async move {
+                let c: Charge = ctx.output()?;
+                let req = RefundRequest { order_id: c.order_id, charge_id: c.charge_id };
+                pay.refund(ctx.idempotency_key(), req).await.map_err(step_error)
+            }
+        })
+        .step("ship", move |ctx: StepContext| {
+            let ship = ship.clone();
+            async move {
+                let o: Order = ctx.input()?;
+                let _charged: Charge = ctx.dep("charge_card")?;
+                let req = ShipRequest { order_id: o.order_id, address: o.address };
+                let s: Shipment = ship.ship(ctx.idempotency_key(), req).await.map_err(step_error)?;
+                Ok(s)
+            }
+        })
+        .after(["charge_card"])
+        .pivot()
+        .build()
+}
