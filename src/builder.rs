@@ -57,7 +57,10 @@ impl Default for EngineBuilder {
 }
 
 fn hostname() -> String {
-    std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| format!("pid{}", std::process::id()))
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("pid{}", std::process::id()))
 }
 
 impl EngineBuilder {
@@ -201,7 +204,11 @@ impl EngineBuilder {
         let store = match (self.store.take(), self.url.take()) {
             (Some(s), _) => s,
             (None, Some(url)) => Store::connect(&url, self.pool_size).await?,
-            (None, None) => return Err(Error::Config("no database: call with_database_url or with_store".into())),
+            (None, None) => {
+                return Err(Error::Config(
+                    "no database: call with_database_url or with_store".into(),
+                ));
+            }
         };
         Engine::launch(
             store,

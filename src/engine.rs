@@ -9,7 +9,8 @@ use sagaflow_engine::hub::{AlertSink, Hub, RunEvent};
 use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
 use sagaflow_engine::store::{EvalApplied, NewRun, NewStep, RunInsertOutcome};
 use sagaflow_engine::{
-    AlertRow, Error, HistoryRow, Registry, Result, RunRow, RunState, StepRow, Store, Workflow, operator,
+    AlertRow, Error, HistoryRow, Registry, Result, RunRow, RunState, StepRow, Store, Workflow,
+    operator,
 };
 use sagaflow_supervisor::{Supervisor, SupervisorConfig};
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
@@ -43,7 +44,10 @@ pub struct StartOptions {
 impl StartOptions {
     /// Options with a business key and the default duplicate policy (reject).
     pub fn keyed(key: impl Into<String>) -> Self {
-        Self { business_key: Some(key.into()), on_duplicate: OnDuplicate::Reject }
+        Self {
+            business_key: Some(key.into()),
+            on_duplicate: OnDuplicate::Reject,
+        }
     }
 
     /// Sets the duplicate policy.
@@ -83,7 +87,9 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("owner", &self.inner.scheduler.owner()).finish_non_exhaustive()
+        f.debug_struct("Engine")
+            .field("owner", &self.inner.scheduler.owner())
+            .finish_non_exhaustive()
     }
 }
 
@@ -105,7 +111,12 @@ impl Engine {
         let tracker = TaskTracker::new();
         let cancel = CancellationToken::new();
         let in_flight = scheduler.max_in_flight;
-        let scheduler = Arc::new(Scheduler::new(store.clone(), registry.clone(), hub.clone(), scheduler)?);
+        let scheduler = Arc::new(Scheduler::new(
+            store.clone(),
+            registry.clone(),
+            hub.clone(),
+            scheduler,
+        )?);
         let supervisor = match supervisor {
             Some(c) => Some(Arc::new(Supervisor::new(store.clone(), hub.clone(), c)?)),
             None => None,
@@ -116,7 +127,18 @@ impl Engine {
         if let Some(s) = &supervisor {
             s.clone().spawn(&tracker, cancel.clone());
         }
-        Ok(Self { inner: Arc::new(Inner { store, registry, hub, scheduler, supervisor, tracker, cancel, max_input_bytes }) })
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                registry,
+                hub,
+                scheduler,
+                supervisor,
+                tracker,
+                cancel,
+                max_input_bytes,
+            }),
+        })
     }
 
     /// Starts a run of the newest version of `workflow`.
@@ -125,14 +147,21 @@ impl Engine {
     /// [`Error::WorkflowNotFound`], [`Error::InvalidInput`], [`Error::PayloadTooLarge`],
     /// [`Error::Db`].
     pub async fn start<I: Serialize>(&self, workflow: &str, input: &I) -> Result<Uuid> {
-        self.start_with(workflow, input, StartOptions::default()).await.map(|s| s.id)
+        self.start_with(workflow, input, StartOptions::default())
+            .await
+            .map(|s| s.id)
     }
 
     /// Starts a run with options (business key, duplicate policy).
     ///
     /// # Errors
     /// As [`Engine::start`], plus [`Error::DuplicateActive`].
-    pub async fn start_with<I: Serialize>(&self, workflow: &str, input: &I, opts: StartOptions) -> Result<Started> {
+    pub async fn start_with<I: Serialize>(
+        &self,
+        workflow: &str,
+        input: &I,
+        opts: StartOptions,
+    ) -> Result<Started> {
         let txn = self.inner.store.connection().begin().await?;
         let started = self.start_in(&txn, workflow, input, opts).await?;
         txn.commit().await?;
@@ -147,14 +176,22 @@ impl Engine {
     ///
     /// # Errors
     /// As [`Engine::start_with`].
-    pub async fn start_in<C, I>(&self, conn: &C, workflow: &str, input: &I, opts: StartOptions) -> Result<Started>
+    pub async fn start_in<C, I>(
+        &self,
+        conn: &C,
+        workflow: &str,
+        input: &I,
+        opts: StartOptions,
+    ) -> Result<Started>
     where
         C: ConnectionTrait,
         I: Serialize,
     {
         let wf = self.inner.registry.latest(workflow)?;
-        let value = serde_json::to_value(input)
-            .map_err(|e| Error::InvalidInput { workflow: workflow.to_owned(), reason: e.to_string() })?;
+        let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
+            workflow: workflow.to_owned(),
+            reason: e.to_string(),
+        })?;
         wf.check_input(&value)?;
         let json = value.to_string();
         if json.len() > self.inner.max_input_bytes {
@@ -167,11 +204,18 @@ impl Engine {
         let run = new_run(wf, json, opts.business_key.clone());
         match self.inner.store.run_insert(conn, &run).await? {
             RunInsertOutcome::Inserted(id) => {
-                self.inner.hub.publish(RunEvent { run_id: id, workflow: workflow.to_owned(), state: RunState::Pending });
+                self.inner.hub.publish(RunEvent {
+                    run_id: id,
+                    workflow: workflow.to_owned(),
+                    state: RunState::Pending,
+                });
                 Ok(Started { id, created: true })
             }
             RunInsertOutcome::Duplicate(existing) => match opts.on_duplicate {
-                OnDuplicate::ReturnExisting => Ok(Started { id: existing, created: false }),
+                OnDuplicate::ReturnExisting => Ok(Started {
+                    id: existing,
+                    created: false,
+                }),
                 OnDuplicate::Reject => Err(Error::DuplicateActive {
                     workflow: workflow.to_owned(),
                     key: opts.business_key.unwrap_or_default(),
@@ -311,7 +355,14 @@ fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun
             idempotency_key: format!("{id}:{}", s.name()),
         })
         .collect();
-    NewRun { id, workflow: wf.name().to_owned(), version: wf.version(), business_key, input, steps }
+    NewRun {
+        id,
+        workflow: wf.name().to_owned(),
+        version: wf.version(),
+        business_key,
+        input,
+        steps,
+    }
 }
 
 /// Operator actions on runs (each recorded in the run's history; each resolves the run's open
@@ -351,7 +402,11 @@ impl Operator<'_> {
 
     fn after(&self, a: EvalApplied) -> RunState {
         let hub = &self.engine.inner.hub;
-        hub.publish(RunEvent { run_id: a.before.id, workflow: a.before.workflow.clone(), state: a.state });
+        hub.publish(RunEvent {
+            run_id: a.before.id,
+            workflow: a.before.workflow.clone(),
+            state: a.state,
+        });
         hub.eval.notify_one();
         hub.claim.notify_one();
         a.state

@@ -51,10 +51,18 @@ pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, OnDuplicate, Operator, StartOptions, Started};
 pub use sagaflow_agents::{Agent, AgentStep, agent_step};
 pub use sagaflow_engine::{
-    AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, Result, RetryPolicy, RunEvent, RunRow, RunState,
-    StepAction, StepContext, StepError, StepKind, StepRow, StepState, Store, TracingSink, Workflow, WorkflowBuilder,
+    AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, Result, RetryPolicy, RunEvent,
+    RunRow, RunState, StepAction, StepContext, StepError, StepKind, StepRow, StepState, Store,
+    TracingSink, Workflow, WorkflowBuilder,
 };
 pub use sagaflow_supervisor::{Supervisor, SupervisorStats};
+
+/// Lower layers, for tools and tests that drive the store, planner or protocol directly.
+/// Not needed to embed sagaflow; less stable than the names above.
+pub mod advanced {
+    pub use sagaflow_engine::{hub, operator, plan, protocol, scheduler, store};
+    pub use sagaflow_supervisor::{SupervisorConfig, decide};
+}
 
 /// Re-exported so that applications can begin transactions for [`Engine::start_in`] without
 /// a direct dependency.
@@ -63,7 +71,7 @@ pub use sea_orm;
 /// The names most applications need.
 pub mod prelude {
     pub use crate::{
-        Agent, DeadlinePolicy, Engine, OnDuplicate, RetryPolicy, RunState, StartOptions, StepContext, StepError,
-        StepState, Workflow, agent_step,
+        Agent, DeadlinePolicy, Engine, OnDuplicate, RetryPolicy, RunState, StartOptions,
+        StepContext, StepError, StepState, Workflow, agent_step,
     };
 }

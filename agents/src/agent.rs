@@ -25,7 +25,11 @@ pub trait Agent: Send + Sync + 'static {
     ///
     /// # Errors
     /// A [`StepError`]: retryable for transient faults, terminal when retrying cannot help.
-    async fn call(&self, request: Self::Request, ctx: &StepContext) -> Result<Self::Response, StepError>;
+    async fn call(
+        &self,
+        request: Self::Request,
+        ctx: &StepContext,
+    ) -> Result<Self::Response, StepError>;
 }
 
 /// A step body that builds a request from the context and sends it through an [`Agent`].
@@ -36,7 +40,9 @@ pub struct AgentStep<A, F> {
 
 impl<A: Agent, F> fmt::Debug for AgentStep<A, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AgentStep").field("service", &self.agent.service()).finish()
+        f.debug_struct("AgentStep")
+            .field("service", &self.agent.service())
+            .finish()
     }
 }
 

@@ -17,7 +17,11 @@ impl AgentPool {
     /// many run at once is bounded by the scheduler's in-flight slots, which travel with each
     /// dispatch. Stops when `cancel` fires or the channel closes; attempts still running are
     /// cancelled and report nothing.
-    pub fn spawn(tracker: &TaskTracker, cancel: CancellationToken, mut requests: mpsc::Receiver<Dispatch>) {
+    pub fn spawn(
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+        mut requests: mpsc::Receiver<Dispatch>,
+    ) {
         let t = tracker.clone();
         tracker.spawn(async move {
             loop {
@@ -35,8 +39,16 @@ impl AgentPool {
 
 /// Runs one attempt; answers unless the deadline passed or the engine is shutting down.
 async fn execute(d: Dispatch, shutdown: CancellationToken) {
-    let Dispatch { request, reply, permit } = d;
-    let AgentRequest { lease, action, context } = request;
+    let Dispatch {
+        request,
+        reply,
+        permit,
+    } = d;
+    let AgentRequest {
+        lease,
+        action,
+        context,
+    } = request;
     let deadline = context.deadline();
     let token = context.cancellation().clone();
     // Its own task, so that a panic in the step is contained and reported as a failure.
@@ -61,7 +73,10 @@ async fn execute(d: Dispatch, shutdown: CancellationToken) {
         Err(e) if e.is_panic() => {
             let msg = panic_message(e.into_panic());
             tracing::warn!(run_id = %lease.run_id, step = %lease.step, "step panicked: {msg}");
-            Err(StepError::retryable("panic", format!("the step panicked: {msg}")))
+            Err(StepError::retryable(
+                "panic",
+                format!("the step panicked: {msg}"),
+            ))
         }
         Err(_) => return,
     };

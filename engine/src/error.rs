@@ -121,6 +121,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn corrupt(table: &'static str, id: impl ToString, reason: impl ToString) -> Self {
-        Self::CorruptRow { table, id: id.to_string(), reason: reason.to_string() }
+        Self::CorruptRow {
+            table,
+            id: id.to_string(),
+            reason: reason.to_string(),
+        }
     }
 }

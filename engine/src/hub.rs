@@ -61,7 +61,9 @@ pub struct Hub {
 
 impl fmt::Debug for Hub {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hub").field("sinks", &self.sinks.len()).finish_non_exhaustive()
+        f.debug_struct("Hub")
+            .field("sinks", &self.sinks.len())
+            .finish_non_exhaustive()
     }
 }
 

@@ -17,8 +17,8 @@ pub mod scheduler;
 pub mod store;
 
 pub use definition::{
-    DeadlinePolicy, Registry, RetryPolicy, StepAction, StepContext, StepKind, StepSettings, Workflow, WorkflowBuilder,
-    workflow_key,
+    DeadlinePolicy, Registry, RetryPolicy, StepAction, StepContext, StepKind, StepSettings,
+    Workflow, WorkflowBuilder, workflow_key,
 };
 pub use error::{Error, Result};
 pub use hub::{AlertSink, Hub, RunEvent, TracingSink};

@@ -8,11 +8,17 @@ use crate::store::{EvalApplied, PlanWrite, RunRow, StepRow, StepWrite, Store};
 use crate::{Error, Result, RunState, StepState};
 
 fn not_allowed(action: &'static str, run: &RunRow, reason: impl Into<String>) -> Error {
-    Error::ActionNotAllowed { action, run_id: run.id, reason: reason.into() }
+    Error::ActionNotAllowed {
+        action,
+        run_id: run.id,
+        reason: reason.into(),
+    }
 }
 
 fn was_compensating(steps: &[StepRow]) -> bool {
-    steps.iter().any(|s| s.state.is_compensation() || s.state == StepState::Skipped)
+    steps
+        .iter()
+        .any(|s| s.state.is_compensation() || s.state == StepState::Skipped)
 }
 
 /// Retries one failed step (or failed compensation) of a run in `Error`.
@@ -24,7 +30,11 @@ pub async fn retry_step(store: &Store, run_id: Uuid, step: &str) -> Result<EvalA
     store
         .run_operate(run_id, |run, steps| {
             if run.state != RunState::Error {
-                return Err(not_allowed("retry a step of", run, format!("the run is {}, not error", run.state)));
+                return Err(not_allowed(
+                    "retry a step of",
+                    run,
+                    format!("the run is {}, not error", run.state),
+                ));
             }
             let s = steps
                 .iter()
@@ -32,13 +42,24 @@ pub async fn retry_step(store: &Store, run_id: Uuid, step: &str) -> Result<EvalA
                 .ok_or_else(|| not_allowed("retry a step of", run, format!("no step `{step}`")))?;
             let (to, run_state) = match s.state {
                 StepState::Failed => (StepState::Ready, RunState::Running),
-                StepState::CompensationFailed => (StepState::CompensationReady, RunState::Compensating),
+                StepState::CompensationFailed => {
+                    (StepState::CompensationReady, RunState::Compensating)
+                }
                 other => {
-                    return Err(not_allowed("retry a step of", run, format!("step `{step}` is {other}, not failed")));
+                    return Err(not_allowed(
+                        "retry a step of",
+                        run,
+                        format!("step `{step}` is {other}, not failed"),
+                    ));
                 }
             };
             Ok(PlanWrite {
-                steps: vec![StepWrite { id: s.id, name: s.name.clone(), from: s.state, to }],
+                steps: vec![StepWrite {
+                    id: s.id,
+                    name: s.name.clone(),
+                    from: s.state,
+                    to,
+                }],
                 run_state: Some(run_state),
                 resolve_alerts: true,
                 event: "operator_retry_step",
@@ -58,12 +79,21 @@ pub async fn compensate(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
     store
         .run_operate(run_id, |run, steps| {
             if run.state.is_final() {
-                return Err(not_allowed("compensate", run, format!("the run is already {}", run.state)));
+                return Err(not_allowed(
+                    "compensate",
+                    run,
+                    format!("the run is already {}", run.state),
+                ));
             }
             let writes = steps
                 .iter()
                 .filter(|s| s.state == StepState::CompensationFailed)
-                .map(|s| StepWrite { id: s.id, name: s.name.clone(), from: s.state, to: StepState::CompensationReady })
+                .map(|s| StepWrite {
+                    id: s.id,
+                    name: s.name.clone(),
+                    from: s.state,
+                    to: StepState::CompensationReady,
+                })
                 .collect();
             Ok(PlanWrite {
                 steps: writes,
@@ -86,18 +116,31 @@ pub async fn resume(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
     store
         .run_operate(run_id, |run, steps| {
             if run.state != RunState::Error {
-                return Err(not_allowed("resume", run, format!("the run is {}, not error", run.state)));
+                return Err(not_allowed(
+                    "resume",
+                    run,
+                    format!("the run is {}, not error", run.state),
+                ));
             }
             let compensating = was_compensating(steps);
             let (from, to, run_state) = if compensating {
-                (StepState::CompensationFailed, StepState::CompensationReady, RunState::Compensating)
+                (
+                    StepState::CompensationFailed,
+                    StepState::CompensationReady,
+                    RunState::Compensating,
+                )
             } else {
                 (StepState::Failed, StepState::Ready, RunState::Running)
             };
             let writes = steps
                 .iter()
                 .filter(|s| s.state == from)
-                .map(|s| StepWrite { id: s.id, name: s.name.clone(), from, to })
+                .map(|s| StepWrite {
+                    id: s.id,
+                    name: s.name.clone(),
+                    from,
+                    to,
+                })
                 .collect();
             Ok(PlanWrite {
                 steps: writes,

@@ -24,12 +24,22 @@ pub struct StepError {
 impl StepError {
     /// A retryable failure (the default for any error).
     pub fn retryable(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), retryable: true, details: None }
+        Self {
+            code: code.into(),
+            message: message.into(),
+            retryable: true,
+            details: None,
+        }
     }
 
     /// A terminal failure: retrying will not help, the saga compensates.
     pub fn terminal(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), retryable: false, details: None }
+        Self {
+            code: code.into(),
+            message: message.into(),
+            retryable: false,
+            details: None,
+        }
     }
 
     /// Attaches structured details.
@@ -41,11 +51,15 @@ impl StepError {
 
     /// The envelope recorded when the supervisor finds a step past its deadline.
     pub fn timeout(deadline_ms: i64) -> Self {
-        Self::retryable("timeout", format!("no result within the deadline of {deadline_ms} ms"))
+        Self::retryable(
+            "timeout",
+            format!("no result within the deadline of {deadline_ms} ms"),
+        )
     }
 
     /// Serialized form for storage; never fails for this type.
-    pub(crate) fn to_json(&self) -> String {
+    /// The stored JSON form.
+    pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| format!("{{\"code\":\"{}\"}}", self.code))
     }
 }

@@ -14,7 +14,11 @@
 //!
 //! Compensation (reverse topological order): queued steps are skipped; a completed step with
 //! a compensation becomes `CompensationReady` once every step that depends on it is settled
-//! (never ran, failed, compensated, or has nothing to undo). Running steps are waited for:
+//! (never ran, failed, compensated, or has nothing to undo). A step that failed with an
+//! *unknown outcome* (its last attempt timed out, so the remote side may have applied the
+//! effect and the answer was lost) is compensated too; its compensation sees no output and
+//! must cope with "maybe nothing to undo", or fail, which puts the run in `Error` with an
+//! alert rather than leaving a silent inconsistency. Running steps are waited for:
 //! when they complete they are compensated too. The run is `Compensated` when nothing is left
 //! to undo, or `Error` when a compensation exhausted its retries.
 
@@ -34,7 +38,11 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
     let mut row_of: Vec<Option<&StepRow>> = vec![None; wf.steps.len()];
     for r in rows {
         let i = wf.position(&r.name).ok_or_else(|| {
-            Error::corrupt("sagaflow_steps", r.id, format!("step `{}` is not in workflow {}", r.name, wf.key()))
+            Error::corrupt(
+                "sagaflow_steps",
+                r.id,
+                format!("step `{}` is not in workflow {}", r.name, wf.key()),
+            )
         })?;
         states[i] = r.state;
         row_of[i] = Some(r);
@@ -42,12 +50,27 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
     if let Some(i) = row_of.iter().position(Option::is_none)
         && !run.state.is_final()
     {
-        return Err(Error::corrupt("sagaflow_runs", run.id, format!("step `{}` has no row", wf.steps[i].name)));
+        return Err(Error::corrupt(
+            "sagaflow_runs",
+            run.id,
+            format!("step `{}` has no row", wf.steps[i].name),
+        ));
     }
+    let unknown: Vec<bool> = row_of
+        .iter()
+        .map(|r| {
+            r.is_some_and(|r| r.state == StepState::Failed && outcome_unknown(r.error.as_deref()))
+        })
+        .collect();
     let mut plan = PlanWrite::default();
     let mut set = |plan: &mut PlanWrite, states: &mut Vec<StepState>, i: usize, to: StepState| {
         if let Some(r) = row_of[i] {
-            plan.steps.push(StepWrite { id: r.id, name: r.name.clone(), from: states[i], to });
+            plan.steps.push(StepWrite {
+                id: r.id,
+                name: r.name.clone(),
+                from: states[i],
+                to,
+            });
             states[i] = to;
         }
     };
@@ -55,8 +78,9 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
     match run.state {
         RunState::Pending | RunState::Running => {
             if let Some(f) = (0..states.len()).find(|&i| states[i] == StepState::Failed) {
-                let pivot_done = (0..states.len())
-                    .any(|i| wf.steps[i].kind == StepKind::Pivot && states[i] == StepState::Completed);
+                let pivot_done = (0..states.len()).any(|i| {
+                    wf.steps[i].kind == StepKind::Pivot && states[i] == StepState::Completed
+                });
                 let row = row_of[f];
                 plan.run_error = row.and_then(|r| r.error.clone());
                 if pivot_done || wf.steps[f].kind == StepKind::Retriable {
@@ -73,12 +97,15 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
                     return Ok(plan);
                 }
                 plan.run_state = Some(RunState::Compensating);
-                compensate(wf, run, &row_of, &mut states, &mut plan, &mut set);
+                compensate(wf, run, &row_of, &unknown, &mut states, &mut plan, &mut set);
                 return Ok(plan);
             }
             for i in 0..states.len() {
                 if states[i] == StepState::NotStarted
-                    && wf.steps[i].deps.iter().all(|&d| states[d] == StepState::Completed)
+                    && wf.steps[i]
+                        .deps
+                        .iter()
+                        .all(|&d| states[d] == StepState::Completed)
                 {
                     set(&mut plan, &mut states, i, StepState::Ready);
                 }
@@ -87,8 +114,9 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
                 let mut out = serde_json::Map::new();
                 for (i, r) in row_of.iter().enumerate() {
                     let v = match r.and_then(|r| r.output.as_deref()) {
-                        Some(o) => serde_json::from_str(o)
-                            .map_err(|e| Error::corrupt("sagaflow_steps", wf.steps[i].name.clone(), e))?,
+                        Some(o) => serde_json::from_str(o).map_err(|e| {
+                            Error::corrupt("sagaflow_steps", wf.steps[i].name.clone(), e)
+                        })?,
                         None => serde_json::Value::Null,
                     };
                     out.insert(wf.steps[i].name.clone(), v);
@@ -99,14 +127,23 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
                 plan.run_state = Some(RunState::Running);
             }
         }
-        RunState::Compensating => compensate(wf, run, &row_of, &mut states, &mut plan, &mut set),
+        RunState::Compensating => {
+            compensate(wf, run, &row_of, &unknown, &mut states, &mut plan, &mut set)
+        }
         RunState::Completed | RunState::Compensated | RunState::Error => {}
     }
     Ok(plan)
 }
 
-fn needs_compensation(wf: &Workflow, states: &[StepState], i: usize) -> bool {
-    states[i] == StepState::Completed
+/// Whether the step's last failure leaves its remote effect uncertain (a timeout).
+fn outcome_unknown(error: Option<&str>) -> bool {
+    error
+        .and_then(|e| serde_json::from_str::<crate::StepError>(e).ok())
+        .is_some_and(|e| e.code == "timeout")
+}
+
+fn needs_compensation(wf: &Workflow, states: &[StepState], unknown: &[bool], i: usize) -> bool {
+    (states[i] == StepState::Completed || (states[i] == StepState::Failed && unknown[i]))
         && wf.steps[i].kind == StepKind::Compensatable
         && wf.steps[i].compensation.is_some()
 }
@@ -115,6 +152,7 @@ fn compensate<F>(
     wf: &Workflow,
     run: &RunRow,
     row_of: &[Option<&StepRow>],
+    unknown: &[bool],
     states: &mut Vec<StepState>,
     plan: &mut PlanWrite,
     set: &mut F,
@@ -127,7 +165,10 @@ fn compensate<F>(
             run,
             &wf.steps[f].name,
             row_of[f],
-            format!("the compensation of step `{}` exhausted its retries", wf.steps[f].name),
+            format!(
+                "the compensation of step `{}` exhausted its retries",
+                wf.steps[f].name
+            ),
         ));
         return;
     }
@@ -136,26 +177,24 @@ fn compensate<F>(
             set(plan, states, i, StepState::Skipped);
         }
     }
-    let settled = |states: &[StepState], d: usize| match states[d] {
-        StepState::NotStarted
-        | StepState::Ready
-        | StepState::Skipped
-        | StepState::Failed
-        | StepState::Compensated
-        | StepState::CompensationFailed => true,
-        StepState::Completed => !needs_compensation(wf, states, d),
-        StepState::Running | StepState::CompensationReady | StepState::Compensating => false,
+    let settled = |states: &[StepState], d: usize| {
+        !matches!(
+            states[d],
+            StepState::Running | StepState::CompensationReady | StepState::Compensating
+        ) && !needs_compensation(wf, states, unknown, d)
     };
     let eligible: Vec<usize> = (0..states.len())
-        .filter(|&i| needs_compensation(wf, states, i))
+        .filter(|&i| needs_compensation(wf, states, unknown, i))
         .filter(|&i| wf.steps[i].dependents.iter().all(|&d| settled(states, d)))
         .collect();
     for i in eligible {
         set(plan, states, i, StepState::CompensationReady);
     }
     let busy = states.iter().enumerate().any(|(i, &s)| {
-        matches!(s, StepState::Running | StepState::CompensationReady | StepState::Compensating)
-            || needs_compensation(wf, states, i)
+        matches!(
+            s,
+            StepState::Running | StepState::CompensationReady | StepState::Compensating
+        ) || needs_compensation(wf, states, unknown, i)
     });
     if !busy {
         plan.run_state = Some(RunState::Compensated);
@@ -163,7 +202,9 @@ fn compensate<F>(
 }
 
 fn run_alert(run: &RunRow, step: &str, row: Option<&StepRow>, reason: String) -> NewAlert {
-    let last_error = row.and_then(|r| r.error.as_deref()).unwrap_or("no error recorded");
+    let last_error = row
+        .and_then(|r| r.error.as_deref())
+        .unwrap_or("no error recorded");
     NewAlert {
         run_id: Some(run.id),
         step: Some(step.to_owned()),

@@ -49,7 +49,10 @@ pub struct AgentRequest {
 
 impl fmt::Debug for AgentRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AgentRequest").field("lease", &self.lease).field("context", &self.context).finish()
+        f.debug_struct("AgentRequest")
+            .field("lease", &self.lease)
+            .field("context", &self.context)
+            .finish()
     }
 }
 

@@ -83,7 +83,10 @@ impl StepState {
     pub const fn is_compensation(self) -> bool {
         matches!(
             self,
-            Self::CompensationReady | Self::Compensating | Self::Compensated | Self::CompensationFailed
+            Self::CompensationReady
+                | Self::Compensating
+                | Self::Compensated
+                | Self::CompensationFailed
         )
     }
 }
@@ -100,7 +103,13 @@ impl FromStr for StepState {
         Self::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
-            .ok_or_else(|| Error::corrupt("sagaflow_steps", "state", format!("unknown step state `{s}`")))
+            .ok_or_else(|| {
+                Error::corrupt(
+                    "sagaflow_steps",
+                    "state",
+                    format!("unknown step state `{s}`"),
+                )
+            })
     }
 }
 
@@ -127,8 +136,14 @@ pub enum RunState {
 
 impl RunState {
     /// Every state.
-    pub const ALL: [RunState; 6] =
-        [Self::Pending, Self::Running, Self::Compensating, Self::Completed, Self::Compensated, Self::Error];
+    pub const ALL: [RunState; 6] = [
+        Self::Pending,
+        Self::Running,
+        Self::Compensating,
+        Self::Completed,
+        Self::Compensated,
+        Self::Error,
+    ];
 
     /// The stored spelling.
     pub const fn as_str(self) -> &'static str {
@@ -165,7 +180,9 @@ impl FromStr for RunState {
         Self::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
-            .ok_or_else(|| Error::corrupt("sagaflow_runs", "state", format!("unknown run state `{s}`")))
+            .ok_or_else(|| {
+                Error::corrupt("sagaflow_runs", "state", format!("unknown run state `{s}`"))
+            })
     }
 }
 

@@ -41,12 +41,18 @@ pub async fn migrate(db: &sea_orm_migration::sea_orm::DatabaseConnection) -> Res
 }
 
 /// Runs a list of SQL statements, choosing the PostgreSQL or SQLite variant.
-async fn run_all(manager: &SchemaManager<'_>, postgres: &[&str], sqlite: &[&str]) -> Result<(), DbErr> {
+async fn run_all(
+    manager: &SchemaManager<'_>,
+    postgres: &[&str],
+    sqlite: &[&str],
+) -> Result<(), DbErr> {
     let stmts = match manager.get_database_backend() {
         DbBackend::Postgres => postgres,
         DbBackend::Sqlite => sqlite,
         other => {
-            return Err(DbErr::Migration(format!("sagaflow does not support the {other:?} backend")));
+            return Err(DbErr::Migration(format!(
+                "sagaflow does not support the {other:?} backend"
+            )));
         }
     };
     let conn = manager.get_connection();

@@ -57,7 +57,9 @@ impl SupervisorConfig {
     /// [`Error::Config`].
     pub fn validate(&self) -> Result<()> {
         if self.holder.is_empty() {
-            return Err(Error::Config("supervisor holder id must not be empty".into()));
+            return Err(Error::Config(
+                "supervisor holder id must not be empty".into(),
+            ));
         }
         if self.renew_interval.is_zero() || self.renew_interval >= self.lease_ttl {
             return Err(Error::Config(format!(
@@ -66,7 +68,9 @@ impl SupervisorConfig {
             )));
         }
         if self.sweep_interval.is_zero() || self.sweep_batch == 0 {
-            return Err(Error::Config("sweep interval and batch must be positive".into()));
+            return Err(Error::Config(
+                "sweep interval and batch must be positive".into(),
+            ));
         }
         Ok(())
     }

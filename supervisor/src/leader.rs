@@ -70,7 +70,10 @@ impl Supervisor {
 
     /// The fence of the current term, if this instance leads.
     pub fn fence(&self) -> Option<LeaderFence> {
-        self.fence.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.fence
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Whether this instance currently leads.
@@ -111,7 +114,15 @@ impl Supervisor {
             if cancel.is_cancelled() {
                 return;
             }
-            match self.store.leader_try_elect(&self.config.lease_name, &self.config.holder, self.config.lease_ttl).await {
+            match self
+                .store
+                .leader_try_elect(
+                    &self.config.lease_name,
+                    &self.config.holder,
+                    self.config.lease_ttl,
+                )
+                .await
+            {
                 Ok(Some(fence)) => {
                     failures = 0;
                     self.lead(fence, &cancel).await;
@@ -140,16 +151,27 @@ impl Supervisor {
         let renew = async {
             // A renewal must land before the lease could expire; one that takes longer counts
             // as failed (a hung database or a frozen process must not keep a zombie leader).
-            let budget = self.config.lease_ttl.saturating_sub(self.config.renew_interval);
+            let budget = self
+                .config
+                .lease_ttl
+                .saturating_sub(self.config.renew_interval);
             loop {
                 tokio::select! {
                     () = tokio::time::sleep(self.config.renew_interval) => {}
                     () = work.cancelled() => break,
                 }
-                match tokio::time::timeout(budget, self.store.leader_renew(&fence, self.config.lease_ttl)).await {
+                match tokio::time::timeout(
+                    budget,
+                    self.store.leader_renew(&fence, self.config.lease_ttl),
+                )
+                .await
+                {
                     Ok(Ok(true)) => {}
                     Ok(Ok(false)) => {
-                        tracing::warn!(term = fence.term, "leader lease was taken over; stepping down");
+                        tracing::warn!(
+                            term = fence.term,
+                            "leader lease was taken over; stepping down"
+                        );
                         break;
                     }
                     Ok(Err(e)) => {
@@ -157,7 +179,10 @@ impl Supervisor {
                         break;
                     }
                     Err(_) => {
-                        tracing::warn!(term = fence.term, "leader lease renewal timed out; stepping down");
+                        tracing::warn!(
+                            term = fence.term,
+                            "leader lease renewal timed out; stepping down"
+                        );
                         break;
                     }
                 }
@@ -181,7 +206,10 @@ impl Supervisor {
             match self.sweep(fence).await {
                 Ok(_) => {}
                 Err(Error::LeaseLost { .. }) => {
-                    tracing::warn!(term = fence.term, "lease lost during a sweep; stepping down");
+                    tracing::warn!(
+                        term = fence.term,
+                        "lease lost during a sweep; stepping down"
+                    );
                     work.cancel();
                     return;
                 }
@@ -210,7 +238,10 @@ impl Supervisor {
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         let mut total = RescueCounts::default();
         loop {
-            let expired = self.store.step_list_expired(self.config.sweep_batch).await?;
+            let expired = self
+                .store
+                .step_list_expired(self.config.sweep_batch)
+                .await?;
             if expired.is_empty() {
                 break;
             }
@@ -225,7 +256,12 @@ impl Supervisor {
             }
         }
         if total.requeued + total.failed > 0 {
-            tracing::info!(requeued = total.requeued, failed = total.failed, term = fence.term, "supervisor rescued expired steps");
+            tracing::info!(
+                requeued = total.requeued,
+                failed = total.failed,
+                term = fence.term,
+                "supervisor rescued expired steps"
+            );
             self.requeued.fetch_add(total.requeued, Ordering::Relaxed);
             self.failed.fetch_add(total.failed, Ordering::Relaxed);
             self.hub.claim.notify_one();

@@ -13,8 +13,8 @@ mod leader;
 mod sweep;
 
 pub use config::{
-    LEASE_NAME_DEFAULT, LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT, SWEEP_BATCH_DEFAULT,
-    SWEEP_INTERVAL_DEFAULT, SupervisorConfig,
+    LEASE_NAME_DEFAULT, LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT,
+    SWEEP_BATCH_DEFAULT, SWEEP_INTERVAL_DEFAULT, SupervisorConfig,
 };
 pub use leader::{Supervisor, SupervisorStats};
 pub use sweep::decide;

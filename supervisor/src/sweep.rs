@@ -7,8 +7,16 @@ use sagaflow_engine::store::{ExpiredStep, Rescue};
 pub fn decide(step: ExpiredStep) -> Rescue {
     let failures = step.failure_count.saturating_add(1);
     let give_up = failures >= step.max_failures;
-    let new_deadline_ms = step.deadline_ms.saturating_mul(2).min(step.deadline_cap_ms).max(step.deadline_ms.min(step.deadline_cap_ms));
-    Rescue { step, new_deadline_ms, give_up }
+    let new_deadline_ms = step
+        .deadline_ms
+        .saturating_mul(2)
+        .min(step.deadline_cap_ms)
+        .max(step.deadline_ms.min(step.deadline_cap_ms));
+    Rescue {
+        step,
+        new_deadline_ms,
+        give_up,
+    }
 }
 
 #[cfg(test)]

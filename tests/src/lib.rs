@@ -1,1 +1,159 @@
-//! placeholder
+//! Test harness of sagaflow's integration suite (not a public API).
+//!
+//! Every scenario runs against each backend returned by [`backends`]: a fresh SQLite file,
+//! and a fresh PostgreSQL database on the server named by `SAGAFLOW_PG_URL`. When
+//! `SAGAFLOW_REQUIRE_PG=1` or `CI=true`, a missing or unreachable PostgreSQL fails the test
+//! instead of skipping it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sagaflow::sea_orm::{ConnectionTrait, Database};
+use sagaflow::{Engine, EngineBuilder, RunRow, RunState, Workflow};
+use uuid::Uuid;
+
+/// A database for one scenario.
+#[derive(Debug)]
+pub struct TestDb {
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// Connection URL.
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn pg_required() -> bool {
+    std::env::var("SAGAFLOW_REQUIRE_PG").is_ok_and(|v| v == "1")
+        || std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A fresh SQLite file in a temporary directory.
+///
+/// # Panics
+/// When no temporary directory can be created.
+pub fn sqlite_db() -> TestDb {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("sagaflow.db").display()
+    );
+    TestDb {
+        backend: "sqlite",
+        url,
+        _dir: Some(dir),
+    }
+}
+
+/// A fresh PostgreSQL database, or `None` when PostgreSQL is not configured (and not
+/// required).
+///
+/// # Panics
+/// When PostgreSQL is required but not configured or unreachable.
+pub async fn postgres_db() -> Option<TestDb> {
+    let Ok(admin) = std::env::var("SAGAFLOW_PG_URL") else {
+        assert!(
+            !pg_required(),
+            "SAGAFLOW_PG_URL is not set but PostgreSQL is required (CI / SAGAFLOW_REQUIRE_PG)"
+        );
+        eprintln!(
+            "note: SAGAFLOW_PG_URL not set; skipping the PostgreSQL variant (run scripts/test.sh)"
+        );
+        return None;
+    };
+    let name = format!("sagaflow_t_{}", Uuid::new_v4().simple());
+    let conn = match Database::connect(admin.as_str()).await {
+        Ok(c) => c,
+        Err(e) => panic!("PostgreSQL at SAGAFLOW_PG_URL is unreachable: {e}"),
+    };
+    conn.execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create test database");
+    let _ = conn.close().await;
+    let (base, _) = admin
+        .rsplit_once('/')
+        .expect("SAGAFLOW_PG_URL must end with /<database>");
+    Some(TestDb {
+        backend: "postgres",
+        url: format!("{base}/{name}"),
+        _dir: None,
+    })
+}
+
+/// SQLite, then PostgreSQL when available.
+pub async fn backends() -> Vec<TestDb> {
+    let mut v = vec![sqlite_db()];
+    v.extend(postgres_db().await);
+    v
+}
+
+/// Turns on test logging once (`RUST_LOG` decides what is shown).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// An engine builder with short intervals for tests.
+pub fn fast_builder(db: &TestDb) -> EngineBuilder {
+    Engine::builder()
+        .with_database_url(db.url.clone())
+        .with_pool_size(8)
+        .with_poll_interval(Duration::from_millis(50))
+        .with_error_pause(Duration::from_millis(100))
+        .with_sweep_interval(Duration::from_millis(100))
+        .with_lease(Duration::from_secs(2), Duration::from_millis(400))
+}
+
+/// Starts an engine with fast settings and the given workflows.
+///
+/// # Panics
+/// When the engine does not start.
+pub async fn engine(db: &TestDb, workflows: Vec<Workflow>) -> Engine {
+    let mut b = fast_builder(db);
+    for wf in workflows {
+        b = b.with_workflow(wf);
+    }
+    b.start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] engine start: {e}", db.backend))
+}
+
+/// Waits until `check` is true, polling every 20 ms, at most `timeout`.
+///
+/// # Panics
+/// When the condition does not hold in time.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits for a run to reach a terminal state and asserts which.
+///
+/// # Panics
+/// On timeout or another terminal state.
+pub async fn expect_state(engine: &Engine, id: Uuid, state: RunState, backend: &str) -> RunRow {
+    let run = engine
+        .wait(id, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("[{backend}] waiting for run {id}: {e}"));
+    assert_eq!(
+        run.state, state,
+        "[{backend}] run {id} ended {} (error: {:?})",
+        run.state, run.error
+    );
+    run
+}

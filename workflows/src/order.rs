@@ -11,11 +11,11 @@ use std::time::Duration;
 use sagaflow::{DeadlinePolicy, RetryPolicy, StepContext, StepError, Workflow};
 use serde::{Deserialize, Serialize};
 
-use crate::services::{
-    ChargeRequest, HttpServices, InventoryApi, PaymentsApi, RefundRequest, ReleaseRequest, Reservation, ReserveRequest,
-    ServiceError, Services, ShipRequest, ShippingApi,
-};
 use crate::services::{Charge, Shipment};
+use crate::services::{
+    ChargeRequest, HttpServices, InventoryApi, PaymentsApi, RefundRequest, ReleaseRequest,
+    Reservation, ReserveRequest, ServiceError, Services, ShipRequest, ShippingApi,
+};
 
 /// The workflow's name.
 pub const ORDER_WORKFLOW: &str = "order";
@@ -61,13 +61,21 @@ pub struct OrderApis {
 
 impl From<&Services> for OrderApis {
     fn from(s: &Services) -> Self {
-        Self { inventory: s.inventory(), payments: s.payments(), shipping: s.shipping() }
+        Self {
+            inventory: s.inventory(),
+            payments: s.payments(),
+            shipping: s.shipping(),
+        }
     }
 }
 
 impl From<&HttpServices> for OrderApis {
     fn from(s: &HttpServices) -> Self {
-        Self { inventory: s.inventory(), payments: s.payments(), shipping: s.shipping() }
+        Self {
+            inventory: s.inventory(),
+            payments: s.payments(),
+            shipping: s.shipping(),
+        }
     }
 }
 
@@ -119,16 +127,27 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
             let inv = inv.clone();
             async move {
                 let o: Order = ctx.input()?;
-                let req = ReserveRequest { order_id: o.order_id, sku: o.sku, qty: o.qty };
-                inv.reserve(ctx.idempotency_key(), req).await.map_err(step_error)
+                let req = ReserveRequest {
+                    order_id: o.order_id,
+                    sku: o.sku,
+                    qty: o.qty,
+                };
+                inv.reserve(ctx.idempotency_key(), req)
+                    .await
+                    .map_err(step_error)
             }
         })
         .compensate(move |ctx: StepContext| {
             let inv = inv2.clone();
             async move {
                 let r: Reservation = ctx.output()?;
-                let req = ReleaseRequest { order_id: r.order_id, reservation_id: r.reservation_id };
-                inv.release(ctx.idempotency_key(), req).await.map_err(step_error)
+                let req = ReleaseRequest {
+                    order_id: r.order_id,
+                    reservation_id: r.reservation_id,
+                };
+                inv.release(ctx.idempotency_key(), req)
+                    .await
+                    .map_err(step_error)
             }
         })
         .step("charge_card", move |ctx: StepContext| {
@@ -136,8 +155,13 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
             async move {
                 let o: Order = ctx.input()?;
                 let _reserved: Reservation = ctx.dep("reserve_stock")?;
-                let req = ChargeRequest { order_id: o.order_id, amount_cents: o.amount_cents };
-                pay.charge(ctx.idempotency_key(), req).await.map_err(step_error)
+                let req = ChargeRequest {
+                    order_id: o.order_id,
+                    amount_cents: o.amount_cents,
+                };
+                pay.charge(ctx.idempotency_key(), req)
+                    .await
+                    .map_err(step_error)
             }
         })
         .after(["reserve_stock"])
@@ -145,8 +169,13 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
             let pay = pay2.clone();
             async move {
                 let c: Charge = ctx.output()?;
-                let req = RefundRequest { order_id: c.order_id, charge_id: c.charge_id };
-                pay.refund(ctx.idempotency_key(), req).await.map_err(step_error)
+                let req = RefundRequest {
+                    order_id: c.order_id,
+                    charge_id: c.charge_id,
+                };
+                pay.refund(ctx.idempotency_key(), req)
+                    .await
+                    .map_err(step_error)
             }
         })
         .step("ship", move |ctx: StepContext| {
@@ -154,8 +183,14 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
             async move {
                 let o: Order = ctx.input()?;
                 let _charged: Charge = ctx.dep("charge_card")?;
-                let req = ShipRequest { order_id: o.order_id, address: o.address };
-                let s: Shipment = ship.ship(ctx.idempotency_key(), req).await.map_err(step_error)?;
+                let req = ShipRequest {
+                    order_id: o.order_id,
+                    address: o.address,
+                };
+                let s: Shipment = ship
+                    .ship(ctx.idempotency_key(), req)
+                    .await
+                    .map_err(step_error)?;
                 Ok(s)
             }
         })

@@ -18,11 +18,11 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub use policy::{
-    DEADLINE_CAP_DEFAULT, DEADLINE_DEFAULT, DeadlinePolicy, INITIAL_BACKOFF_DEFAULT, MAX_BACKOFF_DEFAULT,
-    MAX_FAILURES_DEFAULT, RetryPolicy, StepSettings,
-};
 pub use policy::millis;
+pub use policy::{
+    DEADLINE_CAP_DEFAULT, DEADLINE_DEFAULT, DeadlinePolicy, INITIAL_BACKOFF_DEFAULT,
+    MAX_BACKOFF_DEFAULT, MAX_FAILURES_DEFAULT, RetryPolicy, StepSettings,
+};
 pub use registry::Registry;
 pub use step::{StepAction, StepContext};
 
@@ -166,7 +166,10 @@ impl Workflow {
     }
     /// Names of a step's dependencies.
     pub fn deps_of(&self, step: usize) -> impl Iterator<Item = &str> {
-        self.steps[step].deps.iter().map(|&d| self.steps[d].name.as_str())
+        self.steps[step]
+            .deps
+            .iter()
+            .map(|&d| self.steps[d].name.as_str())
     }
 
     /// Checks that `input` deserialises into the declared input type.
@@ -175,8 +178,10 @@ impl Workflow {
     /// [`Error::InvalidInput`].
     pub fn check_input(&self, input: &serde_json::Value) -> Result<(), Error> {
         match &self.input_check {
-            Some(check) => check(input)
-                .map_err(|reason| Error::InvalidInput { workflow: self.name.clone(), reason }),
+            Some(check) => check(input).map_err(|reason| Error::InvalidInput {
+                workflow: self.name.clone(),
+                reason,
+            }),
             None => Ok(()),
         }
     }
@@ -211,7 +216,10 @@ pub struct WorkflowBuilder {
 
 impl fmt::Debug for WorkflowBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WorkflowBuilder").field("name", &self.name).field("version", &self.version).finish()
+        f.debug_struct("WorkflowBuilder")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .finish()
     }
 }
 
@@ -263,7 +271,8 @@ impl WorkflowBuilder {
 
     fn last(&mut self, what: &str) -> Option<&mut Draft> {
         if self.drafts.is_empty() {
-            self.misuse.push(format!("`{what}` called before any step was added"));
+            self.misuse
+                .push(format!("`{what}` called before any step was added"));
         }
         self.drafts.last_mut()
     }
@@ -354,7 +363,10 @@ impl WorkflowBuilder {
     /// step, a compensatable step after a pivot or retriable step, more than one pivot, or a
     /// bad policy.
     pub fn build(self) -> Result<Workflow, Error> {
-        let invalid = |reason: String| Error::InvalidDefinition { workflow: self.name.clone(), reason };
+        let invalid = |reason: String| Error::InvalidDefinition {
+            workflow: self.name.clone(),
+            reason,
+        };
         if let Some(m) = self.misuse.first() {
             return Err(invalid(m.clone()));
         }
@@ -369,9 +381,9 @@ impl WorkflowBuilder {
         for d in &self.drafts {
             let mut deps = Vec::new();
             for dep in &d.after {
-                let &j = index
-                    .get(dep)
-                    .ok_or_else(|| invalid(format!("step `{}` depends on unknown step `{dep}`", d.name)))?;
+                let &j = index.get(dep).ok_or_else(|| {
+                    invalid(format!("step `{}` depends on unknown step `{dep}`", d.name))
+                })?;
                 if !deps.contains(&j) {
                     deps.push(j);
                 }
@@ -403,6 +415,12 @@ impl WorkflowBuilder {
             }
         }
         validate::check_graph(&steps).map_err(&invalid)?;
-        Ok(Workflow { name: self.name, version: self.version, steps, index, input_check: self.input_check })
+        Ok(Workflow {
+            name: self.name,
+            version: self.version,
+            steps,
+            index,
+            input_check: self.input_check,
+        })
     }
 }

@@ -73,7 +73,8 @@ impl RetryPolicy {
 
     /// The threshold as stored (`i32::MAX` stands for "unlimited").
     pub fn max_failures_stored(&self) -> i32 {
-        self.max_failures.map_or(i32::MAX, |n| i32::try_from(n).unwrap_or(i32::MAX))
+        self.max_failures
+            .map_or(i32::MAX, |n| i32::try_from(n).unwrap_or(i32::MAX))
     }
 
     /// Delay before the attempt that follows the `failures`-th failure (1-based):
@@ -87,7 +88,9 @@ impl RetryPolicy {
         if self.jitter {
             builder = builder.with_jitter();
         }
-        let n = usize::try_from(failures.saturating_sub(1)).unwrap_or(usize::MAX).min(64);
+        let n = usize::try_from(failures.saturating_sub(1))
+            .unwrap_or(usize::MAX)
+            .min(64);
         builder.build().nth(n).unwrap_or(self.max_backoff)
     }
 }
@@ -103,7 +106,10 @@ pub struct DeadlinePolicy {
 
 impl Default for DeadlinePolicy {
     fn default() -> Self {
-        Self { initial: DEADLINE_DEFAULT, cap: DEADLINE_CAP_DEFAULT }
+        Self {
+            initial: DEADLINE_DEFAULT,
+            cap: DEADLINE_CAP_DEFAULT,
+        }
     }
 }
 
@@ -148,11 +154,16 @@ mod tests {
 
     #[test]
     fn jitter_stays_within_bounds() {
-        let p = RetryPolicy::default().with_backoff(Duration::from_millis(100), Duration::from_secs(10));
+        let p = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_secs(10));
         for n in 1..=5 {
             let base = 100u128 << (n - 1);
             let d = p.backoff(n).as_millis();
-            assert!(d >= base && d <= base * 2, "attempt {n}: {d} ms not in [{base}, {}]", base * 2);
+            assert!(
+                d >= base && d <= base * 2,
+                "attempt {n}: {d} ms not in [{base}, {}]",
+                base * 2
+            );
         }
     }
 
@@ -166,7 +177,12 @@ mod tests {
 
     #[test]
     fn unlimited_failures_are_stored_as_max() {
-        assert_eq!(RetryPolicy::default().with_unlimited_failures().max_failures_stored(), i32::MAX);
+        assert_eq!(
+            RetryPolicy::default()
+                .with_unlimited_failures()
+                .max_failures_stored(),
+            i32::MAX
+        );
         assert_eq!(RetryPolicy::default().max_failures_stored(), 5);
     }
 }

@@ -59,7 +59,10 @@ impl Registry {
 
     /// Every `name@version` key, for the claim filter.
     pub fn keys(&self) -> Vec<String> {
-        self.by_name.values().flat_map(|v| v.values().map(|w| w.key())).collect()
+        self.by_name
+            .values()
+            .flat_map(|v| v.values().map(|w| w.key()))
+            .collect()
     }
 
     /// Whether nothing is registered.

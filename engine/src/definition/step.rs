@@ -148,7 +148,10 @@ impl StepContext {
     /// deserialise into `T`.
     pub fn dep<T: DeserializeOwned>(&self, step: &str) -> Result<T, StepError> {
         let v = self.deps.get(step).ok_or_else(|| {
-            StepError::terminal("dependency", format!("step `{}` has no dependency `{step}`", self.step))
+            StepError::terminal(
+                "dependency",
+                format!("step `{}` has no dependency `{step}`", self.step),
+            )
         })?;
         T::deserialize(v).map_err(|e| StepError::terminal("dependency", format!("`{step}`: {e}")))
     }
@@ -158,10 +161,9 @@ impl StepContext {
     /// # Errors
     /// A terminal [`StepError`] outside a compensation or when it does not deserialise.
     pub fn output<T: DeserializeOwned>(&self) -> Result<T, StepError> {
-        let v = self
-            .output
-            .as_deref()
-            .ok_or_else(|| StepError::terminal("output", "only a compensation sees the step's output"))?;
+        let v = self.output.as_deref().ok_or_else(|| {
+            StepError::terminal("output", "only a compensation sees the step's output")
+        })?;
         T::deserialize(v).map_err(|e| StepError::terminal("output", e.to_string()))
     }
 }

@@ -6,10 +6,17 @@ const NAME_MAX: usize = 64;
 
 pub(super) fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > NAME_MAX {
-        return Err(format!("step name `{name}` must be 1 to {NAME_MAX} characters"));
+        return Err(format!(
+            "step name `{name}` must be 1 to {NAME_MAX} characters"
+        ));
     }
-    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') {
-        return Err(format!("step name `{name}` may only hold ASCII letters, digits, `_`, `-` and `.`"));
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+    {
+        return Err(format!(
+            "step name `{name}` may only hold ASCII letters, digits, `_`, `-` and `.`"
+        ));
     }
     Ok(())
 }
@@ -49,10 +56,15 @@ pub(super) fn check_graph(steps: &[StepDef]) -> Result<(), String> {
             .find(|&i| indegree[i] > 0 && reachable(steps, i, |s| &s.deps)[i])
             .or_else(|| (0..steps.len()).find(|&i| indegree[i] > 0))
             .unwrap_or(0);
-        return Err(format!("step `{}` is part of a dependency cycle", steps[on_cycle].name));
+        return Err(format!(
+            "step `{}` is part of a dependency cycle",
+            steps[on_cycle].name
+        ));
     }
 
-    let pivots: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].kind == StepKind::Pivot).collect();
+    let pivots: Vec<usize> = (0..steps.len())
+        .filter(|&i| steps[i].kind == StepKind::Pivot)
+        .collect();
     if pivots.len() > 1 {
         return Err(format!(
             "steps `{}` and `{}` are both pivots; a saga has at most one point of no return",
@@ -61,19 +73,35 @@ pub(super) fn check_graph(steps: &[StepDef]) -> Result<(), String> {
     }
     for s in steps {
         if s.kind != StepKind::Compensatable && s.compensation.is_some() {
-            let kind = if s.kind == StepKind::Pivot { "pivot" } else { "retriable" };
-            return Err(format!("step `{}` is {kind} and cannot have a compensation", s.name));
+            let kind = if s.kind == StepKind::Pivot {
+                "pivot"
+            } else {
+                "retriable"
+            };
+            return Err(format!(
+                "step `{}` is {kind} and cannot have a compensation",
+                s.name
+            ));
         }
         let r = s.settings.retry;
         if r.max_failures == Some(0) {
-            return Err(format!("step `{}`: the failure threshold must be at least 1", s.name));
+            return Err(format!(
+                "step `{}`: the failure threshold must be at least 1",
+                s.name
+            ));
         }
         if r.initial_backoff > r.max_backoff {
-            return Err(format!("step `{}`: the initial backoff exceeds the maximum backoff", s.name));
+            return Err(format!(
+                "step `{}`: the initial backoff exceeds the maximum backoff",
+                s.name
+            ));
         }
         let d = s.settings.deadline;
         if d.initial.is_zero() || d.cap < d.initial {
-            return Err(format!("step `{}`: the deadline must be positive and at most its cap", s.name));
+            return Err(format!(
+                "step `{}`: the deadline must be positive and at most its cap",
+                s.name
+            ));
         }
     }
     for (i, s) in steps.iter().enumerate() {
@@ -81,11 +109,17 @@ pub(super) fn check_graph(steps: &[StepDef]) -> Result<(), String> {
             continue;
         }
         let ancestors = reachable(steps, i, |s| &s.deps);
-        if let Some(a) = (0..steps.len()).find(|&a| ancestors[a] && steps[a].kind != StepKind::Compensatable) {
+        if let Some(a) =
+            (0..steps.len()).find(|&a| ancestors[a] && steps[a].kind != StepKind::Compensatable)
+        {
             return Err(format!(
                 "compensatable step `{}` depends on {} step `{}`; it could never be undone",
                 s.name,
-                if steps[a].kind == StepKind::Pivot { "pivot" } else { "retriable" },
+                if steps[a].kind == StepKind::Pivot {
+                    "pivot"
+                } else {
+                    "retriable"
+                },
                 steps[a].name
             ));
         }

@@ -73,14 +73,27 @@ pub(super) async fn run(
         for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
             match request(&s, &cancel, c, &inputs) {
                 Ok(request) => {
-                    if agents.send(Dispatch { request, reply: reply.clone(), permit }).await.is_err() {
+                    if agents
+                        .send(Dispatch {
+                            request,
+                            reply: reply.clone(),
+                            permit,
+                        })
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
                 Err((lease, error)) => {
                     // Answer on the agent's behalf: the step cannot even start.
                     drop(permit);
-                    let _ = reply.send(AgentResponse { lease, result: Err(error) }).await;
+                    let _ = reply
+                        .send(AgentResponse {
+                            lease,
+                            result: Err(error),
+                        })
+                        .await;
                 }
             }
         }
@@ -113,17 +126,40 @@ fn request(
         return Err(fail(lease, Error::WorkflowNotFound(c.workflow_key)));
     };
     let Some(def) = wf.step(&c.name) else {
-        return Err(fail(lease, Error::corrupt("sagaflow_steps", c.id, format!("unknown step `{}`", c.name))));
+        return Err(fail(
+            lease,
+            Error::corrupt("sagaflow_steps", c.id, format!("unknown step `{}`", c.name)),
+        ));
     };
     let compensation = c.state == StepState::Compensating;
-    let action = if compensation { def.compensation().cloned() } else { Some(def.action().clone()) };
-    let Some(action) = action else {
-        return Err(fail(lease, Error::corrupt("sagaflow_steps", c.id, "compensating a step without compensation")));
+    let action = if compensation {
+        def.compensation().cloned()
+    } else {
+        Some(def.action().clone())
     };
-    let input = match inputs.inputs.get(&c.run_id).map(|i| serde_json::from_str(i)) {
+    let Some(action) = action else {
+        return Err(fail(
+            lease,
+            Error::corrupt(
+                "sagaflow_steps",
+                c.id,
+                "compensating a step without compensation",
+            ),
+        ));
+    };
+    let input = match inputs
+        .inputs
+        .get(&c.run_id)
+        .map(|i| serde_json::from_str(i))
+    {
         Some(Ok(v)) => Arc::new(v),
         Some(Err(e)) => return Err(fail(lease, Error::corrupt("sagaflow_runs", c.run_id, e))),
-        None => return Err(fail(lease, Error::corrupt("sagaflow_runs", c.run_id, "run row missing"))),
+        None => {
+            return Err(fail(
+                lease,
+                Error::corrupt("sagaflow_runs", c.run_id, "run row missing"),
+            ));
+        }
     };
     let mut deps = BTreeMap::new();
     for dep in wf.deps_of(wf.position(&c.name).unwrap_or_default()) {
@@ -145,7 +181,11 @@ fn request(
     };
     // The deadline is the database's (AT-2); the local timer only measures what is left.
     let remaining = Duration::from_millis(u64::try_from(c.complete_by - c.db_now).unwrap_or(0));
-    let key = if compensation { format!("{}:compensate", c.idempotency_key) } else { c.idempotency_key.clone() };
+    let key = if compensation {
+        format!("{}:compensate", c.idempotency_key)
+    } else {
+        c.idempotency_key.clone()
+    };
     let context = StepContext::new(
         c.run_id,
         &c.name,
@@ -157,5 +197,9 @@ fn request(
         Arc::new(deps),
         output,
     );
-    Ok(AgentRequest { lease, action, context })
+    Ok(AgentRequest {
+        lease,
+        action,
+        context,
+    })
 }

@@ -14,7 +14,11 @@ use crate::{StepError, StepState};
 /// the steps are re-queued; idempotency keys make the re-run safe).
 const WRITE_ATTEMPTS: u32 = 5;
 
-pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken, mut rx: mpsc::Receiver<AgentResponse>) {
+pub(super) async fn run(
+    s: Arc<Scheduler>,
+    cancel: CancellationToken,
+    mut rx: mpsc::Receiver<AgentResponse>,
+) {
     let mut streak = ErrorStreak::default();
     let mut batch = Vec::with_capacity(s.config.complete_batch);
     loop {
@@ -62,14 +66,20 @@ fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
         if json.len() > s.config.max_payload_bytes {
             Err(StepError::terminal(
                 "output_too_large",
-                format!("output is {} bytes, over the limit of {}", json.len(), s.config.max_payload_bytes),
+                format!(
+                    "output is {} bytes, over the limit of {}",
+                    json.len(),
+                    s.config.max_payload_bytes
+                ),
             ))
         } else {
             Ok(json)
         }
     });
     let kind = match result {
-        Ok(json) => StepFinishKind::Succeeded { output: (!compensation).then_some(json) },
+        Ok(json) => StepFinishKind::Succeeded {
+            output: (!compensation).then_some(json),
+        },
         Err(error) => {
             let failures = lease.failure_count.saturating_add(1);
             if error.retryable && failures < lease.max_failures {
@@ -80,7 +90,10 @@ fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
                     .map(|d| d.settings().retry)
                     .unwrap_or_default();
                 let delay = policy.backoff(u32::try_from(failures).unwrap_or(u32::MAX));
-                StepFinishKind::Retry { delay_ms: crate::definition::millis(delay), error }
+                StepFinishKind::Retry {
+                    delay_ms: crate::definition::millis(delay),
+                    error,
+                }
             } else {
                 StepFinishKind::Failed { error }
             }

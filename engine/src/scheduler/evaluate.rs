@@ -8,10 +8,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
+use crate::Error;
 use crate::hub::RunEvent;
 use crate::plan;
 use crate::store::NewAlert;
-use crate::Error;
 
 /// Runs evaluated per poll.
 const EVAL_BATCH: u32 = 128;
@@ -43,7 +43,10 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
                 continue;
             }
         };
-        let dirty: Vec<Uuid> = dirty.into_iter().filter(|id| !poisoned.contains(id)).collect();
+        let dirty: Vec<Uuid> = dirty
+            .into_iter()
+            .filter(|id| !poisoned.contains(id))
+            .collect();
         let mut progressed = false;
         for id in &dirty {
             match evaluate_one(&s, *id).await {
@@ -72,17 +75,19 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
 /// Evaluates one run; returns whether anything was written.
 async fn evaluate_one(s: &Scheduler, id: Uuid) -> Result<bool, Error> {
     let registry = s.registry.clone();
-    let applied = s
-        .store
-        .run_evaluate(id, &s.config.owner, |run, steps| {
-            let wf = registry.get(&run.workflow, run.version).ok_or_else(|| Error::VersionNotFound {
-                name: run.workflow.clone(),
-                version: run.version,
-                run_id: run.id,
-            })?;
-            plan::evaluate(wf, run, steps)
-        })
-        .await?;
+    let applied =
+        s.store
+            .run_evaluate(id, &s.config.owner, |run, steps| {
+                let wf = registry.get(&run.workflow, run.version).ok_or_else(|| {
+                    Error::VersionNotFound {
+                        name: run.workflow.clone(),
+                        version: run.version,
+                        run_id: run.id,
+                    }
+                })?;
+                plan::evaluate(wf, run, steps)
+            })
+            .await?;
     let Some(a) = applied else { return Ok(false) };
     if a.ready > 0 {
         s.hub.claim.notify_one();
@@ -92,7 +97,11 @@ async fn evaluate_one(s: &Scheduler, id: Uuid) -> Result<bool, Error> {
     }
     if a.state != a.before.state {
         tracing::debug!(run_id = %id, from = %a.before.state, to = %a.state, "run moved");
-        s.hub.publish(RunEvent { run_id: id, workflow: a.before.workflow.clone(), state: a.state });
+        s.hub.publish(RunEvent {
+            run_id: id,
+            workflow: a.before.workflow.clone(),
+            state: a.state,
+        });
     }
     if let Some(alert) = &a.alert {
         s.hub.alert(alert);
@@ -107,7 +116,9 @@ async fn check_versions(s: &Scheduler) -> Result<(), Error> {
         if s.registry.by_key(&key).is_some() {
             continue;
         }
-        let Some((name, _)) = key.rsplit_once('@') else { continue };
+        let Some((name, _)) = key.rsplit_once('@') else {
+            continue;
+        };
         if s.registry.latest(name).is_err() {
             continue; // another application's workflow on a shared database
         }
@@ -150,4 +161,3 @@ async fn raise(s: &Scheduler, alert: NewAlert) {
         Err(e) => tracing::error!(error = %e, reason = %alert.reason, "could not store an alert"),
     }
 }
-

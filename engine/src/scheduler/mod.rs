@@ -91,10 +91,14 @@ impl SchedulerConfig {
             return Err(Error::Config("scheduler owner id must not be empty".into()));
         }
         if self.max_in_flight == 0 || self.claim_batch == 0 || self.complete_batch == 0 {
-            return Err(Error::Config("max_in_flight, claim_batch and complete_batch must be at least 1".into()));
+            return Err(Error::Config(
+                "max_in_flight, claim_batch and complete_batch must be at least 1".into(),
+            ));
         }
         if self.empty_poll_pause.is_zero() {
-            return Err(Error::Config("empty_poll_pause must be positive (it bounds polling)".into()));
+            return Err(Error::Config(
+                "empty_poll_pause must be positive (it bounds polling)".into(),
+            ));
         }
         Ok(())
     }
@@ -116,16 +120,34 @@ impl Scheduler {
     ///
     /// # Errors
     /// [`Error::Config`].
-    pub fn new(store: Store, registry: Arc<Registry>, hub: Arc<Hub>, config: SchedulerConfig) -> Result<Self> {
+    pub fn new(
+        store: Store,
+        registry: Arc<Registry>,
+        hub: Arc<Hub>,
+        config: SchedulerConfig,
+    ) -> Result<Self> {
         config.validate()?;
         let keys = registry.keys();
-        Ok(Self { slots: Arc::new(Semaphore::new(config.max_in_flight)), store, registry, hub, config, keys })
+        Ok(Self {
+            slots: Arc::new(Semaphore::new(config.max_in_flight)),
+            store,
+            registry,
+            hub,
+            config,
+            keys,
+        })
     }
 
     /// Spawns the claim, complete and evaluate loops on `tracker`; they stop when `cancel`
     /// fires. Dispatches go to `agents`.
-    pub fn spawn(self: Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken, agents: mpsc::Sender<Dispatch>) {
-        let (reply_tx, reply_rx) = mpsc::channel::<AgentResponse>(self.config.max_in_flight.max(16));
+    pub fn spawn(
+        self: Arc<Self>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+        agents: mpsc::Sender<Dispatch>,
+    ) {
+        let (reply_tx, reply_rx) =
+            mpsc::channel::<AgentResponse>(self.config.max_in_flight.max(16));
         tracker.spawn(claim::run(self.clone(), cancel.clone(), agents, reply_tx));
         tracker.spawn(complete::run(self.clone(), cancel.clone(), reply_rx));
         tracker.spawn(evaluate::run(self, cancel));

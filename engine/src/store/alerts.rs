@@ -48,7 +48,8 @@ pub struct AlertRow {
     pub resolved_at: Option<i64>,
 }
 
-const ALERT_COLS: &str = "id, run_id, step, kind, reason, attempts, actions, created_at, resolved_at";
+const ALERT_COLS: &str =
+    "id, run_id, step, kind, reason, attempts, actions, created_at, resolved_at";
 
 impl AlertRow {
     fn decode(r: &QueryResult) -> Result<Self> {
@@ -67,7 +68,11 @@ impl AlertRow {
     }
 }
 
-pub(super) async fn insert_alert<C: ConnectionTrait>(store: &Store, conn: &C, a: &NewAlert) -> Result<Option<AlertRow>> {
+pub(super) async fn insert_alert<C: ConnectionTrait>(
+    store: &Store,
+    conn: &C,
+    a: &NewAlert,
+) -> Result<Option<AlertRow>> {
     let sql = format!(
         "INSERT INTO sagaflow_alerts (run_id, step, kind, reason, attempts, actions, open_key, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, {{now}}) ON CONFLICT (open_key) DO NOTHING RETURNING {ALERT_COLS}"
@@ -119,7 +124,11 @@ impl Store {
         rows.iter().map(AlertRow::decode).collect()
     }
 
-    pub(super) async fn alert_resolve_run<C: ConnectionTrait>(&self, conn: &C, run_id: Uuid) -> Result<()> {
+    pub(super) async fn alert_resolve_run<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        run_id: Uuid,
+    ) -> Result<()> {
         conn.execute_raw(self.stmt(
             "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE run_id = $1 AND resolved_at IS NULL",
             vec![run_id.into()],

@@ -33,7 +33,12 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn leader_try_elect(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<LeaderFence>> {
+    pub async fn leader_try_elect(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeaderFence>> {
         self.db
             .execute_raw(self.stmt(
                 "INSERT INTO sagaflow_leases (name, holder, term, expires_at) VALUES ($1, NULL, 0, 0) \
@@ -46,7 +51,11 @@ impl Store {
             .query_one_raw(self.stmt(
                 "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {now} + $3 \
                  WHERE name = $1 AND (holder IS NULL OR expires_at <= {now}) RETURNING term",
-                vec![name.to_owned().into(), holder.to_owned().into(), millis(ttl).into()],
+                vec![
+                    name.to_owned().into(),
+                    holder.to_owned().into(),
+                    millis(ttl).into(),
+                ],
             ))
             .await?;
         Ok(match row {
@@ -69,7 +78,12 @@ impl Store {
             .execute_raw(self.stmt(
                 "UPDATE sagaflow_leases SET expires_at = {now} + $4 \
                  WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
-                vec![fence.name.clone().into(), fence.holder.clone().into(), fence.term.into(), millis(ttl).into()],
+                vec![
+                    fence.name.clone().into(),
+                    fence.holder.clone().into(),
+                    fence.term.into(),
+                    millis(ttl).into(),
+                ],
             ))
             .await?;
         Ok(res.rows_affected() == 1)
@@ -102,14 +116,22 @@ impl Store {
             ))
             .await?;
         Ok(match row {
-            Some(r) => Some(LeaderFence { name: name.to_owned(), holder: r.try_get("", "holder")?, term: r.try_get("", "term")? }),
+            Some(r) => Some(LeaderFence {
+                name: name.to_owned(),
+                holder: r.try_get("", "holder")?,
+                term: r.try_get("", "term")?,
+            }),
             None => None,
         })
     }
 
     /// Inside a transaction: fails unless `fence` holds the unexpired lease, and (on
     /// PostgreSQL) keeps the lease row share-locked until commit.
-    pub(super) async fn fence_check(&self, txn: &DatabaseTransaction, fence: &LeaderFence) -> Result<()> {
+    pub(super) async fn fence_check(
+        &self,
+        txn: &DatabaseTransaction,
+        fence: &LeaderFence,
+    ) -> Result<()> {
         let sql = format!(
             "SELECT term FROM sagaflow_leases WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {{now}} {}",
             self.fence_lock()
@@ -117,11 +139,18 @@ impl Store {
         let row = txn
             .query_one_raw(self.stmt(
                 &sql,
-                vec![fence.name.clone().into(), fence.holder.clone().into(), fence.term.into()],
+                vec![
+                    fence.name.clone().into(),
+                    fence.holder.clone().into(),
+                    fence.term.into(),
+                ],
             ))
             .await?;
         if row.is_none() {
-            return Err(Error::LeaseLost { name: fence.name.clone(), term: fence.term });
+            return Err(Error::LeaseLost {
+                name: fence.name.clone(),
+                term: fence.term,
+            });
         }
         Ok(())
     }

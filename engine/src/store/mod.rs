@@ -16,7 +16,9 @@ mod steps;
 
 use std::time::Duration;
 
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value,
+};
 
 pub use alerts::{AlertRow, NewAlert};
 pub use leases::LeaderFence;
@@ -61,7 +63,9 @@ impl Store {
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Backend::Postgres
         } else {
-            return Err(Error::Config(format!("unsupported database URL `{url}` (use sqlite:// or postgres://)")));
+            return Err(Error::Config(format!(
+                "unsupported database URL `{url}` (use sqlite:// or postgres://)"
+            )));
         };
         let mut opts = ConnectOptions::new(url.to_owned());
         opts.sqlx_logging(false)
@@ -74,7 +78,10 @@ impl Store {
         let db = Database::connect(opts).await?;
         let store = Self::from_connection(db)?;
         if backend == Backend::Sqlite {
-            store.db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
+            store
+                .db
+                .execute_unprepared("PRAGMA journal_mode=WAL")
+                .await?;
         }
         sagaflow_migrations::migrate(&store.db).await?;
         Ok(store)
@@ -118,8 +125,13 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn now_ms(&self) -> Result<i64> {
-        let row = self.db.query_one_raw(self.stmt("SELECT {now} AS now", vec![])).await?;
-        row.map(|r| r.try_get::<i64>("", "now")).transpose()?.ok_or_else(|| Error::corrupt("clock", "now", "no row"))
+        let row = self
+            .db
+            .query_one_raw(self.stmt("SELECT {now} AS now", vec![]))
+            .await?;
+        row.map(|r| r.try_get::<i64>("", "now"))
+            .transpose()?
+            .ok_or_else(|| Error::corrupt("clock", "now", "no row"))
     }
 
     fn now_sql(&self) -> &'static str {
@@ -183,7 +195,10 @@ fn dollar_to_question(sql: &str) -> String {
 
 /// `$from, $from+1, …` placeholders for an IN list of `n` values.
 fn placeholders(from: usize, n: usize) -> String {
-    (from..from + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+    (from..from + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -192,7 +207,10 @@ mod tests {
 
     #[test]
     fn placeholders_are_rewritten_outside_literals_only() {
-        assert_eq!(dollar_to_question("a = $1 AND b = '$2' AND c = $10"), "a = ?1 AND b = '$2' AND c = ?10");
+        assert_eq!(
+            dollar_to_question("a = $1 AND b = '$2' AND c = $10"),
+            "a = ?1 AND b = '$2' AND c = ?10"
+        );
         assert_eq!(placeholders(3, 3), "$3, $4, $5");
     }
 }

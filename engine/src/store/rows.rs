@@ -32,8 +32,7 @@ pub struct RunRow {
     pub finished_at: Option<i64>,
 }
 
-pub(super) const RUN_COLS: &str =
-    "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at";
+pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at";
 
 impl RunRow {
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
@@ -44,7 +43,9 @@ impl RunRow {
             workflow: r.try_get("", "workflow")?,
             version: r.try_get("", "version")?,
             business_key: r.try_get("", "business_key")?,
-            state: state.parse().map_err(|_| Error::corrupt("sagaflow_runs", id, format!("state `{state}`")))?,
+            state: state
+                .parse()
+                .map_err(|_| Error::corrupt("sagaflow_runs", id, format!("state `{state}`")))?,
             input: r.try_get("", "input")?,
             output: r.try_get("", "output")?,
             error: r.try_get("", "error")?,
@@ -99,7 +100,9 @@ impl StepRow {
             id,
             run_id: r.try_get("", "run_id")?,
             name: r.try_get("", "name")?,
-            state: state.parse().map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            state: state
+                .parse()
+                .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
             locked_by: r.try_get("", "locked_by")?,
             complete_by: r.try_get("", "complete_by")?,
             available_at: r.try_get("", "available_at")?,
@@ -152,7 +155,9 @@ impl ClaimedStep {
             run_id: r.try_get("", "run_id")?,
             workflow_key: r.try_get("", "workflow_key")?,
             name: r.try_get("", "name")?,
-            state: state.parse().map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            state: state
+                .parse()
+                .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
             attempt: r.try_get("", "attempt")?,
             failure_count: r.try_get("", "failure_count")?,
             max_failures: r.try_get("", "max_failures")?,
@@ -195,7 +200,9 @@ impl ExpiredStep {
             id,
             run_id: r.try_get("", "run_id")?,
             name: r.try_get("", "name")?,
-            state: state.parse().map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            state: state
+                .parse()
+                .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
             attempt: r.try_get("", "attempt")?,
             failure_count: r.try_get("", "failure_count")?,
             max_failures: r.try_get("", "max_failures")?,

@@ -105,7 +105,11 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn run_insert<C: ConnectionTrait>(&self, conn: &C, run: &NewRun) -> Result<RunInsertOutcome> {
+    pub async fn run_insert<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        run: &NewRun,
+    ) -> Result<RunInsertOutcome> {
         let key = crate::workflow_key(&run.workflow, run.version);
         let res = conn
             .execute_raw(self.stmt(
@@ -131,7 +135,13 @@ impl Store {
                 .await?
                 .map(|r| r.try_get::<Uuid>("", "id"))
                 .transpose()?
-                .ok_or_else(|| Error::corrupt("sagaflow_runs", run.id, "insert conflicted but no active run found"))?;
+                .ok_or_else(|| {
+                    Error::corrupt(
+                        "sagaflow_runs",
+                        run.id,
+                        "insert conflicted but no active run found",
+                    )
+                })?;
             return Ok(RunInsertOutcome::Duplicate(existing));
         }
         let mut sql = String::from(
@@ -161,8 +171,18 @@ impl Store {
             ]);
         }
         conn.execute_raw(self.stmt(&sql, values)).await?;
-        self.history_insert(conn, run.id, None, "submitted", None, Some(RunState::Pending.as_str()), None, "api", None)
-            .await?;
+        self.history_insert(
+            conn,
+            run.id,
+            None,
+            "submitted",
+            None,
+            Some(RunState::Pending.as_str()),
+            None,
+            "api",
+            None,
+        )
+        .await?;
         Ok(RunInsertOutcome::Inserted(run.id))
     }
 
@@ -172,7 +192,10 @@ impl Store {
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_get(&self, id: Uuid) -> Result<Option<RunRow>> {
         let sql = format!("SELECT {RUN_COLS} FROM sagaflow_runs WHERE id = $1");
-        let row = self.db.query_one_raw(self.stmt(&sql, vec![id.into()])).await?;
+        let row = self
+            .db
+            .query_one_raw(self.stmt(&sql, vec![id.into()]))
+            .await?;
         row.as_ref().map(RunRow::decode).transpose()
     }
 
@@ -216,7 +239,9 @@ impl Store {
         let mut values: Vec<Value> = vec![i64::from(limit).into()];
         values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
         let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
-        rows.iter().map(|r| r.try_get::<Uuid>("", "id").map_err(Error::from)).collect()
+        rows.iter()
+            .map(|r| r.try_get::<Uuid>("", "id").map_err(Error::from))
+            .collect()
     }
 
     /// Workflow keys of unfinished runs, with counts (to spot runs pinned to a version this
@@ -233,7 +258,12 @@ impl Store {
             ))
             .await?;
         rows.iter()
-            .map(|r| Ok((r.try_get::<String>("", "workflow_key")?, r.try_get::<i64>("", "n")?)))
+            .map(|r| {
+                Ok((
+                    r.try_get::<String>("", "workflow_key")?,
+                    r.try_get::<i64>("", "n")?,
+                ))
+            })
             .collect()
     }
 
@@ -244,9 +274,19 @@ impl Store {
     pub async fn run_count_by_state(&self) -> Result<Vec<(String, i64)>> {
         let rows = self
             .db
-            .query_all_raw(self.stmt("SELECT state, COUNT(*) AS n FROM sagaflow_runs GROUP BY state", vec![]))
+            .query_all_raw(self.stmt(
+                "SELECT state, COUNT(*) AS n FROM sagaflow_runs GROUP BY state",
+                vec![],
+            ))
             .await?;
-        rows.iter().map(|r| Ok((r.try_get::<String>("", "state")?, r.try_get::<i64>("", "n")?))).collect()
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String>("", "state")?,
+                    r.try_get::<i64>("", "n")?,
+                ))
+            })
+            .collect()
     }
 
     /// Counts history entries per event (`retry`, `timeout`, `completed`, `failed`, …) across
@@ -257,9 +297,19 @@ impl Store {
     pub async fn history_event_counts(&self) -> Result<Vec<(String, i64)>> {
         let rows = self
             .db
-            .query_all_raw(self.stmt("SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event ORDER BY event", vec![]))
+            .query_all_raw(self.stmt(
+                "SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event ORDER BY event",
+                vec![],
+            ))
             .await?;
-        rows.iter().map(|r| Ok((r.try_get::<String>("", "event")?, r.try_get::<i64>("", "n")?))).collect()
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String>("", "event")?,
+                    r.try_get::<i64>("", "n")?,
+                ))
+            })
+            .collect()
     }
 
     /// Evaluates a run marked dirty: under the run's row lock, reads its steps, asks `plan`
@@ -268,7 +318,12 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`], or whatever `plan` returns (the transaction is rolled back).
-    pub async fn run_evaluate<F>(&self, id: Uuid, actor: &str, plan: F) -> Result<Option<EvalApplied>>
+    pub async fn run_evaluate<F>(
+        &self,
+        id: Uuid,
+        actor: &str,
+        plan: F,
+    ) -> Result<Option<EvalApplied>>
     where
         F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
     {
@@ -283,10 +338,18 @@ impl Store {
     where
         F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
     {
-        self.run_transition(id, false, "operator", plan).await?.ok_or(Error::RunNotFound(id))
+        self.run_transition(id, false, "operator", plan)
+            .await?
+            .ok_or(Error::RunNotFound(id))
     }
 
-    async fn run_transition<F>(&self, id: Uuid, evaluate: bool, actor: &str, plan: F) -> Result<Option<EvalApplied>>
+    async fn run_transition<F>(
+        &self,
+        id: Uuid,
+        evaluate: bool,
+        actor: &str,
+        plan: F,
+    ) -> Result<Option<EvalApplied>>
     where
         F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
     {
@@ -294,11 +357,18 @@ impl Store {
         // The first statement is a write: it takes the run's row lock on PostgreSQL and the
         // write lock on SQLite, so evaluations of one run are serialised.
         let lock_sql = if evaluate {
-            format!("UPDATE sagaflow_runs SET dirty = FALSE WHERE id = $1 AND dirty RETURNING {RUN_COLS}")
+            format!(
+                "UPDATE sagaflow_runs SET dirty = FALSE WHERE id = $1 AND dirty RETURNING {RUN_COLS}"
+            )
         } else {
-            format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}")
+            format!(
+                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}"
+            )
         };
-        let Some(row) = txn.query_one_raw(self.stmt(&lock_sql, vec![id.into()])).await? else {
+        let Some(row) = txn
+            .query_one_raw(self.stmt(&lock_sql, vec![id.into()]))
+            .await?
+        else {
             return Ok(None);
         };
         let before = RunRow::decode(&row)?;
@@ -330,7 +400,10 @@ impl Store {
                 "UPDATE sagaflow_steps SET state = $1, updated_at = {{now}}{extra} WHERE id = $2 AND state = $3"
             );
             let res = txn
-                .execute_raw(self.stmt(&sql, vec![s.to.as_str().into(), s.id.into(), s.from.as_str().into()]))
+                .execute_raw(self.stmt(
+                    &sql,
+                    vec![s.to.as_str().into(), s.id.into(), s.from.as_str().into()],
+                ))
                 .await?;
             if res.rows_affected() == 0 {
                 stale += 1;
@@ -339,8 +412,18 @@ impl Store {
             if matches!(s.to, StepState::Ready | StepState::CompensationReady) {
                 ready += 1;
             }
-            self.history_insert(txn, id, Some(&s.name), "state", Some(s.from.as_str()), Some(s.to.as_str()), None, actor, None)
-                .await?;
+            self.history_insert(
+                txn,
+                id,
+                Some(&s.name),
+                "state",
+                Some(s.from.as_str()),
+                Some(s.to.as_str()),
+                None,
+                actor,
+                None,
+            )
+            .await?;
         }
         let state = write.run_state.unwrap_or(before.state);
         if state != before.state || write.run_output.is_some() || write.run_error.is_some() {
@@ -348,21 +431,38 @@ impl Store {
             let sql = format!(
                 "UPDATE sagaflow_runs SET state = $1, output = COALESCE($2, output), error = COALESCE($3, error), \
                  updated_at = {{now}}{} WHERE id = $4",
-                if finished { ", finished_at = {now}, active_key = NULL" } else { "" }
+                if finished {
+                    ", finished_at = {now}, active_key = NULL"
+                } else {
+                    ""
+                }
             );
             txn.execute_raw(self.stmt(
                 &sql,
-                vec![state.as_str().into(), write.run_output.clone().into(), write.run_error.clone().into(), id.into()],
+                vec![
+                    state.as_str().into(),
+                    write.run_output.clone().into(),
+                    write.run_error.clone().into(),
+                    id.into(),
+                ],
             ))
             .await?;
             if finished {
                 // AT-5: a finished run's steps leave the hot table; the history keeps every
                 // transition and the run row keeps the outputs.
-                txn.execute_raw(self.stmt("DELETE FROM sagaflow_steps WHERE run_id = $1", vec![id.into()])).await?;
+                txn.execute_raw(self.stmt(
+                    "DELETE FROM sagaflow_steps WHERE run_id = $1",
+                    vec![id.into()],
+                ))
+                .await?;
             }
         }
         if state != before.state || write.event.starts_with("operator") {
-            let event = if write.event.is_empty() { "state" } else { write.event };
+            let event = if write.event.is_empty() {
+                "state"
+            } else {
+                write.event
+            };
             self.history_insert(
                 txn,
                 id,
@@ -377,7 +477,11 @@ impl Store {
             .await?;
         }
         if stale > 0 {
-            txn.execute_raw(self.stmt("UPDATE sagaflow_runs SET dirty = TRUE WHERE id = $1", vec![id.into()])).await?;
+            txn.execute_raw(self.stmt(
+                "UPDATE sagaflow_runs SET dirty = TRUE WHERE id = $1",
+                vec![id.into()],
+            ))
+            .await?;
         }
         if write.resolve_alerts {
             self.alert_resolve_run(txn, id).await?;
@@ -386,7 +490,13 @@ impl Store {
             Some(a) => insert_alert(self, txn, &a).await?,
             None => None,
         };
-        Ok(EvalApplied { before: before.clone(), state, ready, stale, alert })
+        Ok(EvalApplied {
+            before: before.clone(),
+            state,
+            ready,
+            stale,
+            alert,
+        })
     }
 
     /// Deletes finished runs (and their history and alerts) that finished before
@@ -416,7 +526,10 @@ impl Store {
             txn.execute_raw(self.stmt(&sql, values.clone())).await?;
         }
         let sql = format!("DELETE FROM sagaflow_runs WHERE id IN ({list})");
-        let n = txn.execute_raw(self.stmt(&sql, values)).await?.rows_affected();
+        let n = txn
+            .execute_raw(self.stmt(&sql, values))
+            .await?
+            .rows_affected();
         txn.commit().await?;
         Ok(n)
     }
@@ -453,8 +566,14 @@ impl Store {
     }
 }
 
-async fn run_steps_on<C: ConnectionTrait>(store: &Store, conn: &C, id: Uuid) -> Result<Vec<StepRow>> {
+async fn run_steps_on<C: ConnectionTrait>(
+    store: &Store,
+    conn: &C,
+    id: Uuid,
+) -> Result<Vec<StepRow>> {
     let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE run_id = $1 ORDER BY id");
-    let rows = conn.query_all_raw(store.stmt(&sql, vec![id.into()])).await?;
+    let rows = conn
+        .query_all_raw(store.stmt(&sql, vec![id.into()]))
+        .await?;
     rows.iter().map(StepRow::decode).collect()
 }

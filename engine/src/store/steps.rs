@@ -90,7 +90,12 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
-    pub async fn step_claim(&self, owner: &str, workflow_keys: &[String], limit: u32) -> Result<Vec<ClaimedStep>> {
+    pub async fn step_claim(
+        &self,
+        owner: &str,
+        workflow_keys: &[String],
+        limit: u32,
+    ) -> Result<Vec<ClaimedStep>> {
         if workflow_keys.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -127,14 +132,22 @@ impl Store {
         let list = placeholders(1, runs.len());
         let values: Vec<Value> = runs.iter().map(|&r| r.into()).collect();
         let sql = format!("SELECT id, input FROM sagaflow_runs WHERE id IN ({list})");
-        for r in self.db.query_all_raw(self.stmt(&sql, values.clone())).await? {
-            out.inputs.insert(r.try_get("", "id")?, r.try_get("", "input")?);
+        for r in self
+            .db
+            .query_all_raw(self.stmt(&sql, values.clone()))
+            .await?
+        {
+            out.inputs
+                .insert(r.try_get("", "id")?, r.try_get("", "input")?);
         }
         let sql = format!(
             "SELECT run_id, name, output FROM sagaflow_steps WHERE run_id IN ({list}) AND output IS NOT NULL"
         );
         for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
-            out.outputs.insert((r.try_get("", "run_id")?, r.try_get("", "name")?), r.try_get("", "output")?);
+            out.outputs.insert(
+                (r.try_get("", "run_id")?, r.try_get("", "name")?),
+                r.try_get("", "output")?,
+            );
         }
         Ok(out)
     }
@@ -155,17 +168,29 @@ impl Store {
             // number, so the numbering stays dense).
             let (to, set, extra): (StepState, &str, Vec<Value>) = match &it.kind {
                 StepFinishKind::Succeeded { output } => (
-                    if compensation { StepState::Compensated } else { StepState::Completed },
+                    if compensation {
+                        StepState::Compensated
+                    } else {
+                        StepState::Completed
+                    },
                     "output = COALESCE($6, output), error = NULL, available_at = NULL",
                     vec![output.clone().into()],
                 ),
                 StepFinishKind::Retry { delay_ms, error } => (
-                    if compensation { StepState::CompensationReady } else { StepState::Ready },
+                    if compensation {
+                        StepState::CompensationReady
+                    } else {
+                        StepState::Ready
+                    },
                     "error = $6, failure_count = failure_count + 1, available_at = {now} + $7",
                     vec![error.to_json().into(), (*delay_ms).into()],
                 ),
                 StepFinishKind::Failed { error } => (
-                    if compensation { StepState::CompensationFailed } else { StepState::Failed },
+                    if compensation {
+                        StepState::CompensationFailed
+                    } else {
+                        StepState::Failed
+                    },
                     "error = $6, failure_count = failure_count + 1, available_at = NULL",
                     vec![error.to_json().into()],
                 ),
@@ -182,7 +207,11 @@ impl Store {
                 it.owner.clone().into(),
             ];
             vals.extend(extra);
-            let ok = txn.execute_raw(self.stmt(&sql, vals)).await?.rows_affected() == 1;
+            let ok = txn
+                .execute_raw(self.stmt(&sql, vals))
+                .await?
+                .rows_affected()
+                == 1;
             applied.push(ok);
             if !ok {
                 continue;
@@ -320,6 +349,9 @@ impl Store {
                 vec![],
             ))
             .await?;
-        Ok(row.map(|r| r.try_get::<i64>("", "n")).transpose()?.unwrap_or(0))
+        Ok(row
+            .map(|r| r.try_get::<i64>("", "n"))
+            .transpose()?
+            .unwrap_or(0))
     }
 }

@@ -1,0 +1,160 @@
+//! Workflows and rigs shared by the scenarios.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sagaflow::{
+    DeadlinePolicy, Engine, RetryPolicy, StartOptions, StepContext, StepError, Workflow,
+};
+use sagaflow_tests::TestDb;
+use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, OrderSettings, order_saga};
+use sagaflow_workflows::services::Services;
+use uuid::Uuid;
+
+/// Order saga settings for tests: short deadline, quick backoff.
+pub(crate) fn order_settings(deadline_ms: u64, max_failures: u32) -> OrderSettings {
+    OrderSettings {
+        version: 1,
+        retry: RetryPolicy::default()
+            .with_max_failures(max_failures)
+            .with_backoff(Duration::from_millis(10), Duration::from_millis(50)),
+        deadline: DeadlinePolicy::new(
+            Duration::from_millis(deadline_ms),
+            Duration::from_millis(deadline_ms * 4),
+        ),
+    }
+}
+
+/// An engine running the order saga over fresh in-process services.
+pub(crate) struct OrderRig {
+    pub(crate) services: Services,
+    pub(crate) engine: Engine,
+}
+
+pub(crate) async fn order_rig(db: &TestDb, deadline_ms: u64, max_failures: u32) -> OrderRig {
+    let services = Services::default();
+    let wf = order_saga(
+        OrderApis::from(&services),
+        order_settings(deadline_ms, max_failures),
+    )
+    .expect("order saga");
+    let engine = sagaflow_tests::engine(db, vec![wf]).await;
+    OrderRig { services, engine }
+}
+
+pub(crate) async fn submit_order(engine: &Engine, n: usize) -> (Uuid, Order) {
+    let order = Order::sample(n);
+    let started = engine
+        .start_with(
+            ORDER_WORKFLOW,
+            &order,
+            StartOptions::keyed(order.order_id.clone()),
+        )
+        .await
+        .expect("start order");
+    (started.id, order)
+}
+
+/// A shared, ordered log that test steps append to.
+#[derive(Clone, Default)]
+pub(crate) struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    pub(crate) fn push(&self, s: impl Into<String>) {
+        self.0.lock().expect("log").push(s.into());
+    }
+    pub(crate) fn entries(&self) -> Vec<String> {
+        self.0.lock().expect("log").clone()
+    }
+    pub(crate) fn count(&self, prefix: &str) -> usize {
+        self.entries()
+            .iter()
+            .filter(|e| e.starts_with(prefix))
+            .count()
+    }
+}
+
+/// A step body that logs `name:<attempt>:<key>` and then behaves as `behave(attempt)` says.
+pub(crate) fn logged<F>(
+    log: &Log,
+    name: &'static str,
+    behave: F,
+) -> impl Fn(
+    StepContext,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<serde_json::Value, StepError>> + Send>,
+> + Send
++ Sync
++ 'static
+where
+    F: Fn(u32) -> Behave + Send + Sync + 'static,
+{
+    let log = log.clone();
+    let behave = Arc::new(behave);
+    move |ctx: StepContext| {
+        let log = log.clone();
+        let behave = behave.clone();
+        Box::pin(async move {
+            log.push(format!(
+                "{name}:{}:{}",
+                ctx.attempt(),
+                ctx.idempotency_key()
+            ));
+            match behave(ctx.attempt()) {
+                Behave::Ok(v) => Ok(v),
+                Behave::Retryable => Err(StepError::retryable("flaky", format!("{name} failed"))),
+                Behave::Terminal => Err(StepError::terminal("declined", format!("{name} refused"))),
+                Behave::Hang => {
+                    std::future::pending::<()>().await;
+                    Ok(serde_json::Value::Null)
+                }
+                Behave::Panic => panic!("{name} blew up"),
+            }
+        })
+    }
+}
+
+/// What a logged step does on an attempt.
+pub(crate) enum Behave {
+    Ok(serde_json::Value),
+    Retryable,
+    Terminal,
+    Hang,
+    Panic,
+}
+
+/// `a → b → c`, each with a logged compensation; deadline and threshold as given.
+pub(crate) fn chain(
+    log: &Log,
+    name: &str,
+    deadline_ms: u64,
+    max_failures: u32,
+    b: impl Fn(u32) -> Behave + Send + Sync + 'static,
+    c: impl Fn(u32) -> Behave + Send + Sync + 'static,
+    undo_b: impl Fn(u32) -> Behave + Send + Sync + 'static,
+) -> Workflow {
+    Workflow::builder(name, 1)
+        .default_retry(
+            RetryPolicy::default()
+                .with_max_failures(max_failures)
+                .with_backoff(Duration::from_millis(5), Duration::from_millis(20)),
+        )
+        .default_deadline(DeadlinePolicy::new(
+            Duration::from_millis(deadline_ms),
+            Duration::from_millis(deadline_ms * 4),
+        ))
+        .step("a", logged(log, "a", |_| Behave::Ok(1.into())))
+        .compensate(logged(log, "undo_a", |_| {
+            Behave::Ok(serde_json::Value::Null)
+        }))
+        .step("b", logged(log, "b", b))
+        .after(["a"])
+        .compensate(logged(log, "undo_b", undo_b))
+        .step("c", logged(log, "c", c))
+        .after(["b"])
+        .compensate(logged(log, "undo_c", |_| {
+            Behave::Ok(serde_json::Value::Null)
+        }))
+        .build()
+        .expect("chain")
+}

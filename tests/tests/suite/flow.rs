@@ -1,0 +1,133 @@
+//! Happy paths: parallel branches, outputs along edges, status events, the order saga.
+
+use std::time::Duration;
+
+use sagaflow::{RunState, StepContext, StepError, Workflow};
+use sagaflow_tests::{backends, engine, expect_state};
+use sagaflow_workflows::services::OrderStatus;
+
+use crate::fixtures::{order_rig, submit_order};
+
+fn diamond() -> Workflow {
+    // a → (b, c) → d: b and c run concurrently and d sees both outputs (SAS-1).
+    Workflow::builder("diamond", 1)
+        .input::<i64>()
+        .step("a", |ctx: StepContext| async move {
+            Ok::<_, StepError>(ctx.input::<i64>()? + 1)
+        })
+        .step("b", |ctx: StepContext| async move {
+            Ok::<_, StepError>(ctx.dep::<i64>("a")? * 10)
+        })
+        .after(["a"])
+        .step("c", |ctx: StepContext| async move {
+            Ok::<_, StepError>(ctx.dep::<i64>("a")? + 100)
+        })
+        .after(["a"])
+        .step("d", |ctx: StepContext| async move {
+            Ok::<_, StepError>(
+                serde_json::json!({ "sum": ctx.dep::<i64>("b")? + ctx.dep::<i64>("c")? }),
+            )
+        })
+        .after(["b", "c"])
+        .build()
+        .expect("diamond")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_branches_pass_outputs_along_edges() {
+    sagaflow_tests::init_logging();
+    for db in backends().await {
+        let engine = engine(&db, vec![diamond()]).await;
+        let id = engine.start("diamond", &1).await.expect("start");
+        let run = expect_state(&engine, id, RunState::Completed, db.backend).await;
+        let out: serde_json::Value =
+            serde_json::from_str(run.output.as_deref().expect("output")).expect("json");
+        assert_eq!(out["a"], 2, "[{}]", db.backend);
+        assert_eq!(out["b"], 20);
+        assert_eq!(out["c"], 102);
+        assert_eq!(out["d"]["sum"], 122);
+        // AT-5: the finished run's steps left the hot table; the history kept them.
+        assert!(
+            engine.steps(id).await.expect("steps").is_empty(),
+            "[{}] steps not archived",
+            db.backend
+        );
+        let history = engine.history(id).await.expect("history");
+        let completed = history.iter().filter(|h| h.event == "completed").count();
+        assert_eq!(completed, 4, "[{}] history: {history:?}", db.backend);
+        // b and c were queued by the same evaluation (parallel branches).
+        let b = history
+            .iter()
+            .position(|h| h.step.as_deref() == Some("b") && h.to_state.as_deref() == Some("ready"));
+        let c = history
+            .iter()
+            .position(|h| h.step.as_deref() == Some("c") && h.to_state.as_deref() == Some("ready"));
+        let (b, c) = (b.expect("b readied"), c.expect("c readied"));
+        assert_eq!(
+            b.abs_diff(c),
+            1,
+            "[{}] b and c not readied together",
+            db.backend
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_events_report_each_run_state() {
+    for db in backends().await {
+        let engine = engine(&db, vec![diamond()]).await;
+        let mut events = engine.subscribe();
+        let id = engine.start("diamond", &5).await.expect("start");
+        let mut seen = Vec::new();
+        let collect = async {
+            while let Ok(e) = events.recv().await {
+                if e.run_id == id {
+                    seen.push(e.state);
+                    if e.state == RunState::Completed {
+                        break;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), collect)
+            .await
+            .expect("events in time");
+        assert_eq!(
+            seen,
+            vec![RunState::Pending, RunState::Running, RunState::Completed],
+            "[{}]",
+            db.backend
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_sagas_complete_and_apply_each_effect_once() {
+    for db in backends().await {
+        let rig = order_rig(&db, 2000, 3).await;
+        let mut ids = Vec::new();
+        let mut orders = Vec::new();
+        for n in 0..25 {
+            let (id, o) = submit_order(&rig.engine, n).await;
+            ids.push(id);
+            orders.push(o.order_id);
+        }
+        for id in ids {
+            expect_state(&rig.engine, id, RunState::Completed, db.backend).await;
+        }
+        let report = rig.services.ledger().check_orders(&orders);
+        assert!(
+            report.violations.is_empty(),
+            "[{}] {:?}",
+            db.backend,
+            report.violations
+        );
+        assert_eq!(report.applied.reserve, 25);
+        assert_eq!(report.applied.charge, 25);
+        assert_eq!(report.applied.ship, 25);
+        assert_eq!(report.count(OrderStatus::Shipped), 25);
+        rig.engine.shutdown().await;
+    }
+}

@@ -1,0 +1,12 @@
+//! sagaflow's integration suite. Every scenario runs on SQLite and on PostgreSQL (see
+//! `sagaflow_tests::backends`); requirement IDs refer to `shared/DIGEST.md`.
+
+mod claim;
+mod crash;
+mod definitions;
+mod failures;
+mod fixtures;
+mod flow;
+mod operator;
+mod submission;
+mod supervisor;

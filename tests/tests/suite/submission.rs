@@ -1,0 +1,142 @@
+//! Submission: typed errors for bad input, business keys, starting inside the caller's
+//! transaction (SAS-7, JM-1).
+
+use sagaflow::sea_orm::TransactionTrait;
+use sagaflow::{Error, OnDuplicate, RunState, StartOptions, StepContext, StepError, Workflow};
+use sagaflow_tests::{backends, engine, expect_state};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct Input {
+    order_id: String,
+    qty: u32,
+}
+
+fn typed() -> Workflow {
+    Workflow::builder("typed", 1)
+        .input::<Input>()
+        .step("only", |_ctx: StepContext| async { Ok::<_, StepError>(()) })
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_submissions_get_typed_errors_and_write_nothing() {
+    for db in backends().await {
+        let engine = sagaflow_tests::fast_builder(&db)
+            .with_workflow(typed())
+            .with_max_input_bytes(1024)
+            .start()
+            .await
+            .expect("start");
+        let err = engine
+            .start("nope", &serde_json::json!({}))
+            .await
+            .expect_err("unknown workflow");
+        assert!(
+            matches!(err, Error::WorkflowNotFound(ref n) if n == "nope"),
+            "{err}"
+        );
+        let err = engine
+            .start("typed", &serde_json::json!({ "order_id": 5 }))
+            .await
+            .expect_err("bad input");
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+        assert!(err.to_string().contains("invalid type"), "{err}");
+        let big = serde_json::json!({ "order_id": "x".repeat(2000), "qty": 1 });
+        let err = engine.start("typed", &big).await.expect_err("too large");
+        assert!(
+            matches!(err, Error::PayloadTooLarge { limit: 1024, .. }),
+            "{err}"
+        );
+        let counts = engine.store().run_count_by_state().await.expect("counts");
+        assert!(
+            counts.is_empty(),
+            "[{}] nothing written: {counts:?}",
+            db.backend
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_business_key_admits_one_active_run() {
+    for db in backends().await {
+        let engine = engine(&db, vec![typed()]).await;
+        let input = serde_json::json!({ "order_id": "o-1", "qty": 1 });
+        let first = engine
+            .start_with("typed", &input, StartOptions::keyed("o-1"))
+            .await
+            .expect("first");
+        let err = engine
+            .start_with("typed", &input, StartOptions::keyed("o-1"))
+            .await
+            .expect_err("duplicate");
+        match err {
+            Error::DuplicateActive { existing, .. } if existing == first.id => {}
+            other => panic!("[{}] expected DuplicateActive, got {other}", db.backend),
+        }
+        let again = engine
+            .start_with(
+                "typed",
+                &input,
+                StartOptions::keyed("o-1").on_duplicate(OnDuplicate::ReturnExisting),
+            )
+            .await
+            .expect("return existing");
+        // Either the first run is still active (same id) or it already finished (a new run).
+        if again.created {
+            assert_ne!(again.id, first.id);
+        } else {
+            assert_eq!(again.id, first.id);
+        }
+        expect_state(&engine, first.id, RunState::Completed, db.backend).await;
+        // Once finished, the key is free again.
+        let next = engine
+            .start_with(
+                "typed",
+                &input,
+                StartOptions::keyed("o-1").on_duplicate(OnDuplicate::ReturnExisting),
+            )
+            .await
+            .expect("next");
+        if !again.created {
+            assert!(
+                next.created,
+                "[{}] key must be free after completion",
+                db.backend
+            );
+        }
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_started_in_the_callers_transaction_commits_or_rolls_back_with_it() {
+    for db in backends().await {
+        let engine = engine(&db, vec![typed()]).await;
+        let input = serde_json::json!({ "order_id": "o-2", "qty": 2 });
+        let txn = engine.connection().begin().await.expect("begin");
+        let rolled = engine
+            .start_in(&txn, "typed", &input, StartOptions::default())
+            .await
+            .expect("start in txn");
+        txn.rollback().await.expect("rollback");
+        assert!(
+            engine.run(rolled.id).await.expect("read").is_none(),
+            "[{}] rolled back with the caller",
+            db.backend
+        );
+
+        let txn = engine.connection().begin().await.expect("begin");
+        let kept = engine
+            .start_in(&txn, "typed", &input, StartOptions::default())
+            .await
+            .expect("start in txn");
+        txn.commit().await.expect("commit");
+        engine.wake();
+        expect_state(&engine, kept.id, RunState::Completed, db.backend).await;
+        engine.shutdown().await;
+    }
+}
