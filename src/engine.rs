@@ -145,7 +145,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::WorkflowNotFound`], [`Error::InvalidInput`], [`Error::PayloadTooLarge`],
-    /// [`Error::Db`].
+    /// [`Error::Shutdown`], [`Error::Db`].
     pub async fn start<I: Serialize>(&self, workflow: &str, input: &I) -> Result<Uuid> {
         self.start_with(workflow, input, StartOptions::default())
             .await
@@ -165,6 +165,13 @@ impl Engine {
         let txn = self.inner.store.connection().begin().await?;
         let started = self.start_in(&txn, workflow, input, opts).await?;
         txn.commit().await?;
+        if started.created {
+            self.inner.hub.publish(RunEvent {
+                run_id: started.id,
+                workflow: workflow.to_owned(),
+                state: RunState::Pending,
+            });
+        }
         self.wake();
         Ok(started)
     }
@@ -187,6 +194,9 @@ impl Engine {
         C: ConnectionTrait,
         I: Serialize,
     {
+        if self.inner.cancel.is_cancelled() {
+            return Err(Error::Shutdown);
+        }
         let wf = self.inner.registry.latest(workflow)?;
         let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
             workflow: workflow.to_owned(),
@@ -203,14 +213,7 @@ impl Engine {
         }
         let run = new_run(wf, json, opts.business_key.clone());
         match self.inner.store.run_insert(conn, &run).await? {
-            RunInsertOutcome::Inserted(id) => {
-                self.inner.hub.publish(RunEvent {
-                    run_id: id,
-                    workflow: workflow.to_owned(),
-                    state: RunState::Pending,
-                });
-                Ok(Started { id, created: true })
-            }
+            RunInsertOutcome::Inserted(id) => Ok(Started { id, created: true }),
             RunInsertOutcome::Duplicate(existing) => match opts.on_duplicate {
                 OnDuplicate::ReturnExisting => Ok(Started {
                     id: existing,
@@ -398,6 +401,15 @@ impl Operator<'_> {
     pub async fn resume(&self, run_id: Uuid) -> Result<RunState> {
         let a = operator::resume(&self.engine.inner.store, run_id).await?;
         Ok(self.after(a))
+    }
+
+    /// Marks an alert resolved (e.g. an `unknown_version` alert once the version is deployed).
+    /// Returns whether an open alert was resolved.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn resolve_alert(&self, alert_id: i64) -> Result<bool> {
+        self.engine.inner.store.alert_resolve(alert_id).await
     }
 
     fn after(&self, a: EvalApplied) -> RunState {

@@ -37,7 +37,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// A payload (input or step output) exceeds the configured limit.
+    /// A run input exceeds the configured limit. (An oversized step *output* is a terminal
+    /// step failure with code `output_too_large`.)
     #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
     PayloadTooLarge {
         /// Which payload.

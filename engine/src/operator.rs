@@ -41,6 +41,13 @@ pub async fn retry_step(store: &Store, run_id: Uuid, step: &str) -> Result<EvalA
                 .find(|s| s.name == step)
                 .ok_or_else(|| not_allowed("retry a step of", run, format!("no step `{step}`")))?;
             let (to, run_state) = match s.state {
+                StepState::Failed if was_compensating(steps) => {
+                    return Err(not_allowed(
+                        "retry a step of",
+                        run,
+                        format!("the run was compensating; step `{step}` can no longer run forward (retry the failed compensation or resume)"),
+                    ));
+                }
                 StepState::Failed => (StepState::Ready, RunState::Running),
                 StepState::CompensationFailed => {
                     (StepState::CompensationReady, RunState::Compensating)

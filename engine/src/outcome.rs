@@ -57,7 +57,6 @@ impl StepError {
         )
     }
 
-    /// Serialized form for storage; never fails for this type.
     /// The stored JSON form.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| format!("{{\"code\":\"{}\"}}", self.code))

@@ -89,10 +89,17 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
                         run,
                         &wf.steps[f].name,
                         row,
-                        format!(
-                            "step `{}` failed after the point of no return; the saga cannot be compensated",
-                            wf.steps[f].name
-                        ),
+                        if pivot_done {
+                            format!(
+                                "step `{}` failed after the point of no return; the saga cannot be compensated",
+                                wf.steps[f].name
+                            )
+                        } else {
+                            format!(
+                                "retriable step `{}` failed; retriable steps are never compensated",
+                                wf.steps[f].name
+                            )
+                        },
                     ));
                     return Ok(plan);
                 }
@@ -135,11 +142,12 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
     Ok(plan)
 }
 
-/// Whether the step's last failure leaves its remote effect uncertain (a timeout).
+/// Whether the step's last failure leaves its remote effect possibly applied: a timeout (the
+/// answer may have been lost), or an output too large to store (the effect happened).
 fn outcome_unknown(error: Option<&str>) -> bool {
     error
         .and_then(|e| serde_json::from_str::<crate::StepError>(e).ok())
-        .is_some_and(|e| e.code == "timeout")
+        .is_some_and(|e| matches!(e.code.as_str(), "timeout" | "output_too_large"))
 }
 
 fn needs_compensation(wf: &Workflow, states: &[StepState], unknown: &[bool], i: usize) -> bool {

@@ -27,7 +27,8 @@ pub enum StepState {
     /// evaluator when the run compensates and the step has a compensation.
     Completed,
     /// Failed terminally or past its failure threshold. Moved back to `Ready` only by an
-    /// operator retry.
+    /// operator retry; moved to `CompensationReady` by the evaluator when the failure left the
+    /// remote effect possibly applied (a timeout) and the step has a compensation.
     Failed,
     /// Its compensation is queued. Moved to `Compensating` by a scheduler's claim.
     CompensationReady,
@@ -36,8 +37,8 @@ pub enum StepState {
     Compensating,
     /// Its compensation finished. Final.
     Compensated,
-    /// Its compensation exhausted its retries; the run is in `Error`. Moved back to
-    /// `CompensationReady` only by an operator retry.
+    /// Its compensation failed terminally or exhausted its retries; the run is in `Error`.
+    /// Moved back to `CompensationReady` only by an operator action.
     CompensationFailed,
     /// Never ran because the run compensated first. Final.
     Skipped,
@@ -117,8 +118,8 @@ impl FromStr for StepState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RunState {
-    /// Accepted; its first steps are queued. Moved to `Running` by the first claim's
-    /// evaluation (a run whose first steps are queued is reported `Running`).
+    /// Accepted: the run and its steps are stored, nothing is queued yet. Moved to `Running`
+    /// by its first evaluation, which queues the root steps.
     Pending,
     /// Steps are executing. Moved by the evaluator to `Completed`, `Compensating` or `Error`.
     Running,

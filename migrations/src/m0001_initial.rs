@@ -140,7 +140,6 @@ const SQLITE: &[&str] = &[
     )"#,
     "CREATE INDEX sagaflow_steps_ready ON sagaflow_steps (available_at) WHERE state IN ('ready', 'compensation_ready')",
     "CREATE INDEX sagaflow_steps_running ON sagaflow_steps (complete_by) WHERE state IN ('running', 'compensating')",
-    "CREATE INDEX sagaflow_steps_run ON sagaflow_steps (run_id)",
     r#"CREATE TABLE sagaflow_history (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         run_id BLOB NOT NULL,

@@ -23,8 +23,7 @@ use sagaflow::{
 };
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, OrderSettings, order_saga};
 use sagaflow_workflows::services::{
-    FaultCounts, FaultPlan, LedgerReport, Operation, OrderStatus, Scripted, Service, ServicePlans,
-    Services,
+    FaultCounts, FaultPlan, Operation, OrderStatus, Scripted, Service, ServicePlans, Services,
 };
 use tokio::sync::{broadcast, mpsc};
 use tracing_subscriber::EnvFilter;
@@ -83,6 +82,10 @@ struct Args {
     /// Silence the engine's own log lines (otherwise RUST_LOG, default `warn`).
     #[arg(long)]
     quiet_logs: bool,
+
+    /// Give up waiting for the runs after this many seconds (default: 120 + 1 per 10 orders).
+    #[arg(long, hide = true)]
+    timeout_secs: Option<u64>,
 }
 
 fn rate(s: &str) -> Result<f64, String> {
@@ -275,12 +278,31 @@ fn split_reason(reason: &str) -> (String, Option<String>) {
     match reason.split_once("; last error: ") {
         Some((head, err)) => {
             let err = match serde_json::from_str::<StepError>(err) {
-                Ok(e) => format!("{}: {}", e.code, e.message),
+                Ok(e) => describe_error(&e),
                 Err(_) => err.to_owned(),
             };
             (head.to_owned(), Some(err))
         }
         None => (reason.to_owned(), None),
+    }
+}
+
+/// `code: message`, without repeating the code when the message already starts with it.
+fn describe_error(e: &StepError) -> String {
+    if e.message.starts_with(&e.code) {
+        e.message.clone()
+    } else {
+        format!("{}: {}", e.code, e.message)
+    }
+}
+
+/// How long ago, readable at any scale.
+fn since(t: Instant) -> String {
+    let d = t.elapsed();
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        secs(d)
     }
 }
 
@@ -409,7 +431,7 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total as u64);
             let style = ProgressStyle::with_template(
-                "  {spinner:.green} {elapsed:>4} [{bar:32.cyan/blue}] {pos:>5}/{len} finished  {msg}",
+                "  {spinner:.green} {elapsed:>3} [{bar:24.cyan/blue}] {pos:>4}/{len}  {wide_msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("█▉▊▋▌▍▎▏ ");
@@ -436,7 +458,7 @@ impl Progress {
                     String::new()
                 } else {
                     format!(
-                        "   (submitted {}/{})",
+                        "  · submitted {}/{}",
                         t.runs.len() + t.rejected.len(),
                         self.total
                     )
@@ -479,10 +501,9 @@ fn alert_line(t: &Tracker, a: &AlertRow) -> String {
     let who = a
         .run_id
         .map_or_else(|| "engine".to_owned(), |id| t.name(id));
-    let step = a.step.as_deref().unwrap_or("-");
     let (head, err) = split_reason(&a.reason);
-    let why = err.unwrap_or(head);
-    format!("  ⚠ alert: {who} stopped at step {step} ({why}); it waits for an operator")
+    let why = err.map(|e| format!(" ({e})")).unwrap_or_default();
+    format!("  ⚠ alert: {who}: {head}{why}; it waits for an operator")
 }
 
 enum PhaseEnd {
@@ -580,9 +601,8 @@ async fn run_orders(
     if !matches!(end, PhaseEnd::AllTerminal) {
         submitter.abort();
     }
-    match submitter.await {
-        Ok(Err(e)) => return Err(format!("submitting orders failed: {e}").into()),
-        Ok(Ok(())) | Err(_) => {}
+    if let Ok(Err(e)) = submitter.await {
+        return Err(format!("submitting orders failed: {e}").into());
     }
     Ok(end)
 }
@@ -624,7 +644,8 @@ async fn operator_act(
         "  {}:",
         plural(mine.len() as u64, "open alert", "open alerts")
     );
-    for a in &mine {
+    const DETAILED: usize = 5;
+    for a in mine.iter().take(DETAILED) {
         let (head, err) = split_reason(&a.reason);
         let run = a.run_id.map_or_else(String::new, |id| {
             format!("{} · run {}", tracker.name(id), short_id(id))
@@ -641,6 +662,15 @@ async fn operator_act(
         println!("        attempts    {}", a.attempts);
         println!("        actions     {}", a.actions.join(" · "));
     }
+    if mine.len() > DETAILED {
+        println!();
+        for a in mine.iter().skip(DETAILED) {
+            println!(
+                "{}",
+                alert_line(tracker, a).replace("  ⚠ alert: ", &format!("  ⚠ #{:<3} ", a.id))
+            );
+        }
+    }
     println!();
     if refund_script_left == 0 {
         println!(
@@ -655,6 +685,13 @@ async fn operator_act(
 
     let mut runs: Vec<Uuid> = mine.iter().filter_map(|a| a.run_id).collect();
     runs.dedup();
+    // The run whose story is told: the one hit by the planted refusal, else the first.
+    let showcase = mine
+        .iter()
+        .find(|a| a.reason.contains("(scripted)"))
+        .or_else(|| mine.first())
+        .and_then(|a| a.run_id);
+    let mut told = None;
     for id in runs {
         let name = tracker.name(id);
         let started = Instant::now();
@@ -692,15 +729,20 @@ async fn operator_act(
                 println!(
                     "  {mark} {name} is {}{did}, {} after the fix",
                     run.state,
-                    secs(started.elapsed())
+                    since(started)
                 );
-                println!();
-                println!("  The story of {name}:");
-                for line in story(&history) {
-                    println!("    {line}");
+                if Some(id) == showcase {
+                    told = Some((name, history));
                 }
             }
             Err(e) => println!("  ✘ {name} did not settle after the resume: {e}"),
+        }
+    }
+    if let Some((name, history)) = told {
+        println!();
+        println!("  The story of {name}:");
+        for line in story(&history) {
+            println!("    {line}");
         }
     }
     Ok(())
@@ -717,33 +759,38 @@ fn story(history: &[HistoryRow]) -> Vec<String> {
             .detail
             .as_deref()
             .and_then(|d| serde_json::from_str::<StepError>(d).ok())
-            .map(|e| format!(" — {}: {}", e.code, e.message))
+            .map(|e| format!(" — {}", describe_error(&e)))
             .unwrap_or_default();
+        let from = h.from_state.as_deref().unwrap_or("");
         let to = h.to_state.as_deref().unwrap_or("");
-        let what = match h.event.as_str() {
-            "submitted" => "submitted".to_owned(),
-            "state" if h.step.is_none() => format!("run is {to}"),
-            "state" => match to {
-                "ready" => "queued".to_owned(),
-                "compensation_ready" => format!("compensation queued ({})", undo_of(step)),
-                "skipped" => "skipped".to_owned(),
-                other => other.to_owned(),
-            },
-            "completed" if to == "compensated" => format!("compensated ({} done)", undo_of(step)),
-            "completed" => "completed".to_owned(),
-            "retry" => format!(
-                "attempt {} failed, retry scheduled{err}",
-                h.attempt.unwrap_or(0)
+        let undo = undo_of(step);
+        let attempt = h.attempt.unwrap_or(0);
+        let what = match (h.event.as_str(), to) {
+            ("submitted", _) => "submitted".to_owned(),
+            ("state", _) if h.step.is_none() => format!("→ {to}"),
+            ("state", "ready") => "queued".to_owned(),
+            ("state", "compensation_ready") => format!("compensation queued: {undo}"),
+            ("state", other) => other.to_owned(),
+            ("completed", "compensated") => format!("compensated: {undo} done"),
+            ("completed", _) => format!("completed (attempt {attempt})"),
+            ("retry", _) if from == "compensating" => {
+                format!("{undo} attempt {attempt} failed, retry scheduled{err}")
+            }
+            ("retry", _) => format!("attempt {attempt} failed, retry scheduled{err}"),
+            ("timeout", "failed" | "compensation_failed") => {
+                format!("attempt {attempt} timed out; the supervisor failed it at the threshold")
+            }
+            ("timeout", _) => format!(
+                "attempt {attempt} timed out; the supervisor re-queued it with a longer deadline"
             ),
-            "timeout" => format!(
-                "attempt {} timed out; supervisor: {to}",
-                h.attempt.unwrap_or(0)
-            ),
-            "failed" => format!("failed{err}"),
-            e if e.starts_with("operator_") => {
+            ("failed", "compensation_failed") => {
+                format!("compensation failed: {undo} refused{err}")
+            }
+            ("failed", _) => format!("failed{err}"),
+            (e, _) if e.starts_with("operator_") => {
                 format!("operator: {}", e.trim_start_matches("operator_"))
             }
-            other => format!("{other} {to}"),
+            (other, _) => format!("{other} {from} → {to}"),
         };
         out.push(format!("{at}  {step:<14} {what}"));
     }
@@ -917,7 +964,10 @@ fn print_summary(
         "Alerts raised",
         f.alerts,
         if f.operator_actions > 0 {
-            format!("{} operator action(s)", f.operator_actions)
+            format!(
+                "resolved by {}",
+                plural(f.operator_actions, "operator action", "operator actions")
+            )
         } else {
             String::new()
         },
@@ -956,6 +1006,8 @@ fn print_summary(
     for (order, id) in &tracker.runs {
         let status = net.orders.get(&order.order_id).copied();
         let expected = match finals.get(id) {
+            // Already reported among the net-consistency violations.
+            _ if status == Some(OrderStatus::Inconsistent) => true,
             Some(RunState::Completed) => matches!(status, Some(OrderStatus::Shipped)),
             Some(RunState::Compensated) => {
                 matches!(
@@ -967,8 +1019,15 @@ fn print_summary(
         };
         if !expected {
             let state = finals.get(id).map_or("?", |s| s.as_str());
+            let says = match status {
+                Some(OrderStatus::Shipped) => "it shipped",
+                Some(OrderStatus::Compensated) => "it was undone",
+                Some(OrderStatus::Untouched) => "nothing was applied",
+                Some(OrderStatus::Inconsistent) => "it is inconsistent",
+                None => "nothing about it",
+            };
             disagree.push(format!(
-                "{} is {state} but the ledger says {status:?}",
+                "{} is {state} but the ledger says {says}",
                 order.order_id
             ));
         }
@@ -1046,7 +1105,7 @@ async fn demo(
 ) -> AnyResult<ExitCode> {
     let n = args.orders as usize;
     let orders: Vec<Order> = (1..=n).map(Order::sample).collect();
-    let timeout = Duration::from_secs(120 + n as u64 / 10);
+    let timeout = Duration::from_secs(args.timeout_secs.unwrap_or(120 + n as u64 / 10));
     let mut tracker = Tracker::new();
 
     println!();

@@ -20,6 +20,7 @@ pub(super) async fn run(
     reply: mpsc::Sender<AgentResponse>,
 ) {
     let mut streak = ErrorStreak::default();
+    let mut claimed_at;
     loop {
         // Wait for one free slot, then take as many more as are free (up to a batch).
         let first = tokio::select! {
@@ -36,6 +37,7 @@ pub(super) async fn run(
         let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
         let claimed = match s.store.step_claim(&s.config.owner, &s.keys, limit).await {
             Ok(c) => {
+                claimed_at = Instant::now();
                 streak.succeeded("claiming steps");
                 c
             }
@@ -71,7 +73,7 @@ pub(super) async fn run(
             }
         };
         for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
-            match request(&s, &cancel, c, &inputs) {
+            match request(&s, &cancel, c, &inputs, claimed_at) {
                 Ok(request) => {
                     if agents
                         .send(Dispatch {
@@ -85,8 +87,9 @@ pub(super) async fn run(
                         return;
                     }
                 }
-                Err((lease, error)) => {
+                Err(failed) => {
                     // Answer on the agent's behalf: the step cannot even start.
+                    let (lease, error) = *failed;
                     drop(permit);
                     let _ = reply
                         .send(AgentResponse {
@@ -109,7 +112,8 @@ fn request(
     cancel: &CancellationToken,
     c: ClaimedStep,
     inputs: &crate::store::StepInputs,
-) -> Result<AgentRequest, (StepLease, StepError)> {
+    claimed_at: Instant,
+) -> Result<AgentRequest, Box<(StepLease, StepError)>> {
     let lease = StepLease {
         step_id: c.id,
         run_id: c.run_id,
@@ -121,7 +125,9 @@ fn request(
         max_failures: c.max_failures,
         owner: s.config.owner.clone(),
     };
-    let fail = |lease: StepLease, e: Error| (lease, StepError::terminal("engine", e.to_string()));
+    let fail = |lease: StepLease, e: Error| {
+        Box::new((lease, StepError::terminal("engine", e.to_string())))
+    };
     let Some(wf) = s.registry.by_key(&c.workflow_key) else {
         return Err(fail(lease, Error::WorkflowNotFound(c.workflow_key)));
     };
@@ -191,7 +197,7 @@ fn request(
         &c.name,
         u32::try_from(c.attempt).unwrap_or(0),
         &key,
-        Instant::now() + remaining,
+        claimed_at + remaining,
         cancel.child_token(),
         input,
         Arc::new(deps),

@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{ErrorStreak, Scheduler, pause};
@@ -21,12 +24,33 @@ pub(super) async fn run(
 ) {
     let mut streak = ErrorStreak::default();
     let mut batch = Vec::with_capacity(s.config.complete_batch);
+    // When the earliest retry written by this loop becomes due: the claim loop is woken then
+    // rather than at its next idle poll.
+    let mut retry_due: Option<Instant> = None;
     loop {
+        let due = retry_due;
         tokio::select! {
             n = rx.recv_many(&mut batch, s.config.complete_batch) => if n == 0 { return },
+            () = async { if let Some(t) = due { tokio::time::sleep_until(t).await } else { std::future::pending().await } } => {
+                retry_due = None;
+                s.hub.claim.notify_one();
+                continue;
+            }
             () = cancel.cancelled() => return,
         }
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| decide(&s, r)).collect();
+        let soonest = finishes
+            .iter()
+            .filter_map(|f| match f.kind {
+                StepFinishKind::Retry { delay_ms, .. } => Some(delay_ms),
+                _ => None,
+            })
+            .min()
+            .map(|ms| Instant::now() + Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+        retry_due = match (retry_due, soonest) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
             match s.store.step_finish_batch(&finishes).await {

@@ -1,6 +1,6 @@
 //! The evaluation loop: runs marked dirty → planner → writes, alerts, events.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,13 +15,16 @@ use crate::store::NewAlert;
 
 /// Runs evaluated per poll.
 const EVAL_BATCH: u32 = 128;
+/// How long a run whose evaluation failed on bad data is left alone before another try.
+const POISON_RETRY: Duration = Duration::from_secs(60);
 /// How often to look for unfinished runs of versions this engine does not have.
 const VERSION_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
     let mut streak = ErrorStreak::default();
-    // Runs whose evaluation failed on bad data: alerted once, not retried in a hot loop.
-    let mut poisoned: HashSet<Uuid> = HashSet::new();
+    // Runs whose evaluation failed on bad data: alerted once, retried after POISON_RETRY (the
+    // operator may have repaired them), never in a hot loop.
+    let mut poisoned: HashMap<Uuid, tokio::time::Instant> = HashMap::new();
     let mut last_version_check: Option<tokio::time::Instant> = None;
     loop {
         if last_version_check.is_none_or(|t| t.elapsed() >= VERSION_CHECK_EVERY) {
@@ -43,16 +46,17 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
                 continue;
             }
         };
+        poisoned.retain(|_, since| since.elapsed() < POISON_RETRY);
         let dirty: Vec<Uuid> = dirty
             .into_iter()
-            .filter(|id| !poisoned.contains(id))
+            .filter(|id| !poisoned.contains_key(id))
             .collect();
         let mut progressed = false;
         for id in &dirty {
             match evaluate_one(&s, *id).await {
                 Ok(p) => progressed |= p,
                 Err(e @ Error::CorruptRow { .. }) => {
-                    poisoned.insert(*id);
+                    poisoned.insert(*id, tokio::time::Instant::now());
                     raise(&s, corrupt_alert(*id, &e)).await;
                 }
                 Err(e) => {
@@ -133,7 +137,7 @@ async fn check_versions(s: &Scheduler) -> Result<(), Error> {
                      they are left untouched until an engine with that version runs"
                 ),
                 attempts: 0,
-                actions: vec!["deploy an engine that registers this version".into()],
+                actions: vec!["deploy an engine that registers this version".into(), "resolve_alert".into()],
                 open_key: Some(format!("unknown_version:{key}")),
             },
         )
@@ -149,7 +153,11 @@ fn corrupt_alert(id: Uuid, e: &Error) -> NewAlert {
         kind: "corrupt_row".into(),
         reason: format!("run cannot be evaluated: {e}"),
         attempts: 0,
-        actions: vec!["inspect and repair the run's rows, then resume".into()],
+        actions: vec![
+            "inspect and repair the run's rows; the engine re-evaluates the run every minute"
+                .into(),
+            "resolve_alert".into(),
+        ],
         open_key: Some(format!("corrupt_row:{id}")),
     }
 }

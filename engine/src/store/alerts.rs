@@ -124,6 +124,21 @@ impl Store {
         rows.iter().map(AlertRow::decode).collect()
     }
 
+    /// Resolves one open alert; returns whether it was open.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn alert_resolve(&self, id: i64) -> Result<bool> {
+        let res = self
+            .db
+            .execute_raw(self.stmt(
+                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE id = $1 AND resolved_at IS NULL",
+                vec![id.into()],
+            ))
+            .await?;
+        Ok(res.rows_affected() == 1)
+    }
+
     pub(super) async fn alert_resolve_run<C: ConnectionTrait>(
         &self,
         conn: &C,

@@ -499,8 +499,8 @@ impl Store {
         })
     }
 
-    /// Deletes finished runs (and their history and alerts) that finished before
-    /// `finished_before` (epoch ms, DB clock): the retention policy. Returns how many runs.
+    /// Deletes finished runs (and their history and alerts) that finished more than
+    /// `older_than_ms` ago (DB clock): the retention policy. Returns how many runs.
     ///
     /// # Errors
     /// [`Error::Db`].

@@ -153,14 +153,21 @@ impl Store {
     }
 
     /// Writes a batch of attempt results in one transaction. Each write is fenced by
-    /// `(id, state, attempt, locked_by)`; a write that matches no row lost its lease (the
-    /// supervisor re-queued the step, another attempt owns it) and is dropped. Returns, per
+    /// `(id, state, attempt, locked_by)` and by `complete_by` not having passed (SAS-3: an
+    /// answer after the deadline counts as a failure); a write that matches no row lost its
+    /// lease (the deadline passed, the supervisor re-queued the step, another attempt owns
+    /// it) and is dropped. Returns, per
     /// item, whether it was applied. Every applied write marks its run for evaluation.
     ///
     /// # Errors
     /// [`Error::Db`].
     pub async fn step_finish_batch(&self, items: &[StepFinish]) -> Result<Vec<bool>> {
         let txn = self.db.begin().await?;
+        // Lock order: runs first (sorted), then steps, as the evaluation does; otherwise a
+        // completion and an evaluation of the same run could deadlock on PostgreSQL. Marking
+        // a run whose write turns out to be dropped costs one idle evaluation.
+        self.runs_mark_dirty(&txn, items.iter().map(|i| i.run_id))
+            .await?;
         let mut applied = Vec::with_capacity(items.len());
         for it in items {
             let compensation = it.state == StepState::Compensating;
@@ -197,7 +204,7 @@ impl Store {
             };
             let sql = format!(
                 "UPDATE sagaflow_steps SET state = $1, locked_by = NULL, complete_by = NULL, updated_at = {{now}}, {set} \
-                 WHERE id = $2 AND state = $3 AND attempt = $4 AND locked_by = $5"
+                 WHERE id = $2 AND state = $3 AND attempt = $4 AND locked_by = $5 AND complete_by > {{now}}"
             );
             let mut vals: Vec<Value> = vec![
                 to.as_str().into(),
@@ -233,18 +240,12 @@ impl Store {
                 detail.as_deref(),
             )
             .await?;
-            txn.execute_raw(self.stmt(
-                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {now} WHERE id = $1",
-                vec![it.run_id.into()],
-            ))
-            .await?;
         }
         txn.commit().await?;
         Ok(applied)
     }
 
-    /// Running steps whose deadline has passed, oldest deadline first, after `after_id`
-    /// (keyset paging by id within one sweep).
+    /// Running steps whose deadline has passed, oldest deadline first.
     ///
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
@@ -263,14 +264,16 @@ impl Store {
 
     /// Applies the supervisor's decisions for expired steps in one transaction, fenced by the
     /// leader lease: if `fence` no longer holds the lease, nothing is written and
-    /// [`Error::ActionNotAllowed`] is returned. Each write also re-checks that the step is
+    /// [`crate::Error::LeaseLost`] is returned. Each write also re-checks that the step is
     /// still the same expired attempt.
     ///
     /// # Errors
-    /// [`Error::Db`]; [`Error::ActionNotAllowed`] when the lease was lost.
+    /// [`crate::Error::Db`]; [`crate::Error::LeaseLost`] when the lease was lost.
     pub async fn step_rescue(&self, fence: &LeaderFence, items: &[Rescue]) -> Result<RescueCounts> {
         let txn = self.db.begin().await?;
         self.fence_check(&txn, fence).await?;
+        self.runs_mark_dirty(&txn, items.iter().map(|r| r.step.run_id))
+            .await?;
         let actor = fence.actor();
         let mut counts = RescueCounts::default();
         for r in items {
@@ -327,11 +330,6 @@ impl Store {
                 Some(&detail),
             )
             .await?;
-            txn.execute_raw(self.stmt(
-                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {now} WHERE id = $1",
-                vec![s.run_id.into()],
-            ))
-            .await?;
         }
         txn.commit().await?;
         Ok(counts)
@@ -353,5 +351,27 @@ impl Store {
             .map(|r| r.try_get::<i64>("", "n"))
             .transpose()?
             .unwrap_or(0))
+    }
+}
+
+impl Store {
+    /// Marks runs for evaluation, in id order (a stable lock order across transactions).
+    async fn runs_mark_dirty<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        runs: impl Iterator<Item = Uuid>,
+    ) -> Result<()> {
+        let mut ids: Vec<Uuid> = runs.collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for chunk in ids.chunks(500) {
+            let sql = format!(
+                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id IN ({})",
+                placeholders(1, chunk.len())
+            );
+            conn.execute_raw(self.stmt(&sql, chunk.iter().map(|&i| i.into()).collect()))
+                .await?;
+        }
+        Ok(())
     }
 }

@@ -107,7 +107,7 @@ async fn a_hung_agent_is_requeued_with_a_longer_deadline_and_its_effect_applied_
         let report = rig
             .services
             .ledger()
-            .check_orders(&[order.order_id.clone()]);
+            .check_orders(std::slice::from_ref(&order.order_id));
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         assert_eq!(report.applied.ship, 1, "[{}] shipped once", db.backend);
         let ship = rig.services.ledger().records_for_order(&order.order_id);
@@ -184,7 +184,7 @@ async fn a_terminal_failure_compensates_what_completed() {
         let report = rig
             .services
             .ledger()
-            .check_orders(&[order.order_id.clone()]);
+            .check_orders(std::slice::from_ref(&order.order_id));
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         assert_eq!((report.applied.reserve, report.applied.release), (1, 1));
         assert_eq!(

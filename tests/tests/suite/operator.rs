@@ -107,6 +107,17 @@ async fn resume_retries_a_failed_compensation_until_the_run_is_compensated() {
         let engine = engine(&db, vec![wf]).await;
         let id = engine.start("heal", &()).await.expect("start");
         expect_state(&engine, id, RunState::Error, db.backend).await;
+        // c failed forward, but the run was compensating: running c forward again is refused.
+        let err = engine
+            .operator()
+            .retry_step(id, "c")
+            .await
+            .expect_err("forward retry while compensating");
+        assert!(
+            matches!(err, Error::ActionNotAllowed { .. })
+                && err.to_string().contains("compensating"),
+            "{err}"
+        );
         healed.store(true, Ordering::SeqCst);
         assert_eq!(
             engine.operator().resume(id).await.expect("resume"),
