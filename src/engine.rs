@@ -403,6 +403,16 @@ impl Operator<'_> {
         Ok(self.after(a))
     }
 
+    /// Records that the effect of `step` was undone by hand after its compensation failed;
+    /// the run goes on compensating the remaining steps.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn mark_compensated(&self, run_id: Uuid, step: &str) -> Result<RunState> {
+        let a = operator::mark_compensated(&self.engine.inner.store, run_id, step).await?;
+        Ok(self.after(a))
+    }
+
     /// Marks an alert resolved (e.g. an `unknown_version` alert once the version is deployed).
     /// Returns whether an open alert was resolved.
     ///

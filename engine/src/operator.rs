@@ -159,3 +159,47 @@ pub async fn resume(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
         })
         .await
 }
+
+/// Records that an operator undid a step's effect by hand (e.g. refunded outside the system)
+/// after its compensation failed: `CompensationFailed → Compensated`, and the run resumes
+/// compensating the rest.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is in `Error` and the step is
+/// `CompensationFailed`; [`Error::RunNotFound`]; [`Error::Db`].
+pub async fn mark_compensated(store: &Store, run_id: Uuid, step: &str) -> Result<EvalApplied> {
+    store
+        .run_operate(run_id, |run, steps| {
+            if run.state != RunState::Error {
+                return Err(not_allowed(
+                    "mark a step compensated in",
+                    run,
+                    format!("the run is {}, not error", run.state),
+                ));
+            }
+            let s = steps
+                .iter()
+                .find(|s| s.name == step && s.state == StepState::CompensationFailed)
+                .ok_or_else(|| {
+                    not_allowed(
+                        "mark a step compensated in",
+                        run,
+                        format!("step `{step}` has no failed compensation"),
+                    )
+                })?;
+            Ok(PlanWrite {
+                steps: vec![StepWrite {
+                    id: s.id,
+                    name: s.name.clone(),
+                    from: s.state,
+                    to: StepState::Compensated,
+                }],
+                run_state: Some(RunState::Compensating),
+                resolve_alerts: true,
+                event: "operator_mark_compensated",
+                detail: Some(format!("{{\"step\":\"{step}\"}}")),
+                ..PlanWrite::default()
+            })
+        })
+        .await
+}

@@ -27,7 +27,7 @@ use crate::store::{NewAlert, PlanWrite, RunRow, StepRow, StepWrite};
 use crate::{Error, Result, RunState, StepState};
 
 /// Actions an operator can take on a run in `Error`, as listed in alerts.
-pub const OPERATOR_ACTIONS: [&str; 3] = ["retry_step", "compensate", "resume"];
+pub const OPERATOR_ACTIONS: [&str; 4] = ["retry_step", "compensate", "resume", "mark_compensated"];
 
 /// Decides the writes that advance `run`.
 ///

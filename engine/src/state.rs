@@ -28,17 +28,19 @@ pub enum StepState {
     Completed,
     /// Failed terminally or past its failure threshold. Moved back to `Ready` only by an
     /// operator retry; moved to `CompensationReady` by the evaluator when the failure left the
-    /// remote effect possibly applied (a timeout) and the step has a compensation.
+    /// remote effect possibly applied (a timeout, or an output too large to store) and the step
+    /// has a compensation.
     Failed,
     /// Its compensation is queued. Moved to `Compensating` by a scheduler's claim.
     CompensationReady,
     /// Its compensation is running under a deadline. Moved like `Running`, to
     /// `Compensated`, `CompensationReady` or `CompensationFailed`.
     Compensating,
-    /// Its compensation finished. Final.
+    /// Its compensation finished (or an operator undid the effect by hand). Final.
     Compensated,
     /// Its compensation failed terminally or exhausted its retries; the run is in `Error`.
-    /// Moved back to `CompensationReady` only by an operator action.
+    /// Moved by an operator: back to `CompensationReady` (retry, resume) or to `Compensated`
+    /// (undone by hand).
     CompensationFailed,
     /// Never ran because the run compensated first. Final.
     Skipped,

@@ -4,7 +4,7 @@
 //! applied twice and every saga ended net-consistent.
 //!
 //! ```text
-//! cargo run --release --bin sagaflow-demo -- --orders 200
+//! cargo run --release -p sagaflow-workflows --bin sagaflow-demo -- --orders 200
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -36,7 +36,7 @@ type AnyResult<T> = Result<T, AnyError>;
 /// Runs N order sagas (reserve stock → charge card → ship) through injected transient
 /// errors, hung calls and permanent refusals, then shows what the engine did about them.
 #[derive(Debug, Parser)]
-#[command(name = "sagaflow-demo", version, about, long_about = None)]
+#[command(name = "sagaflow-demo", version)]
 struct Args {
     /// Number of orders (one saga run each).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -339,6 +339,14 @@ impl Tally {
         }
     }
 
+    /// Fits next to the progress bar on an 80-column terminal.
+    fn compact(&self) -> String {
+        format!(
+            "✔ {} completed  ↺ {} compensated  ✘ {} error",
+            self.completed, self.compensated, self.error
+        )
+    }
+
     fn line(&self) -> String {
         format!(
             "✔ {} completed   ↺ {} compensated   ✘ {} error",
@@ -431,7 +439,7 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total as u64);
             let style = ProgressStyle::with_template(
-                "  {spinner:.green} {elapsed:>3} [{bar:24.cyan/blue}] {pos:>4}/{len}  {wide_msg}",
+                "  {spinner:.green} [{bar:16.cyan/blue}] {pos:>4}/{len} {wide_msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("█▉▊▋▌▍▎▏ ");
@@ -463,7 +471,7 @@ impl Progress {
                         self.total
                     )
                 };
-                bar.set_message(format!("{}{waiting}", tally.line()));
+                bar.set_message(format!("{}{waiting}", tally.compact()));
             }
             None => {
                 while self.next_decile <= 10 && done * 10 >= self.next_decile * self.total {
@@ -1052,8 +1060,17 @@ fn print_summary(
     );
     t.print();
     println!();
-    let check = |good: bool, text: &str| println!("  {} {text}", if good { "✔" } else { "✘" });
-    check(twice.is_empty(), "no effect applied twice");
+    let check = |problems: &[&String], text: &str| {
+        println!("  {} {text}", if problems.is_empty() { "✔" } else { "✘" });
+        const SHOWN: usize = 10;
+        for v in problems.iter().take(SHOWN) {
+            println!("      - {v}");
+        }
+        if problems.len() > SHOWN {
+            println!("      … and {} more", problems.len() - SHOWN);
+        }
+    };
+    check(&twice, "no effect applied twice");
     let mut net_text =
         "every saga net-consistent (reserved ⇒ shipped or released; charged ⇒ shipped or refunded)"
             .to_owned();
@@ -1064,20 +1081,9 @@ fn print_summary(
             plural(waiting as u64, "run", "runs")
         );
     }
-    check(net_violations.is_empty(), &net_text);
-    check(
-        disagree.is_empty(),
-        "ledger agrees with every run's final state",
-    );
-    for v in twice
-        .iter()
-        .chain(&net_violations)
-        .copied()
-        .chain(&disagree)
-        .take(20)
-    {
-        println!("      - {v}");
-    }
+    check(&net_violations, &net_text);
+    let disagree: Vec<&String> = disagree.iter().collect();
+    check(&disagree, "ledger agrees with every run's final state");
     if !twice.is_empty() || !net_violations.is_empty() || !disagree.is_empty() {
         ok = false;
     }

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -16,6 +18,8 @@ use crate::{StepError, StepState};
 /// Attempts to write a batch before leaving it to the supervisor (its leases then expire and
 /// the steps are re-queued; idempotency keys make the re-run safe).
 const WRITE_ATTEMPTS: u32 = 5;
+/// Slack added to a retry's due time before waking the claimer, so the row is due by then.
+const RETRY_WAKE_MARGIN: Duration = Duration::from_millis(5);
 
 pub(super) async fn run(
     s: Arc<Scheduler>,
@@ -24,38 +28,40 @@ pub(super) async fn run(
 ) {
     let mut streak = ErrorStreak::default();
     let mut batch = Vec::with_capacity(s.config.complete_batch);
-    // When the earliest retry written by this loop becomes due: the claim loop is woken then
-    // rather than at its next idle poll.
-    let mut retry_due: Option<Instant> = None;
+    // Due times of the retries this loop wrote: the claim loop is woken when each becomes due
+    // rather than at its next idle poll. Bounded by the number of steps in flight.
+    let mut retries: BinaryHeap<Reverse<Instant>> = BinaryHeap::new();
     loop {
-        let due = retry_due;
+        let next = retries.peek().map(|Reverse(t)| *t);
         tokio::select! {
             n = rx.recv_many(&mut batch, s.config.complete_batch) => if n == 0 { return },
-            () = async { if let Some(t) = due { tokio::time::sleep_until(t).await } else { std::future::pending().await } } => {
-                retry_due = None;
+            () = async { if let Some(t) = next { tokio::time::sleep_until(t).await } else { std::future::pending().await } } => {
+                let now = Instant::now();
+                while retries.peek().is_some_and(|Reverse(t)| *t <= now) {
+                    retries.pop();
+                }
                 s.hub.claim.notify_one();
                 continue;
             }
             () = cancel.cancelled() => return,
         }
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| decide(&s, r)).collect();
-        let soonest = finishes
-            .iter()
-            .filter_map(|f| match f.kind {
-                StepFinishKind::Retry { delay_ms, .. } => Some(delay_ms),
-                _ => None,
-            })
-            .min()
-            .map(|ms| Instant::now() + Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
-        retry_due = match (retry_due, soonest) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let written_at = Instant::now();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
             match s.store.step_finish_batch(&finishes).await {
                 Ok(applied) => {
                     streak.succeeded("writing step results");
+                    // The row's `available_at` was computed by the database during the write,
+                    // so measure from after it, with a margin for clock granularity.
+                    let base = Instant::now().max(written_at) + RETRY_WAKE_MARGIN;
+                    for (f, ok) in finishes.iter().zip(&applied) {
+                        if let (StepFinishKind::Retry { delay_ms, .. }, true) = (&f.kind, ok) {
+                            retries.push(Reverse(
+                                base + Duration::from_millis(u64::try_from(*delay_ms).unwrap_or(0)),
+                            ));
+                        }
+                    }
                     let lost = applied.iter().filter(|a| !**a).count();
                     if lost > 0 {
                         tracing::debug!(lost, "results dropped: their leases were lost (SAS-3)");

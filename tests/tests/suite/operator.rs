@@ -176,3 +176,55 @@ async fn an_operator_can_ask_a_running_run_to_compensate() {
         engine.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_can_record_a_compensation_done_by_hand() {
+    for db in backends().await {
+        let log = Log::default();
+        let wf = chain(
+            &log,
+            "byhand",
+            2000,
+            2,
+            |_| Behave::Ok(2.into()),
+            |_| Behave::Terminal,
+            |_| Behave::Terminal,
+        );
+        let engine = engine(&db, vec![wf]).await;
+        let id = engine.start("byhand", &()).await.expect("start");
+        expect_state(&engine, id, RunState::Error, db.backend).await;
+        assert_eq!(
+            log.count("undo_b:"),
+            1,
+            "a terminal compensation failure is not retried"
+        );
+        let err = engine
+            .operator()
+            .mark_compensated(id, "a")
+            .await
+            .expect_err("a did not fail");
+        assert!(matches!(err, Error::ActionNotAllowed { .. }), "{err}");
+        assert_eq!(
+            engine
+                .operator()
+                .mark_compensated(id, "b")
+                .await
+                .expect("mark"),
+            RunState::Compensating
+        );
+        expect_state(&engine, id, RunState::Compensated, db.backend).await;
+        assert_eq!(
+            log.count("undo_a:"),
+            1,
+            "the rest of the saga was compensated"
+        );
+        assert_eq!(
+            log.count("undo_b:"),
+            1,
+            "b's compensation was not run again"
+        );
+        let h = engine.history(id).await.expect("history");
+        assert!(h.iter().any(|h| h.event == "operator_mark_compensated"));
+        engine.shutdown().await;
+    }
+}
