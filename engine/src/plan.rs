@@ -15,10 +15,13 @@
 //! Compensation (reverse topological order): queued steps are skipped; a completed step with
 //! a compensation becomes `CompensationReady` once every step that depends on it is settled
 //! (never ran, failed, compensated, or has nothing to undo). A step that failed with an
-//! *unknown outcome* (its last attempt timed out, so the remote side may have applied the
-//! effect and the answer was lost) is compensated too; its compensation sees no output and
-//! must cope with "maybe nothing to undo", or fail, which puts the run in `Error` with an
-//! alert rather than leaving a silent inconsistency. Running steps are waited for:
+//! *unknown outcome* (`maybe_applied`: one of its attempts timed out, so the remote side may
+//! have applied the effect and the answer was lost) is compensated too; its compensation sees
+//! no output and must find out (e.g. replay the forward call under
+//! [`StepContext::forward_idempotency_key`](crate::StepContext::forward_idempotency_key)) or
+//! fail, which puts the run in `Error` with an alert rather than leaving a silent
+//! inconsistency. A *pivot* with an unknown outcome is not compensated at all: the run stops
+//! in `Error` for an operator. Running steps are waited for:
 //! when they complete they are compensated too. The run is `Compensated` when nothing is left
 //! to undo, or `Error` when a compensation exhausted its retries.
 
@@ -58,9 +61,7 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
     }
     let unknown: Vec<bool> = row_of
         .iter()
-        .map(|r| {
-            r.is_some_and(|r| r.state == StepState::Failed && outcome_unknown(r.error.as_deref()))
-        })
+        .map(|r| r.is_some_and(|r| r.state == StepState::Failed && r.maybe_applied))
         .collect();
     let mut plan = PlanWrite::default();
     let mut set = |plan: &mut PlanWrite, states: &mut Vec<StepState>, i: usize, to: StepState| {
@@ -83,6 +84,23 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
                 });
                 let row = row_of[f];
                 plan.run_error = row.and_then(|r| r.error.clone());
+                if wf.steps[f].kind == StepKind::Pivot && unknown[f] {
+                    // The point of no return may have been passed: compensating could undo a
+                    // saga whose pivot took effect. Retrying with the same idempotency key
+                    // tells which; an operator decides.
+                    plan.run_state = Some(RunState::Error);
+                    plan.alert = Some(run_alert(
+                        run,
+                        &wf.steps[f].name,
+                        row,
+                        format!(
+                            "pivot `{}` may have taken effect (an attempt timed out); retry it to \
+                             learn the outcome (same idempotency key) or compensate",
+                            wf.steps[f].name
+                        ),
+                    ));
+                    return Ok(plan);
+                }
                 if pivot_done || wf.steps[f].kind == StepKind::Retriable {
                     plan.run_state = Some(RunState::Error);
                     plan.alert = Some(run_alert(
@@ -140,14 +158,6 @@ pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWri
         RunState::Completed | RunState::Compensated | RunState::Error => {}
     }
     Ok(plan)
-}
-
-/// Whether the step's last failure leaves its remote effect possibly applied: a timeout (the
-/// answer may have been lost), or an output too large to store (the effect happened).
-fn outcome_unknown(error: Option<&str>) -> bool {
-    error
-        .and_then(|e| serde_json::from_str::<crate::StepError>(e).ok())
-        .is_some_and(|e| matches!(e.code.as_str(), "timeout" | "output_too_large"))
 }
 
 fn needs_compensation(wf: &Workflow, states: &[StepState], unknown: &[bool], i: usize) -> bool {

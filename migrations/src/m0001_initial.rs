@@ -52,6 +52,7 @@ const SCHEMA: &[&str] = &[
         available_at BIGINT NULL,
         attempt INTEGER NOT NULL DEFAULT 0,
         failure_count INTEGER NOT NULL DEFAULT 0,
+        maybe_applied BOOLEAN NOT NULL DEFAULT FALSE,
         max_failures INTEGER NOT NULL,
         deadline_ms BIGINT NOT NULL,
         initial_deadline_ms BIGINT NOT NULL,

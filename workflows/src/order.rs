@@ -2,7 +2,9 @@
 //!
 //! `reserve_stock` and `charge_card` are compensatable (release, refund). `ship` is the pivot:
 //! once a parcel left, nothing is undone; if shipping fails for good, the charge is refunded
-//! and the stock released, in that order. Every remote call carries the step's idempotency
+//! and the stock released, in that order. A compensation of a step whose outcome is unknown
+//! (it timed out, so it may have applied) replays the forward call under the forward step's
+//! idempotency key to learn what to undo. Every remote call carries the step's idempotency
 //! key, so a retried or re-run step never applies its effect twice.
 
 use std::sync::Arc;
@@ -140,13 +142,32 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
         .compensate(move |ctx: StepContext| {
             let inv = inv2.clone();
             async move {
-                let r: Reservation = ctx.output()?;
+                let r: Reservation = match ctx.output() {
+                    Ok(r) => r,
+                    // Outcome unknown (an attempt timed out): replaying the reservation under
+                    // its own key returns what was reserved, if anything, without reserving
+                    // twice.
+                    Err(_) => {
+                        let o: Order = ctx.input()?;
+                        let req = ReserveRequest {
+                            order_id: o.order_id,
+                            sku: o.sku,
+                            qty: o.qty,
+                        };
+                        match inv.reserve(ctx.forward_idempotency_key(), req).await {
+                            Ok(r) => r,
+                            Err(ServiceError::Permanent(_)) => return Ok(None),
+                            Err(e) => return Err(step_error(e)),
+                        }
+                    }
+                };
                 let req = ReleaseRequest {
                     order_id: r.order_id,
                     reservation_id: r.reservation_id,
                 };
                 inv.release(ctx.idempotency_key(), req)
                     .await
+                    .map(Some)
                     .map_err(step_error)
             }
         })
@@ -168,13 +189,29 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
         .compensate(move |ctx: StepContext| {
             let pay = pay2.clone();
             async move {
-                let c: Charge = ctx.output()?;
+                let c: Charge = match ctx.output() {
+                    Ok(c) => c,
+                    // Outcome unknown: replay the charge under its key to learn it.
+                    Err(_) => {
+                        let o: Order = ctx.input()?;
+                        let req = ChargeRequest {
+                            order_id: o.order_id,
+                            amount_cents: o.amount_cents,
+                        };
+                        match pay.charge(ctx.forward_idempotency_key(), req).await {
+                            Ok(c) => c,
+                            Err(ServiceError::Permanent(_)) => return Ok(None),
+                            Err(e) => return Err(step_error(e)),
+                        }
+                    }
+                };
                 let req = RefundRequest {
                     order_id: c.order_id,
                     charge_id: c.charge_id,
                 };
                 pay.refund(ctx.idempotency_key(), req)
                     .await
+                    .map(Some)
                     .map_err(step_error)
             }
         })

@@ -51,6 +51,7 @@ pub struct StepContext {
     pub(crate) step: Arc<str>,
     pub(crate) attempt: u32,
     pub(crate) idempotency_key: Arc<str>,
+    pub(crate) forward_key: Arc<str>,
     pub(crate) deadline: Instant,
     pub(crate) cancel: CancellationToken,
     pub(crate) input: Arc<serde_json::Value>,
@@ -83,11 +84,13 @@ impl StepContext {
         deps: Arc<BTreeMap<String, serde_json::Value>>,
         output: Option<Arc<serde_json::Value>>,
     ) -> Self {
+        let idempotency_key: Arc<str> = idempotency_key.into();
         Self {
             run_id,
             step: step.into(),
             attempt,
-            idempotency_key: idempotency_key.into(),
+            forward_key: idempotency_key.clone(),
+            idempotency_key,
             deadline,
             cancel,
             input,
@@ -115,6 +118,20 @@ impl StepContext {
     /// for other steps, runs and for the compensation (SAS-2). Pass it to the remote service.
     pub fn idempotency_key(&self) -> &str {
         &self.idempotency_key
+    }
+
+    /// The idempotency key of the forward step. In a compensation of a step whose outcome is
+    /// unknown (no output: an attempt timed out), replaying the forward call under this key
+    /// tells whether it took effect, without applying it twice.
+    pub fn forward_idempotency_key(&self) -> &str {
+        &self.forward_key
+    }
+
+    /// Sets the forward step's key (the scheduler does, for compensations).
+    #[must_use]
+    pub fn with_forward_key(mut self, key: &str) -> Self {
+        self.forward_key = key.into();
+        self
     }
 
     /// Time left before the deadline (zero once it passed).

@@ -58,6 +58,7 @@ fn rows(states: &[(&str, StepState)]) -> Vec<StepRow> {
             attempt: 1,
             failure_count: 0,
             max_failures: 3,
+            maybe_applied: false,
             deadline_ms: 1000,
             idempotency_key: format!("k-{name}"),
             output: (*state == StepState::Completed).then(|| "1".to_string()),
@@ -352,7 +353,7 @@ fn a_step_that_timed_out_for_good_is_compensated_because_its_outcome_is_unknown(
         ("d", Skipped),
         ("c", NotStarted),
     ]);
-    r[1].error = Some(StepError::timeout(500).to_json());
+    r[1].maybe_applied = true;
     let p = evaluate(&wf, &run(RunState::Running), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Compensating));
     // b first (it may have applied its effect), a only after b is settled.
@@ -371,5 +372,28 @@ fn a_step_that_timed_out_for_good_is_compensated_because_its_outcome_is_unknown(
     assert_eq!(
         moves(&p),
         vec![("a".into(), CompensationReady), ("c".into(), Skipped)]
+    );
+}
+
+#[test]
+fn a_pivot_whose_outcome_is_unknown_stops_in_error_instead_of_compensating() {
+    let wf = Workflow::builder("p", 1)
+        .step("reserve", noop())
+        .compensate(noop())
+        .step("ship", noop())
+        .after(["reserve"])
+        .pivot()
+        .build()
+        .expect("valid");
+    let mut r = rows(&[("reserve", Completed), ("ship", Failed)]);
+    r[1].maybe_applied = true;
+    let p = evaluate(&wf, &run(RunState::Running), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Error));
+    assert!(p.steps.is_empty(), "nothing compensated: {:?}", moves(&p));
+    assert!(
+        p.alert
+            .expect("alert")
+            .reason
+            .contains("may have taken effect")
     );
 }

@@ -202,7 +202,8 @@ fn request(
         input,
         Arc::new(deps),
         output,
-    );
+    )
+    .with_forward_key(&c.idempotency_key);
     Ok(AgentRequest {
         lease,
         action,

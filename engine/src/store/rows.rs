@@ -79,6 +79,9 @@ pub struct StepRow {
     pub failure_count: i32,
     /// Failure threshold.
     pub max_failures: i32,
+    /// Whether a forward attempt may have taken effect without the engine learning its
+    /// result (an attempt timed out, or its output was too large to store). Sticky.
+    pub maybe_applied: bool,
     /// Current deadline length in ms.
     pub deadline_ms: i64,
     /// Idempotency key of the forward step.
@@ -90,7 +93,7 @@ pub struct StepRow {
 }
 
 pub(super) const STEP_COLS: &str = "id, run_id, name, state, locked_by, complete_by, available_at, attempt, \
-     failure_count, max_failures, deadline_ms, idempotency_key, output, error";
+     failure_count, max_failures, maybe_applied, deadline_ms, idempotency_key, output, error";
 
 impl StepRow {
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
@@ -109,6 +112,7 @@ impl StepRow {
             attempt: r.try_get("", "attempt")?,
             failure_count: r.try_get("", "failure_count")?,
             max_failures: r.try_get("", "max_failures")?,
+            maybe_applied: r.try_get("", "maybe_applied")?,
             deadline_ms: r.try_get("", "deadline_ms")?,
             idempotency_key: r.try_get("", "idempotency_key")?,
             output: r.try_get("", "output")?,

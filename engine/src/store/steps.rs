@@ -198,8 +198,13 @@ impl Store {
                     } else {
                         StepState::Failed
                     },
-                    "error = $6, failure_count = failure_count + 1, available_at = NULL",
-                    vec![error.to_json().into()],
+                    // An output too large to store means the effect happened unrecorded.
+                    "error = $6, failure_count = failure_count + 1, available_at = NULL, \
+                     maybe_applied = (maybe_applied OR $7)",
+                    vec![
+                        error.to_json().into(),
+                        (!compensation && error.code == "output_too_large").into(),
+                    ],
                 ),
             };
             let sql = format!(
@@ -290,7 +295,8 @@ impl Store {
                 .execute_raw(self.stmt(
                     "UPDATE sagaflow_steps SET state = $1, locked_by = NULL, complete_by = NULL, \
                      failure_count = failure_count + 1, deadline_ms = $2, error = $3, updated_at = {now}, \
-                     available_at = CASE WHEN $4 THEN {now} ELSE NULL END \
+                     available_at = CASE WHEN $4 THEN {now} ELSE NULL END, \
+                     maybe_applied = (maybe_applied OR $8) \
                      WHERE id = $5 AND state = $6 AND attempt = $7 AND complete_by < {now}",
                     vec![
                         to.as_str().into(),
@@ -300,6 +306,8 @@ impl Store {
                         s.id.into(),
                         s.state.as_str().into(),
                         s.attempt.into(),
+                        // A forward attempt that timed out may have taken effect remotely.
+                        (!compensation).into(),
                     ],
                 ))
                 .await?;

@@ -320,3 +320,112 @@ async fn a_panicking_step_is_a_failed_attempt_not_a_crashed_engine() {
         engine.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_once_timed_out_is_compensated_even_if_it_failed_otherwise_later() {
+    for db in backends().await {
+        // c hangs (maybe applied), then fails retryably at the threshold: its outcome stays
+        // unknown, so the saga undoes c as well, first.
+        let log = Log::default();
+        let wf = chain(
+            &log,
+            "sticky",
+            200,
+            2,
+            |_| Behave::Ok(2.into()),
+            |attempt| {
+                if attempt == 1 {
+                    Behave::Hang
+                } else {
+                    Behave::Retryable
+                }
+            },
+            |_| Behave::Ok(serde_json::Value::Null),
+        );
+        let engine = engine(&db, vec![wf]).await;
+        let id = engine.start("sticky", &()).await.expect("start");
+        expect_state(&engine, id, RunState::Compensated, db.backend).await;
+        let undo: Vec<String> = log
+            .entries()
+            .into_iter()
+            .filter(|e| e.starts_with("undo_"))
+            .map(|e| e.split(':').next().expect("name").to_owned())
+            .collect();
+        assert_eq!(undo, vec!["undo_c", "undo_b", "undo_a"], "[{}]", db.backend);
+        engine.shutdown().await;
+
+        // The order saga: a charge that hung (and took the money) then was refused is
+        // refunded; the compensation learns the charge by replaying it under its key.
+        let rig = order_rig(&db, 300, 2).await;
+        rig.services
+            .script("charge", vec![Scripted::Hang, Scripted::Permanent]);
+        let (id, order) = submit_order(&rig.engine, 11).await;
+        expect_state(&rig.engine, id, RunState::Compensated, db.backend).await;
+        let report = rig
+            .services
+            .ledger()
+            .check_orders(std::slice::from_ref(&order.order_id));
+        assert!(
+            report.violations.is_empty(),
+            "[{}] {:?}",
+            db.backend,
+            report.violations
+        );
+        assert_eq!(
+            (report.applied.charge, report.applied.refund),
+            (1, 1),
+            "[{}]",
+            db.backend
+        );
+        assert_eq!((report.applied.reserve, report.applied.release), (1, 1));
+        rig.engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pivot_with_an_unknown_outcome_stops_for_an_operator_and_a_retry_settles_it() {
+    for db in backends().await {
+        // ship hangs (the parcel left) and is then refused: compensating would refund a
+        // shipped order, so the run stops in Error; retrying ship replays the shipment.
+        let rig = order_rig(&db, 300, 2).await;
+        rig.services
+            .script("ship", vec![Scripted::Hang, Scripted::Permanent]);
+        let (id, order) = submit_order(&rig.engine, 12).await;
+        expect_state(&rig.engine, id, RunState::Error, db.backend).await;
+        let alerts = rig.engine.run_alerts(id).await.expect("alerts");
+        assert!(
+            alerts
+                .iter()
+                .any(|a| a.reason.contains("may have taken effect")),
+            "{alerts:?}"
+        );
+        let report = rig
+            .services
+            .ledger()
+            .check_orders(std::slice::from_ref(&order.order_id));
+        assert_eq!(
+            (report.applied.refund, report.applied.release),
+            (0, 0),
+            "[{}] nothing undone",
+            db.backend
+        );
+        rig.engine
+            .operator()
+            .retry_step(id, "ship")
+            .await
+            .expect("retry");
+        expect_state(&rig.engine, id, RunState::Completed, db.backend).await;
+        let report = rig
+            .services
+            .ledger()
+            .check_orders(std::slice::from_ref(&order.order_id));
+        assert!(
+            report.violations.is_empty(),
+            "[{}] {:?}",
+            db.backend,
+            report.violations
+        );
+        assert_eq!(report.applied.ship, 1, "[{}] shipped once", db.backend);
+        rig.engine.shutdown().await;
+    }
+}
