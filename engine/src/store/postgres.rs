@@ -1,8 +1,10 @@
 //! PostgreSQL-specific SQL.
 
-/// The database clock in epoch milliseconds. `clock_timestamp()` rather than `now()`: inside a
-/// long transaction `now()` is frozen at the transaction's start.
-pub(super) const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+/// The database clock in epoch milliseconds. `statement_timestamp()`: one value for every use
+/// within a statement (so `complete_by - db_now` is exactly the deadline), fresh for each
+/// statement (unlike `now()`, which is frozen at the start of the transaction). SQLite's
+/// `'now'` has the same per-statement stability.
+pub(super) const NOW: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
 /// Row lock taken by the claim's inner SELECT: rows another scheduler is claiming are skipped,
 /// never waited for and never handed out twice.
