@@ -23,7 +23,7 @@
 //! inconsistency. A *pivot* with an unknown outcome is not compensated at all: the run stops
 //! in `Error` for an operator. Running steps are waited for:
 //! when they complete they are compensated too. The run is `Compensated` when nothing is left
-//! to undo, or `Error` when a compensation exhausted its retries.
+//! to undo, or `Error` when a compensation failed terminally or at its threshold.
 
 use crate::definition::{StepKind, Workflow};
 use crate::store::{NewAlert, PlanWrite, RunRow, StepRow, StepWrite};
@@ -184,7 +184,7 @@ fn compensate<F>(
             &wf.steps[f].name,
             row_of[f],
             format!(
-                "the compensation of step `{}` exhausted its retries",
+                "the compensation of step `{}` failed (terminally or at its threshold)",
                 wf.steps[f].name
             ),
         ));

@@ -1,0 +1,319 @@
+//! `sagaflow-bench`: throughput and latency of the order-shaped saga with no-op agents.
+//!
+//! Three sequential steps, each returning a small JSON value, each durable before the next
+//! starts. Prints workflows/s and steps/s for N runs, start latency (submit → first step
+//! begins) and end-to-end latency at moderate load (runs one at a time), peak RSS, and the
+//! machine and durability settings it ran on. A measurement, not a test: nothing is asserted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use sagaflow::sea_orm::ConnectionTrait;
+use sagaflow::{
+    Backend, DeadlinePolicy, Engine, RetryPolicy, RunState, StepContext, StepError, Workflow,
+};
+use uuid::Uuid;
+
+#[derive(Parser, Debug)]
+#[command(about = "Measure sagaflow: workflows/s, start and end-to-end latency, peak RSS")]
+struct Args {
+    /// Database URL; default: a fresh SQLite file under ./.sagaflow/.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
+    /// Runs in the throughput phase.
+    #[arg(long, default_value_t = 10_000)]
+    runs: usize,
+    /// Runs in the latency phase (one at a time).
+    #[arg(long, default_value_t = 100)]
+    latency_runs: usize,
+    /// Concurrent submitters in the throughput phase.
+    #[arg(long, default_value_t = 8)]
+    submitters: usize,
+    /// Steps in flight at most.
+    #[arg(long, default_value_t = 512)]
+    max_in_flight: usize,
+    /// Steps per claim statement.
+    #[arg(long, default_value_t = 128)]
+    claim_batch: u32,
+}
+
+type Starts = Arc<Mutex<HashMap<Uuid, Instant>>>;
+
+fn workflow(starts: Starts) -> sagaflow::Result<Workflow> {
+    let noop = |name: &'static str| {
+        move |_ctx: StepContext| async move {
+            Ok::<_, StepError>(serde_json::json!({ "step": name, "ok": true }))
+        }
+    };
+    Workflow::builder("bench", 1)
+        .default_retry(
+            RetryPolicy::default()
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(100)),
+        )
+        .default_deadline(DeadlinePolicy::new(
+            Duration::from_secs(30),
+            Duration::from_secs(120),
+        ))
+        .step("reserve", move |ctx: StepContext| {
+            let starts = starts.clone();
+            async move {
+                starts
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(ctx.run_id())
+                    .or_insert_with(Instant::now);
+                Ok::<_, StepError>(serde_json::json!({ "step": "reserve", "ok": true }))
+            }
+        })
+        .step("charge", noop("charge"))
+        .after(["reserve"])
+        .step("ship", noop("ship"))
+        .after(["charge"])
+        .build()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map_or_else(
+            || "?".into(),
+            |kb| format!("{:.0} GiB", kb / 1024.0 / 1024.0),
+        );
+    format!("{cores} cores ({cpu}), {mem} RAM")
+}
+
+async fn durability(engine: &Engine) -> String {
+    let conn = engine.connection();
+    let q = |sql: &'static str| async move {
+        conn.query_one_raw(sagaflow::sea_orm::Statement::from_string(
+            conn.get_database_backend(),
+            sql,
+        ))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| {
+            r.try_get_by_index::<String>(0)
+                .ok()
+                .or_else(|| r.try_get_by_index::<i64>(0).ok().map(|v| v.to_string()))
+        })
+        .unwrap_or_else(|| "?".into())
+    };
+    match engine.store().backend() {
+        Backend::Postgres => format!(
+            "PostgreSQL {} · fsync={} · synchronous_commit={}",
+            q("SHOW server_version").await,
+            q("SHOW fsync").await,
+            q("SHOW synchronous_commit").await
+        ),
+        Backend::Sqlite => format!(
+            "SQLite {} · journal_mode={} · synchronous={} (0 off, 1 normal, 2 full)",
+            q("SELECT sqlite_version()").await,
+            q("PRAGMA journal_mode").await,
+            q("PRAGMA synchronous").await
+        ),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let url = match args.database_url.clone() {
+        Some(u) => u,
+        None => {
+            std::fs::create_dir_all(".sagaflow")?;
+            for ext in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!(".sagaflow/bench.db{ext}"));
+            }
+            "sqlite://.sagaflow/bench.db?mode=rwc".to_owned()
+        }
+    };
+    let starts: Starts = Arc::default();
+    let engine = Engine::builder()
+        .with_database_url(url)
+        .with_workflow(workflow(starts.clone())?)
+        .with_max_in_flight(args.max_in_flight)
+        .with_claim_batch(args.claim_batch)
+        .with_pool_size(16)
+        .with_retention(None)
+        .start()
+        .await?;
+    println!("sagaflow-bench · machine: {}", machine());
+    println!("  database: {}", durability(&engine).await);
+    println!(
+        "  engine: 1 process · max in flight {} · claim batch {}",
+        args.max_in_flight, args.claim_batch
+    );
+
+    // Throughput: N runs submitted by concurrent submitters; time to the last completion.
+    let mut events = engine.subscribe();
+    let submitted: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..args.submitters {
+        let (engine, submitted) = (engine.clone(), submitted.clone());
+        let n = args.runs / args.submitters + usize::from(s < args.runs % args.submitters);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..n {
+                let at = Instant::now();
+                let id = engine
+                    .start("bench", &serde_json::json!({ "qty": 1 }))
+                    .await?;
+                submitted
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(id, at);
+            }
+            Ok::<_, sagaflow::Error>(())
+        }));
+    }
+    let mut e2e = Vec::with_capacity(args.runs);
+    let mut done = 0usize;
+    let mut submit_done = None;
+    let deadline = t0 + Duration::from_secs(600);
+    while done < args.runs {
+        if submit_done.is_none() && tasks.iter().all(tokio::task::JoinHandle::is_finished) {
+            submit_done = Some(t0.elapsed());
+        }
+        match tokio::time::timeout(Duration::from_secs(2), events.recv()).await {
+            Ok(Ok(e)) if e.state == RunState::Completed => {
+                done += 1;
+                let at = submitted
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&e.run_id)
+                    .copied();
+                if let Some(at) = at {
+                    e2e.push(at.elapsed());
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
+                eprintln!("  (event stream lagged by {n}; counting from the database)");
+                done = count_completed(&engine).await;
+            }
+            Ok(Err(_)) => break,
+            Err(_) => {
+                done = count_completed(&engine).await;
+                if Instant::now() > deadline {
+                    return Err(format!("only {done}/{} runs completed in time", args.runs).into());
+                }
+            }
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let total = t0.elapsed();
+    let wps = args.runs as f64 / total.as_secs_f64();
+    e2e.sort();
+    println!("\nthroughput · {} runs × 3 steps", args.runs);
+    println!(
+        "  submitted in   {:.2} s ({:.0} runs/s accepted)",
+        submit_done.unwrap_or(total).as_secs_f64(),
+        args.runs as f64 / submit_done.unwrap_or(total).as_secs_f64()
+    );
+    println!("  completed in   {:.2} s", total.as_secs_f64());
+    println!("  workflows/s    {wps:.0}");
+    println!("  steps/s        {:.0}", wps * 3.0);
+    println!(
+        "  end-to-end     p50 {} · p99 {} (under full load)",
+        ms(percentile(&e2e, 50.0)),
+        ms(percentile(&e2e, 99.0))
+    );
+    let rss_after_load = peak_rss_mib();
+
+    // Latency at moderate load: one run at a time.
+    let mut start_lat = Vec::with_capacity(args.latency_runs);
+    let mut e2e_lat = Vec::with_capacity(args.latency_runs);
+    for _ in 0..args.latency_runs {
+        let at = Instant::now();
+        let id = engine
+            .start("bench", &serde_json::json!({ "qty": 1 }))
+            .await?;
+        let run = engine.wait(id, Duration::from_secs(30)).await?;
+        let end = at.elapsed();
+        if run.state != RunState::Completed {
+            return Err(format!("run {id} ended {}", run.state).into());
+        }
+        if let Some(s) = starts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+        {
+            start_lat.push(s.duration_since(at));
+        }
+        e2e_lat.push(end);
+    }
+    start_lat.sort();
+    e2e_lat.sort();
+    println!("\nlatency · {} runs one at a time", args.latency_runs);
+    println!(
+        "  start (submit → first step begins)  p50 {} · p99 {}",
+        ms(percentile(&start_lat, 50.0)),
+        ms(percentile(&start_lat, 99.0))
+    );
+    println!(
+        "  end-to-end (submit → completed)     p50 {} · p99 {}",
+        ms(percentile(&e2e_lat, 50.0)),
+        ms(percentile(&e2e_lat, 99.0))
+    );
+    match rss_after_load {
+        Some(m) => println!(
+            "\npeak RSS         {m:.1} MiB (engine + benchmark client, after the throughput phase)"
+        ),
+        None => println!("\npeak RSS         unavailable"),
+    }
+    engine.shutdown().await;
+    Ok(())
+}
+
+async fn count_completed(engine: &Engine) -> usize {
+    engine
+        .store()
+        .run_count_by_state()
+        .await
+        .map(|c| {
+            c.iter()
+                .filter(|(s, _)| s == "completed")
+                .map(|(_, n)| usize::try_from(*n).unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0)
+}
