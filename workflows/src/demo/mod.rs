@@ -1,0 +1,22 @@
+//! The parts of the `sagaflow-demo` command, one concept per module.
+
+pub(crate) mod alerts;
+pub(crate) mod cli;
+pub(crate) mod database;
+pub(crate) mod history;
+pub(crate) mod ledger_check;
+pub(crate) mod logging;
+pub(crate) mod operator;
+pub(crate) mod progress;
+pub(crate) mod running;
+pub(crate) mod setup;
+pub(crate) mod summary;
+pub(crate) mod table;
+pub(crate) mod text;
+pub(crate) mod tracker;
+
+/// Any error the demo gives up on.
+pub(crate) type AnyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A result whose error the demo reports and gives up on.
+pub(crate) type AnyResult<T> = Result<T, AnyError>;
