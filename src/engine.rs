@@ -13,14 +13,15 @@ use sagaflow_engine::{
     operator,
 };
 use sagaflow_supervisor::{Supervisor, SupervisorConfig};
-use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use serde::Serialize;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::builder::EngineBuilder;
+use crate::submit::Submission;
 
 /// What to do when an active run with the same business key exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,6 +77,7 @@ struct Inner {
     tracker: TaskTracker,
     cancel: CancellationToken,
     max_input_bytes: usize,
+    submit: mpsc::Sender<Submission>,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -127,6 +129,7 @@ impl Engine {
         if let Some(s) = &supervisor {
             s.clone().spawn(&tracker, cancel.clone());
         }
+        let submit = crate::submit::spawn(store.clone(), hub.clone(), &tracker, cancel.clone());
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
@@ -137,6 +140,7 @@ impl Engine {
                 tracker,
                 cancel,
                 max_input_bytes,
+                submit,
             }),
         })
     }
@@ -162,9 +166,15 @@ impl Engine {
         input: &I,
         opts: StartOptions,
     ) -> Result<Started> {
-        let txn = self.inner.store.connection().begin().await?;
-        let started = self.start_in(&txn, workflow, input, opts).await?;
-        txn.commit().await?;
+        let run = self.prepare(workflow, input, opts.business_key.clone())?;
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .submit
+            .send(Submission { run, reply })
+            .await
+            .map_err(|_| Error::Shutdown)?;
+        let outcome = answer.await.map_err(|_| Error::Shutdown)??;
+        let started = resolve(outcome, opts, workflow)?;
         if started.created {
             self.inner.hub.publish(RunEvent {
                 run_id: started.id,
@@ -172,7 +182,6 @@ impl Engine {
                 state: RunState::Pending,
             });
         }
-        self.wake();
         Ok(started)
     }
 
@@ -194,6 +203,18 @@ impl Engine {
         C: ConnectionTrait,
         I: Serialize,
     {
+        let run = self.prepare(workflow, input, opts.business_key.clone())?;
+        let outcome = self.inner.store.run_insert(conn, &run).await?;
+        resolve(outcome, opts, workflow)
+    }
+
+    /// Validates a submission and builds its rows.
+    fn prepare<I: Serialize>(
+        &self,
+        workflow: &str,
+        input: &I,
+        business_key: Option<String>,
+    ) -> Result<NewRun> {
         if self.inner.cancel.is_cancelled() {
             return Err(Error::Shutdown);
         }
@@ -211,25 +232,12 @@ impl Engine {
                 limit: self.inner.max_input_bytes,
             });
         }
-        let run = new_run(wf, json, opts.business_key.clone());
-        match self.inner.store.run_insert(conn, &run).await? {
-            RunInsertOutcome::Inserted(id) => Ok(Started { id, created: true }),
-            RunInsertOutcome::Duplicate(existing) => match opts.on_duplicate {
-                OnDuplicate::ReturnExisting => Ok(Started {
-                    id: existing,
-                    created: false,
-                }),
-                OnDuplicate::Reject => Err(Error::DuplicateActive {
-                    workflow: workflow.to_owned(),
-                    key: opts.business_key.unwrap_or_default(),
-                    existing,
-                }),
-            },
-        }
+        Ok(new_run(wf, json, business_key))
     }
 
     /// Wakes this instance's scheduler (after committing a transaction that started runs).
     pub fn wake(&self) {
+        self.inner.hub.claim.notify_one();
         self.inner.hub.eval.notify_one();
     }
 
@@ -344,6 +352,24 @@ impl Engine {
     }
 }
 
+/// Applies the duplicate policy to an insert outcome.
+fn resolve(outcome: RunInsertOutcome, opts: StartOptions, workflow: &str) -> Result<Started> {
+    match outcome {
+        RunInsertOutcome::Inserted(id) => Ok(Started { id, created: true }),
+        RunInsertOutcome::Duplicate(existing) => match opts.on_duplicate {
+            OnDuplicate::ReturnExisting => Ok(Started {
+                id: existing,
+                created: false,
+            }),
+            OnDuplicate::Reject => Err(Error::DuplicateActive {
+                workflow: workflow.to_owned(),
+                key: opts.business_key.unwrap_or_default(),
+                existing,
+            }),
+        },
+    }
+}
+
 fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun {
     let id = Uuid::now_v7();
     let steps = wf
@@ -356,6 +382,7 @@ fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun
             deadline_cap_ms: millis(s.settings().deadline.cap),
             // SAS-2: stable across every retry of this step in this run.
             idempotency_key: format!("{id}:{}", s.name()),
+            ready: s.is_root(),
         })
         .collect();
     NewRun {

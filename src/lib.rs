@@ -46,6 +46,7 @@
 
 mod builder;
 mod engine;
+mod submit;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, OnDuplicate, Operator, StartOptions, Started};

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use crate::Error;
 
 /// Persisted state of one step of a run (SAS-1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum StepState {
     /// Waiting for its dependencies. Moved to `Ready` by the scheduler's evaluator when every
@@ -117,7 +117,7 @@ impl FromStr for StepState {
 }
 
 /// Persisted state of a run (SAS-7 `ProcessState`, extended for sagas).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum RunState {
     /// Accepted: the run and its steps are stored, nothing is queued yet. Moved to `Running`

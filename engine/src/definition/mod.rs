@@ -75,6 +75,10 @@ impl StepDef {
     pub fn kind(&self) -> StepKind {
         self.kind
     }
+    /// Whether the step depends on no other step (it is queued when the run starts).
+    pub fn is_root(&self) -> bool {
+        self.deps.is_empty()
+    }
     /// Whether the step has a compensation.
     pub fn has_compensation(&self) -> bool {
         self.compensation.is_some()

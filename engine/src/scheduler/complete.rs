@@ -49,8 +49,24 @@ pub(super) async fn run(
         let written_at = Instant::now();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
-            match s.store.step_finish_batch(&finishes).await {
-                Ok(applied) => {
+            let registry = s.registry.clone();
+            let planner = move |run: &crate::RunRow, steps: &[crate::StepRow]| {
+                super::evaluate::plan_run(&registry, run, steps)
+            };
+            match s
+                .store
+                .step_finish_batch(&finishes, &s.config.owner, &planner)
+                .await
+            {
+                Ok(outcome) => {
+                    let applied = outcome.applied;
+                    for a in &outcome.evaluated {
+                        super::evaluate::after_eval(&s, a);
+                    }
+                    if !outcome.failed.is_empty() {
+                        // Left marked: the evaluation loop retries them and raises alerts.
+                        s.hub.eval.notify_one();
+                    }
                     streak.succeeded("writing step results");
                     // The row's `available_at` was computed by the database during the write,
                     // so measure from after it, with a margin for clock granularity.
@@ -83,7 +99,6 @@ pub(super) async fn run(
                 "giving up on writing step results; the supervisor will re-queue them at their deadline"
             );
         }
-        s.hub.eval.notify_one();
     }
 }
 

@@ -11,7 +11,7 @@ use super::{ErrorStreak, Scheduler, pause};
 use crate::Error;
 use crate::hub::RunEvent;
 use crate::plan;
-use crate::store::NewAlert;
+use crate::store::{EvalApplied, NewAlert};
 
 /// Runs evaluated per poll.
 const EVAL_BATCH: u32 = 128;
@@ -52,18 +52,24 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
             .filter(|id| !poisoned.contains_key(id))
             .collect();
         let mut progressed = false;
-        for id in &dirty {
-            match evaluate_one(&s, *id).await {
-                Ok(p) => progressed |= p,
-                Err(e @ Error::CorruptRow { .. }) => {
-                    poisoned.insert(*id, tokio::time::Instant::now());
-                    raise(&s, corrupt_alert(*id, &e)).await;
+        let registry = s.registry.clone();
+        let planner =
+            move |run: &crate::RunRow, steps: &[crate::StepRow]| plan_run(&registry, run, steps);
+        match s
+            .store
+            .run_evaluate_many(&dirty, &s.config.owner, &planner)
+            .await
+        {
+            Ok((applied, failed)) => {
+                for a in &applied {
+                    progressed |= after_eval(&s, a);
                 }
-                Err(e) => {
-                    streak.failed("evaluating a run", &e);
-                    break;
+                for (id, e) in failed {
+                    poisoned.insert(id, tokio::time::Instant::now());
+                    raise(&s, corrupt_alert(id, &e)).await;
                 }
             }
+            Err(e) => streak.failed("evaluating runs", &e),
         }
         if progressed {
             continue;
@@ -76,23 +82,25 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
     }
 }
 
-/// Evaluates one run; returns whether anything was written.
-async fn evaluate_one(s: &Scheduler, id: Uuid) -> Result<bool, Error> {
-    let registry = s.registry.clone();
-    let applied =
-        s.store
-            .run_evaluate(id, &s.config.owner, |run, steps| {
-                let wf = registry.get(&run.workflow, run.version).ok_or_else(|| {
-                    Error::VersionNotFound {
-                        name: run.workflow.clone(),
-                        version: run.version,
-                        run_id: run.id,
-                    }
-                })?;
-                plan::evaluate(wf, run, steps)
-            })
-            .await?;
-    let Some(a) = applied else { return Ok(false) };
+/// The planner for a run, looked up by its pinned version.
+pub(super) fn plan_run(
+    registry: &crate::Registry,
+    run: &crate::RunRow,
+    steps: &[crate::StepRow],
+) -> Result<crate::store::PlanWrite, Error> {
+    let wf = registry
+        .get(&run.workflow, run.version)
+        .ok_or_else(|| Error::VersionNotFound {
+            name: run.workflow.clone(),
+            version: run.version,
+            run_id: run.id,
+        })?;
+    plan::evaluate(wf, run, steps)
+}
+
+/// Publishes what an evaluation did: wake-ups, status events, alerts. Returns whether the
+/// run moved.
+pub(super) fn after_eval(s: &Scheduler, a: &EvalApplied) -> bool {
     if a.ready > 0 {
         s.hub.claim.notify_one();
     }
@@ -100,9 +108,9 @@ async fn evaluate_one(s: &Scheduler, id: Uuid) -> Result<bool, Error> {
         s.hub.eval.notify_one();
     }
     if a.state != a.before.state {
-        tracing::debug!(run_id = %id, from = %a.before.state, to = %a.state, "run moved");
+        tracing::debug!(run_id = %a.before.id, from = %a.before.state, to = %a.state, "run moved");
         s.hub.publish(RunEvent {
-            run_id: id,
+            run_id: a.before.id,
             workflow: a.before.workflow.clone(),
             state: a.state,
         });
@@ -110,7 +118,7 @@ async fn evaluate_one(s: &Scheduler, id: Uuid) -> Result<bool, Error> {
     if let Some(alert) = &a.alert {
         s.hub.alert(alert);
     }
-    Ok(a.ready > 0 || a.stale > 0 || a.state != a.before.state)
+    a.ready > 0 || a.stale > 0 || a.state != a.before.state
 }
 
 /// SAS-5 / versioning: a run pinned to a version this engine lacks is not guessed at; the

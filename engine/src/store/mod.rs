@@ -7,6 +7,7 @@
 //! matches no row (SAS-3).
 
 mod alerts;
+mod apply;
 mod leases;
 mod postgres;
 mod rows;
@@ -21,10 +22,11 @@ use sea_orm::{
 };
 
 pub use alerts::{AlertRow, NewAlert};
+pub use apply::Planner;
 pub use leases::LeaderFence;
 pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
 pub use runs::{EvalApplied, NewRun, NewStep, PlanWrite, RunInsertOutcome, StepWrite};
-pub use steps::{Rescue, RescueCounts, StepFinish, StepFinishKind, StepInputs};
+pub use steps::{FinishOutcome, Rescue, RescueCounts, StepFinish, StepFinishKind, StepInputs};
 
 use crate::{Error, Result};
 

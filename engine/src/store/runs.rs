@@ -1,9 +1,10 @@
 //! Runs: submission, evaluation under the run's row lock, operator transitions, retention.
 
-use sea_orm::{ConnectionTrait, DatabaseTransaction, TransactionTrait, Value};
+use sea_orm::{ConnectionTrait, TransactionTrait, Value};
 use uuid::Uuid;
 
-use super::alerts::{NewAlert, insert_alert};
+use super::alerts::NewAlert;
+use super::apply::{HistoryEntry, Planner};
 use super::rows::{RUN_COLS, STEP_COLS};
 use super::{AlertRow, HistoryRow, RunRow, StepRow, Store, placeholders};
 use crate::{Error, Result, RunState, StepState};
@@ -38,6 +39,9 @@ pub struct NewStep {
     pub deadline_cap_ms: i64,
     /// Stable idempotency key.
     pub idempotency_key: String,
+    /// Whether the step has no dependencies: it is queued at once, so a run needs no
+    /// evaluation to start.
+    pub ready: bool,
 }
 
 /// What inserting a run did.
@@ -100,8 +104,8 @@ pub struct EvalApplied {
 
 impl Store {
     /// Inserts a run and its steps on `conn`: the engine's pool, or the caller's transaction
-    /// so that a business row and its saga commit together (SAS-7). The run starts `Pending`
-    /// and marked for evaluation; its steps start `NotStarted`.
+    /// so that a business row and its saga commit together (SAS-7). The run starts `Pending`;
+    /// its root steps start `Ready` (queued at once), the others `NotStarted`.
     ///
     /// # Errors
     /// [`Error::Db`].
@@ -110,23 +114,49 @@ impl Store {
         conn: &C,
         run: &NewRun,
     ) -> Result<RunInsertOutcome> {
-        let key = crate::workflow_key(&run.workflow, run.version);
-        let res = conn
-            .execute_raw(self.stmt(
-                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-                 input, dirty, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5, 'pending', $6, TRUE, {now}, {now}) \
-                 ON CONFLICT (workflow, active_key) DO NOTHING",
-                vec![
-                    run.id.into(),
-                    run.workflow.clone().into(),
-                    run.version.into(),
-                    key.clone().into(),
-                    run.business_key.clone().into(),
-                    run.input.clone().into(),
-                ],
-            ))
+        let mut out = self
+            .run_insert_many(conn, std::slice::from_ref(run))
             .await?;
-        if res.rows_affected() == 0 {
+        out.pop()
+            .ok_or_else(|| Error::corrupt("sagaflow_runs", run.id, "insert returned nothing"))
+    }
+
+    /// Inserts many runs on `conn` (one transaction when `conn` is one: group commit).
+    /// Returns one outcome per run, in order; duplicates of active business keys are not
+    /// inserted.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_insert_many<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        runs: &[NewRun],
+    ) -> Result<Vec<RunInsertOutcome>> {
+        let mut outcomes = Vec::with_capacity(runs.len());
+        let mut inserted: Vec<&NewRun> = Vec::with_capacity(runs.len());
+        for run in runs {
+            let key = crate::workflow_key(&run.workflow, run.version);
+            let res = conn
+                .execute_raw(self.stmt(
+                    "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
+                     input, dirty, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $5, 'pending', $6, FALSE, {now}, {now}) \
+                     ON CONFLICT (workflow, active_key) DO NOTHING",
+                    vec![
+                        run.id.into(),
+                        run.workflow.clone().into(),
+                        run.version.into(),
+                        key.into(),
+                        run.business_key.clone().into(),
+                        run.input.clone().into(),
+                    ],
+                ))
+                .await?;
+            if res.rows_affected() == 1 {
+                outcomes.push(RunInsertOutcome::Inserted(run.id));
+                inserted.push(run);
+                continue;
+            }
             let existing = conn
                 .query_one_raw(self.stmt(
                     "SELECT id FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
@@ -142,48 +172,68 @@ impl Store {
                         "insert conflicted but no active run found",
                     )
                 })?;
-            return Ok(RunInsertOutcome::Duplicate(existing));
+            outcomes.push(RunInsertOutcome::Duplicate(existing));
         }
-        let mut sql = String::from(
-            "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
-             initial_deadline_ms, deadline_cap_ms, idempotency_key, updated_at) VALUES ",
-        );
-        let mut values: Vec<Value> = vec![run.id.into(), key.into()];
-        for (i, s) in run.steps.iter().enumerate() {
-            let b = 3 + i * 5;
-            if i > 0 {
-                sql.push_str(", ");
+        let steps: Vec<(&NewRun, &NewStep)> = inserted
+            .iter()
+            .flat_map(|r| r.steps.iter().map(move |s| (*r, s)))
+            .collect();
+        for chunk in steps.chunks(400) {
+            let mut sql = String::from(
+                "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
+                 initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) VALUES ",
+            );
+            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
+            for (i, (run, s)) in chunk.iter().enumerate() {
+                let b = i * 8 + 1;
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!(
+                    "(${b}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, {}, {{now}})",
+                    b + 1,
+                    b + 2,
+                    b + 3,
+                    b + 4,
+                    b + 5,
+                    b + 5,
+                    b + 6,
+                    b + 7,
+                    if s.ready { "{now}" } else { "NULL" }
+                ));
+                let state = if s.ready {
+                    StepState::Ready
+                } else {
+                    StepState::NotStarted
+                };
+                values.extend([
+                    run.id.into(),
+                    crate::workflow_key(&run.workflow, run.version).into(),
+                    s.name.clone().into(),
+                    state.as_str().into(),
+                    s.max_failures.into(),
+                    s.deadline_ms.into(),
+                    s.deadline_cap_ms.into(),
+                    s.idempotency_key.clone().into(),
+                ]);
             }
-            sql.push_str(&format!(
-                "($1, $2, ${b}, 'not_started', ${}, ${}, ${}, ${}, ${}, {{now}})",
-                b + 1,
-                b + 2,
-                b + 2,
-                b + 3,
-                b + 4
-            ));
-            values.extend([
-                s.name.clone().into(),
-                s.max_failures.into(),
-                s.deadline_ms.into(),
-                s.deadline_cap_ms.into(),
-                s.idempotency_key.clone().into(),
-            ]);
+            conn.execute_raw(self.stmt(&sql, values)).await?;
         }
-        conn.execute_raw(self.stmt(&sql, values)).await?;
-        self.history_insert(
-            conn,
-            run.id,
-            None,
-            "submitted",
-            None,
-            Some(RunState::Pending.as_str()),
-            None,
-            "api",
-            None,
-        )
-        .await?;
-        Ok(RunInsertOutcome::Inserted(run.id))
+        let history: Vec<HistoryEntry> = inserted
+            .iter()
+            .map(|r| HistoryEntry {
+                run_id: r.id,
+                step: None,
+                event: "submitted".into(),
+                from: None,
+                to: Some(RunState::Pending.as_str().into()),
+                attempt: None,
+                actor: "api".into(),
+                detail: None,
+            })
+            .collect();
+        self.history_insert_many(conn, &history).await?;
+        Ok(outcomes)
     }
 
     /// A run by id.
@@ -356,147 +406,49 @@ impl Store {
         let txn = self.db.begin().await?;
         // The first statement is a write: it takes the run's row lock on PostgreSQL and the
         // write lock on SQLite, so evaluations of one run are serialised.
-        let lock_sql = if evaluate {
-            format!(
-                "UPDATE sagaflow_runs SET dirty = FALSE WHERE id = $1 AND dirty RETURNING {RUN_COLS}"
-            )
+        let before = if evaluate {
+            self.lock_runs(&txn, &[id], true).await?.pop()
         } else {
-            format!(
+            let sql = format!(
                 "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}"
-            )
+            );
+            match txn.query_one_raw(self.stmt(&sql, vec![id.into()])).await? {
+                Some(row) => Some(RunRow::decode(&row)?),
+                None => None,
+            }
         };
-        let Some(row) = txn
-            .query_one_raw(self.stmt(&lock_sql, vec![id.into()]))
-            .await?
-        else {
+        let Some(before) = before else {
             return Ok(None);
         };
-        let before = RunRow::decode(&row)?;
         let steps = run_steps_on(self, &txn, id).await?;
         let write = plan(&before, &steps)?;
-        let applied = self.apply_plan(&txn, &before, write, actor).await?;
+        let applied = self
+            .apply_plans(&txn, vec![(before, write)], actor)
+            .await?
+            .pop();
         txn.commit().await?;
-        Ok(Some(applied))
+        Ok(applied)
     }
 
-    async fn apply_plan(
+    /// Evaluates many runs marked dirty in one transaction (those no longer dirty are
+    /// skipped). Runs whose plan fails stay marked and are returned with their error.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_evaluate_many(
         &self,
-        txn: &DatabaseTransaction,
-        before: &RunRow,
-        write: PlanWrite,
+        ids: &[Uuid],
         actor: &str,
-    ) -> Result<EvalApplied> {
-        let id = before.id;
-        let mut ready = 0;
-        let mut stale = 0;
-        for s in &write.steps {
-            let extra = match s.to {
-                StepState::Ready | StepState::CompensationReady => {
-                    ", available_at = {now}, failure_count = 0, deadline_ms = initial_deadline_ms"
-                }
-                _ => ", available_at = NULL",
-            };
-            let sql = format!(
-                "UPDATE sagaflow_steps SET state = $1, updated_at = {{now}}{extra} WHERE id = $2 AND state = $3"
-            );
-            let res = txn
-                .execute_raw(self.stmt(
-                    &sql,
-                    vec![s.to.as_str().into(), s.id.into(), s.from.as_str().into()],
-                ))
-                .await?;
-            if res.rows_affected() == 0 {
-                stale += 1;
-                continue;
-            }
-            if matches!(s.to, StepState::Ready | StepState::CompensationReady) {
-                ready += 1;
-            }
-            self.history_insert(
-                txn,
-                id,
-                Some(&s.name),
-                "state",
-                Some(s.from.as_str()),
-                Some(s.to.as_str()),
-                None,
-                actor,
-                None,
-            )
-            .await?;
+        plan: Planner<'_>,
+    ) -> Result<(Vec<EvalApplied>, Vec<(Uuid, Error)>)> {
+        if ids.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
         }
-        let state = write.run_state.unwrap_or(before.state);
-        if state != before.state || write.run_output.is_some() || write.run_error.is_some() {
-            let finished = state.is_final();
-            let sql = format!(
-                "UPDATE sagaflow_runs SET state = $1, output = COALESCE($2, output), error = COALESCE($3, error), \
-                 updated_at = {{now}}{} WHERE id = $4",
-                if finished {
-                    ", finished_at = {now}, active_key = NULL"
-                } else {
-                    ""
-                }
-            );
-            txn.execute_raw(self.stmt(
-                &sql,
-                vec![
-                    state.as_str().into(),
-                    write.run_output.clone().into(),
-                    write.run_error.clone().into(),
-                    id.into(),
-                ],
-            ))
-            .await?;
-            if finished {
-                // AT-5: a finished run's steps leave the hot table; the history keeps every
-                // transition and the run row keeps the outputs.
-                txn.execute_raw(self.stmt(
-                    "DELETE FROM sagaflow_steps WHERE run_id = $1",
-                    vec![id.into()],
-                ))
-                .await?;
-            }
-        }
-        if state != before.state || write.event.starts_with("operator") {
-            let event = if write.event.is_empty() {
-                "state"
-            } else {
-                write.event
-            };
-            self.history_insert(
-                txn,
-                id,
-                None,
-                event,
-                Some(before.state.as_str()),
-                Some(state.as_str()),
-                None,
-                actor,
-                write.detail.as_deref(),
-            )
-            .await?;
-        }
-        if stale > 0 {
-            txn.execute_raw(self.stmt(
-                "UPDATE sagaflow_runs SET dirty = TRUE WHERE id = $1",
-                vec![id.into()],
-            ))
-            .await?;
-        }
-        if write.resolve_alerts {
-            self.alert_resolve_run(txn, id).await?;
-        }
-        let alert = match write.alert {
-            Some(a) => insert_alert(self, txn, &a).await?,
-            None => None,
-        };
-        Ok(EvalApplied {
-            before: before.clone(),
-            state,
-            ready,
-            stale,
-            alert,
-        })
+        let txn = self.db.begin().await?;
+        let runs = self.lock_runs(&txn, ids, true).await?;
+        let out = self.evaluate_locked(&txn, runs, actor, plan).await?;
+        txn.commit().await?;
+        Ok(out)
     }
 
     /// Deletes finished runs (and their history and alerts) that finished more than

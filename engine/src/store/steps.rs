@@ -6,8 +6,10 @@ use std::collections::HashMap;
 use sea_orm::{ConnectionTrait, TransactionTrait, Value};
 use uuid::Uuid;
 
+use super::apply::{HistoryEntry, Planner};
 use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
+use super::runs::EvalApplied;
 use super::{Store, placeholders};
 use crate::{Result, StepError, StepState};
 
@@ -59,6 +61,17 @@ pub struct StepFinish {
     pub owner: String,
     /// What happened.
     pub kind: StepFinishKind,
+}
+
+/// What a finish batch did.
+#[derive(Debug)]
+pub struct FinishOutcome {
+    /// Per item, whether its fenced write applied.
+    pub applied: Vec<bool>,
+    /// The evaluations of the runs concerned.
+    pub evaluated: Vec<EvalApplied>,
+    /// Runs whose evaluation failed (left marked for the evaluation loop).
+    pub failed: Vec<(Uuid, crate::Error)>,
 }
 
 /// One expired step the supervisor decided about.
@@ -152,23 +165,28 @@ impl Store {
         Ok(out)
     }
 
-    /// Writes a batch of attempt results in one transaction. Each write is fenced by
-    /// `(id, state, attempt, locked_by)` and by `complete_by` not having passed (SAS-3: an
-    /// answer after the deadline counts as a failure); a write that matches no row lost its
-    /// lease (the deadline passed, the supervisor re-queued the step, another attempt owns
-    /// it) and is dropped. Returns, per
-    /// item, whether it was applied. Every applied write marks its run for evaluation.
+    /// Writes a batch of attempt results and advances their runs, in one transaction.
+    ///
+    /// Each write is fenced by `(id, state, attempt, locked_by)` and by `complete_by` not
+    /// having passed (SAS-3: an answer after the deadline counts as a failure); a write that
+    /// matches no row lost its lease (the deadline passed, the supervisor re-queued the step,
+    /// another attempt owns it) and is dropped. The runs concerned are locked first, in id
+    /// order (the lock order of every transaction), and evaluated with `plan` before the
+    /// commit: one commit per batch moves many runs forward.
     ///
     /// # Errors
-    /// [`Error::Db`].
-    pub async fn step_finish_batch(&self, items: &[StepFinish]) -> Result<Vec<bool>> {
+    /// [`crate::Error::Db`].
+    pub async fn step_finish_batch(
+        &self,
+        items: &[StepFinish],
+        actor: &str,
+        plan: Planner<'_>,
+    ) -> Result<FinishOutcome> {
         let txn = self.db.begin().await?;
-        // Lock order: runs first (sorted), then steps, as the evaluation does; otherwise a
-        // completion and an evaluation of the same run could deadlock on PostgreSQL. Marking
-        // a run whose write turns out to be dropped costs one idle evaluation.
-        self.runs_mark_dirty(&txn, items.iter().map(|i| i.run_id))
-            .await?;
+        let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
+        let runs = self.lock_runs(&txn, &run_ids, false).await?;
         let mut applied = Vec::with_capacity(items.len());
+        let mut history = Vec::with_capacity(items.len());
         for it in items {
             let compensation = it.state == StepState::Compensating;
             // `$1..$5` are common; kind-specific values follow from `$6` (SQLite binds by
@@ -233,21 +251,25 @@ impl Store {
                 StepFinishKind::Retry { error, .. } => ("retry", Some(error.to_json())),
                 StepFinishKind::Failed { error } => ("failed", Some(error.to_json())),
             };
-            self.history_insert(
-                &txn,
-                it.run_id,
-                Some(&it.name),
-                event,
-                Some(it.state.as_str()),
-                Some(to.as_str()),
-                Some(it.attempt),
-                &it.owner,
-                detail.as_deref(),
-            )
-            .await?;
+            history.push(HistoryEntry {
+                run_id: it.run_id,
+                step: Some(it.name.clone()),
+                event: event.into(),
+                from: Some(it.state.as_str().into()),
+                to: Some(to.as_str().into()),
+                attempt: Some(it.attempt),
+                actor: it.owner.clone(),
+                detail,
+            });
         }
+        self.history_insert_many(&txn, &history).await?;
+        let (evaluated, failed) = self.evaluate_locked(&txn, runs, actor, plan).await?;
         txn.commit().await?;
-        Ok(applied)
+        Ok(FinishOutcome {
+            applied,
+            evaluated,
+            failed,
+        })
     }
 
     /// Running steps whose deadline has passed, oldest deadline first.

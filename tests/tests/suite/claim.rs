@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sagaflow::advanced::{plan, store};
+use sagaflow::advanced::store;
 use sagaflow::sea_orm::TransactionTrait;
 use sagaflow::{StepContext, StepError, Store, Workflow};
 use sagaflow_tests::backends;
@@ -21,7 +21,7 @@ async fn ten_thousand_steps_fifty_claimers_each_step_claimed_exactly_once() {
             .build()
             .expect("valid");
         let store = Store::connect(&db.url, Some(60)).await.expect("connect");
-        // Submit every run in one transaction, then make the steps ready through the planner.
+        // Submit every run in one transaction; each run's only step is queued at insert.
         let txn = store.connection().begin().await.expect("begin");
         let mut ids = Vec::with_capacity(STEPS);
         for _ in 0..STEPS {
@@ -38,28 +38,13 @@ async fn ten_thousand_steps_fifty_claimers_each_step_claimed_exactly_once() {
                     deadline_ms: 600_000,
                     deadline_cap_ms: 600_000,
                     idempotency_key: format!("{id}:only"),
+                    ready: true,
                 }],
             };
             store.run_insert(&txn, &run).await.expect("insert");
             ids.push(id);
         }
         txn.commit().await.expect("commit");
-        let wf = Arc::new(wf);
-        let mut readiers = Vec::new();
-        for chunk in ids.chunks(STEPS / 8) {
-            let (store, wf, chunk) = (store.clone(), wf.clone(), chunk.to_vec());
-            readiers.push(tokio::spawn(async move {
-                for id in chunk {
-                    store
-                        .run_evaluate(id, "test", |r, s| plan::evaluate(&wf, r, s))
-                        .await
-                        .expect("evaluate");
-                }
-            }));
-        }
-        for r in readiers {
-            r.await.expect("readier");
-        }
         assert_eq!(store.step_queue_depth().await.expect("depth"), STEPS as i64);
 
         let keys = Arc::new(vec![wf.key()]);

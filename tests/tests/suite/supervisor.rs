@@ -32,20 +32,18 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
             deadline_ms: 100,
             deadline_cap_ms: 400,
             idempotency_key: format!("{id}:only"),
+            ready: true,
         }],
     };
     store
         .run_insert(store.connection(), &run)
         .await
         .expect("insert");
-    let applied = store
-        .run_evaluate(id, "test", |r, s| {
-            sagaflow::advanced::plan::evaluate(wf, r, s)
-        })
-        .await
-        .expect("evaluate")
-        .expect("dirty");
-    assert_eq!(applied.ready, 1);
+    assert_eq!(
+        store.step_queue_depth().await.expect("depth"),
+        1,
+        "the root step is queued at insert"
+    );
     id
 }
 
@@ -55,6 +53,9 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         let wf = one_step("fence", 1, Duration::from_millis(100));
         let store = Store::connect(&db.url, Some(4)).await.expect("connect");
         let run_id = ready_run(&store, &wf).await;
+        let planner = |r: &sagaflow::RunRow, s: &[sagaflow::StepRow]| {
+            sagaflow::advanced::plan::evaluate(&wf, r, s)
+        };
         let keys = vec![wf.key()];
         let first = store.step_claim("ghost-1", &keys, 10).await.expect("claim");
         assert_eq!(first.len(), 1);
@@ -96,9 +97,10 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         };
         assert_eq!(
             store
-                .step_finish_batch(std::slice::from_ref(&late))
+                .step_finish_batch(std::slice::from_ref(&late), "test", &planner)
                 .await
-                .expect("write"),
+                .expect("write")
+                .applied,
             vec![false]
         );
         let steps = store.run_steps(run_id).await.expect("steps");
@@ -119,9 +121,10 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         assert_eq!(second[0].attempt, 2);
         assert_eq!(
             store
-                .step_finish_batch(std::slice::from_ref(&late))
+                .step_finish_batch(std::slice::from_ref(&late), "test", &planner)
                 .await
-                .expect("write"),
+                .expect("write")
+                .applied,
             vec![false]
         );
         let good = store::StepFinish {
@@ -130,13 +133,16 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
             ..late.clone()
         };
         assert_eq!(
-            store.step_finish_batch(&[good]).await.expect("write"),
+            store
+                .step_finish_batch(&[good], "test", &planner)
+                .await
+                .expect("write")
+                .applied,
             vec![true]
         );
-        assert_eq!(
-            store.run_steps(run_id).await.expect("steps")[0].state,
-            StepState::Completed
-        );
+        // The same transaction advanced the run: its only step done, it completed.
+        let run = store.run_get(run_id).await.expect("run").expect("exists");
+        assert_eq!(run.state, RunState::Completed, "[{}]", db.backend);
     }
 }
 
@@ -297,7 +303,7 @@ async fn a_run_of_an_unknown_version_is_left_alone_and_alerted() {
         let run = e2.run(id).await.expect("run").expect("exists");
         assert_eq!(
             (run.state, run.version),
-            (RunState::Running, 1),
+            (RunState::Pending, 1),
             "[{}] untouched",
             db.backend
         );
