@@ -110,6 +110,7 @@ pub fn fast_builder(db: &TestDb) -> EngineBuilder {
 /// # Panics
 /// When the engine does not start.
 pub async fn engine(db: &TestDb, workflows: Vec<Workflow>) -> Engine {
+    init_logging();
     let mut b = fast_builder(db);
     for wf in workflows {
         b = b.with_workflow(wf);
@@ -150,10 +151,30 @@ pub async fn expect_state(engine: &Engine, id: Uuid, state: RunState, backend: &
         .wait(id, Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| panic!("[{backend}] waiting for run {id}: {e}"));
-    assert_eq!(
-        run.state, state,
-        "[{backend}] run {id} ended {} (error: {:?})",
-        run.state, run.error
-    );
+    if run.state != state {
+        let history = engine.history(id).await.unwrap_or_default();
+        let lines: Vec<String> = history
+            .iter()
+            .map(|h| {
+                format!(
+                    "  {} {} {:?} {:?}->{:?} attempt={:?} by {} {}",
+                    h.at,
+                    h.event,
+                    h.step,
+                    h.from_state,
+                    h.to_state,
+                    h.attempt,
+                    h.actor,
+                    h.detail.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        panic!(
+            "[{backend}] run {id} ended {} instead of {state} (error: {:?}); history:\n{}",
+            run.state,
+            run.error,
+            lines.join("\n")
+        );
+    }
     run
 }

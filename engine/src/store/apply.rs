@@ -215,6 +215,7 @@ impl Store {
         let mut finished: Vec<Uuid> = Vec::new();
         let mut stale_runs: Vec<Uuid> = Vec::new();
         let mut alerts = Vec::new();
+        let mut with_payload: Vec<(Uuid, RunState, Option<String>, Option<String>)> = Vec::new();
         for (before, write) in plans {
             let id = before.id;
             let (mut ready, mut stale) = (0, 0);
@@ -239,25 +240,7 @@ impl Store {
             }
             let state = write.run_state.unwrap_or(before.state);
             if write.run_output.is_some() || write.run_error.is_some() {
-                let sql = format!(
-                    "UPDATE sagaflow_runs SET state = $1, output = COALESCE($2, output), \
-                     error = COALESCE($3, error), updated_at = {{now}}{} WHERE id = $4",
-                    if state.is_final() {
-                        ", finished_at = {now}, active_key = NULL"
-                    } else {
-                        ""
-                    }
-                );
-                txn.execute_raw(self.stmt(
-                    &sql,
-                    vec![
-                        state.as_str().into(),
-                        write.run_output.clone().into(),
-                        write.run_error.clone().into(),
-                        id.into(),
-                    ],
-                ))
-                .await?;
+                with_payload.push((id, state, write.run_output.clone(), write.run_error.clone()));
             } else if state != before.state {
                 same_state.entry(state).or_default().push(id);
             }
@@ -298,6 +281,7 @@ impl Store {
                 alert: None,
             });
         }
+        self.runs_set_payload(txn, &with_payload).await?;
         for (state, ids) in &same_state {
             for chunk in ids.chunks(CHUNK) {
                 let sql = format!(
@@ -329,5 +313,46 @@ impl Store {
             out[i].alert = insert_alert(self, txn, &a).await?;
         }
         Ok(out)
+    }
+
+    /// Sets state, output and error of many runs in one statement per chunk.
+    async fn runs_set_payload(
+        &self,
+        txn: &DatabaseTransaction,
+        runs: &[(Uuid, RunState, Option<String>, Option<String>)],
+    ) -> Result<()> {
+        const COLS: [&str; 5] = ["UUID", "TEXT", "TEXT", "TEXT", "BOOLEAN"];
+        for chunk in runs.chunks(CHUNK) {
+            let mut rows = Vec::with_capacity(chunk.len());
+            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * COLS.len());
+            for (i, (id, state, output, error)) in chunk.iter().enumerate() {
+                let b = i * COLS.len() + 1;
+                let cells: Vec<String> = COLS
+                    .iter()
+                    .enumerate()
+                    .map(|(k, t)| self.typed(b + k, t))
+                    .collect();
+                rows.push(format!("({})", cells.join(", ")));
+                values.extend([
+                    (*id).into(),
+                    state.as_str().into(),
+                    output.clone().into(),
+                    error.clone().into(),
+                    state.is_final().into(),
+                ]);
+            }
+            let sql = format!(
+                "UPDATE sagaflow_runs AS r SET state = v.state, output = COALESCE(v.output, r.output), \
+                   error = COALESCE(v.error, r.error), updated_at = {{now}}, \
+                   finished_at = CASE WHEN v.fin THEN {{now}} ELSE r.finished_at END, \
+                   active_key = CASE WHEN v.fin THEN NULL ELSE r.active_key END \
+                 FROM (SELECT column1 AS vid, column2 AS state, column3 AS output, column4 AS error, \
+                         column5 AS fin FROM (VALUES {}) AS t) AS v \
+                 WHERE r.id = v.vid",
+                rows.join(", ")
+            );
+            txn.execute_raw(self.stmt(&sql, values)).await?;
+        }
+        Ok(())
     }
 }

@@ -157,6 +157,15 @@ impl Store {
         }
     }
 
+    /// A placeholder typed for use inside `VALUES` lists: PostgreSQL cannot infer parameter
+    /// types there; SQLite is dynamically typed and has no UUID type to cast to.
+    fn typed(&self, placeholder: usize, pg_type: &str) -> String {
+        match self.backend {
+            Backend::Postgres => format!("CAST(${placeholder} AS {pg_type})"),
+            Backend::Sqlite => format!("${placeholder}"),
+        }
+    }
+
     fn db_backend(&self) -> DbBackend {
         match self.backend {
             Backend::Postgres => DbBackend::Postgres,
