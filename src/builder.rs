@@ -25,6 +25,7 @@ pub struct EngineBuilder {
     pub(crate) scheduler: SchedulerConfig,
     pub(crate) supervisor: SupervisorConfig,
     run_supervisor: bool,
+    workers: bool,
     max_input_bytes: usize,
 }
 
@@ -51,6 +52,7 @@ impl Default for EngineBuilder {
             scheduler: SchedulerConfig::new(id.clone()),
             supervisor: SupervisorConfig::new(id),
             run_supervisor: true,
+            workers: true,
             max_input_bytes: MAX_INPUT_DEFAULT,
         }
     }
@@ -183,6 +185,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether this instance runs steps (default: yes). A client-only instance (`false`)
+    /// submits runs, waits for them and acts as operator, while worker instances elsewhere
+    /// run the steps (on PostgreSQL they are woken by LISTEN/NOTIFY). It runs no scheduler,
+    /// agents or supervisor.
+    pub fn with_workers(mut self, on: bool) -> Self {
+        self.workers = on;
+        self
+    }
+
     /// Connects, migrates, and starts the scheduler, agents and (unless disabled) the
     /// supervisor.
     ///
@@ -215,7 +226,8 @@ impl EngineBuilder {
             Arc::new(self.registry),
             self.sinks,
             self.scheduler,
-            self.run_supervisor.then_some(self.supervisor),
+            (self.run_supervisor && self.workers).then_some(self.supervisor),
+            self.workers,
             self.max_input_bytes,
         )
     }

@@ -107,6 +107,7 @@ impl Engine {
         sinks: Vec<Arc<dyn AlertSink>>,
         scheduler: SchedulerConfig,
         supervisor: Option<SupervisorConfig>,
+        workers: bool,
         max_input_bytes: usize,
     ) -> Result<Self> {
         let hub = Arc::new(Hub::new(sinks));
@@ -123,11 +124,13 @@ impl Engine {
             Some(c) => Some(Arc::new(Supervisor::new(store.clone(), hub.clone(), c)?)),
             None => None,
         };
-        let (tx, rx) = mpsc::channel(in_flight.max(1));
-        AgentPool::spawn(&tracker, cancel.clone(), rx);
-        scheduler.clone().spawn(&tracker, cancel.clone(), tx);
-        if let Some(s) = &supervisor {
-            s.clone().spawn(&tracker, cancel.clone());
+        if workers {
+            let (tx, rx) = mpsc::channel(in_flight.max(1));
+            AgentPool::spawn(&tracker, cancel.clone(), rx);
+            scheduler.clone().spawn(&tracker, cancel.clone(), tx);
+            if let Some(s) = &supervisor {
+                s.clone().spawn(&tracker, cancel.clone());
+            }
         }
         let submit = crate::submit::spawn(store.clone(), hub.clone(), &tracker, cancel.clone());
         Ok(Self {

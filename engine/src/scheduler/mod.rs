@@ -17,6 +17,7 @@
 mod claim;
 mod complete;
 mod evaluate;
+mod listen;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,7 +151,8 @@ impl Scheduler {
             mpsc::channel::<AgentResponse>(self.config.max_in_flight.max(16));
         tracker.spawn(claim::run(self.clone(), cancel.clone(), agents, reply_tx));
         tracker.spawn(complete::run(self.clone(), cancel.clone(), reply_rx));
-        tracker.spawn(evaluate::run(self, cancel));
+        tracker.spawn(evaluate::run(self.clone(), cancel.clone()));
+        tracker.spawn(listen::run(self, cancel));
     }
 
     /// The scheduler's owner id.

@@ -312,6 +312,9 @@ impl Store {
         for (i, a) in alerts {
             out[i].alert = insert_alert(self, txn, &a).await?;
         }
+        if out.iter().any(|a| a.ready > 0) {
+            self.notify_ready(txn).await?;
+        }
         Ok(out)
     }
 

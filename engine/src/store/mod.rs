@@ -24,6 +24,7 @@ use sea_orm::{
 pub use alerts::{AlertRow, NewAlert};
 pub use apply::Planner;
 pub use leases::LeaderFence;
+pub use postgres::READY_CHANNEL;
 pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
 pub use runs::{EvalApplied, NewRun, NewStep, PlanWrite, RunInsertOutcome, StepWrite};
 pub use steps::{FinishOutcome, Rescue, RescueCounts, StepFinish, StepFinishKind, StepInputs};
@@ -134,6 +135,17 @@ impl Store {
         row.map(|r| r.try_get::<i64>("", "now"))
             .transpose()?
             .ok_or_else(|| Error::corrupt("clock", "now", "no row"))
+    }
+
+    /// On PostgreSQL, notifies listening engines that steps are ready; delivered when the
+    /// surrounding transaction commits (and dropped if it rolls back). A no-op on SQLite,
+    /// where one file has one process writing at a time and the local wake-up suffices.
+    pub(crate) async fn notify_ready<C: ConnectionTrait>(&self, conn: &C) -> Result<()> {
+        if self.backend == Backend::Postgres {
+            conn.execute_unprepared(&format!("NOTIFY {}", postgres::READY_CHANNEL))
+                .await?;
+        }
+        Ok(())
     }
 
     fn now_sql(&self) -> &'static str {

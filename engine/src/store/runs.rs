@@ -233,6 +233,9 @@ impl Store {
             })
             .collect();
         self.history_insert_many(conn, &history).await?;
+        if !inserted.is_empty() {
+            self.notify_ready(conn).await?;
+        }
         Ok(outcomes)
     }
 

@@ -399,6 +399,9 @@ impl Store {
             )
             .await?;
         }
+        if counts.requeued > 0 {
+            self.notify_ready(&txn).await?;
+        }
         txn.commit().await?;
         Ok(counts)
     }

@@ -131,3 +131,39 @@ async fn order_sagas_complete_and_apply_each_effect_once() {
         rig.engine.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_submitted_elsewhere_is_picked_up_by_notification_not_polling() {
+    // PostgreSQL only: SQLite has one process writing at a time.
+    let Some(db) = sagaflow_tests::postgres_db().await else {
+        return;
+    };
+    let worker = sagaflow_tests::fast_builder(&db)
+        .with_workflow(diamond())
+        .with_poll_interval(Duration::from_secs(60))
+        .start()
+        .await
+        .expect("worker");
+    let client = sagaflow_tests::fast_builder(&db)
+        .with_workflow(diamond())
+        .with_workers(false)
+        .start()
+        .await
+        .expect("client");
+    // Let the worker's first polls pass so that only a wake-up can start the next run.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let id = client.start("diamond", &3).await.expect("start");
+    let run = client
+        .wait(id, Duration::from_secs(20))
+        .await
+        .expect("wait");
+    assert_eq!(run.state, RunState::Completed);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}: the worker was not woken by the notification",
+        started.elapsed()
+    );
+    client.shutdown().await;
+    worker.shutdown().await;
+}

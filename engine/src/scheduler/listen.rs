@@ -1,0 +1,74 @@
+//! PostgreSQL LISTEN/NOTIFY wake-ups: another engine queued steps or marked runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use super::{Scheduler, pause};
+use crate::store::{Backend, READY_CHANNEL};
+
+/// Pause before reconnecting a listener whose connection failed.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
+    if s.store.backend() != Backend::Postgres {
+        return;
+    }
+    let pool = s.store.connection().get_postgres_connection_pool().clone();
+    let mut failures = 0u64;
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                failures += 1;
+                if failures == 1 {
+                    tracing::warn!(error = %e, "cannot listen for wake-ups; polling until it can");
+                }
+                if !pause(&cancel, RECONNECT_PAUSE).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen(READY_CHANNEL).await {
+            tracing::warn!(error = %e, "LISTEN failed; polling until it works");
+            if !pause(&cancel, RECONNECT_PAUSE).await {
+                return;
+            }
+            continue;
+        }
+        if failures > 0 {
+            tracing::info!("listening for wake-ups again");
+            failures = 0;
+        }
+        // Catch up on anything queued while not listening.
+        s.hub.claim.notify_one();
+        s.hub.eval.notify_one();
+        loop {
+            tokio::select! {
+                n = listener.try_recv() => match n {
+                    Ok(Some(_)) => {
+                        s.hub.claim.notify_one();
+                        s.hub.eval.notify_one();
+                    }
+                    // The connection dropped: the listener reconnects on the next receive;
+                    // wake the loops, since notifications may have been missed meanwhile.
+                    Ok(None) => {
+                        s.hub.claim.notify_one();
+                        s.hub.eval.notify_one();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "wake-up listener failed; reconnecting");
+                        break;
+                    }
+                },
+                () = cancel.cancelled() => return,
+            }
+        }
+        if !pause(&cancel, RECONNECT_PAUSE).await {
+            return;
+        }
+    }
+}
