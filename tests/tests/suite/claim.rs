@@ -1,94 +1,210 @@
 //! The claim: many concurrent claimers, every step claimed exactly once (AT-3, AT-7, SAS-7).
+//!
+//! Claimers log the ids they took; the logs must hold every step exactly once. The
+//! full-size variants spread 100 claimers over several real processes (the suite binary
+//! re-runs itself as `claim::child_claimers`).
 
 use std::collections::HashSet;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sagaflow::Store;
 use sagaflow::advanced::store;
 use sagaflow::sea_orm::TransactionTrait;
-use sagaflow::{StepContext, StepError, Store, Workflow};
-use sagaflow_tests::backends;
+use sagaflow_tests::{TestDb, backends};
 use uuid::Uuid;
 
-const STEPS: usize = 10_000;
-const CLAIMERS: usize = 50;
+const KEY: &str = "claim@1";
+
+/// Queues `n` single-step runs of `claim@1`, 5,000 per transaction.
+async fn seed(store: &Store, n: usize) {
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(5_000);
+        let runs: Vec<store::NewRun> = (0..k)
+            .map(|_| {
+                let id = Uuid::now_v7();
+                store::NewRun {
+                    id,
+                    workflow: "claim".into(),
+                    version: 1,
+                    business_key: None,
+                    input: "null".into(),
+                    steps: vec![store::NewStep {
+                        name: "only".into(),
+                        max_failures: 3,
+                        deadline_ms: 600_000,
+                        deadline_cap_ms: 600_000,
+                        idempotency_key: format!("{id}:only"),
+                        ready: true,
+                    }],
+                }
+            })
+            .collect();
+        let txn = store.connection().begin().await.expect("begin");
+        store.run_insert_many(&txn, &runs).await.expect("insert");
+        txn.commit().await.expect("commit");
+        left -= k;
+    }
+    assert_eq!(store.step_queue_depth().await.expect("depth"), n as i64);
+}
+
+/// Runs `workers` claimers in this process until the queue is empty; returns each one's log.
+async fn claim_until_empty(store: &Store, workers: usize, tag: &str) -> Vec<Vec<i64>> {
+    let keys = Arc::new(vec![KEY.to_owned()]);
+    let mut tasks = Vec::with_capacity(workers);
+    for c in 0..workers {
+        let (store, keys, owner) = (store.clone(), keys.clone(), format!("{tag}-{c}"));
+        tasks.push(tokio::spawn(async move {
+            let mut log = Vec::new();
+            loop {
+                let batch = store.step_claim(&owner, &keys, 25).await.expect("claim");
+                if batch.is_empty() {
+                    return log;
+                }
+                for s in batch {
+                    assert_eq!(s.attempt, 1, "step {} claimed a second time", s.id);
+                    log.push(s.id);
+                }
+            }
+        }));
+    }
+    let mut logs = Vec::with_capacity(workers);
+    for t in tasks {
+        logs.push(
+            tokio::time::timeout(Duration::from_secs(300), t)
+                .await
+                .expect("claimers finish")
+                .expect("claimer"),
+        );
+    }
+    logs
+}
+
+fn check(logs: &[Vec<i64>], n: usize, backend: &str) {
+    let all: Vec<i64> = logs.iter().flatten().copied().collect();
+    let unique: HashSet<i64> = all.iter().copied().collect();
+    assert_eq!(all.len(), n, "[{backend}] claims logged");
+    assert_eq!(unique.len(), n, "[{backend}] a step was claimed twice");
+    let busy = logs.iter().filter(|l| !l.is_empty()).count();
+    assert!(
+        busy > 1,
+        "[{backend}] claims were spread over claimers ({busy} busy)"
+    );
+}
+
+/// Runs the claim in `processes` child processes with `workers` claimers each.
+async fn claim_in_processes(db: &TestDb, processes: usize, workers: usize) -> Vec<Vec<i64>> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut children = Vec::new();
+    for p in 0..processes {
+        let out = dir.path().join(format!("claims-{p}.log"));
+        let child = tokio::process::Command::new(&exe)
+            .args([
+                "claim::child_claimers",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("SAGAFLOW_CLAIM_CHILD", "1")
+            .env("SAGAFLOW_CLAIM_DB", &db.url)
+            .env("SAGAFLOW_CLAIM_WORKERS", workers.to_string())
+            .env("SAGAFLOW_CLAIM_TAG", format!("p{p}"))
+            .env("SAGAFLOW_CLAIM_OUT", &out)
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn claimer process");
+        children.push((child, out));
+    }
+    let mut logs = Vec::new();
+    for (mut child, out) in children {
+        let status = tokio::time::timeout(Duration::from_secs(300), child.wait())
+            .await
+            .expect("claimer process finishes")
+            .expect("wait");
+        assert!(
+            status.success(),
+            "[{}] claimer process failed: {status}",
+            db.backend
+        );
+        let text = std::fs::read_to_string(&out).expect("claim log");
+        for line in text.lines() {
+            let (_, ids) = line.split_once(':').expect("`worker: ids`");
+            logs.push(
+                ids.split_whitespace()
+                    .map(|i| i.parse().expect("id"))
+                    .collect(),
+            );
+        }
+    }
+    logs
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_steps_fifty_claimers_each_step_claimed_exactly_once() {
     for db in backends().await {
-        let wf = Workflow::builder("claim", 1)
-            .step("only", |_ctx: StepContext| async { Ok::<_, StepError>(()) })
-            .build()
-            .expect("valid");
         let store = Store::connect(&db.url, Some(60)).await.expect("connect");
-        // Submit every run in one transaction; each run's only step is queued at insert.
-        let txn = store.connection().begin().await.expect("begin");
-        let mut ids = Vec::with_capacity(STEPS);
-        for _ in 0..STEPS {
-            let id = Uuid::now_v7();
-            let run = store::NewRun {
-                id,
-                workflow: "claim".into(),
-                version: 1,
-                business_key: None,
-                input: "null".into(),
-                steps: vec![store::NewStep {
-                    name: "only".into(),
-                    max_failures: 3,
-                    deadline_ms: 600_000,
-                    deadline_cap_ms: 600_000,
-                    idempotency_key: format!("{id}:only"),
-                    ready: true,
-                }],
-            };
-            store.run_insert(&txn, &run).await.expect("insert");
-            ids.push(id);
-        }
-        txn.commit().await.expect("commit");
-        assert_eq!(store.step_queue_depth().await.expect("depth"), STEPS as i64);
-
-        let keys = Arc::new(vec![wf.key()]);
-        let mut claimers = Vec::new();
-        for c in 0..CLAIMERS {
-            let (store, keys) = (store.clone(), keys.clone());
-            claimers.push(tokio::spawn(async move {
-                let owner = format!("claimer-{c}");
-                let mut log = Vec::new();
-                loop {
-                    let batch = store.step_claim(&owner, &keys, 25).await.expect("claim");
-                    if batch.is_empty() {
-                        return log;
-                    }
-                    for s in batch {
-                        assert_eq!(s.attempt, 1, "claimed twice: step {}", s.id);
-                        log.push(s.id);
-                    }
-                }
-            }));
-        }
-        let mut all = Vec::with_capacity(STEPS);
-        let mut busy = 0;
-        for c in claimers {
-            let log = tokio::time::timeout(Duration::from_secs(300), c)
-                .await
-                .expect("claimers finish")
-                .expect("claimer");
-            busy += usize::from(!log.is_empty());
-            all.extend(log);
-        }
-        let unique: HashSet<i64> = all.iter().copied().collect();
-        assert_eq!(all.len(), STEPS, "[{}] claims logged", db.backend);
-        assert_eq!(
-            unique.len(),
-            STEPS,
-            "[{}] a step was claimed twice",
-            db.backend
-        );
-        assert!(
-            busy > 1,
-            "[{}] claims were spread over claimers",
-            db.backend
-        );
+        seed(&store, 10_000).await;
+        let logs = claim_until_empty(&store, 50, "claimer").await;
+        check(&logs, 10_000, db.backend);
         assert_eq!(store.step_queue_depth().await.expect("depth"), 0);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_size_claim_on_postgres_100k_steps_100_workers_over_4_processes() {
+    let Some(db) = sagaflow_tests::postgres_db().await else {
+        return;
+    };
+    let store = Store::connect(&db.url, Some(4)).await.expect("connect");
+    seed(&store, 100_000).await;
+    let logs = claim_in_processes(&db, 4, 25).await;
+    assert_eq!(logs.len(), 100);
+    check(&logs, 100_000, db.backend);
+    assert_eq!(store.step_queue_depth().await.expect("depth"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_size_claim_on_sqlite_in_one_process_and_in_two_processes_on_one_file() {
+    let db = sagaflow_tests::sqlite_db();
+    let store = Store::connect(&db.url, None).await.expect("connect");
+    seed(&store, 100_000).await;
+    let logs = claim_until_empty(&store, 100, "one").await;
+    check(&logs, 100_000, "sqlite, 1 process");
+    drop(store);
+
+    let db = sagaflow_tests::sqlite_db();
+    let store = Store::connect(&db.url, None).await.expect("connect");
+    seed(&store, 100_000).await;
+    let logs = claim_in_processes(&db, 2, 50).await;
+    assert_eq!(logs.len(), 100);
+    check(&logs, 100_000, "sqlite, 2 processes");
+}
+
+/// A claimer process. Ignored in normal runs; the full-size claim tests start it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs only as a child process of the full-size claim tests"]
+async fn child_claimers() {
+    if std::env::var("SAGAFLOW_CLAIM_CHILD").as_deref() != Ok("1") {
+        return;
+    }
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
+    let workers: usize = var("SAGAFLOW_CLAIM_WORKERS").parse().expect("workers");
+    let store = Store::connect(
+        &var("SAGAFLOW_CLAIM_DB"),
+        Some(u32::try_from(workers).unwrap_or(25).min(30)),
+    )
+    .await
+    .expect("connect");
+    let logs = claim_until_empty(&store, workers, &var("SAGAFLOW_CLAIM_TAG")).await;
+    let mut text = String::new();
+    for (w, log) in logs.iter().enumerate() {
+        let ids: Vec<String> = log.iter().map(i64::to_string).collect();
+        text.push_str(&format!("{w}: {}\n", ids.join(" ")));
+    }
+    std::fs::write(var("SAGAFLOW_CLAIM_OUT"), text).expect("write claim log");
 }
