@@ -37,6 +37,14 @@ struct Args {
     /// Steps per claim statement.
     #[arg(long, default_value_t = 128)]
     claim_batch: u32,
+    /// Engine processes running the steps. With more than one, this process only submits
+    /// (a client-only engine) and the workers are copies of this command; latencies then come
+    /// from the runs' database timestamps, and the start latency is not measured.
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
+    /// Internal: run as a worker process until killed.
+    #[arg(long, hide = true)]
+    worker: Option<String>,
 }
 
 type Starts = Arc<Mutex<HashMap<Uuid, Instant>>>;
@@ -154,6 +162,9 @@ async fn durability(engine: &Engine) -> String {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    if let Some(id) = &args.worker {
+        return worker(&args, id).await;
+    }
     let url = match args.database_url.clone() {
         Some(u) => u,
         None => {
@@ -166,20 +177,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let starts: Starts = Arc::default();
     let engine = Engine::builder()
-        .with_database_url(url)
+        .with_database_url(url.clone())
         .with_workflow(workflow(starts.clone())?)
         .with_max_in_flight(args.max_in_flight)
         .with_claim_batch(args.claim_batch)
         .with_pool_size(16)
         .with_retention(None)
+        .with_workers(args.processes <= 1)
         .start()
         .await?;
     println!("sagaflow-bench · machine: {}", machine());
     println!("  database: {}", durability(&engine).await);
     println!(
-        "  engine: 1 process · max in flight {} · claim batch {}",
-        args.max_in_flight, args.claim_batch
+        "  engine: {} process(es) · max in flight {} each · claim batch {}",
+        args.processes.max(1),
+        args.max_in_flight,
+        args.claim_batch
     );
+    if args.processes > 1 {
+        return multi_process(&args, &url, &engine).await;
+    }
 
     // Throughput: N runs submitted by concurrent submitters; time to the last completion.
     let mut events = engine.subscribe();
@@ -316,4 +333,115 @@ async fn count_completed(engine: &Engine) -> usize {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// A worker process: an engine running the bench workflow until killed.
+async fn worker(args: &Args, id: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let url = args
+        .database_url
+        .clone()
+        .ok_or("--worker needs --database-url")?;
+    let engine = Engine::builder()
+        .with_database_url(url)
+        .with_instance_id(id)
+        .with_workflow(workflow(Arc::default())?)
+        .with_max_in_flight(args.max_in_flight)
+        .with_claim_batch(args.claim_batch)
+        .with_pool_size(8)
+        .with_retention(None)
+        .start()
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    engine.shutdown().await;
+    Ok(())
+}
+
+/// Throughput with several worker processes; this process submits and watches the database.
+async fn multi_process(
+    args: &Args,
+    url: &str,
+    engine: &Engine,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let exe = std::env::current_exe()?;
+    let mut workers = Vec::new();
+    for p in 0..args.processes {
+        workers.push(
+            tokio::process::Command::new(&exe)
+                .args([
+                    "--worker",
+                    &format!("bench-worker-{p}"),
+                    "--database-url",
+                    url,
+                ])
+                .args(["--max-in-flight", &args.max_in_flight.to_string()])
+                .args(["--claim-batch", &args.claim_batch.to_string()])
+                .kill_on_drop(true)
+                .spawn()?,
+        );
+    }
+    // Let every worker connect and start polling before the clock starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    let ids: Arc<Mutex<Vec<Uuid>>> = Arc::default();
+    for s in 0..args.submitters {
+        let (engine, ids) = (engine.clone(), ids.clone());
+        let n = args.runs / args.submitters + usize::from(s < args.runs % args.submitters);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..n {
+                let id = engine
+                    .start("bench", &serde_json::json!({ "qty": 1 }))
+                    .await?;
+                ids.lock().unwrap_or_else(PoisonError::into_inner).push(id);
+            }
+            Ok::<_, sagaflow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let submitted = t0.elapsed();
+    let deadline = t0 + Duration::from_secs(600);
+    while count_completed(engine).await < args.runs {
+        if Instant::now() > deadline {
+            return Err("runs did not complete in time".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let total = t0.elapsed();
+    for mut w in workers {
+        let _ = w.kill().await;
+    }
+    let ids = ids.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut e2e = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(r) = engine.run(id).await?
+            && let Some(f) = r.finished_at
+        {
+            e2e.push(Duration::from_millis(
+                u64::try_from(f - r.created_at).unwrap_or(0),
+            ));
+        }
+    }
+    e2e.sort();
+    let wps = args.runs as f64 / total.as_secs_f64();
+    println!(
+        "\nthroughput · {} runs × 3 steps · {} worker processes",
+        args.runs, args.processes
+    );
+    println!(
+        "  submitted in   {:.2} s ({:.0} runs/s accepted)",
+        submitted.as_secs_f64(),
+        args.runs as f64 / submitted.as_secs_f64()
+    );
+    println!("  completed in   {:.2} s", total.as_secs_f64());
+    println!("  workflows/s    {wps:.0}");
+    println!("  steps/s        {:.0}", wps * 3.0);
+    println!(
+        "  end-to-end     p50 {} · p99 {} (database clock, under full load)",
+        ms(percentile(&e2e, 50.0)),
+        ms(percentile(&e2e, 99.0))
+    );
+    engine.shutdown().await;
+    Ok(())
 }
