@@ -1,9 +1,10 @@
 //! The planner: given a run and its steps, decide the next transitions.
 //!
 //! This is the only place that knows how a step graph advances and how a saga unwinds. It is
-//! a pure function, called by the scheduler under the run's row lock (see
-//! [`Store::run_evaluate`](crate::store::Store::run_evaluate)), so every decision is made on
-//! a consistent snapshot and written atomically.
+//! a pure function, called by the scheduler under the run's row lock (inline in every result
+//! batch, see [`Store::step_finish_batch`](crate::store::Store::step_finish_batch), and by the
+//! evaluation loop), so every decision is made on a consistent snapshot and written
+//! atomically.
 //!
 //! Forward: a `NotStarted` step becomes `Ready` when all its dependencies are `Completed`;
 //! the run completes when every step has.

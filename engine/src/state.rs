@@ -120,10 +120,11 @@ impl FromStr for StepState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum RunState {
-    /// Accepted: the run and its steps are stored, nothing is queued yet. Moved to `Running`
-    /// by its first evaluation, which queues the root steps.
+    /// Accepted: stored with its root steps already queued. Moved by its first evaluation,
+    /// normally when its first step result is written: to `Running` (or straight to
+    /// `Completed`, `Compensating`, `Compensated` or `Error`), or by an operator `compensate`.
     Pending,
-    /// Steps are executing. Moved by the evaluator to `Completed`, `Compensating` or `Error`.
+    /// Steps are executing. Moved by the evaluator to `Completed`, `Compensating`, `Compensated` (nothing to undo) or `Error`.
     Running,
     /// Completed steps are being undone in reverse dependency order. Moved by the evaluator
     /// to `Compensated`, or `Error` when a compensation exhausts its retries.

@@ -1,14 +1,17 @@
 //! The scheduler (SAS-1, SAS-5): claims due steps in batches, hands them to agents, writes
 //! their results through fenced batch writes, and advances runs through the planner.
 //!
-//! Three loops per engine instance, all on one `TaskTracker` and watching one
+//! Four loops per engine instance, all on one `TaskTracker` and watching one
 //! `CancellationToken`:
 //! - **claim**: takes up to `claim_batch` due steps in one statement while in-flight slots are
 //!   free, loads their inputs in two queries, and sends a [`Dispatch`] per step to the agents;
 //! - **complete**: drains agent responses, decides complete / retry with backoff / fail, and
 //!   writes the whole batch in one transaction;
-//! - **evaluate**: takes runs marked dirty and applies the planner's decisions under each
-//!   run's row lock; raises alerts and publishes status events.
+//! - **evaluate**: takes runs marked dirty (by the supervisor, operators, stale guards) and
+//!   applies the planner's decisions under their row locks; raises alerts and publishes status
+//!   events. Runs touched by a result batch are evaluated inline, in the batch's transaction;
+//! - **listen** (PostgreSQL): wakes the other loops on `NOTIFY sagaflow_ready` from any
+//!   process.
 //!
 //! Restart recovery (SAS-5) needs no special path: queued steps are simply claimed again,
 //! dirty runs evaluated again, and steps left `Running` by a dead process expire and are

@@ -76,7 +76,8 @@ impl Store {
             .acquire_timeout(Duration::from_secs(30))
             .max_connections(match backend {
                 Backend::Sqlite => 1,
-                Backend::Postgres => pool_size.unwrap_or(PG_POOL_DEFAULT),
+                // The wake-up listener holds one connection for good.
+                Backend::Postgres => pool_size.unwrap_or(PG_POOL_DEFAULT).max(2),
             });
         let db = Database::connect(opts).await?;
         let store = Self::from_connection(db)?;

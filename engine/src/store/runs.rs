@@ -342,6 +342,46 @@ impl Store {
             .collect()
     }
 
+    /// Fills the database with `n` finished runs of the workflow `archive@1`, each with three
+    /// history entries, in bulk SQL: for capacity measurements ("throughput with a million
+    /// finished runs in history", AT-5). Not for production use.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_fill_finished(&self, n: u64) -> Result<()> {
+        let rows = match self.backend {
+            super::Backend::Postgres => format!(
+                "SELECT gen_random_uuid() AS id, {{now}} - g AS t FROM generate_series(1, {n}) AS g"
+            ),
+            super::Backend::Sqlite => format!(
+                "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {n}) \
+                 SELECT randomblob(16) AS id, {{now}} - i AS t FROM g"
+            ),
+        };
+        let txn = self.db.begin().await?;
+        txn.execute_raw(self.stmt(
+            &format!(
+                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, state, input, output, dirty, \
+                 created_at, updated_at, finished_at) \
+                 SELECT id, 'archive', 1, 'archive@1', 'completed', 'null', '{{}}', FALSE, t, t, t FROM ({rows}) AS x"
+            ),
+            vec![],
+        ))
+        .await?;
+        for event in ["submitted", "completed", "state"] {
+            txn.execute_raw(self.stmt(
+                &format!(
+                    "INSERT INTO sagaflow_history (run_id, step, event, actor, at) \
+                     SELECT id, 'only', '{event}', 'fill', created_at FROM sagaflow_runs WHERE workflow = 'archive'"
+                ),
+                vec![],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
     /// Counts history entries per event (`retry`, `timeout`, `completed`, `failed`, …) across
     /// all runs still retained: the figures behind summaries and dashboards.
     ///
@@ -429,6 +469,10 @@ impl Store {
             .apply_plans(&txn, vec![(before, write)], actor)
             .await?
             .pop();
+        if !evaluate {
+            // Operator actions mark the run for evaluation: wake every engine, not just this one.
+            self.notify_ready(&txn).await?;
+        }
         txn.commit().await?;
         Ok(applied)
     }

@@ -399,7 +399,8 @@ impl Store {
             )
             .await?;
         }
-        if counts.requeued > 0 {
+        if counts.requeued + counts.failed > 0 {
+            // Re-queued steps, and runs to evaluate for the ones that failed.
             self.notify_ready(&txn).await?;
         }
         txn.commit().await?;

@@ -42,6 +42,10 @@ struct Args {
     /// from the runs' database timestamps, and the start latency is not measured.
     #[arg(long, default_value_t = 1)]
     processes: usize,
+    /// Finished runs (with history) to insert before measuring: throughput must not depend
+    /// on how much history the database holds (AT-5).
+    #[arg(long, default_value_t = 0)]
+    prefill_finished: u64,
     /// Internal: run as a worker process until killed.
     #[arg(long, hide = true)]
     worker: Option<String>,
@@ -194,6 +198,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.max_in_flight,
         args.claim_batch
     );
+    if args.prefill_finished > 0 {
+        let t = Instant::now();
+        engine
+            .store()
+            .run_fill_finished(args.prefill_finished)
+            .await?;
+        println!(
+            "  prefilled {} finished runs with history in {:.1} s",
+            args.prefill_finished,
+            t.elapsed().as_secs_f64()
+        );
+    }
     if args.processes > 1 {
         return multi_process(&args, &url, &engine).await;
     }
