@@ -125,20 +125,20 @@ impl Store {
         })
     }
 
-    /// Inside a transaction: fails unless `fence` holds the unexpired lease, and (on
-    /// PostgreSQL) keeps the lease row share-locked until commit.
+    /// Inside a transaction: fails unless `fence` holds the unexpired lease. It takes no
+    /// lock: a leader frozen inside its transaction must not block the next election (LE-3).
+    /// Each fenced write repeats the check in its own `WHERE`, and the writes' guards on the
+    /// step's state and attempt make a stale leader's late write match nothing.
     pub(super) async fn fence_check(
         &self,
         txn: &DatabaseTransaction,
         fence: &LeaderFence,
     ) -> Result<()> {
-        let sql = format!(
-            "SELECT term FROM sagaflow_leases WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {{now}} {}",
-            self.fence_lock()
-        );
+        let sql = "SELECT term FROM sagaflow_leases WHERE name = $1 AND holder = $2 AND term = $3 \
+                   AND expires_at > {now}";
         let row = txn
             .query_one_raw(self.stmt(
-                &sql,
+                sql,
                 vec![
                     fence.name.clone().into(),
                     fence.holder.clone().into(),

@@ -163,13 +163,6 @@ impl Store {
         }
     }
 
-    fn fence_lock(&self) -> &'static str {
-        match self.backend {
-            Backend::Postgres => postgres::FENCE_LOCK,
-            Backend::Sqlite => sqlite::FENCE_LOCK,
-        }
-    }
-
     /// A placeholder typed for use inside `VALUES` lists: PostgreSQL cannot infer parameter
     /// types there; SQLite is dynamically typed and has no UUID type to cast to.
     fn typed(&self, placeholder: usize, pg_type: &str) -> String {

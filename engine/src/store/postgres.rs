@@ -14,7 +14,3 @@ pub const READY_CHANNEL: &str = "sagaflow_ready";
 /// Row lock taken by the claim's inner SELECT: rows another scheduler is claiming are skipped,
 /// never waited for and never handed out twice.
 pub(super) const CLAIM_LOCK: &str = "FOR UPDATE SKIP LOCKED";
-
-/// Shared lock on the leader lease for the duration of a fenced supervisor transaction: an
-/// election or renewal cannot slip in between the fence check and the writes.
-pub(super) const FENCE_LOCK: &str = "FOR SHARE";

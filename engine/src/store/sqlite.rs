@@ -5,6 +5,3 @@ pub(super) const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 A
 
 /// SQLite has one writer at a time: the claim's UPDATE is atomic without a row lock clause.
 pub(super) const CLAIM_LOCK: &str = "";
-
-/// Same reason: a write transaction excludes every other writer.
-pub(super) const FENCE_LOCK: &str = "";

@@ -357,7 +357,9 @@ impl Store {
                      failure_count = failure_count + 1, deadline_ms = $2, error = $3, updated_at = {now}, \
                      available_at = CASE WHEN $4 THEN {now} ELSE NULL END, \
                      maybe_applied = (maybe_applied OR $8) \
-                     WHERE id = $5 AND state = $6 AND attempt = $7 AND complete_by < {now}",
+                     WHERE id = $5 AND state = $6 AND attempt = $7 AND complete_by < {now} \
+                       AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $9 AND holder = $10 \
+                                   AND term = $11 AND expires_at > {now})",
                     vec![
                         to.as_str().into(),
                         r.new_deadline_ms.into(),
@@ -368,6 +370,9 @@ impl Store {
                         s.attempt.into(),
                         // A forward attempt that timed out may have taken effect remotely.
                         (!compensation).into(),
+                        fence.name.clone().into(),
+                        fence.holder.clone().into(),
+                        fence.term.into(),
                     ],
                 ))
                 .await?;
