@@ -163,7 +163,7 @@ impl Store {
     ) -> Result<()> {
         for chunk in ids.chunks(CHUNK) {
             let sql = format!(
-                "UPDATE sagaflow_runs SET dirty = TRUE WHERE id IN ({})",
+                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id IN ({})",
                 placeholders(1, chunk.len())
             );
             conn.execute_raw(self.stmt(&sql, chunk.iter().map(|&i| i.into()).collect()))

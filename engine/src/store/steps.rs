@@ -337,8 +337,11 @@ impl Store {
     pub async fn step_rescue(&self, fence: &LeaderFence, items: &[Rescue]) -> Result<RescueCounts> {
         let txn = self.db.begin().await?;
         self.fence_check(&txn, fence).await?;
-        self.runs_mark_dirty(&txn, items.iter().map(|r| r.step.run_id))
-            .await?;
+        self.mark_dirty(
+            &txn,
+            &items.iter().map(|r| r.step.run_id).collect::<Vec<_>>(),
+        )
+        .await?;
         let actor = fence.actor();
         let mut counts = RescueCounts::default();
         for r in items {
@@ -428,27 +431,5 @@ impl Store {
             .map(|r| r.try_get::<i64>("", "n"))
             .transpose()?
             .unwrap_or(0))
-    }
-}
-
-impl Store {
-    /// Marks runs for evaluation, in id order (a stable lock order across transactions).
-    async fn runs_mark_dirty<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        runs: impl Iterator<Item = Uuid>,
-    ) -> Result<()> {
-        let mut ids: Vec<Uuid> = runs.collect();
-        ids.sort_unstable();
-        ids.dedup();
-        for chunk in ids.chunks(500) {
-            let sql = format!(
-                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id IN ({})",
-                placeholders(1, chunk.len())
-            );
-            conn.execute_raw(self.stmt(&sql, chunk.iter().map(|&i| i.into()).collect()))
-                .await?;
-        }
-        Ok(())
     }
 }
