@@ -64,6 +64,11 @@ else
     banner "SAGAFLOW_SKIP_LINT=1: skipping cargo fmt and cargo clippy"
 fi
 
+# The chaos and crash tests start the workspace's binaries (sagaflow-chaos); `cargo test`
+# builds test targets only, so build the binaries first.
+banner "cargo build --workspace --bins --locked"
+cargo build --workspace --bins --locked
+
 banner "cargo test --workspace --locked $*  (SAGAFLOW_PG_URL=$SAGAFLOW_PG_URL)"
 status=0
 cargo test --workspace --locked "$@" || status=$?

@@ -88,7 +88,33 @@ impl Store {
                 .await?;
         }
         sagaflow_migrations::migrate(&store.db).await?;
+        if backend == Backend::Postgres {
+            store.warn_if_commits_are_asynchronous().await;
+        }
         Ok(store)
+    }
+
+    /// sagaflow acts on a commit as soon as it is acknowledged (it claims the next step, calls
+    /// the next service). With `synchronous_commit = off`, a PostgreSQL crash can lose commits
+    /// that were acknowledged, and a run can then be compensated although a later step already
+    /// took effect. Say so loudly; the setting is the operator's to change.
+    async fn warn_if_commits_are_asynchronous(&self) {
+        let setting = self
+            .db
+            .query_one_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SHOW synchronous_commit",
+            ))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|r| r.try_get_by_index::<String>(0).ok());
+        if setting.as_deref() == Some("off") {
+            tracing::warn!(
+                "PostgreSQL runs with synchronous_commit=off: a server crash can lose commits \
+                 sagaflow already acted on; its guarantees assume synchronous_commit=on"
+            );
+        }
     }
 
     /// Wraps an existing connection (schema must already be migrated; see

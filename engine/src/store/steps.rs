@@ -279,9 +279,11 @@ impl Store {
         let runs = self.lock_runs(&txn, &run_ids, false).await?;
         let done = self.finish_writes(&txn, items).await?;
         let applied: Vec<bool> = items.iter().map(|it| done.contains(&it.id)).collect();
+        // One history row per applied write, even if a batch carried the same attempt twice.
+        let mut recorded = std::collections::HashSet::with_capacity(items.len());
         let history: Vec<HistoryEntry> = items
             .iter()
-            .filter(|it| done.contains(&it.id))
+            .filter(|it| done.contains(&it.id) && recorded.insert(it.id))
             .map(|it| {
                 let (event, detail) = match &it.kind {
                     StepFinishKind::Succeeded { .. } => ("completed", None),

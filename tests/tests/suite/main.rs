@@ -1,9 +1,11 @@
 //! sagaflow's integration suite. Every scenario runs on SQLite and on PostgreSQL (see
 //! `sagaflow_tests::backends`); requirement IDs refer to `shared/DIGEST.md`.
 
+mod chaos;
 mod claim;
 mod crash;
 mod definitions;
+mod failover;
 mod failures;
 mod fixtures;
 mod flow;

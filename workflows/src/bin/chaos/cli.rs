@@ -1,0 +1,104 @@
+//! Command-line flags.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Crash engine processes and PostgreSQL under a fault-injecting workload, then check that
+/// no run was lost and no effect applied twice.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "sagaflow-chaos")]
+pub(crate) struct Args {
+    /// PostgreSQL server to use (a fresh database is created on it and dropped at the end).
+    /// Default: start a private throwaway cluster with scripts/pg.sh.
+    #[arg(long, env = "DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
+    /// Data directory of the server behind --database-url, to restart it mid-run with
+    /// `pg_ctl restart -m immediate` (as the postgres OS user when running as root).
+    #[arg(long)]
+    pub(crate) pg_ctl_data_dir: Option<PathBuf>,
+    /// Directory holding pg_ctl (default: SAGAFLOW_PG_BIN, then /usr/lib/postgresql/*/bin,
+    /// then PATH).
+    #[arg(long, env = "SAGAFLOW_PG_BIN")]
+    pub(crate) pg_bin: Option<PathBuf>,
+    /// Path of scripts/pg.sh (used only to start a private cluster).
+    #[arg(long)]
+    pub(crate) pg_script: Option<PathBuf>,
+    /// Engine processes.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) processes: usize,
+    /// Order sagas to submit.
+    #[arg(long, default_value_t = 5_000)]
+    pub(crate) orders: usize,
+    /// Share of remote calls failing transiently (0..1).
+    #[arg(long, default_value_t = 0.10)]
+    pub(crate) transient: f64,
+    /// Share of remote calls that apply their effect and then hang past the deadline (0..1).
+    #[arg(long, default_value_t = 0.02)]
+    pub(crate) hang: f64,
+    /// Share of idempotency keys of forward calls refused for good (0..1).
+    #[arg(long, default_value_t = 0.01)]
+    pub(crate) permanent: f64,
+    /// Seed of the fault injection and of the choice of the process to kill.
+    #[arg(long, default_value_t = 42)]
+    pub(crate) seed: u64,
+    /// SIGKILL a random engine process (and restart it) this often; 0: never.
+    #[arg(long, default_value_t = 3_000)]
+    pub(crate) kill_every_ms: u64,
+    /// Do not restart PostgreSQL mid-run.
+    #[arg(long)]
+    pub(crate) no_pg_restart: bool,
+    /// Give up (and fail) after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) timeout_secs: u64,
+    /// Keep the chaos database (and a private cluster) at the end, for inspection.
+    #[arg(long)]
+    pub(crate) keep_db: bool,
+    /// Where the engine processes write their logs (default: a new temp directory).
+    #[arg(long)]
+    pub(crate) log_dir: Option<PathBuf>,
+
+    /// Leave `synchronous_commit` at the server's setting instead of forcing it on for the
+    /// chaos database. With `off`, the PostgreSQL restart loses acknowledged commits, and the
+    /// checks are expected to fail: this shows why the engine needs durable commits.
+    #[arg(long, hide = true)]
+    pub(crate) server_commit_mode: bool,
+
+    /// Internal: run as one engine process of the fleet.
+    #[arg(long, hide = true)]
+    pub(crate) worker: bool,
+    /// Internal: the engine process's instance id.
+    #[arg(long, hide = true)]
+    pub(crate) instance_id: Option<String>,
+    /// Internal: base URL of the simulated services.
+    #[arg(long, hide = true)]
+    pub(crate) services_url: Option<String>,
+}
+
+impl Args {
+    /// Rejects flag combinations that cannot work.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("--transient", self.transient),
+            ("--hang", self.hang),
+            ("--permanent", self.permanent),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must be between 0 and 1, got {v}"));
+            }
+        }
+        if self.transient + self.hang > 1.0 {
+            return Err("--transient plus --hang must not exceed 1".into());
+        }
+        if self.processes == 0 || self.orders == 0 {
+            return Err("--processes and --orders must be at least 1".into());
+        }
+        if self.kill_every_ms != 0 && self.kill_every_ms < 100 {
+            return Err("--kill-every-ms must be 0 (no kills) or at least 100".into());
+        }
+        if self.timeout_secs == 0 {
+            return Err("--timeout-secs must be positive".into());
+        }
+        Ok(())
+    }
+}
