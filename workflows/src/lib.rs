@@ -1,4 +1,5 @@
 //! The order-processing saga and the simulated remote services it talks to: inventory, payments, shipping.
 
+pub mod machine;
 pub mod order;
 pub mod services;

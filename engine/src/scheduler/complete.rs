@@ -46,7 +46,6 @@ pub(super) async fn run(
             () = cancel.cancelled() => return,
         }
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| decide(&s, r)).collect();
-        let written_at = Instant::now();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
             let registry = s.registry.clone();
@@ -70,7 +69,7 @@ pub(super) async fn run(
                     streak.succeeded("writing step results");
                     // The row's `available_at` was computed by the database during the write,
                     // so measure from after it, with a margin for clock granularity.
-                    let base = Instant::now().max(written_at) + RETRY_WAKE_MARGIN;
+                    let base = Instant::now() + RETRY_WAKE_MARGIN;
                     for (f, ok) in finishes.iter().zip(&applied) {
                         if let (StepFinishKind::Retry { delay_ms, .. }, true) = (&f.kind, ok) {
                             retries.push(Reverse(

@@ -326,16 +326,8 @@ impl Store {
     ) -> Result<()> {
         const COLS: [&str; 5] = ["UUID", "TEXT", "TEXT", "TEXT", "BOOLEAN"];
         for chunk in runs.chunks(CHUNK) {
-            let mut rows = Vec::with_capacity(chunk.len());
             let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * COLS.len());
-            for (i, (id, state, output, error)) in chunk.iter().enumerate() {
-                let b = i * COLS.len() + 1;
-                let cells: Vec<String> = COLS
-                    .iter()
-                    .enumerate()
-                    .map(|(k, t)| self.typed(b + k, t))
-                    .collect();
-                rows.push(format!("({})", cells.join(", ")));
+            for (id, state, output, error) in chunk {
                 values.extend([
                     (*id).into(),
                     state.as_str().into(),
@@ -352,7 +344,7 @@ impl Store {
                  FROM (SELECT column1 AS vid, column2 AS state, column3 AS output, column4 AS error, \
                          column5 AS fin FROM (VALUES {}) AS t) AS v \
                  WHERE r.id = v.vid",
-                rows.join(", ")
+                self.values_rows(&COLS, chunk.len())
             );
             txn.execute_raw(self.stmt(&sql, values)).await?;
         }

@@ -198,6 +198,23 @@ impl Store {
         }
     }
 
+    /// `(…), (…)` rows of typed placeholders for `rows` rows of `cols`, numbered from `$1`:
+    /// the body of an `UPDATE … FROM (VALUES …)` batch.
+    fn values_rows(&self, cols: &[&str], rows: usize) -> String {
+        (0..rows)
+            .map(|i| {
+                let b = i * cols.len() + 1;
+                let cells: Vec<String> = cols
+                    .iter()
+                    .enumerate()
+                    .map(|(k, t)| self.typed(b + k, t))
+                    .collect();
+                format!("({})", cells.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     fn db_backend(&self) -> DbBackend {
         match self.backend {
             Backend::Postgres => DbBackend::Postgres,

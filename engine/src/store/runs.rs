@@ -405,24 +405,6 @@ impl Store {
             .collect()
     }
 
-    /// Evaluates a run marked dirty: under the run's row lock, reads its steps, asks `plan`
-    /// what to change, and writes it. Returns `None` when the run is no longer dirty (another
-    /// scheduler got there first).
-    ///
-    /// # Errors
-    /// [`Error::Db`], or whatever `plan` returns (the transaction is rolled back).
-    pub async fn run_evaluate<F>(
-        &self,
-        id: Uuid,
-        actor: &str,
-        plan: F,
-    ) -> Result<Option<EvalApplied>>
-    where
-        F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
-    {
-        self.run_transition(id, true, actor, plan).await
-    }
-
     /// Applies an operator action under the run's row lock and marks the run for evaluation.
     ///
     /// # Errors
@@ -431,34 +413,24 @@ impl Store {
     where
         F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
     {
-        self.run_transition(id, false, "operator", plan)
+        self.run_transition(id, "operator", plan)
             .await?
             .ok_or(Error::RunNotFound(id))
     }
 
-    async fn run_transition<F>(
-        &self,
-        id: Uuid,
-        evaluate: bool,
-        actor: &str,
-        plan: F,
-    ) -> Result<Option<EvalApplied>>
+    async fn run_transition<F>(&self, id: Uuid, actor: &str, plan: F) -> Result<Option<EvalApplied>>
     where
         F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
     {
         let txn = self.db.begin().await?;
         // The first statement is a write: it takes the run's row lock on PostgreSQL and the
         // write lock on SQLite, so evaluations of one run are serialised.
-        let before = if evaluate {
-            self.lock_runs(&txn, &[id], true).await?.pop()
-        } else {
-            let sql = format!(
-                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}"
-            );
-            match txn.query_one_raw(self.stmt(&sql, vec![id.into()])).await? {
-                Some(row) => Some(RunRow::decode(&row)?),
-                None => None,
-            }
+        let sql = format!(
+            "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}"
+        );
+        let before = match txn.query_one_raw(self.stmt(&sql, vec![id.into()])).await? {
+            Some(row) => Some(RunRow::decode(&row)?),
+            None => None,
         };
         let Some(before) = before else {
             return Ok(None);
@@ -469,10 +441,8 @@ impl Store {
             .apply_plans(&txn, vec![(before, write)], actor)
             .await?
             .pop();
-        if !evaluate {
-            // Operator actions mark the run for evaluation: wake every engine, not just this one.
-            self.notify_ready(&txn).await?;
-        }
+        // The action marks the run for evaluation: wake every engine, not just this one.
+        self.notify_ready(&txn).await?;
         txn.commit().await?;
         Ok(applied)
     }
@@ -531,37 +501,6 @@ impl Store {
             .rows_affected();
         txn.commit().await?;
         Ok(n)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn history_insert<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        run_id: Uuid,
-        step: Option<&str>,
-        event: &str,
-        from: Option<&str>,
-        to: Option<&str>,
-        attempt: Option<i32>,
-        actor: &str,
-        detail: Option<&str>,
-    ) -> Result<()> {
-        conn.execute_raw(self.stmt(
-            "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, attempt, actor, detail, at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {now})",
-            vec![
-                run_id.into(),
-                step.map(str::to_owned).into(),
-                event.to_owned().into(),
-                from.map(str::to_owned).into(),
-                to.map(str::to_owned).into(),
-                attempt.into(),
-                actor.to_owned().into(),
-                detail.map(str::to_owned).into(),
-            ],
-        ))
-        .await?;
-        Ok(())
     }
 }
 

@@ -93,16 +93,8 @@ impl Store {
         ];
         let mut done = std::collections::HashSet::with_capacity(items.len());
         for chunk in items.chunks(FINISH_CHUNK) {
-            let mut rows = Vec::with_capacity(chunk.len());
             let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * COLS.len());
-            for (i, it) in chunk.iter().enumerate() {
-                let b = i * COLS.len() + 1;
-                let cells: Vec<String> = COLS
-                    .iter()
-                    .enumerate()
-                    .map(|(k, t)| self.typed(b + k, t))
-                    .collect();
-                rows.push(format!("({})", cells.join(", ")));
+            for it in chunk {
                 let (kind, output, error, delay, maybe) = match &it.kind {
                     StepFinishKind::Succeeded { output } => ("ok", output.clone(), None, 0, false),
                     StepFinishKind::Retry { delay_ms, error } => {
@@ -145,7 +137,7 @@ impl Store {
                  WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \
                    AND s.locked_by = v.owner AND s.complete_by > {{now}} \
                  RETURNING id",
-                rows.join(", ")
+                self.values_rows(&COLS, chunk.len())
             );
             for r in txn.query_all_raw(self.stmt(&sql, values)).await? {
                 done.insert(r.try_get::<i64>("", "id")?);
@@ -346,6 +338,7 @@ impl Store {
         .await?;
         let actor = fence.actor();
         let mut counts = RescueCounts::default();
+        let mut history = Vec::with_capacity(items.len());
         for r in items {
             let s = &r.step;
             let compensation = s.state == StepState::Compensating;
@@ -396,19 +389,18 @@ impl Store {
                 s.max_failures,
                 r.new_deadline_ms
             );
-            self.history_insert(
-                &txn,
-                s.run_id,
-                Some(&s.name),
-                "timeout",
-                Some(s.state.as_str()),
-                Some(to.as_str()),
-                Some(s.attempt),
-                &actor,
-                Some(&detail),
-            )
-            .await?;
+            history.push(HistoryEntry {
+                run_id: s.run_id,
+                step: Some(s.name.clone()),
+                event: "timeout".into(),
+                from: Some(s.state.as_str().into()),
+                to: Some(to.as_str().into()),
+                attempt: Some(s.attempt),
+                actor: actor.clone(),
+                detail: Some(detail),
+            });
         }
+        self.history_insert_many(&txn, &history).await?;
         if counts.requeued + counts.failed > 0 {
             // Re-queued steps, and runs to evaluate for the ones that failed.
             self.notify_ready(&txn).await?;

@@ -29,7 +29,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     latency_runs: usize,
     /// Concurrent submitters in the throughput phase.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     submitters: usize,
     /// Steps in flight at most.
     #[arg(long, default_value_t = 512)]
@@ -105,31 +105,6 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<f64>().ok())
-        })
-        .map_or_else(
-            || "?".into(),
-            |kb| format!("{:.0} GiB", kb / 1024.0 / 1024.0),
-        );
-    format!("{cores} cores ({cpu}), {mem} RAM")
-}
-
 async fn durability(engine: &Engine) -> String {
     let conn = engine.connection();
     let q = |sql: &'static str| async move {
@@ -190,7 +165,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_workers(args.processes <= 1)
         .start()
         .await?;
-    println!("sagaflow-bench · machine: {}", machine());
+    println!(
+        "sagaflow-bench · machine: {}",
+        sagaflow_workflows::machine::describe()
+    );
     println!("  database: {}", durability(&engine).await);
     println!(
         "  engine: {} process(es) · max in flight {} each · claim batch {}",

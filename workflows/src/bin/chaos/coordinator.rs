@@ -138,19 +138,6 @@ fn pct(x: f64) -> String {
     format!("{}%", (x * 1000.0).round() / 10.0)
 }
 
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{cores} vCPU ({cpu})")
-}
-
 /// The coordinator's main: returns the exit code (0 pass, 1 an invariant failed, 2 the run
 /// could not be set up, 130 interrupted).
 pub(crate) async fn run(args: Args) -> u8 {
@@ -168,7 +155,7 @@ pub(crate) async fn run(args: Args) -> u8 {
         pct(args.permanent),
         args.seed
     );
-    println!("  machine: {}", machine());
+    println!("  machine: {}", sagaflow_workflows::machine::describe());
 
     // PostgreSQL: the given server, or a private cluster.
     let mut own: Option<OwnCluster> = None;
