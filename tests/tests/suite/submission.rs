@@ -1,10 +1,13 @@
 //! Submission: typed errors for bad input, business keys, starting inside the caller's
 //! transaction (SAS-7, JM-1).
 
+use std::sync::Arc;
+
 use sagaflow::sea_orm::TransactionTrait;
 use sagaflow::{Error, OnDuplicate, RunState, StartOptions, StepContext, StepError, Workflow};
 use sagaflow_tests::{backends, engine, expect_state};
 use serde::Deserialize;
+use tokio::sync::Semaphore;
 
 #[derive(Debug, Deserialize)]
 #[allow(dead_code)]
@@ -60,17 +63,37 @@ async fn bad_submissions_get_typed_errors_and_write_nothing() {
     }
 }
 
+/// A one-step workflow whose step waits until the test opens the gate, so that its run stays
+/// active for as long as the test needs.
+fn gated(gate: Arc<Semaphore>) -> Workflow {
+    Workflow::builder("gated", 1)
+        .step("only", move |_ctx: StepContext| {
+            let gate = gate.clone();
+            async move {
+                gate.acquire()
+                    .await
+                    .map_err(|e| StepError::retryable("gate", e.to_string()))?
+                    .forget();
+                Ok::<_, StepError>(())
+            }
+        })
+        .build()
+        .expect("valid")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_business_key_admits_one_active_run() {
     for db in backends().await {
-        let engine = engine(&db, vec![typed()]).await;
-        let input = serde_json::json!({ "order_id": "o-1", "qty": 1 });
+        let gate = Arc::new(Semaphore::new(0));
+        let engine = engine(&db, vec![gated(gate.clone())]).await;
+        let input = serde_json::json!({ "order_id": "o-1" });
+        let keyed = || StartOptions::keyed("o-1");
         let first = engine
-            .start_with("typed", &input, StartOptions::keyed("o-1"))
+            .start_with("gated", &input, keyed())
             .await
             .expect("first");
         let err = engine
-            .start_with("typed", &input, StartOptions::keyed("o-1"))
+            .start_with("gated", &input, keyed())
             .await
             .expect_err("duplicate");
         match err {
@@ -79,35 +102,39 @@ async fn a_business_key_admits_one_active_run() {
         }
         let again = engine
             .start_with(
-                "typed",
+                "gated",
                 &input,
-                StartOptions::keyed("o-1").on_duplicate(OnDuplicate::ReturnExisting),
+                keyed().on_duplicate(OnDuplicate::ReturnExisting),
             )
             .await
             .expect("return existing");
-        // Either the first run is still active (same id) or it already finished (a new run).
-        if again.created {
-            assert_ne!(again.id, first.id);
-        } else {
-            assert_eq!(again.id, first.id);
-        }
+        assert_eq!(
+            again,
+            sagaflow::Started {
+                id: first.id,
+                created: false
+            },
+            "[{}]",
+            db.backend
+        );
+        // Once the run finished, the key is free again.
+        gate.add_permits(1);
         expect_state(&engine, first.id, RunState::Completed, db.backend).await;
-        // Once finished, the key is free again.
         let next = engine
             .start_with(
-                "typed",
+                "gated",
                 &input,
-                StartOptions::keyed("o-1").on_duplicate(OnDuplicate::ReturnExisting),
+                keyed().on_duplicate(OnDuplicate::ReturnExisting),
             )
             .await
             .expect("next");
-        if !again.created {
-            assert!(
-                next.created,
-                "[{}] key must be free after completion",
-                db.backend
-            );
-        }
+        assert!(
+            next.created && next.id != first.id,
+            "[{}] key must be free after completion",
+            db.backend
+        );
+        gate.add_permits(1);
+        expect_state(&engine, next.id, RunState::Completed, db.backend).await;
         engine.shutdown().await;
     }
 }
