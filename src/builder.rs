@@ -130,6 +130,12 @@ impl EngineBuilder {
         self
     }
 
+    /// Result batches written concurrently (each in its own transaction).
+    pub fn with_completion_writers(mut self, n: usize) -> Self {
+        self.scheduler.completion_writers = n;
+        self
+    }
+
     /// Pause after an empty poll (local submissions wake the scheduler at once).
     pub fn with_poll_interval(mut self, d: Duration) -> Self {
         self.scheduler.empty_poll_pause = d;

@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +24,7 @@ const RETRY_WAKE_MARGIN: Duration = Duration::from_millis(5);
 pub(super) async fn run(
     s: Arc<Scheduler>,
     cancel: CancellationToken,
-    mut rx: mpsc::Receiver<AgentResponse>,
+    rx: Arc<Mutex<mpsc::Receiver<AgentResponse>>>,
 ) {
     let mut streak = ErrorStreak::default();
     let mut batch = Vec::with_capacity(s.config.complete_batch);
@@ -34,7 +34,9 @@ pub(super) async fn run(
     loop {
         let next = retries.peek().map(|Reverse(t)| *t);
         tokio::select! {
-            n = rx.recv_many(&mut batch, s.config.complete_batch) => if n == 0 { return },
+            // Writers take turns at the channel: one waits for responses while the others
+            // write theirs, so a batch's round trips and commit overlap the next batch's.
+            n = async { rx.lock().await.recv_many(&mut batch, s.config.complete_batch).await } => if n == 0 { return },
             () = async { if let Some(t) = next { tokio::time::sleep_until(t).await } else { std::future::pending().await } } => {
                 let now = Instant::now();
                 while retries.peek().is_some_and(|Reverse(t)| *t <= now) {

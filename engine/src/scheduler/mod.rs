@@ -5,8 +5,8 @@
 //! `CancellationToken`:
 //! - **claim**: takes up to `claim_batch` due steps in one statement while in-flight slots are
 //!   free, loads their inputs in two queries, and sends a [`Dispatch`] per step to the agents;
-//! - **complete**: drains agent responses, decides complete / retry with backoff / fail, and
-//!   writes the whole batch in one transaction;
+//! - **complete** (`completion_writers` of them): drain agent responses, decide complete /
+//!   retry with backoff / fail, and write each batch in one transaction;
 //! - **evaluate**: takes runs marked dirty (by the supervisor, operators, stale guards) and
 //!   applies the planner's decisions under their row locks; raises alerts and publishes status
 //!   events. Runs touched by a result batch are evaluated inline, in the batch's transaction;
@@ -47,6 +47,8 @@ pub const ERROR_PAUSE_DEFAULT: Duration = Duration::from_secs(2);
 pub const SUCCESS_PAUSE_DEFAULT: Duration = Duration::ZERO;
 /// Default maximum of results written per transaction.
 pub const COMPLETE_BATCH_DEFAULT: usize = 128;
+/// Default number of completion writers (transactions writing results concurrently).
+pub const COMPLETION_WRITERS_DEFAULT: usize = 2;
 /// Default largest serialized step output.
 pub const MAX_PAYLOAD_DEFAULT: usize = 256 * 1024;
 
@@ -67,6 +69,10 @@ pub struct SchedulerConfig {
     pub success_pause: Duration,
     /// Results per write transaction.
     pub complete_batch: usize,
+    /// Result batches written concurrently, each in its own transaction on its own
+    /// connection. Batches lock their runs in id order, so concurrent writers cannot
+    /// deadlock on runs; on SQLite they take turns at the single connection.
+    pub completion_writers: usize,
     /// Largest step output, serialized.
     pub max_payload_bytes: usize,
 }
@@ -82,6 +88,7 @@ impl SchedulerConfig {
             error_pause: ERROR_PAUSE_DEFAULT,
             success_pause: SUCCESS_PAUSE_DEFAULT,
             complete_batch: COMPLETE_BATCH_DEFAULT,
+            completion_writers: COMPLETION_WRITERS_DEFAULT,
             max_payload_bytes: MAX_PAYLOAD_DEFAULT,
         }
     }
@@ -94,9 +101,14 @@ impl SchedulerConfig {
         if self.owner.is_empty() {
             return Err(Error::Config("scheduler owner id must not be empty".into()));
         }
-        if self.max_in_flight == 0 || self.claim_batch == 0 || self.complete_batch == 0 {
+        if self.max_in_flight == 0
+            || self.claim_batch == 0
+            || self.complete_batch == 0
+            || self.completion_writers == 0
+        {
             return Err(Error::Config(
-                "max_in_flight, claim_batch and complete_batch must be at least 1".into(),
+                "max_in_flight, claim_batch, complete_batch and completion_writers must be at least 1"
+                    .into(),
             ));
         }
         if self.empty_poll_pause.is_zero() {
@@ -153,7 +165,14 @@ impl Scheduler {
         let (reply_tx, reply_rx) =
             mpsc::channel::<AgentResponse>(self.config.max_in_flight.max(16));
         tracker.spawn(claim::run(self.clone(), cancel.clone(), agents, reply_tx));
-        tracker.spawn(complete::run(self.clone(), cancel.clone(), reply_rx));
+        let reply_rx = Arc::new(tokio::sync::Mutex::new(reply_rx));
+        for _ in 0..self.config.completion_writers {
+            tracker.spawn(complete::run(
+                self.clone(),
+                cancel.clone(),
+                reply_rx.clone(),
+            ));
+        }
         tracker.spawn(evaluate::run(self.clone(), cancel.clone()));
         tracker.spawn(listen::run(self, cancel));
     }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::alerts::insert_alert;
 use super::rows::{RUN_COLS, STEP_COLS};
 use super::runs::{EvalApplied, PlanWrite};
-use super::{RunRow, StepRow, Store, placeholders};
+use super::{Backend, RunRow, StepRow, Store};
 use crate::{Error, Result, RunState, StepState};
 
 /// Rows per multi-row statement (well under both backends' bound-parameter limits).
@@ -40,37 +40,38 @@ impl Store {
         conn: &C,
         entries: &[HistoryEntry],
     ) -> Result<()> {
+        const COLS: [(&str, &str); 8] = [
+            ("run_id", "uuid"),
+            ("step", "text"),
+            ("event", "text"),
+            ("from_state", "text"),
+            ("to_state", "text"),
+            ("attempt", "integer"),
+            ("actor", "text"),
+            ("detail", "text"),
+        ];
         for chunk in entries.chunks(CHUNK) {
-            let mut sql = String::from(
-                "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, attempt, actor, detail, at) VALUES ",
+            let rows = chunk
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.run_id.into(),
+                        e.step.clone().into(),
+                        e.event.clone().into(),
+                        e.from.clone().into(),
+                        e.to.clone().into(),
+                        e.attempt.into(),
+                        e.actor.clone().into(),
+                        e.detail.clone().into(),
+                    ]
+                })
+                .collect();
+            let (source, values) = self.rows_source(1, &COLS, rows)?;
+            let sql = format!(
+                "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, attempt, actor, detail, at) \
+                 SELECT v.run_id, v.step, v.event, v.from_state, v.to_state, v.attempt, v.actor, v.detail, {{now}} \
+                 FROM {source}"
             );
-            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
-            for (i, e) in chunk.iter().enumerate() {
-                let b = i * 8 + 1;
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push_str(&format!(
-                    "(${b}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, {{now}})",
-                    b + 1,
-                    b + 2,
-                    b + 3,
-                    b + 4,
-                    b + 5,
-                    b + 6,
-                    b + 7
-                ));
-                values.extend([
-                    e.run_id.into(),
-                    e.step.clone().into(),
-                    e.event.clone().into(),
-                    e.from.clone().into(),
-                    e.to.clone().into(),
-                    e.attempt.into(),
-                    e.actor.clone().into(),
-                    e.detail.clone().into(),
-                ]);
-            }
             conn.execute_raw(self.stmt(&sql, values)).await?;
         }
         Ok(())
@@ -78,6 +79,11 @@ impl Store {
 
     /// Locks runs (sorted by id: the lock order every transaction follows) and returns them.
     /// With `only_dirty`, only runs marked for evaluation are taken (and unmarked).
+    ///
+    /// PostgreSQL takes the row locks with `SELECT … ORDER BY id FOR UPDATE`, which locks in
+    /// id order and writes no new row version; only runs that were marked get an `UPDATE`.
+    /// SQLite's first write takes the database's write lock, so there the lock is the
+    /// unmarking `UPDATE` itself.
     pub(super) async fn lock_runs(
         &self,
         txn: &DatabaseTransaction,
@@ -87,19 +93,31 @@ impl Store {
         let mut ids = ids.to_vec();
         ids.sort_unstable();
         ids.dedup();
+        let only = if only_dirty { " AND dirty" } else { "" };
         let mut out = Vec::with_capacity(ids.len());
+        let mut marked = Vec::new();
         for chunk in ids.chunks(CHUNK) {
-            let sql = format!(
-                "UPDATE sagaflow_runs SET dirty = FALSE WHERE id IN ({}){} RETURNING {RUN_COLS}",
-                placeholders(1, chunk.len()),
-                if only_dirty { " AND dirty" } else { "" }
-            );
-            let rows = txn
-                .query_all_raw(self.stmt(&sql, chunk.iter().map(|&i| i.into()).collect()))
-                .await?;
-            for r in &rows {
-                out.push(RunRow::decode(r)?);
+            let (cond, values) = self.in_list("id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let sql = match self.backend {
+                Backend::Postgres => format!(
+                    "SELECT {RUN_COLS}, dirty FROM sagaflow_runs WHERE {cond}{only} ORDER BY id FOR UPDATE"
+                ),
+                Backend::Sqlite => format!(
+                    "UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}{only} RETURNING {RUN_COLS}, FALSE AS dirty"
+                ),
+            };
+            for r in &txn.query_all_raw(self.stmt(&sql, values)).await? {
+                let run = RunRow::decode(r)?;
+                if r.try_get::<bool>("", "dirty")? {
+                    marked.push(run.id);
+                }
+                out.push(run);
             }
+        }
+        for chunk in marked.chunks(CHUNK) {
+            let (cond, values) = self.in_list("id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let sql = format!("UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}");
+            txn.execute_raw(self.stmt(&sql, values)).await?;
         }
         Ok(out)
     }
@@ -112,17 +130,19 @@ impl Store {
     ) -> Result<HashMap<Uuid, Vec<StepRow>>> {
         let mut out: HashMap<Uuid, Vec<StepRow>> = HashMap::with_capacity(ids.len());
         for chunk in ids.chunks(CHUNK) {
-            let sql = format!(
-                "SELECT {STEP_COLS} FROM sagaflow_steps WHERE run_id IN ({}) ORDER BY id",
-                placeholders(1, chunk.len())
-            );
-            let rows = conn
-                .query_all_raw(self.stmt(&sql, chunk.iter().map(|&i| i.into()).collect()))
-                .await?;
+            let (cond, values) =
+                self.in_list("run_id", 1, chunk.iter().map(|&i| i.into()).collect());
+            // No `ORDER BY id` here: it would invite a walk of the whole primary key in
+            // id order instead of a lookup by run. Each run's steps are sorted below.
+            let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}");
+            let rows = conn.query_all_raw(self.stmt(&sql, values)).await?;
             for r in &rows {
                 let s = StepRow::decode(r)?;
                 out.entry(s.run_id).or_default().push(s);
             }
+        }
+        for steps in out.values_mut() {
+            steps.sort_unstable_by_key(|s| s.id);
         }
         Ok(out)
     }
@@ -162,12 +182,10 @@ impl Store {
         ids: &[Uuid],
     ) -> Result<()> {
         for chunk in ids.chunks(CHUNK) {
-            let sql = format!(
-                "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id IN ({})",
-                placeholders(1, chunk.len())
-            );
-            conn.execute_raw(self.stmt(&sql, chunk.iter().map(|&i| i.into()).collect()))
-                .await?;
+            let (cond, values) = self.in_list("id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let sql =
+                format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE {cond}");
+            conn.execute_raw(self.stmt(&sql, values)).await?;
         }
         Ok(())
     }
@@ -195,13 +213,13 @@ impl Store {
                 _ => ", available_at = NULL",
             };
             for chunk in ids.chunks(CHUNK) {
+                let (cond, ids) = self.in_list("id", 3, chunk.iter().map(|&i| i.into()).collect());
                 let sql = format!(
                     "UPDATE sagaflow_steps SET state = $1, updated_at = {{now}}{extra} \
-                     WHERE state = $2 AND id IN ({}) RETURNING id",
-                    placeholders(3, chunk.len())
+                     WHERE state = $2 AND {cond} RETURNING id"
                 );
                 let mut values: Vec<Value> = vec![to.as_str().into(), from.as_str().into()];
-                values.extend(chunk.iter().map(|&i| Value::from(i)));
+                values.extend(ids);
                 for r in txn.query_all_raw(self.stmt(&sql, values)).await? {
                     moved.insert(r.try_get::<i64>("", "id")?);
                 }
@@ -284,28 +302,26 @@ impl Store {
         self.runs_set_payload(txn, &with_payload).await?;
         for (state, ids) in &same_state {
             for chunk in ids.chunks(CHUNK) {
+                let (cond, ids) = self.in_list("id", 2, chunk.iter().map(|&i| i.into()).collect());
                 let sql = format!(
-                    "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{} WHERE id IN ({})",
+                    "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{} WHERE {cond}",
                     if state.is_final() {
                         ", finished_at = {now}, active_key = NULL"
                     } else {
                         ""
                     },
-                    placeholders(2, chunk.len())
                 );
                 let mut values: Vec<Value> = vec![state.as_str().into()];
-                values.extend(chunk.iter().map(|&i| Value::from(i)));
+                values.extend(ids);
                 txn.execute_raw(self.stmt(&sql, values)).await?;
             }
         }
         // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
         for chunk in finished.chunks(CHUNK) {
-            let sql = format!(
-                "DELETE FROM sagaflow_steps WHERE run_id IN ({})",
-                placeholders(1, chunk.len())
-            );
-            txn.execute_raw(self.stmt(&sql, chunk.iter().map(|&i| i.into()).collect()))
-                .await?;
+            let (cond, values) =
+                self.in_list("run_id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
+            txn.execute_raw(self.stmt(&sql, values)).await?;
         }
         self.mark_dirty(txn, &stale_runs).await?;
         self.history_insert_many(txn, &history).await?;
@@ -324,27 +340,33 @@ impl Store {
         txn: &DatabaseTransaction,
         runs: &[(Uuid, RunState, Option<String>, Option<String>)],
     ) -> Result<()> {
-        const COLS: [&str; 5] = ["UUID", "TEXT", "TEXT", "TEXT", "BOOLEAN"];
+        const COLS: [(&str, &str); 5] = [
+            ("vid", "uuid"),
+            ("state", "text"),
+            ("output", "text"),
+            ("error", "text"),
+            ("fin", "boolean"),
+        ];
         for chunk in runs.chunks(CHUNK) {
-            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * COLS.len());
-            for (id, state, output, error) in chunk {
-                values.extend([
-                    (*id).into(),
-                    state.as_str().into(),
-                    output.clone().into(),
-                    error.clone().into(),
-                    state.is_final().into(),
-                ]);
-            }
+            let rows = chunk
+                .iter()
+                .map(|(id, state, output, error)| {
+                    vec![
+                        (*id).into(),
+                        state.as_str().into(),
+                        output.clone().into(),
+                        error.clone().into(),
+                        state.is_final().into(),
+                    ]
+                })
+                .collect();
+            let (source, values) = self.rows_source(1, &COLS, rows)?;
             let sql = format!(
                 "UPDATE sagaflow_runs AS r SET state = v.state, output = COALESCE(v.output, r.output), \
                    error = COALESCE(v.error, r.error), updated_at = {{now}}, \
                    finished_at = CASE WHEN v.fin THEN {{now}} ELSE r.finished_at END, \
                    active_key = CASE WHEN v.fin THEN NULL ELSE r.active_key END \
-                 FROM (SELECT column1 AS vid, column2 AS state, column3 AS output, column4 AS error, \
-                         column5 AS fin FROM (VALUES {}) AS t) AS v \
-                 WHERE r.id = v.vid",
-                self.values_rows(&COLS, chunk.len())
+                 FROM {source} WHERE r.id = v.vid"
             );
             txn.execute_raw(self.stmt(&sql, values)).await?;
         }

@@ -9,6 +9,9 @@ use super::rows::{RUN_COLS, STEP_COLS};
 use super::{AlertRow, HistoryRow, RunRow, StepRow, Store, placeholders};
 use crate::{Error, Result, RunState, StepState};
 
+/// Rows per multi-row insert of runs or steps.
+const CHUNK_RUNS: usize = 400;
+
 /// A run to insert.
 #[derive(Debug, Clone)]
 pub struct NewRun {
@@ -132,27 +135,59 @@ impl Store {
         conn: &C,
         runs: &[NewRun],
     ) -> Result<Vec<RunInsertOutcome>> {
+        const RUN_COLS_IN: [(&str, &str); 6] = [
+            ("id", "uuid"),
+            ("workflow", "text"),
+            ("version", "integer"),
+            ("workflow_key", "text"),
+            ("business_key", "text"),
+            ("input", "text"),
+        ];
+        const STEP_COLS_IN: [(&str, &str); 9] = [
+            ("run_id", "uuid"),
+            ("workflow_key", "text"),
+            ("name", "text"),
+            ("state", "text"),
+            ("max_failures", "integer"),
+            ("deadline_ms", "bigint"),
+            ("deadline_cap_ms", "bigint"),
+            ("idempotency_key", "text"),
+            ("ready", "boolean"),
+        ];
+        // Runs first, many per statement; a run whose business key is already active is
+        // skipped by the unique index and reported as a duplicate of that run.
+        let mut fresh = std::collections::HashSet::with_capacity(runs.len());
+        for chunk in runs.chunks(CHUNK_RUNS) {
+            let rows = chunk
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.id.into(),
+                        r.workflow.clone().into(),
+                        r.version.into(),
+                        crate::workflow_key(&r.workflow, r.version).into(),
+                        r.business_key.clone().into(),
+                        r.input.clone().into(),
+                    ]
+                })
+                .collect();
+            let (source, values) = self.rows_source(1, &RUN_COLS_IN, rows)?;
+            // `WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the upsert clause.
+            let sql = format!(
+                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
+                 input, dirty, created_at, updated_at) \
+                 SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
+                   v.input, FALSE, {{now}}, {{now}} FROM {source} WHERE TRUE \
+                 ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id"
+            );
+            for r in conn.query_all_raw(self.stmt(&sql, values)).await? {
+                fresh.insert(r.try_get::<Uuid>("", "id")?);
+            }
+        }
         let mut outcomes = Vec::with_capacity(runs.len());
         let mut inserted: Vec<&NewRun> = Vec::with_capacity(runs.len());
         for run in runs {
-            let key = crate::workflow_key(&run.workflow, run.version);
-            let res = conn
-                .execute_raw(self.stmt(
-                    "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-                     input, dirty, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $5, 'pending', $6, FALSE, {now}, {now}) \
-                     ON CONFLICT (workflow, active_key) DO NOTHING",
-                    vec![
-                        run.id.into(),
-                        run.workflow.clone().into(),
-                        run.version.into(),
-                        key.into(),
-                        run.business_key.clone().into(),
-                        run.input.clone().into(),
-                    ],
-                ))
-                .await?;
-            if res.rows_affected() == 1 {
+            if fresh.contains(&run.id) {
                 outcomes.push(RunInsertOutcome::Inserted(run.id));
                 inserted.push(run);
                 continue;
@@ -178,45 +213,36 @@ impl Store {
             .iter()
             .flat_map(|r| r.steps.iter().map(move |s| (*r, s)))
             .collect();
-        for chunk in steps.chunks(400) {
-            let mut sql = String::from(
+        for chunk in steps.chunks(CHUNK_RUNS) {
+            let rows = chunk
+                .iter()
+                .map(|(run, s)| {
+                    let state = if s.ready {
+                        StepState::Ready
+                    } else {
+                        StepState::NotStarted
+                    };
+                    vec![
+                        run.id.into(),
+                        crate::workflow_key(&run.workflow, run.version).into(),
+                        s.name.clone().into(),
+                        state.as_str().into(),
+                        s.max_failures.into(),
+                        s.deadline_ms.into(),
+                        s.deadline_cap_ms.into(),
+                        s.idempotency_key.clone().into(),
+                        s.ready.into(),
+                    ]
+                })
+                .collect();
+            let (source, values) = self.rows_source(1, &STEP_COLS_IN, rows)?;
+            let sql = format!(
                 "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
-                 initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) VALUES ",
+                 initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) \
+                 SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.deadline_ms, v.deadline_ms, \
+                   v.deadline_cap_ms, v.idempotency_key, CASE WHEN v.ready THEN {{now}} END, {{now}} \
+                 FROM {source}"
             );
-            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
-            for (i, (run, s)) in chunk.iter().enumerate() {
-                let b = i * 8 + 1;
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push_str(&format!(
-                    "(${b}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, {}, {{now}})",
-                    b + 1,
-                    b + 2,
-                    b + 3,
-                    b + 4,
-                    b + 5,
-                    b + 5,
-                    b + 6,
-                    b + 7,
-                    if s.ready { "{now}" } else { "NULL" }
-                ));
-                let state = if s.ready {
-                    StepState::Ready
-                } else {
-                    StepState::NotStarted
-                };
-                values.extend([
-                    run.id.into(),
-                    crate::workflow_key(&run.workflow, run.version).into(),
-                    s.name.clone().into(),
-                    state.as_str().into(),
-                    s.max_failures.into(),
-                    s.deadline_ms.into(),
-                    s.deadline_cap_ms.into(),
-                    s.idempotency_key.clone().into(),
-                ]);
-            }
             conn.execute_raw(self.stmt(&sql, values)).await?;
         }
         let history: Vec<HistoryEntry> = inserted
@@ -488,13 +514,14 @@ impl Store {
         if ids.is_empty() {
             return Ok(0);
         }
-        let list = placeholders(1, ids.len());
-        let values: Vec<Value> = ids.iter().map(|&i| i.into()).collect();
+        let ids: Vec<Value> = ids.iter().map(|&i| i.into()).collect();
         for table in ["sagaflow_history", "sagaflow_alerts"] {
-            let sql = format!("DELETE FROM {table} WHERE run_id IN ({list})");
-            txn.execute_raw(self.stmt(&sql, values.clone())).await?;
+            let (cond, values) = self.in_list("run_id", 1, ids.clone());
+            let sql = format!("DELETE FROM {table} WHERE {cond}");
+            txn.execute_raw(self.stmt(&sql, values)).await?;
         }
-        let sql = format!("DELETE FROM sagaflow_runs WHERE id IN ({list})");
+        let (cond, values) = self.in_list("id", 1, ids);
+        let sql = format!("DELETE FROM sagaflow_runs WHERE {cond}");
         let n = txn
             .execute_raw(self.stmt(&sql, values))
             .await?
@@ -509,9 +536,16 @@ async fn run_steps_on<C: ConnectionTrait>(
     conn: &C,
     id: Uuid,
 ) -> Result<Vec<StepRow>> {
-    let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE run_id = $1 ORDER BY id");
+    // Sorted here rather than by `ORDER BY id`, which could walk the primary key (see
+    // `steps_of`).
+    let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE run_id = $1");
     let rows = conn
         .query_all_raw(store.stmt(&sql, vec![id.into()]))
         .await?;
-    rows.iter().map(StepRow::decode).collect()
+    let mut steps = rows
+        .iter()
+        .map(StepRow::decode)
+        .collect::<Result<Vec<_>>>()?;
+    steps.sort_unstable_by_key(|s| s.id);
+    Ok(steps)
 }

@@ -87,13 +87,21 @@ impl Store {
         txn: &sea_orm::DatabaseTransaction,
         items: &[StepFinish],
     ) -> Result<std::collections::HashSet<i64>> {
-        const COLS: [&str; 10] = [
-            "BIGINT", "TEXT", "INTEGER", "TEXT", "TEXT", "TEXT", "TEXT", "TEXT", "BIGINT",
-            "BOOLEAN",
+        const COLS: [(&str, &str); 10] = [
+            ("vid", "bigint"),
+            ("from_state", "text"),
+            ("attempt", "integer"),
+            ("owner", "text"),
+            ("to_state", "text"),
+            ("kind", "text"),
+            ("output", "text"),
+            ("error", "text"),
+            ("delay_ms", "bigint"),
+            ("maybe", "boolean"),
         ];
         let mut done = std::collections::HashSet::with_capacity(items.len());
         for chunk in items.chunks(FINISH_CHUNK) {
-            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * COLS.len());
+            let mut rows = Vec::with_capacity(chunk.len());
             for it in chunk {
                 let (kind, output, error, delay, maybe) = match &it.kind {
                     StepFinishKind::Succeeded { output } => ("ok", output.clone(), None, 0, false),
@@ -109,7 +117,7 @@ impl Store {
                         it.state == StepState::Running && error.code == "output_too_large",
                     ),
                 };
-                values.extend([
+                rows.push(vec![
                     it.id.into(),
                     it.state.as_str().into(),
                     it.attempt.into(),
@@ -122,6 +130,7 @@ impl Store {
                     maybe.into(),
                 ]);
             }
+            let (source, values) = self.rows_source(1, &COLS, rows)?;
             let sql = format!(
                 "UPDATE sagaflow_steps AS s SET state = v.to_state, locked_by = NULL, complete_by = NULL, \
                    updated_at = {{now}}, \
@@ -130,14 +139,10 @@ impl Store {
                    failure_count = s.failure_count + CASE WHEN v.kind = 'ok' THEN 0 ELSE 1 END, \
                    available_at = CASE WHEN v.kind = 'retry' THEN {{now}} + v.delay_ms ELSE NULL END, \
                    maybe_applied = (s.maybe_applied OR v.maybe) \
-                 FROM (SELECT column1 AS vid, column2 AS from_state, column3 AS attempt, column4 AS owner, \
-                         column5 AS to_state, column6 AS kind, column7 AS output, column8 AS error, \
-                         column9 AS delay_ms, column10 AS maybe \
-                       FROM (VALUES {}) AS t) AS v \
+                 FROM {source} \
                  WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \
                    AND s.locked_by = v.owner AND s.complete_by > {{now}} \
-                 RETURNING id",
-                self.values_rows(&COLS, chunk.len())
+                 RETURNING id"
             );
             for r in txn.query_all_raw(self.stmt(&sql, values)).await? {
                 done.insert(r.try_get::<i64>("", "id")?);
@@ -226,19 +231,16 @@ impl Store {
         if runs.is_empty() {
             return Ok(out);
         }
-        let list = placeholders(1, runs.len());
-        let values: Vec<Value> = runs.iter().map(|&r| r.into()).collect();
-        let sql = format!("SELECT id, input FROM sagaflow_runs WHERE id IN ({list})");
-        for r in self
-            .db
-            .query_all_raw(self.stmt(&sql, values.clone()))
-            .await?
-        {
+        let ids: Vec<Value> = runs.iter().map(|&r| r.into()).collect();
+        let (cond, values) = self.in_list("id", 1, ids.clone());
+        let sql = format!("SELECT id, input FROM sagaflow_runs WHERE {cond}");
+        for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
             out.inputs
                 .insert(r.try_get("", "id")?, r.try_get("", "input")?);
         }
+        let (cond, values) = self.in_list("run_id", 1, ids);
         let sql = format!(
-            "SELECT run_id, name, output FROM sagaflow_steps WHERE run_id IN ({list}) AND output IS NOT NULL"
+            "SELECT run_id, name, output FROM sagaflow_steps WHERE {cond} AND output IS NOT NULL"
         );
         for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
             out.outputs.insert(

@@ -37,6 +37,9 @@ struct Args {
     /// Steps per claim statement.
     #[arg(long, default_value_t = 128)]
     claim_batch: u32,
+    /// Result batches each engine writes concurrently; default: the engine's.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    completion_writers: Option<usize>,
     /// Engine processes running the steps. With more than one, this process only submits
     /// (a client-only engine) and the workers are copies of this command; latencies then come
     /// from the runs' database timestamps, and the start latency is not measured.
@@ -160,6 +163,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_workflow(workflow(starts.clone())?)
         .with_max_in_flight(args.max_in_flight)
         .with_claim_batch(args.claim_batch)
+        .with_completion_writers(
+            args.completion_writers
+                .unwrap_or(sagaflow::advanced::scheduler::COMPLETION_WRITERS_DEFAULT),
+        )
         .with_pool_size(16)
         .with_retention(None)
         .with_workers(args.processes <= 1)
@@ -341,6 +348,10 @@ async fn worker(args: &Args, id: &str) -> Result<(), Box<dyn std::error::Error>>
         .with_workflow(workflow(Arc::default())?)
         .with_max_in_flight(args.max_in_flight)
         .with_claim_batch(args.claim_batch)
+        .with_completion_writers(
+            args.completion_writers
+                .unwrap_or(sagaflow::advanced::scheduler::COMPLETION_WRITERS_DEFAULT),
+        )
         .with_pool_size(8)
         .with_retention(None)
         .start()
@@ -369,6 +380,10 @@ async fn multi_process(
                 ])
                 .args(["--max-in-flight", &args.max_in_flight.to_string()])
                 .args(["--claim-batch", &args.claim_batch.to_string()])
+                .args(
+                    args.completion_writers
+                        .map(|n| format!("--completion-writers={n}")),
+                )
                 .kill_on_drop(true)
                 .spawn()?,
         );
