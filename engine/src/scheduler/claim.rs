@@ -60,7 +60,19 @@ pub(super) async fn run(
             continue;
         }
         let runs: Vec<_> = claimed.iter().map(|c| c.run_id).collect();
-        let inputs = match s.store.step_inputs(&runs).await {
+        // Outputs of earlier steps are read only when a claimed step has dependencies (a
+        // run's first step never does: one round trip less before it starts).
+        let with_deps: Vec<_> = claimed
+            .iter()
+            .filter(|c| {
+                s.registry.by_key(&c.workflow_key).is_none_or(|wf| {
+                    wf.position(&c.name)
+                        .is_none_or(|i| wf.deps_of(i).next().is_some())
+                })
+            })
+            .map(|c| c.run_id)
+            .collect();
+        let inputs = match s.store.step_inputs(&runs, &with_deps).await {
             Ok(i) => i,
             Err(e) => {
                 // The claims stand: their deadlines expire and the supervisor re-queues them.

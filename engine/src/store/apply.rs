@@ -148,13 +148,16 @@ impl Store {
     }
 
     /// Plans and applies every locked run. A run whose plan fails (corrupt data, unknown
-    /// version) is left marked for evaluation and reported in the second vector.
+    /// version) is left marked for evaluation and reported in the second vector. `history`
+    /// holds entries the caller already has for this transaction: they are written first, in
+    /// the same statement as the evaluation's own.
     pub(super) async fn evaluate_locked(
         &self,
         txn: &DatabaseTransaction,
         runs: Vec<RunRow>,
         actor: &str,
         plan: Planner<'_>,
+        history: Vec<HistoryEntry>,
     ) -> Result<(Vec<EvalApplied>, Vec<(Uuid, Error)>)> {
         let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
         let mut steps = self.steps_of(txn, &ids).await?;
@@ -171,7 +174,7 @@ impl Store {
             let ids: Vec<Uuid> = failed.iter().map(|(id, _)| *id).collect();
             self.mark_dirty(txn, &ids).await?;
         }
-        let applied = self.apply_plans(txn, plans, actor).await?;
+        let applied = self.apply_plans(txn, plans, actor, history).await?;
         Ok((applied, failed))
     }
 
@@ -190,12 +193,14 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the plans of many runs (all locked by the caller's transaction).
+    /// Writes the plans of many runs (all locked by the caller's transaction), after the
+    /// caller's `history` entries.
     pub(super) async fn apply_plans(
         &self,
         txn: &DatabaseTransaction,
         plans: Vec<(RunRow, PlanWrite)>,
         actor: &str,
+        mut history: Vec<HistoryEntry>,
     ) -> Result<Vec<EvalApplied>> {
         // 1. Step transitions, grouped by (from, to); RETURNING tells which guards held.
         let mut groups: BTreeMap<(StepState, StepState), Vec<i64>> = BTreeMap::new();
@@ -227,7 +232,6 @@ impl Store {
         }
 
         // 2. Per run: what moved, the run's new state, history.
-        let mut history = Vec::new();
         let mut out = Vec::with_capacity(plans.len());
         let mut same_state: BTreeMap<RunState, Vec<Uuid>> = BTreeMap::new();
         let mut finished: Vec<Uuid> = Vec::new();

@@ -81,11 +81,6 @@ impl Store {
                 Backend::Postgres => pool_size.unwrap_or(PG_POOL_DEFAULT).max(2),
             });
         if backend == Backend::Postgres {
-            // Custom plans for every execution: the hot tables go from empty to busy in
-            // seconds, and a generic plan cached while a table was tiny (a sequential scan)
-            // would otherwise stay in use until the next ANALYZE. Our statements are small and
-            // cheap to plan; a plan that fits the table's current size is worth more.
-            //
             // Index-driven plans only (AT-5, JM-4): every statement of the engine reaches its
             // rows through an index, by key or by the claim's partial index. Left to its
             // statistics, the planner turns to sequential and bitmap scans whenever a queue
@@ -93,10 +88,11 @@ impl Store {
             // as dead row versions come and go), and in our profiles those plans cost
             // milliseconds per statement where the index path costs tenths. Sequential and
             // bitmap scans stay possible where no index applies; parallel workers are never
-            // worth their start-up for statements this small.
+            // worth their start-up for statements this small. This also keeps the generic
+            // plans PostgreSQL caches for prepared statements on the index path when they were
+            // made while a table was still tiny.
             opts.map_sqlx_postgres_opts(|o| {
                 o.application_name("sagaflow").options([
-                    ("plan_cache_mode", "force_custom_plan"),
                     ("enable_seqscan", "off"),
                     ("enable_bitmapscan", "off"),
                     ("max_parallel_workers_per_gather", "0"),
@@ -214,11 +210,12 @@ impl Store {
     }
 
     /// `column IN (…)` over a list of values, written so that the statement text does not
-    /// depend on the list's length. PostgreSQL gets one array parameter (`= ANY($n)`): every
-    /// batch reuses one prepared statement and plan instead of parsing and planning a new
-    /// statement per list length (planning was a fifth of the database's time under load).
-    /// SQLite, in-process and cheap to prepare, gets a list of placeholders. `first` is the
-    /// number of the first placeholder; the values to bind come back with the fragment.
+    /// depend on the list's length: every batch then reuses one prepared statement instead of
+    /// parsing (and on PostgreSQL planning) a new one per list length, and binds one parameter
+    /// instead of hundreds (binding is quadratic in the parameter count with SQLite's driver;
+    /// both showed up at the top of our profiles). PostgreSQL gets an array (`= ANY($n)`),
+    /// SQLite a JSON array read by `json_each`. `first` is the number of the placeholder; the
+    /// value to bind comes back with the fragment.
     fn in_list(&self, column: &str, first: usize, values: Vec<Value>) -> (String, Vec<Value>) {
         match self.backend {
             Backend::Postgres => {
@@ -228,60 +225,68 @@ impl Store {
                     vec![Value::Array(ty, Some(Box::new(values)))],
                 )
             }
-            Backend::Sqlite => (
-                format!("{column} IN ({})", placeholders(first, values.len())),
-                values,
-            ),
+            Backend::Sqlite => {
+                let uuid = matches!(values.first(), Some(Value::Uuid(_)));
+                let json: Vec<serde_json::Value> = values
+                    .into_iter()
+                    .map(|v| json_value(v).unwrap_or(serde_json::Value::Null))
+                    .collect();
+                (
+                    format!(
+                        "{column} IN (SELECT {} FROM json_each(${first}))",
+                        sqlite_cell("value", uuid)
+                    ),
+                    vec![serde_json::Value::Array(json).to_string().into()],
+                )
+            }
         }
     }
 
     /// A row source of many rows for `FROM` (bulk updates) or `INSERT … SELECT` (bulk
-    /// inserts), named `v` with the given columns. PostgreSQL gets the rows as one JSON
-    /// parameter expanded by `json_to_recordset` (one statement text whatever the row count,
-    /// NULLs included, which array parameters cannot carry); SQLite gets a `VALUES` list of
-    /// placeholders. `cols` pairs each column's name with its PostgreSQL type.
+    /// inserts), named `v` with the given columns, from one JSON parameter (one statement
+    /// text whatever the row count, NULLs included, which array parameters cannot carry):
+    /// `json_to_recordset` on PostgreSQL, `json_each` on SQLite. `cols` pairs each column's
+    /// name with its PostgreSQL type.
     fn rows_source(
         &self,
         first: usize,
         cols: &[(&str, &str)],
         rows: Vec<Vec<Value>>,
     ) -> Result<(String, Vec<Value>)> {
-        match self.backend {
+        let mut json = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut obj = serde_json::Map::with_capacity(cols.len());
+            for ((name, _), v) in cols.iter().zip(row) {
+                obj.insert((*name).to_owned(), json_value(v)?);
+            }
+            json.push(serde_json::Value::Object(obj));
+        }
+        let param = vec![serde_json::Value::Array(json).to_string().into()];
+        let source = match self.backend {
             Backend::Postgres => {
-                let mut json = Vec::with_capacity(rows.len());
-                for row in rows {
-                    let mut obj = serde_json::Map::with_capacity(cols.len());
-                    for ((name, _), v) in cols.iter().zip(row) {
-                        obj.insert((*name).to_owned(), json_value(v)?);
-                    }
-                    json.push(serde_json::Value::Object(obj));
-                }
                 let defs: Vec<String> = cols.iter().map(|(n, t)| format!("{n} {t}")).collect();
-                Ok((
-                    format!(
-                        "json_to_recordset(CAST(${first} AS json)) AS v({})",
-                        defs.join(", ")
-                    ),
-                    vec![serde_json::Value::Array(json).to_string().into()],
-                ))
+                format!(
+                    "json_to_recordset(CAST(${first} AS json)) AS v({})",
+                    defs.join(", ")
+                )
             }
             Backend::Sqlite => {
-                let n = rows.len();
-                let names: Vec<String> = cols
+                let cells: Vec<String> = cols
                     .iter()
-                    .enumerate()
-                    .map(|(i, (name, _))| format!("column{} AS {name}", i + 1))
+                    .map(|(n, t)| {
+                        format!(
+                            "{} AS {n}",
+                            sqlite_cell(&format!("value ->> '{n}'"), *t == "uuid")
+                        )
+                    })
                     .collect();
-                let body = (0..n)
-                    .map(|i| format!("({})", placeholders(first + i * cols.len(), cols.len())))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                Ok((
-                    format!("(SELECT {} FROM (VALUES {body})) AS v", names.join(", ")),
-                    rows.into_iter().flatten().collect(),
-                ))
+                format!(
+                    "(SELECT {} FROM json_each(${first})) AS v",
+                    cells.join(", ")
+                )
             }
-        }
+        };
+        Ok((source, param))
     }
 
     fn db_backend(&self) -> DbBackend {
@@ -329,6 +334,16 @@ fn array_type(v: &Value) -> ArrayType {
         Value::String(_) => ArrayType::String,
         Value::Int(_) => ArrayType::Int,
         _ => ArrayType::BigInt,
+    }
+}
+
+/// A JSON cell read back as SQLite stores it: UUIDs are 16-byte blobs there (as the driver
+/// binds them), sent as hyphenated text.
+fn sqlite_cell(expr: &str, uuid: bool) -> String {
+    if uuid {
+        format!("unhex(replace({expr}, '-', ''))")
+    } else {
+        expr.to_owned()
     }
 }
 

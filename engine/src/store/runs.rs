@@ -12,6 +12,61 @@ use crate::{Error, Result, RunState, StepState};
 /// Rows per multi-row insert of runs or steps.
 const CHUNK_RUNS: usize = 400;
 
+/// Columns of a run to insert, as sent in a JSON row batch (name, PostgreSQL type).
+const RUN_COLS_IN: [(&str, &str); 6] = [
+    ("id", "uuid"),
+    ("workflow", "text"),
+    ("version", "integer"),
+    ("workflow_key", "text"),
+    ("business_key", "text"),
+    ("input", "text"),
+];
+
+/// Columns of a step to insert, as sent in a JSON row batch (name, PostgreSQL type).
+const STEP_COLS_IN: [(&str, &str); 9] = [
+    ("run_id", "uuid"),
+    ("workflow_key", "text"),
+    ("name", "text"),
+    ("state", "text"),
+    ("max_failures", "integer"),
+    ("deadline_ms", "bigint"),
+    ("deadline_cap_ms", "bigint"),
+    ("idempotency_key", "text"),
+    ("ready", "boolean"),
+];
+
+/// The row of a run to insert (columns of [`RUN_COLS_IN`]).
+fn run_row(r: &NewRun) -> Vec<Value> {
+    vec![
+        r.id.into(),
+        r.workflow.clone().into(),
+        r.version.into(),
+        crate::workflow_key(&r.workflow, r.version).into(),
+        r.business_key.clone().into(),
+        r.input.clone().into(),
+    ]
+}
+
+/// The row of a step to insert (columns of [`STEP_COLS_IN`]).
+fn step_row(run: &NewRun, s: &NewStep) -> Vec<Value> {
+    let state = if s.ready {
+        StepState::Ready
+    } else {
+        StepState::NotStarted
+    };
+    vec![
+        run.id.into(),
+        crate::workflow_key(&run.workflow, run.version).into(),
+        s.name.clone().into(),
+        state.as_str().into(),
+        s.max_failures.into(),
+        s.deadline_ms.into(),
+        s.deadline_cap_ms.into(),
+        s.idempotency_key.clone().into(),
+        s.ready.into(),
+    ]
+}
+
 /// A run to insert.
 #[derive(Debug, Clone)]
 pub struct NewRun {
@@ -135,42 +190,14 @@ impl Store {
         conn: &C,
         runs: &[NewRun],
     ) -> Result<Vec<RunInsertOutcome>> {
-        const RUN_COLS_IN: [(&str, &str); 6] = [
-            ("id", "uuid"),
-            ("workflow", "text"),
-            ("version", "integer"),
-            ("workflow_key", "text"),
-            ("business_key", "text"),
-            ("input", "text"),
-        ];
-        const STEP_COLS_IN: [(&str, &str); 9] = [
-            ("run_id", "uuid"),
-            ("workflow_key", "text"),
-            ("name", "text"),
-            ("state", "text"),
-            ("max_failures", "integer"),
-            ("deadline_ms", "bigint"),
-            ("deadline_cap_ms", "bigint"),
-            ("idempotency_key", "text"),
-            ("ready", "boolean"),
-        ];
+        if self.backend == super::Backend::Postgres {
+            return self.run_insert_many_pg(conn, runs).await;
+        }
         // Runs first, many per statement; a run whose business key is already active is
         // skipped by the unique index and reported as a duplicate of that run.
         let mut fresh = std::collections::HashSet::with_capacity(runs.len());
         for chunk in runs.chunks(CHUNK_RUNS) {
-            let rows = chunk
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.id.into(),
-                        r.workflow.clone().into(),
-                        r.version.into(),
-                        crate::workflow_key(&r.workflow, r.version).into(),
-                        r.business_key.clone().into(),
-                        r.input.clone().into(),
-                    ]
-                })
-                .collect();
+            let rows = chunk.iter().map(run_row).collect();
             let (source, values) = self.rows_source(1, &RUN_COLS_IN, rows)?;
             // `WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the upsert clause.
             let sql = format!(
@@ -184,57 +211,13 @@ impl Store {
                 fresh.insert(r.try_get::<Uuid>("", "id")?);
             }
         }
-        let mut outcomes = Vec::with_capacity(runs.len());
-        let mut inserted: Vec<&NewRun> = Vec::with_capacity(runs.len());
-        for run in runs {
-            if fresh.contains(&run.id) {
-                outcomes.push(RunInsertOutcome::Inserted(run.id));
-                inserted.push(run);
-                continue;
-            }
-            let existing = conn
-                .query_one_raw(self.stmt(
-                    "SELECT id FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
-                    vec![run.workflow.clone().into(), run.business_key.clone().into()],
-                ))
-                .await?
-                .map(|r| r.try_get::<Uuid>("", "id"))
-                .transpose()?
-                .ok_or_else(|| {
-                    Error::corrupt(
-                        "sagaflow_runs",
-                        run.id,
-                        "insert conflicted but no active run found",
-                    )
-                })?;
-            outcomes.push(RunInsertOutcome::Duplicate(existing));
-        }
+        let (outcomes, inserted) = self.resolve_duplicates(conn, runs, &fresh).await?;
         let steps: Vec<(&NewRun, &NewStep)> = inserted
             .iter()
             .flat_map(|r| r.steps.iter().map(move |s| (*r, s)))
             .collect();
         for chunk in steps.chunks(CHUNK_RUNS) {
-            let rows = chunk
-                .iter()
-                .map(|(run, s)| {
-                    let state = if s.ready {
-                        StepState::Ready
-                    } else {
-                        StepState::NotStarted
-                    };
-                    vec![
-                        run.id.into(),
-                        crate::workflow_key(&run.workflow, run.version).into(),
-                        s.name.clone().into(),
-                        state.as_str().into(),
-                        s.max_failures.into(),
-                        s.deadline_ms.into(),
-                        s.deadline_cap_ms.into(),
-                        s.idempotency_key.clone().into(),
-                        s.ready.into(),
-                    ]
-                })
-                .collect();
+            let rows = chunk.iter().map(|(run, s)| step_row(run, s)).collect();
             let (source, values) = self.rows_source(1, &STEP_COLS_IN, rows)?;
             let sql = format!(
                 "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
@@ -263,6 +246,87 @@ impl Store {
             self.notify_ready(conn).await?;
         }
         Ok(outcomes)
+    }
+
+    /// Outcomes of a multi-row insert: runs in `fresh` were inserted; for each other run,
+    /// the active run holding its business key.
+    async fn resolve_duplicates<'r, C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        runs: &'r [NewRun],
+        fresh: &std::collections::HashSet<Uuid>,
+    ) -> Result<(Vec<RunInsertOutcome>, Vec<&'r NewRun>)> {
+        let mut outcomes = Vec::with_capacity(runs.len());
+        let mut inserted: Vec<&NewRun> = Vec::with_capacity(runs.len());
+        for run in runs {
+            if fresh.contains(&run.id) {
+                outcomes.push(RunInsertOutcome::Inserted(run.id));
+                inserted.push(run);
+                continue;
+            }
+            let existing = conn
+                .query_one_raw(self.stmt(
+                    "SELECT id FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
+                    vec![run.workflow.clone().into(), run.business_key.clone().into()],
+                ))
+                .await?
+                .map(|r| r.try_get::<Uuid>("", "id"))
+                .transpose()?
+                .ok_or_else(|| {
+                    Error::corrupt(
+                        "sagaflow_runs",
+                        run.id,
+                        "insert conflicted but no active run found",
+                    )
+                })?;
+            outcomes.push(RunInsertOutcome::Duplicate(existing));
+        }
+        Ok((outcomes, inserted))
+    }
+
+    /// PostgreSQL: the whole batch in one statement — runs, their steps, their `submitted`
+    /// history and the wake-up notification — so a submission costs one round trip and is
+    /// atomic without a transaction of its own. Duplicates (rare) are resolved afterwards.
+    async fn run_insert_many_pg<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        runs: &[NewRun],
+    ) -> Result<Vec<RunInsertOutcome>> {
+        let run_rows = runs.iter().map(run_row).collect();
+        let step_rows = runs
+            .iter()
+            .flat_map(|r| r.steps.iter().map(move |s| (r, s)))
+            .map(|(run, s)| step_row(run, s))
+            .collect();
+        let (run_src, mut values) = self.rows_source(1, &RUN_COLS_IN, run_rows)?;
+        let (step_src, step_values) = self.rows_source(2, &STEP_COLS_IN, step_rows)?;
+        values.extend(step_values);
+        // `pg_notify(…) IS NOT NULL` is always true: it sends one notification (PostgreSQL
+        // folds repeats within a transaction) when at least one run was inserted.
+        let sql = format!(
+            "WITH r AS ( \
+               INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, \
+                 state, input, dirty, created_at, updated_at) \
+               SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, \
+                 'pending', v.input, FALSE, {{now}}, {{now}} FROM {run_src} \
+               ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id), \
+             s AS ( \
+               INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
+                 initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) \
+               SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.deadline_ms, \
+                 v.deadline_ms, v.deadline_cap_ms, v.idempotency_key, CASE WHEN v.ready THEN {{now}} END, \
+                 {{now}} FROM {step_src} WHERE v.run_id IN (SELECT id FROM r)), \
+             h AS ( \
+               INSERT INTO sagaflow_history (run_id, event, to_state, actor, at) \
+               SELECT id, 'submitted', 'pending', 'api', {{now}} FROM r) \
+             SELECT id FROM r WHERE pg_notify('{channel}', '') IS NOT NULL",
+            channel = super::postgres::READY_CHANNEL,
+        );
+        let mut fresh = std::collections::HashSet::with_capacity(runs.len());
+        for r in conn.query_all_raw(self.stmt(&sql, values)).await? {
+            fresh.insert(r.try_get::<Uuid>("", "id")?);
+        }
+        Ok(self.resolve_duplicates(conn, runs, &fresh).await?.0)
     }
 
     /// A run by id.
@@ -464,7 +528,7 @@ impl Store {
         let steps = run_steps_on(self, &txn, id).await?;
         let write = plan(&before, &steps)?;
         let applied = self
-            .apply_plans(&txn, vec![(before, write)], actor)
+            .apply_plans(&txn, vec![(before, write)], actor, Vec::new())
             .await?
             .pop();
         // The action marks the run for evaluation: wake every engine, not just this one.
@@ -489,7 +553,9 @@ impl Store {
         }
         let txn = self.db.begin().await?;
         let runs = self.lock_runs(&txn, ids, true).await?;
-        let out = self.evaluate_locked(&txn, runs, actor, plan).await?;
+        let out = self
+            .evaluate_locked(&txn, runs, actor, plan, Vec::new())
+            .await?;
         txn.commit().await?;
         Ok(out)
     }

@@ -221,23 +221,28 @@ impl Store {
         rows.iter().map(ClaimedStep::decode).collect()
     }
 
-    /// Loads what a batch of claimed steps needs: their runs' inputs and the outputs of the
-    /// runs' completed steps. Two queries for the whole batch.
+    /// Loads what a batch of claimed steps needs: their runs' inputs, and the outputs of the
+    /// completed steps of `with_outputs` (the runs whose claimed steps have dependencies).
+    /// At most two queries for the whole batch.
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn step_inputs(&self, runs: &[Uuid]) -> Result<StepInputs> {
+    pub async fn step_inputs(&self, runs: &[Uuid], with_outputs: &[Uuid]) -> Result<StepInputs> {
         let mut out = StepInputs::default();
         if runs.is_empty() {
             return Ok(out);
         }
         let ids: Vec<Value> = runs.iter().map(|&r| r.into()).collect();
-        let (cond, values) = self.in_list("id", 1, ids.clone());
+        let (cond, values) = self.in_list("id", 1, ids);
         let sql = format!("SELECT id, input FROM sagaflow_runs WHERE {cond}");
         for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
             out.inputs
                 .insert(r.try_get("", "id")?, r.try_get("", "input")?);
         }
+        if with_outputs.is_empty() {
+            return Ok(out);
+        }
+        let ids: Vec<Value> = with_outputs.iter().map(|&r| r.into()).collect();
         let (cond, values) = self.in_list("run_id", 1, ids);
         let sql = format!(
             "SELECT run_id, name, output FROM sagaflow_steps WHERE {cond} AND output IS NOT NULL"
@@ -296,8 +301,9 @@ impl Store {
                 }
             })
             .collect();
-        self.history_insert_many(&txn, &history).await?;
-        let (evaluated, failed) = self.evaluate_locked(&txn, runs, actor, plan).await?;
+        let (evaluated, failed) = self
+            .evaluate_locked(&txn, runs, actor, plan, history)
+            .await?;
         txn.commit().await?;
         Ok(FinishOutcome {
             applied,
