@@ -60,9 +60,11 @@ pub(crate) fn spawn(
 }
 
 async fn insert(store: &Store, runs: &[NewRun]) -> Result<Vec<RunInsertOutcome>> {
-    if store.backend() == Backend::Postgres {
+    if store.backend() == Backend::Postgres && runs.iter().all(|r| r.business_key.is_none()) {
         // One statement writes the whole batch there: atomic without a transaction block,
-        // and two round trips (BEGIN, COMMIT) shorter.
+        // and two round trips (BEGIN, COMMIT) shorter. Only runs without a business key go
+        // this way: a duplicate key is resolved by a second statement, which must share the
+        // insert's fate (a batch is reported failed only if nothing of it was written).
         return store.run_insert_many(store.connection(), runs).await;
     }
     let txn = store.connection().begin().await?;

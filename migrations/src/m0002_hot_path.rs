@@ -34,9 +34,9 @@ const POSTGRES: &[&str] = &[
     "ALTER TABLE sagaflow_steps ALTER COLUMN run_id SET (n_distinct = -0.25)",
     "ALTER TABLE sagaflow_history ALTER COLUMN run_id SET (n_distinct = -0.05)",
     // The foreign key from steps to runs cost half of every step insert (a per-row trigger
-    // that also locks the run row). Steps are written only by the engine, in the transaction
-    // that writes their run, and leave with the run's completion; the engine treats a step
-    // whose run is missing as a corrupt row (typed error, alert), never as a valid one.
+    // that also locks the run row). Steps are written only by the engine, in the statement
+    // or transaction that writes their run, and leave with the run's completion; a step
+    // whose run row is missing is failed at its claim as a corrupt row and never runs.
     "ALTER TABLE sagaflow_steps DROP CONSTRAINT sagaflow_steps_run_id_fkey",
     // History is read by run only: one index, (run_id, id), serves as the primary key.
     "ALTER TABLE sagaflow_history DROP CONSTRAINT sagaflow_history_pkey",

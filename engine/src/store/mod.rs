@@ -244,7 +244,8 @@ impl Store {
 
     /// A row source of many rows for `FROM` (bulk updates) or `INSERT … SELECT` (bulk
     /// inserts), named `v` with the given columns, from one JSON parameter (one statement
-    /// text whatever the row count, NULLs included, which array parameters cannot carry):
+    /// text whatever the row count, NULLs included, which the driver's array parameters
+    /// cannot carry):
     /// `json_to_recordset` on PostgreSQL, `json_each` on SQLite. `cols` pairs each column's
     /// name with its PostgreSQL type.
     fn rows_source(

@@ -339,11 +339,11 @@ impl Store {
     pub async fn step_rescue(&self, fence: &LeaderFence, items: &[Rescue]) -> Result<RescueCounts> {
         let txn = self.db.begin().await?;
         self.fence_check(&txn, fence).await?;
-        self.mark_dirty(
-            &txn,
-            &items.iter().map(|r| r.step.run_id).collect::<Vec<_>>(),
-        )
-        .await?;
+        // Runs first, in id order: the lock order of every transaction that writes steps.
+        let mut runs: Vec<Uuid> = items.iter().map(|r| r.step.run_id).collect();
+        runs.sort_unstable();
+        runs.dedup();
+        self.mark_dirty(&txn, &runs).await?;
         let actor = fence.actor();
         let mut counts = RescueCounts::default();
         let mut history = Vec::with_capacity(items.len());
