@@ -65,10 +65,10 @@ pub(super) async fn run(
         let with_deps: Vec<_> = claimed
             .iter()
             .filter(|c| {
-                s.registry.by_key(&c.workflow_key).is_none_or(|wf| {
-                    wf.position(&c.name)
-                        .is_none_or(|i| wf.deps_of(i).next().is_some())
-                })
+                s.registry
+                    .by_key(&c.workflow_key)
+                    .and_then(|wf| wf.step(&c.name))
+                    .is_none_or(|d| !d.is_root())
             })
             .map(|c| c.run_id)
             .collect();

@@ -15,7 +15,7 @@ use super::runs::{EvalApplied, PlanWrite};
 use super::{Backend, RunRow, StepRow, Store};
 use crate::{Error, Result, RunState, StepState};
 
-/// Rows per multi-row statement (well under both backends' bound-parameter limits).
+/// Rows per batch statement (bounds the size of one array or JSON parameter).
 const CHUNK: usize = 400;
 
 /// One history row to insert.
@@ -97,7 +97,7 @@ impl Store {
         let mut out = Vec::with_capacity(ids.len());
         let mut marked = Vec::new();
         for chunk in ids.chunks(CHUNK) {
-            let (cond, values) = self.in_list("id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let (cond, values) = self.in_list("id", 1, chunk)?;
             let sql = match self.backend {
                 Backend::Postgres => format!(
                     "SELECT {RUN_COLS}, dirty FROM sagaflow_runs WHERE {cond}{only} ORDER BY id FOR UPDATE"
@@ -115,7 +115,7 @@ impl Store {
             }
         }
         for chunk in marked.chunks(CHUNK) {
-            let (cond, values) = self.in_list("id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let (cond, values) = self.in_list("id", 1, chunk)?;
             let sql = format!("UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}");
             txn.execute_raw(self.stmt(&sql, values)).await?;
         }
@@ -130,8 +130,7 @@ impl Store {
     ) -> Result<HashMap<Uuid, Vec<StepRow>>> {
         let mut out: HashMap<Uuid, Vec<StepRow>> = HashMap::with_capacity(ids.len());
         for chunk in ids.chunks(CHUNK) {
-            let (cond, values) =
-                self.in_list("run_id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let (cond, values) = self.in_list("run_id", 1, chunk)?;
             // No `ORDER BY id` here: it would invite a walk of the whole primary key in
             // id order instead of a lookup by run. Each run's steps are sorted below.
             let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}");
@@ -185,7 +184,7 @@ impl Store {
         ids: &[Uuid],
     ) -> Result<()> {
         for chunk in ids.chunks(CHUNK) {
-            let (cond, values) = self.in_list("id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let (cond, values) = self.in_list("id", 1, chunk)?;
             let sql =
                 format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE {cond}");
             conn.execute_raw(self.stmt(&sql, values)).await?;
@@ -218,7 +217,7 @@ impl Store {
                 _ => ", available_at = NULL",
             };
             for chunk in ids.chunks(CHUNK) {
-                let (cond, ids) = self.in_list("id", 3, chunk.iter().map(|&i| i.into()).collect());
+                let (cond, ids) = self.in_list("id", 3, chunk)?;
                 let sql = format!(
                     "UPDATE sagaflow_steps SET state = $1, updated_at = {{now}}{extra} \
                      WHERE state = $2 AND {cond} RETURNING id"
@@ -306,7 +305,7 @@ impl Store {
         self.runs_set_payload(txn, &with_payload).await?;
         for (state, ids) in &same_state {
             for chunk in ids.chunks(CHUNK) {
-                let (cond, ids) = self.in_list("id", 2, chunk.iter().map(|&i| i.into()).collect());
+                let (cond, ids) = self.in_list("id", 2, chunk)?;
                 let sql = format!(
                     "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{} WHERE {cond}",
                     if state.is_final() {
@@ -322,8 +321,7 @@ impl Store {
         }
         // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
         for chunk in finished.chunks(CHUNK) {
-            let (cond, values) =
-                self.in_list("run_id", 1, chunk.iter().map(|&i| i.into()).collect());
+            let (cond, values) = self.in_list("run_id", 1, chunk)?;
             let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
             txn.execute_raw(self.stmt(&sql, values)).await?;
         }

@@ -216,8 +216,14 @@ impl Store {
     /// both showed up at the top of our profiles). PostgreSQL gets an array (`= ANY($n)`),
     /// SQLite a JSON array read by `json_each`. `first` is the number of the placeholder; the
     /// value to bind comes back with the fragment.
-    fn in_list(&self, column: &str, first: usize, values: Vec<Value>) -> (String, Vec<Value>) {
-        match self.backend {
+    fn in_list<T: Copy + Into<Value>>(
+        &self,
+        column: &str,
+        first: usize,
+        ids: &[T],
+    ) -> Result<(String, Vec<Value>)> {
+        let values: Vec<Value> = ids.iter().map(|&i| i.into()).collect();
+        Ok(match self.backend {
             Backend::Postgres => {
                 let ty = values.first().map_or(ArrayType::BigInt, array_type);
                 (
@@ -227,10 +233,10 @@ impl Store {
             }
             Backend::Sqlite => {
                 let uuid = matches!(values.first(), Some(Value::Uuid(_)));
-                let json: Vec<serde_json::Value> = values
+                let json = values
                     .into_iter()
-                    .map(|v| json_value(v).unwrap_or(serde_json::Value::Null))
-                    .collect();
+                    .map(json_value)
+                    .collect::<Result<Vec<_>>>()?;
                 (
                     format!(
                         "{column} IN (SELECT {} FROM json_each(${first}))",
@@ -239,7 +245,7 @@ impl Store {
                     vec![serde_json::Value::Array(json).to_string().into()],
                 )
             }
-        }
+        })
     }
 
     /// A row source of many rows for `FROM` (bulk updates) or `INSERT … SELECT` (bulk

@@ -35,6 +35,32 @@ const STEP_COLS_IN: [(&str, &str); 9] = [
     ("ready", "boolean"),
 ];
 
+/// `INSERT … SELECT` of runs from the row source `v` (columns of [`RUN_COLS_IN`]), state
+/// `pending`. A run whose business key is already active is skipped by the unique index;
+/// the ids inserted are returned. (`WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the
+/// upsert clause after a `SELECT`.)
+fn insert_runs_sql(source: &str) -> String {
+    format!(
+        "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
+           input, dirty, created_at, updated_at) \
+         SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
+           v.input, FALSE, {{now}}, {{now}} FROM {source} WHERE TRUE \
+         ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id"
+    )
+}
+
+/// `INSERT … SELECT` of steps from the row source `v` (columns of [`STEP_COLS_IN`]), the rows
+/// chosen by `filter`. Root steps are due at once.
+fn insert_steps_sql(source: &str, filter: &str) -> String {
+    format!(
+        "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
+           initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) \
+         SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.deadline_ms, v.deadline_ms, \
+           v.deadline_cap_ms, v.idempotency_key, CASE WHEN v.ready THEN {{now}} END, {{now}} \
+         FROM {source} WHERE {filter}"
+    )
+}
+
 /// The row of a run to insert (columns of [`RUN_COLS_IN`]).
 fn run_row(r: &NewRun) -> Vec<Value> {
     vec![
@@ -199,14 +225,7 @@ impl Store {
         for chunk in runs.chunks(CHUNK_RUNS) {
             let rows = chunk.iter().map(run_row).collect();
             let (source, values) = self.rows_source(1, &RUN_COLS_IN, rows)?;
-            // `WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the upsert clause.
-            let sql = format!(
-                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-                 input, dirty, created_at, updated_at) \
-                 SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
-                   v.input, FALSE, {{now}}, {{now}} FROM {source} WHERE TRUE \
-                 ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id"
-            );
+            let sql = insert_runs_sql(&source);
             for r in conn.query_all_raw(self.stmt(&sql, values)).await? {
                 fresh.insert(r.try_get::<Uuid>("", "id")?);
             }
@@ -219,13 +238,7 @@ impl Store {
         for chunk in steps.chunks(CHUNK_RUNS) {
             let rows = chunk.iter().map(|(run, s)| step_row(run, s)).collect();
             let (source, values) = self.rows_source(1, &STEP_COLS_IN, rows)?;
-            let sql = format!(
-                "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
-                 initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) \
-                 SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.deadline_ms, v.deadline_ms, \
-                   v.deadline_cap_ms, v.idempotency_key, CASE WHEN v.ready THEN {{now}} END, {{now}} \
-                 FROM {source}"
-            );
+            let sql = insert_steps_sql(&source, "TRUE");
             conn.execute_raw(self.stmt(&sql, values)).await?;
         }
         let history: Vec<HistoryEntry> = inserted
@@ -304,22 +317,13 @@ impl Store {
         // `pg_notify(…) IS NOT NULL` is always true: it sends one notification (PostgreSQL
         // folds repeats within a transaction) when at least one run was inserted.
         let sql = format!(
-            "WITH r AS ( \
-               INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, \
-                 state, input, dirty, created_at, updated_at) \
-               SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, \
-                 'pending', v.input, FALSE, {{now}}, {{now}} FROM {run_src} \
-               ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id), \
-             s AS ( \
-               INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
-                 initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) \
-               SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.deadline_ms, \
-                 v.deadline_ms, v.deadline_cap_ms, v.idempotency_key, CASE WHEN v.ready THEN {{now}} END, \
-                 {{now}} FROM {step_src} WHERE v.run_id IN (SELECT id FROM r)), \
+            "WITH r AS ({runs}), s AS ({steps}), \
              h AS ( \
                INSERT INTO sagaflow_history (run_id, event, to_state, actor, at) \
                SELECT id, 'submitted', 'pending', 'api', {{now}} FROM r) \
              SELECT id FROM r WHERE pg_notify('{channel}', '') IS NOT NULL",
+            runs = insert_runs_sql(&run_src),
+            steps = insert_steps_sql(&step_src, "v.run_id IN (SELECT id FROM r)"),
             channel = super::postgres::READY_CHANNEL,
         );
         let mut fresh = std::collections::HashSet::with_capacity(runs.len());
@@ -580,13 +584,12 @@ impl Store {
         if ids.is_empty() {
             return Ok(0);
         }
-        let ids: Vec<Value> = ids.iter().map(|&i| i.into()).collect();
         for table in ["sagaflow_history", "sagaflow_alerts"] {
-            let (cond, values) = self.in_list("run_id", 1, ids.clone());
+            let (cond, values) = self.in_list("run_id", 1, &ids)?;
             let sql = format!("DELETE FROM {table} WHERE {cond}");
             txn.execute_raw(self.stmt(&sql, values)).await?;
         }
-        let (cond, values) = self.in_list("id", 1, ids);
+        let (cond, values) = self.in_list("id", 1, &ids)?;
         let sql = format!("DELETE FROM sagaflow_runs WHERE {cond}");
         let n = txn
             .execute_raw(self.stmt(&sql, values))

@@ -232,8 +232,7 @@ impl Store {
         if runs.is_empty() {
             return Ok(out);
         }
-        let ids: Vec<Value> = runs.iter().map(|&r| r.into()).collect();
-        let (cond, values) = self.in_list("id", 1, ids);
+        let (cond, values) = self.in_list("id", 1, runs)?;
         let sql = format!("SELECT id, input FROM sagaflow_runs WHERE {cond}");
         for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
             out.inputs
@@ -242,8 +241,7 @@ impl Store {
         if with_outputs.is_empty() {
             return Ok(out);
         }
-        let ids: Vec<Value> = with_outputs.iter().map(|&r| r.into()).collect();
-        let (cond, values) = self.in_list("run_id", 1, ids);
+        let (cond, values) = self.in_list("run_id", 1, with_outputs)?;
         let sql = format!(
             "SELECT run_id, name, output FROM sagaflow_steps WHERE {cond} AND output IS NOT NULL"
         );
