@@ -381,6 +381,7 @@ fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun
         .map(|s| NewStep {
             name: s.name().to_owned(),
             max_failures: s.settings().retry.max_failures_stored(),
+            max_interruptions: s.settings().retry.max_interruptions_stored(),
             deadline_ms: millis(s.settings().deadline.initial),
             deadline_cap_ms: millis(s.settings().deadline.cap),
             // SAS-2: stable across every retry of this step in this run.

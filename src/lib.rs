@@ -52,9 +52,9 @@ pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, OnDuplicate, Operator, StartOptions, Started};
 pub use sagaflow_agents::{Agent, AgentStep, agent_step};
 pub use sagaflow_engine::{
-    AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, Result, RetryPolicy, RunEvent,
-    RunRow, RunState, StepAction, StepContext, StepError, StepKind, StepRow, StepState, Store,
-    TracingSink, Workflow, WorkflowBuilder,
+    AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, KeyPolicy, Outcome, Result,
+    RetryPolicy, RunEvent, RunRow, RunState, StepAction, StepContext, StepError, StepKind, StepRow,
+    StepState, Store, TracingSink, Workflow, WorkflowBuilder,
 };
 pub use sagaflow_supervisor::{Supervisor, SupervisorStats};
 

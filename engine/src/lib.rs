@@ -17,12 +17,12 @@ pub mod scheduler;
 pub mod store;
 
 pub use definition::{
-    DeadlinePolicy, Registry, RetryPolicy, StepAction, StepContext, StepKind, StepSettings,
-    Workflow, WorkflowBuilder, workflow_key,
+    DeadlinePolicy, KeyPolicy, Registry, RetryPolicy, StepAction, StepContext, StepKind,
+    StepSettings, Workflow, WorkflowBuilder, workflow_key,
 };
 pub use error::{Error, Result};
 pub use hub::{AlertSink, Hub, RunEvent, TracingSink};
-pub use outcome::StepError;
+pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use state::{RunState, StepState};
 pub use store::{AlertRow, Backend, HistoryRow, RunRow, StepRow, Store};

@@ -38,6 +38,14 @@ pub const OPERATOR_ACTIONS: [&str; 4] = ["retry_step", "compensate", "resume", "
 /// # Errors
 /// [`Error::CorruptRow`] when the stored steps do not match the definition.
 pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWrite> {
+    let mut plan = advance(wf, run, rows)?;
+    if let Some(state) = plan.run_state {
+        plan.release_key = wf.key_policy().releases_key(state);
+    }
+    Ok(plan)
+}
+
+fn advance(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWrite> {
     let mut states: Vec<StepState> = vec![StepState::NotStarted; wf.steps.len()];
     let mut row_of: Vec<Option<&StepRow>> = vec![None; wf.steps.len()];
     for r in rows {

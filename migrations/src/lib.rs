@@ -14,6 +14,7 @@ use sea_orm_migration::sea_orm::DbBackend;
 
 mod m0001_initial;
 mod m0002_hot_path;
+mod m0003_outcomes_and_instances;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -28,6 +29,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m0001_initial::Migration),
             Box::new(m0002_hot_path::Migration),
+            Box::new(m0003_outcomes_and_instances::Migration),
         ]
     }
 

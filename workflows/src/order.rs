@@ -104,11 +104,17 @@ impl Default for OrderSettings {
     }
 }
 
+/// A remote failure as a step outcome. The simulated services document that a refusal
+/// (`Permanent`, HTTP 4xx) and a transient 503 (`Transient`) are answered before anything is
+/// applied; a transport failure (no answer, a reset, a gateway error) may hide an applied
+/// effect, so its outcome stays unknown.
 fn step_error(e: ServiceError) -> StepError {
-    if e.is_retryable() {
-        StepError::retryable("transient", e.to_string())
-    } else {
-        StepError::terminal("permanent", e.to_string())
+    match e {
+        ServiceError::Transient(_) => {
+            StepError::retryable("transient", e.to_string()).not_applied()
+        }
+        ServiceError::Permanent(_) => StepError::refused("permanent", e.to_string()),
+        ServiceError::Transport(_) => StepError::retryable("transport", e.to_string()),
     }
 }
 

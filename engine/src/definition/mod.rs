@@ -21,7 +21,8 @@ use serde::de::DeserializeOwned;
 pub use policy::millis;
 pub use policy::{
     DEADLINE_CAP_DEFAULT, DEADLINE_DEFAULT, DeadlinePolicy, INITIAL_BACKOFF_DEFAULT,
-    MAX_BACKOFF_DEFAULT, MAX_FAILURES_DEFAULT, RetryPolicy, StepSettings,
+    MAX_BACKOFF_DEFAULT, MAX_FAILURES_DEFAULT, MAX_INTERRUPTIONS_DEFAULT, RetryPolicy,
+    StepSettings,
 };
 pub use registry::Registry;
 pub use step::{StepAction, StepContext};
@@ -38,6 +39,34 @@ pub enum StepKind {
     Pivot,
     /// Follows the pivot: retried until it succeeds, never compensated.
     Retriable,
+}
+
+/// How long a run's business key stays taken: while it is taken, starting the workflow with
+/// the same key returns the existing run instead of creating another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyPolicy {
+    /// Taken while the run is active (not `Completed` or `Compensated`); a finished run's key
+    /// may start a new run.
+    WhileActive,
+    /// Taken for as long as the run is retained, finished or not: a re-submitted order never
+    /// runs twice. Purging the run frees the key. The default.
+    #[default]
+    WhileRetained,
+    /// Taken while the run is active or `Completed`; a run that ended `Compensated` (its
+    /// business failed and was undone) frees the key for a new attempt.
+    AllowAfterFailure,
+}
+
+impl KeyPolicy {
+    /// Whether a run that just reached the final state `state` frees its key.
+    pub fn releases_key(self, state: crate::RunState) -> bool {
+        use crate::RunState;
+        match self {
+            Self::WhileActive => state.is_final(),
+            Self::WhileRetained => false,
+            Self::AllowAfterFailure => state == RunState::Compensated,
+        }
+    }
 }
 
 type InputCheck = Arc<dyn Fn(&serde_json::Value) -> Result<(), String> + Send + Sync>;
@@ -105,6 +134,7 @@ pub struct Workflow {
     pub(crate) steps: Vec<StepDef>,
     pub(crate) index: HashMap<String, usize>,
     pub(crate) input_check: Option<InputCheck>,
+    pub(crate) key_policy: KeyPolicy,
 }
 
 impl fmt::Debug for Workflow {
@@ -141,6 +171,7 @@ impl Workflow {
             drafts: Vec::new(),
             misuse: Vec::new(),
             input_check: None,
+            key_policy: KeyPolicy::default(),
         }
     }
 
@@ -155,6 +186,10 @@ impl Workflow {
     /// `name@version`, the key runs and steps are stored under.
     pub fn key(&self) -> String {
         workflow_key(&self.name, self.version)
+    }
+    /// How long a run's business key stays taken.
+    pub fn key_policy(&self) -> KeyPolicy {
+        self.key_policy
     }
     /// Its steps, in declaration order.
     pub fn steps(&self) -> &[StepDef] {
@@ -216,6 +251,7 @@ pub struct WorkflowBuilder {
     drafts: Vec<Draft>,
     misuse: Vec<String>,
     input_check: Option<InputCheck>,
+    key_policy: KeyPolicy,
 }
 
 impl fmt::Debug for WorkflowBuilder {
@@ -234,6 +270,12 @@ impl WorkflowBuilder {
         self.input_check = Some(Arc::new(|v: &serde_json::Value| {
             T::deserialize(v).map(|_| ()).map_err(|e| e.to_string())
         }));
+        self
+    }
+
+    /// How long a run's business key stays taken (default: [`KeyPolicy::WhileRetained`]).
+    pub fn business_keys(mut self, policy: KeyPolicy) -> Self {
+        self.key_policy = policy;
         self
     }
 
@@ -425,6 +467,7 @@ impl WorkflowBuilder {
             steps,
             index,
             input_check: self.input_check,
+            key_policy: self.key_policy,
         })
     }
 }

@@ -6,6 +6,10 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 
 /// Default number of failed attempts (errors and timeouts) after which a step fails.
 pub const MAX_FAILURES_DEFAULT: u32 = 5;
+/// Default number of interruptions (attempts lost with their engine instance: a crash, a
+/// frozen process, a shutdown) after which a step is treated as poison: the run stops in
+/// `Error` with a `poison_step` alert instead of crashing engines forever.
+pub const MAX_INTERRUPTIONS_DEFAULT: u32 = 5;
 /// Default first retry delay.
 pub const INITIAL_BACKOFF_DEFAULT: Duration = Duration::from_millis(200);
 /// Default ceiling of the retry delay.
@@ -28,6 +32,10 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
     /// Whether to randomise each delay (recommended: spreads retry storms).
     pub jitter: bool,
+    /// Interruptions (attempts lost with their engine instance) a step may take; one more
+    /// stops the run in `Error` with a `poison_step` alert. Interruptions never count as
+    /// failures.
+    pub max_interruptions: u32,
 }
 
 impl Default for RetryPolicy {
@@ -37,6 +45,7 @@ impl Default for RetryPolicy {
             initial_backoff: INITIAL_BACKOFF_DEFAULT,
             max_backoff: MAX_BACKOFF_DEFAULT,
             jitter: true,
+            max_interruptions: MAX_INTERRUPTIONS_DEFAULT,
         }
     }
 }
@@ -62,6 +71,18 @@ impl RetryPolicy {
         self.initial_backoff = initial;
         self.max_backoff = max;
         self
+    }
+
+    /// Sets how many interruptions a step may take before it is treated as poison.
+    #[must_use]
+    pub fn with_max_interruptions(mut self, n: u32) -> Self {
+        self.max_interruptions = n;
+        self
+    }
+
+    /// The interruption cap as stored.
+    pub fn max_interruptions_stored(&self) -> i32 {
+        i32::try_from(self.max_interruptions).unwrap_or(i32::MAX)
     }
 
     /// Turns jitter on or off.

@@ -24,7 +24,8 @@ pub trait StepAction: Send + Sync + 'static {
     /// Runs one attempt.
     ///
     /// # Errors
-    /// A [`StepError`]; retryable unless built with [`StepError::terminal`].
+    /// A [`StepError`]; retryable unless built with [`StepError::terminal`], and possibly
+    /// applied unless marked [`StepError::not_applied`].
     async fn run(&self, ctx: StepContext) -> Result<serde_json::Value, StepError>;
 }
 
@@ -153,9 +154,10 @@ impl StepContext {
     /// The run's input, typed.
     ///
     /// # Errors
-    /// A terminal [`StepError`] when the input does not deserialise into `T`.
+    /// A terminal, not-applied [`StepError`] ([`StepError::refused`]) when the input does not
+    /// deserialise into `T`: the step fails before it calls anything.
     pub fn input<T: DeserializeOwned>(&self) -> Result<T, StepError> {
-        T::deserialize(&*self.input).map_err(|e| StepError::terminal("input", e.to_string()))
+        T::deserialize(&*self.input).map_err(|e| StepError::refused("input", e.to_string()))
     }
 
     /// The output of a dependency, typed.
@@ -165,12 +167,12 @@ impl StepContext {
     /// deserialise into `T`.
     pub fn dep<T: DeserializeOwned>(&self, step: &str) -> Result<T, StepError> {
         let v = self.deps.get(step).ok_or_else(|| {
-            StepError::terminal(
+            StepError::refused(
                 "dependency",
                 format!("step `{}` has no dependency `{step}`", self.step),
             )
         })?;
-        T::deserialize(v).map_err(|e| StepError::terminal("dependency", format!("`{step}`: {e}")))
+        T::deserialize(v).map_err(|e| StepError::refused("dependency", format!("`{step}`: {e}")))
     }
 
     /// In a compensation: the output the step produced when it completed.
@@ -179,8 +181,8 @@ impl StepContext {
     /// A terminal [`StepError`] outside a compensation or when it does not deserialise.
     pub fn output<T: DeserializeOwned>(&self) -> Result<T, StepError> {
         let v = self.output.as_deref().ok_or_else(|| {
-            StepError::terminal("output", "only a compensation sees the step's output")
+            StepError::refused("output", "only a compensation sees the step's output")
         })?;
-        T::deserialize(v).map_err(|e| StepError::terminal("output", e.to_string()))
+        T::deserialize(v).map_err(|e| StepError::refused("output", e.to_string()))
     }
 }

@@ -138,7 +138,8 @@ fn request(
         owner: s.config.owner.clone(),
     };
     let fail = |lease: StepLease, e: Error| {
-        Box::new((lease, StepError::terminal("engine", e.to_string())))
+        // Nothing was called: the step could not even start.
+        Box::new((lease, StepError::refused("engine", e.to_string())))
     };
     let Some(wf) = s.registry.by_key(&c.workflow_key) else {
         return Err(fail(lease, Error::WorkflowNotFound(c.workflow_key)));

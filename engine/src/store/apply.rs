@@ -31,6 +31,15 @@ pub(super) struct HistoryEntry {
     pub(super) detail: Option<String>,
 }
 
+/// A run's new state with its payload, for one bulk update.
+struct RunPayload {
+    id: Uuid,
+    state: RunState,
+    output: Option<String>,
+    error: Option<String>,
+    release_key: bool,
+}
+
 /// A plan function: what to write for one run given its steps.
 pub type Planner<'a> = &'a (dyn Fn(&RunRow, &[StepRow]) -> Result<PlanWrite> + Sync);
 
@@ -232,11 +241,11 @@ impl Store {
 
         // 2. Per run: what moved, the run's new state, history.
         let mut out = Vec::with_capacity(plans.len());
-        let mut same_state: BTreeMap<RunState, Vec<Uuid>> = BTreeMap::new();
+        let mut same_state: BTreeMap<(RunState, bool), Vec<Uuid>> = BTreeMap::new();
         let mut finished: Vec<Uuid> = Vec::new();
         let mut stale_runs: Vec<Uuid> = Vec::new();
         let mut alerts = Vec::new();
-        let mut with_payload: Vec<(Uuid, RunState, Option<String>, Option<String>)> = Vec::new();
+        let mut with_payload: Vec<RunPayload> = Vec::new();
         for (before, write) in plans {
             let id = before.id;
             let (mut ready, mut stale) = (0, 0);
@@ -260,10 +269,17 @@ impl Store {
                 });
             }
             let state = write.run_state.unwrap_or(before.state);
+            let release_key = write.release_key && state.is_final();
             if write.run_output.is_some() || write.run_error.is_some() {
-                with_payload.push((id, state, write.run_output.clone(), write.run_error.clone()));
+                with_payload.push(RunPayload {
+                    id,
+                    state,
+                    output: write.run_output.clone(),
+                    error: write.run_error.clone(),
+                    release_key,
+                });
             } else if state != before.state {
-                same_state.entry(state).or_default().push(id);
+                same_state.entry((state, release_key)).or_default().push(id);
             }
             if state.is_final() && state != before.state {
                 finished.push(id);
@@ -303,13 +319,18 @@ impl Store {
             });
         }
         self.runs_set_payload(txn, &with_payload).await?;
-        for (state, ids) in &same_state {
+        for ((state, release_key), ids) in &same_state {
             for chunk in ids.chunks(CHUNK) {
                 let (cond, ids) = self.in_list("id", 2, chunk)?;
                 let sql = format!(
-                    "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{} WHERE {cond}",
+                    "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{}{} WHERE {cond}",
                     if state.is_final() {
-                        ", finished_at = {now}, active_key = NULL"
+                        ", finished_at = {now}"
+                    } else {
+                        ""
+                    },
+                    if *release_key {
+                        ", active_key = NULL"
                     } else {
                         ""
                     },
@@ -337,28 +358,26 @@ impl Store {
     }
 
     /// Sets state, output and error of many runs in one statement per chunk.
-    async fn runs_set_payload(
-        &self,
-        txn: &DatabaseTransaction,
-        runs: &[(Uuid, RunState, Option<String>, Option<String>)],
-    ) -> Result<()> {
-        const COLS: [(&str, &str); 5] = [
+    async fn runs_set_payload(&self, txn: &DatabaseTransaction, runs: &[RunPayload]) -> Result<()> {
+        const COLS: [(&str, &str); 6] = [
             ("vid", "uuid"),
             ("state", "text"),
             ("output", "text"),
             ("error", "text"),
             ("fin", "boolean"),
+            ("rel", "boolean"),
         ];
         for chunk in runs.chunks(CHUNK) {
             let rows = chunk
                 .iter()
-                .map(|(id, state, output, error)| {
+                .map(|r| {
                     vec![
-                        (*id).into(),
-                        state.as_str().into(),
-                        output.clone().into(),
-                        error.clone().into(),
-                        state.is_final().into(),
+                        r.id.into(),
+                        r.state.as_str().into(),
+                        r.output.clone().into(),
+                        r.error.clone().into(),
+                        r.state.is_final().into(),
+                        r.release_key.into(),
                     ]
                 })
                 .collect();
@@ -367,7 +386,7 @@ impl Store {
                 "UPDATE sagaflow_runs AS r SET state = v.state, output = COALESCE(v.output, r.output), \
                    error = COALESCE(v.error, r.error), updated_at = {{now}}, \
                    finished_at = CASE WHEN v.fin THEN {{now}} ELSE r.finished_at END, \
-                   active_key = CASE WHEN v.fin THEN NULL ELSE r.active_key END \
+                   active_key = CASE WHEN v.rel THEN NULL ELSE r.active_key END \
                  FROM {source} WHERE r.id = v.vid"
             );
             txn.execute_raw(self.stmt(&sql, values)).await?;

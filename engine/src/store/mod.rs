@@ -8,6 +8,7 @@
 
 mod alerts;
 mod apply;
+mod intake;
 mod leases;
 mod postgres;
 mod rows;
@@ -24,10 +25,11 @@ use sea_orm::{
 
 pub use alerts::{AlertRow, NewAlert};
 pub use apply::Planner;
+pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::LeaderFence;
 pub use postgres::READY_CHANNEL;
 pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
-pub use runs::{EvalApplied, NewRun, NewStep, PlanWrite, RunInsertOutcome, StepWrite};
+pub use runs::{EvalApplied, PlanWrite, StepWrite};
 pub use steps::{FinishOutcome, Rescue, RescueCounts, StepFinish, StepFinishKind, StepInputs};
 
 use crate::{Error, Result};

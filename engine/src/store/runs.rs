@@ -1,141 +1,13 @@
-//! Runs: submission, evaluation under the run's row lock, operator transitions, retention.
+//! Runs: reads, evaluation under the run's row lock, operator transitions, retention.
 
 use sea_orm::{ConnectionTrait, TransactionTrait, Value};
 use uuid::Uuid;
 
 use super::alerts::NewAlert;
-use super::apply::{HistoryEntry, Planner};
+use super::apply::Planner;
 use super::rows::{RUN_COLS, STEP_COLS};
 use super::{AlertRow, HistoryRow, RunRow, StepRow, Store, placeholders};
 use crate::{Error, Result, RunState, StepState};
-
-/// Rows per multi-row insert of runs or steps.
-const CHUNK_RUNS: usize = 400;
-
-/// Columns of a run to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const RUN_COLS_IN: [(&str, &str); 6] = [
-    ("id", "uuid"),
-    ("workflow", "text"),
-    ("version", "integer"),
-    ("workflow_key", "text"),
-    ("business_key", "text"),
-    ("input", "text"),
-];
-
-/// Columns of a step to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const STEP_COLS_IN: [(&str, &str); 9] = [
-    ("run_id", "uuid"),
-    ("workflow_key", "text"),
-    ("name", "text"),
-    ("state", "text"),
-    ("max_failures", "integer"),
-    ("deadline_ms", "bigint"),
-    ("deadline_cap_ms", "bigint"),
-    ("idempotency_key", "text"),
-    ("ready", "boolean"),
-];
-
-/// `INSERT … SELECT` of runs from the row source `v` (columns of [`RUN_COLS_IN`]), state
-/// `pending`. A run whose business key is already active is skipped by the unique index;
-/// the ids inserted are returned. (`WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the
-/// upsert clause after a `SELECT`.)
-fn insert_runs_sql(source: &str) -> String {
-    format!(
-        "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-           input, dirty, created_at, updated_at) \
-         SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
-           v.input, FALSE, {{now}}, {{now}} FROM {source} WHERE TRUE \
-         ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id"
-    )
-}
-
-/// `INSERT … SELECT` of steps from the row source `v` (columns of [`STEP_COLS_IN`]), the rows
-/// chosen by `filter`. Root steps are due at once.
-fn insert_steps_sql(source: &str, filter: &str) -> String {
-    format!(
-        "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, deadline_ms, \
-           initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) \
-         SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.deadline_ms, v.deadline_ms, \
-           v.deadline_cap_ms, v.idempotency_key, CASE WHEN v.ready THEN {{now}} END, {{now}} \
-         FROM {source} WHERE {filter}"
-    )
-}
-
-/// The row of a run to insert (columns of [`RUN_COLS_IN`]).
-fn run_row(r: &NewRun) -> Vec<Value> {
-    vec![
-        r.id.into(),
-        r.workflow.clone().into(),
-        r.version.into(),
-        crate::workflow_key(&r.workflow, r.version).into(),
-        r.business_key.clone().into(),
-        r.input.clone().into(),
-    ]
-}
-
-/// The row of a step to insert (columns of [`STEP_COLS_IN`]).
-fn step_row(run: &NewRun, s: &NewStep) -> Vec<Value> {
-    let state = if s.ready {
-        StepState::Ready
-    } else {
-        StepState::NotStarted
-    };
-    vec![
-        run.id.into(),
-        crate::workflow_key(&run.workflow, run.version).into(),
-        s.name.clone().into(),
-        state.as_str().into(),
-        s.max_failures.into(),
-        s.deadline_ms.into(),
-        s.deadline_cap_ms.into(),
-        s.idempotency_key.clone().into(),
-        s.ready.into(),
-    ]
-}
-
-/// A run to insert.
-#[derive(Debug, Clone)]
-pub struct NewRun {
-    /// Run id.
-    pub id: Uuid,
-    /// Workflow name.
-    pub workflow: String,
-    /// Version.
-    pub version: i32,
-    /// Business key (unique among active runs of the workflow).
-    pub business_key: Option<String>,
-    /// Input JSON.
-    pub input: String,
-    /// Its steps.
-    pub steps: Vec<NewStep>,
-}
-
-/// A step row to insert with its run.
-#[derive(Debug, Clone)]
-pub struct NewStep {
-    /// Step name.
-    pub name: String,
-    /// Failure threshold.
-    pub max_failures: i32,
-    /// First deadline in ms.
-    pub deadline_ms: i64,
-    /// Deadline cap in ms.
-    pub deadline_cap_ms: i64,
-    /// Stable idempotency key.
-    pub idempotency_key: String,
-    /// Whether the step has no dependencies: it is queued at once, so a run needs no
-    /// evaluation to start.
-    pub ready: bool,
-}
-
-/// What inserting a run did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunInsertOutcome {
-    /// The run was inserted.
-    Inserted(Uuid),
-    /// An active run with the same business key exists; nothing was written.
-    Duplicate(Uuid),
-}
 
 /// A step transition decided by the planner or an operator action.
 #[derive(Debug, Clone)]
@@ -165,6 +37,9 @@ pub struct PlanWrite {
     pub alert: Option<NewAlert>,
     /// Resolve the run's open alerts (operator actions).
     pub resolve_alerts: bool,
+    /// Free the run's business key (it reached a final state its workflow's key policy
+    /// releases).
+    pub release_key: bool,
     /// History event name for the run transition.
     pub event: &'static str,
     /// Detail recorded with the run transition.
@@ -187,152 +62,6 @@ pub struct EvalApplied {
 }
 
 impl Store {
-    /// Inserts a run and its steps on `conn`: the engine's pool, or the caller's transaction
-    /// so that a business row and its saga commit together (SAS-7). The run starts `Pending`;
-    /// its root steps start `Ready` (queued at once), the others `NotStarted`.
-    ///
-    /// # Errors
-    /// [`Error::Db`].
-    pub async fn run_insert<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        run: &NewRun,
-    ) -> Result<RunInsertOutcome> {
-        let mut out = self
-            .run_insert_many(conn, std::slice::from_ref(run))
-            .await?;
-        out.pop()
-            .ok_or_else(|| Error::corrupt("sagaflow_runs", run.id, "insert returned nothing"))
-    }
-
-    /// Inserts many runs on `conn` (one transaction when `conn` is one: group commit).
-    /// Returns one outcome per run, in order; duplicates of active business keys are not
-    /// inserted.
-    ///
-    /// # Errors
-    /// [`Error::Db`].
-    pub async fn run_insert_many<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        runs: &[NewRun],
-    ) -> Result<Vec<RunInsertOutcome>> {
-        if self.backend == super::Backend::Postgres {
-            return self.run_insert_many_pg(conn, runs).await;
-        }
-        // Runs first, many per statement; a run whose business key is already active is
-        // skipped by the unique index and reported as a duplicate of that run.
-        let mut fresh = std::collections::HashSet::with_capacity(runs.len());
-        for chunk in runs.chunks(CHUNK_RUNS) {
-            let rows = chunk.iter().map(run_row).collect();
-            let (source, values) = self.rows_source(1, &RUN_COLS_IN, rows)?;
-            let sql = insert_runs_sql(&source);
-            for r in conn.query_all_raw(self.stmt(&sql, values)).await? {
-                fresh.insert(r.try_get::<Uuid>("", "id")?);
-            }
-        }
-        let (outcomes, inserted) = self.resolve_duplicates(conn, runs, &fresh).await?;
-        let steps: Vec<(&NewRun, &NewStep)> = inserted
-            .iter()
-            .flat_map(|r| r.steps.iter().map(move |s| (*r, s)))
-            .collect();
-        for chunk in steps.chunks(CHUNK_RUNS) {
-            let rows = chunk.iter().map(|(run, s)| step_row(run, s)).collect();
-            let (source, values) = self.rows_source(1, &STEP_COLS_IN, rows)?;
-            let sql = insert_steps_sql(&source, "TRUE");
-            conn.execute_raw(self.stmt(&sql, values)).await?;
-        }
-        let history: Vec<HistoryEntry> = inserted
-            .iter()
-            .map(|r| HistoryEntry {
-                run_id: r.id,
-                step: None,
-                event: "submitted".into(),
-                from: None,
-                to: Some(RunState::Pending.as_str().into()),
-                attempt: None,
-                actor: "api".into(),
-                detail: None,
-            })
-            .collect();
-        self.history_insert_many(conn, &history).await?;
-        if !inserted.is_empty() {
-            self.notify_ready(conn).await?;
-        }
-        Ok(outcomes)
-    }
-
-    /// Outcomes of a multi-row insert: runs in `fresh` were inserted; for each other run,
-    /// the active run holding its business key.
-    async fn resolve_duplicates<'r, C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        runs: &'r [NewRun],
-        fresh: &std::collections::HashSet<Uuid>,
-    ) -> Result<(Vec<RunInsertOutcome>, Vec<&'r NewRun>)> {
-        let mut outcomes = Vec::with_capacity(runs.len());
-        let mut inserted: Vec<&NewRun> = Vec::with_capacity(runs.len());
-        for run in runs {
-            if fresh.contains(&run.id) {
-                outcomes.push(RunInsertOutcome::Inserted(run.id));
-                inserted.push(run);
-                continue;
-            }
-            let existing = conn
-                .query_one_raw(self.stmt(
-                    "SELECT id FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
-                    vec![run.workflow.clone().into(), run.business_key.clone().into()],
-                ))
-                .await?
-                .map(|r| r.try_get::<Uuid>("", "id"))
-                .transpose()?
-                .ok_or_else(|| {
-                    Error::corrupt(
-                        "sagaflow_runs",
-                        run.id,
-                        "insert conflicted but no active run found",
-                    )
-                })?;
-            outcomes.push(RunInsertOutcome::Duplicate(existing));
-        }
-        Ok((outcomes, inserted))
-    }
-
-    /// PostgreSQL: the whole batch in one statement — runs, their steps, their `submitted`
-    /// history and the wake-up notification — so a submission costs one round trip and is
-    /// atomic without a transaction of its own. Duplicates (rare) are resolved afterwards.
-    async fn run_insert_many_pg<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        runs: &[NewRun],
-    ) -> Result<Vec<RunInsertOutcome>> {
-        let run_rows = runs.iter().map(run_row).collect();
-        let step_rows = runs
-            .iter()
-            .flat_map(|r| r.steps.iter().map(move |s| (r, s)))
-            .map(|(run, s)| step_row(run, s))
-            .collect();
-        let (run_src, mut values) = self.rows_source(1, &RUN_COLS_IN, run_rows)?;
-        let (step_src, step_values) = self.rows_source(2, &STEP_COLS_IN, step_rows)?;
-        values.extend(step_values);
-        // `pg_notify(…) IS NOT NULL` is always true: it sends one notification (PostgreSQL
-        // folds repeats within a transaction) when at least one run was inserted.
-        let sql = format!(
-            "WITH r AS ({runs}), s AS ({steps}), \
-             h AS ( \
-               INSERT INTO sagaflow_history (run_id, event, to_state, actor, at) \
-               SELECT id, 'submitted', 'pending', 'api', {{now}} FROM r) \
-             SELECT id FROM r WHERE pg_notify('{channel}', '') IS NOT NULL",
-            runs = insert_runs_sql(&run_src),
-            steps = insert_steps_sql(&step_src, "v.run_id IN (SELECT id FROM r)"),
-            channel = super::postgres::READY_CHANNEL,
-        );
-        let mut fresh = std::collections::HashSet::with_capacity(runs.len());
-        for r in conn.query_all_raw(self.stmt(&sql, values)).await? {
-            fresh.insert(r.try_get::<Uuid>("", "id")?);
-        }
-        Ok(self.resolve_duplicates(conn, runs, &fresh).await?.0)
-    }
-
     /// A run by id.
     ///
     /// # Errors

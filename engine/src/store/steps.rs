@@ -105,16 +105,19 @@ impl Store {
             for it in chunk {
                 let (kind, output, error, delay, maybe) = match &it.kind {
                     StepFinishKind::Succeeded { output } => ("ok", output.clone(), None, 0, false),
-                    StepFinishKind::Retry { delay_ms, error } => {
-                        ("retry", None, Some(error.to_json()), *delay_ms, false)
-                    }
+                    StepFinishKind::Retry { delay_ms, error } => (
+                        "retry",
+                        None,
+                        Some(error.to_json()),
+                        *delay_ms,
+                        it.state == StepState::Running && error.may_have_applied(),
+                    ),
                     StepFinishKind::Failed { error } => (
                         "failed",
                         None,
                         Some(error.to_json()),
                         0,
-                        // An output too large to store: the effect happened unrecorded.
-                        it.state == StepState::Running && error.code == "output_too_large",
+                        it.state == StepState::Running && error.may_have_applied(),
                     ),
                 };
                 rows.push(vec![

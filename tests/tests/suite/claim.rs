@@ -34,6 +34,7 @@ async fn seed(store: &Store, n: usize) {
                     steps: vec![store::NewStep {
                         name: "only".into(),
                         max_failures: 3,
+                        max_interruptions: 5,
                         deadline_ms: 600_000,
                         deadline_cap_ms: 600_000,
                         idempotency_key: format!("{id}:only"),

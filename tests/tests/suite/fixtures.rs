@@ -102,8 +102,14 @@ where
             ));
             match behave(ctx.attempt()) {
                 Behave::Ok(v) => Ok(v),
-                Behave::Retryable => Err(StepError::retryable("flaky", format!("{name} failed"))),
-                Behave::Terminal => Err(StepError::terminal("declined", format!("{name} refused"))),
+                Behave::Retryable => {
+                    Err(StepError::retryable("flaky", format!("{name} failed")).not_applied())
+                }
+                Behave::Ambiguous => Err(StepError::retryable(
+                    "reset",
+                    format!("{name} lost its reply"),
+                )),
+                Behave::Terminal => Err(StepError::refused("declined", format!("{name} refused"))),
                 Behave::Hang => {
                     std::future::pending::<()>().await;
                     Ok(serde_json::Value::Null)
@@ -117,7 +123,11 @@ where
 /// What a logged step does on an attempt.
 pub(crate) enum Behave {
     Ok(serde_json::Value),
+    /// A retryable failure that definitely did not apply.
     Retryable,
+    /// A retryable failure whose effect may have applied (outcome unknown).
+    #[allow(dead_code)]
+    Ambiguous,
     Terminal,
     Hang,
     Panic,

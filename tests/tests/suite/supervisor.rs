@@ -29,6 +29,7 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
         steps: vec![store::NewStep {
             name: "only".into(),
             max_failures: 3,
+            max_interruptions: 5,
             deadline_ms: 100,
             deadline_cap_ms: 400,
             idempotency_key: format!("{id}:only"),
