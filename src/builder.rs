@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sagaflow_engine::scheduler::SchedulerConfig;
 use sagaflow_engine::{AlertSink, Error, Registry, Result, Store, TracingSink, Workflow};
-use sagaflow_supervisor::SupervisorConfig;
+use sagaflow_supervisor::{HEARTBEAT_INTERVAL_DEFAULT, SupervisorConfig};
 
 use crate::engine::Engine;
 
@@ -27,6 +27,7 @@ pub struct EngineBuilder {
     run_supervisor: bool,
     workers: bool,
     max_input_bytes: usize,
+    heartbeat_every: Duration,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -54,6 +55,7 @@ impl Default for EngineBuilder {
             run_supervisor: true,
             workers: true,
             max_input_bytes: MAX_INPUT_DEFAULT,
+            heartbeat_every: HEARTBEAT_INTERVAL_DEFAULT,
         }
     }
 }
@@ -173,6 +175,15 @@ impl EngineBuilder {
         self
     }
 
+    /// How often this instance heartbeats, and how long an instance may stay silent before
+    /// the supervisor treats it as dead and releases its in-flight steps (as interruptions,
+    /// not failures). Defaults: every 1 s, dead after 3 s.
+    pub fn with_heartbeat(mut self, every: Duration, stale_after: Duration) -> Self {
+        self.heartbeat_every = every;
+        self.supervisor.instance_stale_after = stale_after;
+        self
+    }
+
     /// Supervisor sweep period.
     pub fn with_sweep_interval(mut self, d: Duration) -> Self {
         self.supervisor.sweep_interval = d;
@@ -218,6 +229,14 @@ impl EngineBuilder {
         if self.max_input_bytes == 0 {
             return Err(Error::Config("max_input_bytes must be positive".into()));
         }
+        if self.heartbeat_every.is_zero()
+            || self.heartbeat_every >= self.supervisor.instance_stale_after
+        {
+            return Err(Error::Config(format!(
+                "the heartbeat interval ({:?}) must be positive and shorter than the time after                  which an instance counts as dead ({:?})",
+                self.heartbeat_every, self.supervisor.instance_stale_after
+            )));
+        }
         let store = match (self.store.take(), self.url.take()) {
             (Some(s), _) => s,
             (None, Some(url)) => Store::connect(&url, self.pool_size).await?,
@@ -227,8 +246,22 @@ impl EngineBuilder {
                 ));
             }
         };
+        let heartbeat = if self.workers {
+            let incarnation = uuid::Uuid::new_v4().simple().to_string();
+            crate::instance::register(
+                &store,
+                &self.scheduler.owner,
+                &incarnation,
+                self.supervisor.instance_stale_after,
+            )
+            .await?;
+            Some((incarnation, self.heartbeat_every))
+        } else {
+            None
+        };
         Engine::launch(
             store,
+            heartbeat,
             Arc::new(self.registry),
             self.sinks,
             self.scheduler,

@@ -78,6 +78,9 @@ struct Inner {
     cancel: CancellationToken,
     max_input_bytes: usize,
     submit: mpsc::Sender<Submission>,
+    /// This instance's registration (worker engines): its incarnation.
+    incarnation: Option<String>,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -101,8 +104,10 @@ impl Engine {
         EngineBuilder::default()
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch(
         store: Store,
+        heartbeat: Option<(String, Duration)>,
         registry: Arc<Registry>,
         sinks: Vec<Arc<dyn AlertSink>>,
         scheduler: SchedulerConfig,
@@ -132,6 +137,15 @@ impl Engine {
                 s.clone().spawn(&tracker, cancel.clone());
             }
         }
+        if let Some((incarnation, every)) = &heartbeat {
+            tracker.spawn(crate::instance::heartbeat(
+                store.clone(),
+                scheduler.owner().to_owned(),
+                incarnation.clone(),
+                *every,
+                cancel.clone(),
+            ));
+        }
         let submit = crate::submit::spawn(store.clone(), hub.clone(), &tracker, cancel.clone());
         Ok(Self {
             inner: Arc::new(Inner {
@@ -144,6 +158,8 @@ impl Engine {
                 cancel,
                 max_input_bytes,
                 submit,
+                incarnation: heartbeat.map(|(i, _)| i),
+                stopped: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -346,12 +362,42 @@ impl Engine {
     }
 
     /// Stops every background loop and waits for them. Attempts in flight are cancelled and
-    /// report nothing; their steps are re-queued by a supervisor after their deadline.
-    /// Idempotent.
+    /// report nothing; their steps are released at once as *interruptions* (queued again,
+    /// not counted as failures, their deadline unchanged), and the instance is marked
+    /// stopped. Idempotent.
     pub async fn shutdown(&self) {
         self.inner.cancel.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
+        let Some(incarnation) = &self.inner.incarnation else {
+            return;
+        };
+        if self
+            .inner
+            .stopped
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let store = &self.inner.store;
+        let id = self.instance_id();
+        match crate::instance::release_owned(store, id).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                instance = id,
+                steps = n,
+                "released in-flight steps at shutdown"
+            ),
+            Err(e) => tracing::warn!(
+                instance = id,
+                error = %e,
+                "could not release in-flight steps at shutdown; the supervisor will once this \
+                 instance's heartbeat is stale"
+            ),
+        }
+        if let Err(e) = store.instance_stop(id, incarnation).await {
+            tracing::debug!(error = %e, "could not mark the instance stopped");
+        }
     }
 }
 

@@ -46,6 +46,7 @@
 
 mod builder;
 mod engine;
+mod instance;
 mod submit;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
@@ -61,7 +62,7 @@ pub use sagaflow_supervisor::{Supervisor, SupervisorStats};
 /// Lower layers, for tools and tests that drive the store, planner or protocol directly.
 /// Not needed to embed sagaflow; less stable than the names above.
 pub mod advanced {
-    pub use sagaflow_engine::{hub, operator, plan, protocol, scheduler, store};
+    pub use sagaflow_engine::{Registry, hub, operator, protocol, scheduler, store, transition};
     pub use sagaflow_supervisor::{SupervisorConfig, decide};
 }
 

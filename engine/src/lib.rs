@@ -11,10 +11,10 @@ mod state;
 pub mod definition;
 pub mod hub;
 pub mod operator;
-pub mod plan;
 pub mod protocol;
 pub mod scheduler;
 pub mod store;
+pub mod transition;
 
 pub use definition::{
     DeadlinePolicy, KeyPolicy, Registry, RetryPolicy, StepAction, StepContext, StepKind,

@@ -12,6 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use uuid::Uuid;
 
 use crate::definition::{StepAction, StepContext};
+use crate::transition::Counters;
 use crate::{StepError, StepState};
 
 /// Identifies one attempt of one step: every write of its result is fenced by it.
@@ -29,10 +30,8 @@ pub struct StepLease {
     pub state: StepState,
     /// Attempt number.
     pub attempt: i32,
-    /// Failures so far in this phase.
-    pub failure_count: i32,
-    /// Failure threshold.
-    pub max_failures: i32,
+    /// The step's counters and limits when claimed (failures, interruptions, deadline).
+    pub counters: Counters,
     /// The scheduler instance that claimed it (`LockedBy`).
     pub owner: String,
 }

@@ -15,6 +15,11 @@ pub const RENEW_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
 pub const SWEEP_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Expired steps handled per sweep transaction.
 pub const SWEEP_BATCH_DEFAULT: u32 = 256;
+/// How often an engine instance heartbeats.
+pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// How long an instance may stay silent before it counts as dead: the leader then releases
+/// its in-flight steps (as interruptions) and may take over a lease it held.
+pub const INSTANCE_STALE_AFTER_DEFAULT: Duration = Duration::from_secs(3);
 /// How long finished runs and their history are kept (AT-5).
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -35,6 +40,8 @@ pub struct SupervisorConfig {
     pub sweep_batch: u32,
     /// Finished runs older than this are deleted; `None` keeps them forever.
     pub retention: Option<Duration>,
+    /// An instance silent for longer is dead (see [`INSTANCE_STALE_AFTER_DEFAULT`]).
+    pub instance_stale_after: Duration,
 }
 
 impl SupervisorConfig {
@@ -48,6 +55,7 @@ impl SupervisorConfig {
             sweep_interval: SWEEP_INTERVAL_DEFAULT,
             sweep_batch: SWEEP_BATCH_DEFAULT,
             retention: Some(RETENTION_DEFAULT),
+            instance_stale_after: INSTANCE_STALE_AFTER_DEFAULT,
         }
     }
 
@@ -66,6 +74,11 @@ impl SupervisorConfig {
                 "renew interval ({:?}) must be positive and shorter than the lease TTL ({:?})",
                 self.renew_interval, self.lease_ttl
             )));
+        }
+        if self.instance_stale_after.is_zero() {
+            return Err(Error::Config(
+                "the instance staleness must be positive".into(),
+            ));
         }
         if self.sweep_interval.is_zero() || self.sweep_batch == 0 {
             return Err(Error::Config(

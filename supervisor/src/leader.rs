@@ -21,6 +21,8 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 pub struct SupervisorStats {
     /// Expired steps re-queued with an extended deadline.
     pub requeued: u64,
+    /// Steps of dead or stopped instances re-queued (interruptions).
+    pub interrupted: u64,
     /// Expired steps failed at their threshold.
     pub failed: u64,
     /// Terms won.
@@ -38,6 +40,7 @@ pub struct Supervisor {
     fence: Mutex<Option<LeaderFence>>,
     sweep_now: Notify,
     requeued: AtomicU64,
+    interrupted: AtomicU64,
     failed: AtomicU64,
     terms_won: AtomicU64,
     sweeps: AtomicU64,
@@ -57,6 +60,7 @@ impl Supervisor {
             fence: Mutex::new(None),
             sweep_now: Notify::new(),
             requeued: AtomicU64::new(0),
+            interrupted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             terms_won: AtomicU64::new(0),
             sweeps: AtomicU64::new(0),
@@ -85,6 +89,7 @@ impl Supervisor {
     pub fn stats(&self) -> SupervisorStats {
         SupervisorStats {
             requeued: self.requeued.load(Ordering::Relaxed),
+            interrupted: self.interrupted.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             terms_won: self.terms_won.load(Ordering::Relaxed),
             sweeps: self.sweeps.load(Ordering::Relaxed),
@@ -116,10 +121,11 @@ impl Supervisor {
             }
             match self
                 .store
-                .leader_try_elect(
+                .leader_try_elect_with(
                     &self.config.lease_name,
                     &self.config.holder,
                     self.config.lease_ttl,
+                    Some(self.config.instance_stale_after),
                 )
                 .await
             {
@@ -136,8 +142,11 @@ impl Supervisor {
                     }
                 }
             }
+            // Followers look as often as the leader sweeps: a dead leader's lease is taken
+            // as soon as its heartbeat goes stale, not when the lease runs out.
+            let every = self.config.renew_interval.min(self.config.sweep_interval);
             tokio::select! {
-                () = tokio::time::sleep(self.config.renew_interval) => {}
+                () = tokio::time::sleep(every) => {}
                 () = cancel.cancelled() => return,
             }
         }
@@ -220,6 +229,9 @@ impl Supervisor {
             {
                 last_purge = Some(tokio::time::Instant::now());
                 let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+                if let Err(e) = self.store.instance_purge(ms).await {
+                    tracing::warn!(error = %e, "purging silent instances failed");
+                }
                 match self.store.run_purge_finished(ms, 1000).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(runs = n, "purged finished runs past retention"),
@@ -238,31 +250,37 @@ impl Supervisor {
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         let mut total = RescueCounts::default();
         loop {
+            let stale_ms =
+                i64::try_from(self.config.instance_stale_after.as_millis()).unwrap_or(i64::MAX);
             let expired = self
                 .store
-                .step_list_expired(self.config.sweep_batch)
+                .step_list_rescuable(stale_ms, self.config.sweep_batch)
                 .await?;
             if expired.is_empty() {
                 break;
             }
             let full = expired.len() >= self.config.sweep_batch as usize;
-            let rescues: Vec<_> = expired.into_iter().map(decide).collect();
-            let c = self.store.step_rescue(fence, &rescues).await?;
+            let rescues: Vec<_> = expired.iter().map(decide).collect();
+            let c = self.store.step_rescue(Some(fence), &rescues).await?;
             total.requeued += c.requeued;
+            total.interrupted += c.interrupted;
             total.failed += c.failed;
             total.skipped += c.skipped;
-            if !full || c.requeued + c.failed == 0 {
+            if !full || c.requeued + c.failed + c.interrupted == 0 {
                 break;
             }
         }
-        if total.requeued + total.failed > 0 {
+        if total.requeued + total.failed + total.interrupted > 0 {
             tracing::info!(
                 requeued = total.requeued,
+                interrupted = total.interrupted,
                 failed = total.failed,
                 term = fence.term,
-                "supervisor rescued expired steps"
+                "supervisor rescued steps"
             );
             self.requeued.fetch_add(total.requeued, Ordering::Relaxed);
+            self.interrupted
+                .fetch_add(total.interrupted, Ordering::Relaxed);
             self.failed.fetch_add(total.failed, Ordering::Relaxed);
             self.hub.claim.notify_one();
             self.hub.eval.notify_one();

@@ -1,10 +1,12 @@
 //! The supervisor (SAS-4, SAS-6, LE-1..3).
 //!
 //! One instance at a time holds the leader lease; only the leader sweeps. A sweep lists steps
-//! still `Running`/`Compensating` past their `CompleteBy` (a crashed agent and a hung one look
-//! the same, SAS-3), increments their `FailureCount`, and either re-queues them with a longer
-//! deadline or, at the threshold, fails them, after which the scheduler compensates the run
-//! or raises an alert. The supervisor knows no business logic and never compensates itself;
+//! still `Running`/`Compensating` past their `CompleteBy` (a hung agent, SAS-3) or held by an
+//! instance whose heartbeat went stale (a crashed, frozen or stopped one). The transition
+//! module decides: a timeout increments `FailureCount` and re-queues with a longer deadline
+//! or, at the threshold, fails the step; an interruption re-queues without counting a
+//! failure, up to the step's interruption cap. The scheduler then compensates the run or
+//! raises an alert. The supervisor knows no business logic and never compensates itself;
 //! it detects and requests. Every write is fenced by the lease term, and the leader's work is
 //! cancelled the moment a renewal fails.
 
@@ -13,8 +15,9 @@ mod leader;
 mod sweep;
 
 pub use config::{
-    LEASE_NAME_DEFAULT, LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT,
-    SWEEP_BATCH_DEFAULT, SWEEP_INTERVAL_DEFAULT, SupervisorConfig,
+    HEARTBEAT_INTERVAL_DEFAULT, INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT,
+    LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT, SWEEP_BATCH_DEFAULT,
+    SWEEP_INTERVAL_DEFAULT, SupervisorConfig,
 };
 pub use leader::{Supervisor, SupervisorStats};
 pub use sweep::decide;

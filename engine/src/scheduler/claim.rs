@@ -133,8 +133,7 @@ fn request(
         step: c.name.clone(),
         state: c.state,
         attempt: c.attempt,
-        failure_count: c.failure_count,
-        max_failures: c.max_failures,
+        counters: c.counters(),
         owner: s.config.owner.clone(),
     };
     let fail = |lease: StepLease, e: Error| {

@@ -10,10 +10,14 @@ use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use uuid::Uuid;
+
+use super::evaluate::evaluate_runs;
 use super::{ErrorStreak, Scheduler, pause};
 use crate::protocol::AgentResponse;
-use crate::store::{StepFinish, StepFinishKind};
-use crate::{StepError, StepState};
+use crate::store::{DeadlineGuard, EvalApplied, StepFinish, Store};
+use crate::transition::{self, StepChange, Trigger};
+use crate::{Error, Registry, StepError};
 
 /// Attempts to write a batch before leaving it to the supervisor (its leases then expire and
 /// the steps are re-queued; idempotency keys make the re-run safe).
@@ -50,15 +54,7 @@ pub(super) async fn run(
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| decide(&s, r)).collect();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
-            let registry = s.registry.clone();
-            let planner = move |run: &crate::RunRow, steps: &[crate::StepRow]| {
-                super::evaluate::plan_run(&registry, run, steps)
-            };
-            match s
-                .store
-                .step_finish_batch(&finishes, &s.config.owner, &planner)
-                .await
-            {
+            match finish_batch(&s.store, &s.registry, &finishes, &s.config.owner).await {
                 Ok(outcome) => {
                     let applied = outcome.applied;
                     for a in &outcome.evaluated {
@@ -73,9 +69,11 @@ pub(super) async fn run(
                     // so measure from after it, with a margin for clock granularity.
                     let base = Instant::now() + RETRY_WAKE_MARGIN;
                     for (f, ok) in finishes.iter().zip(&applied) {
-                        if let (StepFinishKind::Retry { delay_ms, .. }, true) = (&f.kind, ok) {
+                        if let (Trigger::FailedWillRetry, Some(delay_ms), true) =
+                            (f.change.on, f.change.due_in_ms, ok)
+                        {
                             retries.push(Reverse(
-                                base + Duration::from_millis(u64::try_from(*delay_ms).unwrap_or(0)),
+                                base + Duration::from_millis(u64::try_from(delay_ms).unwrap_or(0)),
                             ));
                         }
                     }
@@ -103,13 +101,50 @@ pub(super) async fn run(
     }
 }
 
-/// Turns an agent's answer into the write: success, retry after backoff, or failure.
+/// What a completion batch did.
+#[derive(Debug)]
+pub struct FinishOutcome {
+    /// Per item, whether its fenced write applied.
+    pub applied: Vec<bool>,
+    /// The evaluations of the runs concerned.
+    pub evaluated: Vec<EvalApplied>,
+    /// Runs whose evaluation failed (left marked for the evaluation loop).
+    pub failed: Vec<(Uuid, Error)>,
+}
+
+/// One completion batch as one unit of work: lock the batch's runs (in id order), write the
+/// decided attempt ends (fenced), evaluate the runs on what is now stored, apply their plans,
+/// commit. One commit moves many runs forward.
+///
+/// # Errors
+/// [`Error::Db`].
+pub async fn finish_batch(
+    store: &Store,
+    registry: &Registry,
+    items: &[StepFinish],
+    actor: &str,
+) -> Result<FinishOutcome, Error> {
+    let mut tx = store.begin().await?;
+    let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
+    let runs = tx.lock_runs(&run_ids, false).await?;
+    let applied = tx.write_attempts(items, None).await?;
+    let (evaluated, failed) = evaluate_runs(&mut tx, registry, runs, actor).await?;
+    tx.commit().await?;
+    Ok(FinishOutcome {
+        applied,
+        evaluated,
+        failed,
+    })
+}
+
+/// Turns an agent's answer into the decided end of its attempt: success, retry after backoff,
+/// or failure for good, with whether the effect may have happened.
 fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
     let lease = r.lease;
-    let compensation = lease.state == StepState::Compensating;
     let result = r.result.and_then(|v| {
         let json = v.to_string();
         if json.len() > s.config.max_payload_bytes {
+            // The step acted and answered, but its answer cannot be kept: outcome unknown.
             Err(StepError::terminal(
                 "output_too_large",
                 format!(
@@ -122,36 +157,52 @@ fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
             Ok(json)
         }
     });
-    let kind = match result {
-        Ok(json) => StepFinishKind::Succeeded {
-            output: (!compensation).then_some(json),
-        },
-        Err(error) => {
-            let failures = lease.failure_count.saturating_add(1);
-            if error.retryable && failures < lease.max_failures {
-                let policy = s
-                    .registry
-                    .by_key(&lease.workflow_key)
-                    .and_then(|w| w.step(&lease.step))
-                    .map(|d| d.settings().retry)
-                    .unwrap_or_default();
-                let delay = policy.backoff(u32::try_from(failures).unwrap_or(u32::MAX));
-                StepFinishKind::Retry {
-                    delay_ms: crate::definition::millis(delay),
-                    error,
-                }
-            } else {
-                StepFinishKind::Failed { error }
-            }
-        }
+    let c = lease.counters;
+    let (on, output, error) = match result {
+        Ok(json) => (Trigger::Succeeded, Some(json), None),
+        Err(error) => (
+            transition::on_failure(error.retryable, &c),
+            None,
+            Some(error),
+        ),
     };
+    let backoff_ms = if on == Trigger::FailedWillRetry {
+        let policy = s
+            .registry
+            .by_key(&lease.workflow_key)
+            .and_then(|w| w.step(&lease.step))
+            .map(|d| d.settings().retry)
+            .unwrap_or_default();
+        let failures = u32::try_from(c.failure_count.saturating_add(1)).unwrap_or(u32::MAX);
+        crate::definition::millis(policy.backoff(failures))
+    } else {
+        0
+    };
+    let unknown = error.as_ref().is_some_and(StepError::may_have_applied);
+    let change = transition::decide(lease.state, on, &c, unknown, backoff_ms).unwrap_or(
+        // A lease is always Running or Compensating, both of which have these edges; keep
+        // the write harmless if that ever changed: it would match no row.
+        StepChange {
+            from: lease.state,
+            on,
+            to: lease.state,
+            failure_count: c.failure_count,
+            interruptions: c.interruptions,
+            deadline_ms: c.deadline_ms,
+            maybe_applied: false,
+            due_in_ms: None,
+            store_output: false,
+        },
+    );
     StepFinish {
         id: lease.step_id,
         run_id: lease.run_id,
         name: lease.step,
-        state: lease.state,
         attempt: lease.attempt,
         owner: lease.owner,
-        kind,
+        change,
+        output,
+        error,
+        guard: DeadlineGuard::Live,
     }
 }

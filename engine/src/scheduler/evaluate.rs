@@ -1,4 +1,4 @@
-//! The evaluation loop: runs marked dirty → planner → writes, alerts, events.
+//! The evaluation loop: runs marked dirty → transition module → writes, alerts, events.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,10 +8,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
-use crate::Error;
 use crate::hub::RunEvent;
-use crate::plan;
-use crate::store::{EvalApplied, NewAlert};
+use crate::store::{EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
+use crate::transition;
+use crate::{Error, Registry};
 
 /// Runs evaluated per poll.
 const EVAL_BATCH: u32 = 128;
@@ -52,14 +52,7 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
             .filter(|id| !poisoned.contains_key(id))
             .collect();
         let mut progressed = false;
-        let registry = s.registry.clone();
-        let planner =
-            move |run: &crate::RunRow, steps: &[crate::StepRow]| plan_run(&registry, run, steps);
-        match s
-            .store
-            .run_evaluate_many(&dirty, &s.config.owner, &planner)
-            .await
-        {
+        match evaluate_dirty(&s, &dirty).await {
             Ok((applied, failed)) => {
                 for a in &applied {
                     progressed |= after_eval(&s, a);
@@ -82,12 +75,54 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
     }
 }
 
-/// The planner for a run, looked up by its pinned version.
-pub(super) fn plan_run(
-    registry: &crate::Registry,
-    run: &crate::RunRow,
-    steps: &[crate::StepRow],
-) -> Result<crate::store::PlanWrite, Error> {
+type Evaluated = (Vec<EvalApplied>, Vec<(Uuid, Error)>);
+
+/// Evaluates runs marked dirty, in one unit of work (those no longer dirty are skipped).
+async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error> {
+    if ids.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut tx = s.store.begin().await?;
+    let runs = tx.lock_runs(ids, true).await?;
+    let out = evaluate_runs(&mut tx, &s.registry, runs, &s.config.owner).await?;
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// Evaluates runs locked by `tx`: reads their steps, asks the transition module for each
+/// run's plan (by its pinned version), and applies the plans. A run whose plan cannot be
+/// made (corrupt data, unknown version) is left marked for evaluation and returned with its
+/// error.
+///
+/// # Errors
+/// [`Error::Db`].
+pub async fn evaluate_runs(
+    tx: &mut StoreTx<'_>,
+    registry: &Registry,
+    runs: Vec<RunRow>,
+    actor: &str,
+) -> Result<Evaluated, Error> {
+    let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
+    let mut steps = tx.steps_of(&ids).await?;
+    let mut plans = Vec::with_capacity(runs.len());
+    let mut failed = Vec::new();
+    for run in runs {
+        let rows = steps.remove(&run.id).unwrap_or_default();
+        match plan_run(registry, &run, &rows) {
+            Ok(p) => plans.push((run, p)),
+            Err(e) => failed.push((run.id, e)),
+        }
+    }
+    if !failed.is_empty() {
+        let ids: Vec<Uuid> = failed.iter().map(|(id, _)| *id).collect();
+        tx.mark_dirty(&ids).await?;
+    }
+    let applied = tx.apply(plans, actor).await?;
+    Ok((applied, failed))
+}
+
+/// The plan for a run, decided by the transition module for its pinned version.
+fn plan_run(registry: &Registry, run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite, Error> {
     let wf = registry
         .get(&run.workflow, run.version)
         .ok_or_else(|| Error::VersionNotFound {
@@ -95,7 +130,7 @@ pub(super) fn plan_run(
             version: run.version,
             run_id: run.id,
         })?;
-    plan::evaluate(wf, run, steps)
+    transition::evaluate(wf, run, steps)
 }
 
 /// Publishes what an evaluation did: wake-ups, status events, alerts. Returns whether the

@@ -1,5 +1,5 @@
 //! The scheduler (SAS-1, SAS-5): claims due steps in batches, hands them to agents, writes
-//! their results through fenced batch writes, and advances runs through the planner.
+//! their results through fenced batch writes, and advances runs through the transition module.
 //!
 //! Four loops per engine instance, all on one `TaskTracker` and watching one
 //! `CancellationToken`:
@@ -21,6 +21,9 @@ mod claim;
 mod complete;
 mod evaluate;
 mod listen;
+
+pub use complete::{FinishOutcome, finish_batch};
+pub use evaluate::evaluate_runs;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@ use sea_orm::{ConnectionTrait, Value};
 use uuid::Uuid;
 
 use super::Store;
-use super::apply::HistoryEntry;
+use super::tx::HistoryEntry;
 use crate::{Error, Result, RunState, StepState};
 
 /// Rows per multi-row insert of runs or steps.

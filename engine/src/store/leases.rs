@@ -39,6 +39,22 @@ impl Store {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<LeaderFence>> {
+        self.leader_try_elect_with(name, holder, ttl, None).await
+    }
+
+    /// Like [`Store::leader_try_elect`], and also takes the lease at once when it is held by
+    /// this same holder id (a restart of the instance that led) or, with `stale_after`, by an
+    /// instance whose heartbeat is older than that (it died or froze: LE-3).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn leader_try_elect_with(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+        stale_after: Option<Duration>,
+    ) -> Result<Option<LeaderFence>> {
         self.db
             .execute_raw(self.stmt(
                 "INSERT INTO sagaflow_leases (name, holder, term, expires_at) VALUES ($1, NULL, 0, 0) \
@@ -50,11 +66,15 @@ impl Store {
             .db
             .query_one_raw(self.stmt(
                 "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {now} + $3 \
-                 WHERE name = $1 AND (holder IS NULL OR expires_at <= {now}) RETURNING term",
+                 WHERE name = $1 AND (holder IS NULL OR expires_at <= {now} OR holder = $2 \
+                   OR ($4 >= 0 AND holder IN \
+                     (SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $4))) \
+                 RETURNING term",
                 vec![
                     name.to_owned().into(),
                     holder.to_owned().into(),
                     millis(ttl).into(),
+                    stale_after.map_or(-1, millis).into(),
                 ],
             ))
             .await?;

@@ -1,13 +1,15 @@
 //! The storage seam: every SQL statement of sagaflow lives below this module.
 //!
 //! One [`Store`] over a sea-orm connection serves PostgreSQL and SQLite; the few statements
-//! that differ per backend take their fragments from `postgres.rs` and `sqlite.rs`. Every
+//! that differ per backend take their fragments from `postgres.rs` and `sqlite.rs`. The store
+//! decides nothing: transitions are decided by [`crate::transition`] and persisted through a
+//! [`StoreTx`] unit of work. Every
 //! time is read from the database's clock (AT-2) and stored as epoch milliseconds. Every write
 //! for a claimed step is fenced by `(id, state, attempt, locked_by)`: a late agent's write
 //! matches no row (SAS-3).
 
 mod alerts;
-mod apply;
+mod instances;
 mod intake;
 mod leases;
 mod postgres;
@@ -15,6 +17,7 @@ mod rows;
 mod runs;
 mod sqlite;
 mod steps;
+mod tx;
 
 use std::time::Duration;
 
@@ -24,13 +27,13 @@ use sea_orm::{
 };
 
 pub use alerts::{AlertRow, NewAlert};
-pub use apply::Planner;
+pub use instances::Registered;
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::LeaderFence;
 pub use postgres::READY_CHANNEL;
 pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
-pub use runs::{EvalApplied, PlanWrite, StepWrite};
-pub use steps::{FinishOutcome, Rescue, RescueCounts, StepFinish, StepFinishKind, StepInputs};
+pub use steps::{DeadlineGuard, RescueCounts, StepFinish, StepInputs};
+pub use tx::{EvalApplied, PlanWrite, StepWrite, StoreTx};
 
 use crate::{Error, Result};
 

@@ -79,8 +79,14 @@ pub struct StepRow {
     pub failure_count: i32,
     /// Failure threshold.
     pub max_failures: i32,
+    /// Attempts lost with their engine instance (crash, freeze, shutdown) in this phase;
+    /// never counted as failures.
+    pub interruptions: i32,
+    /// Interruption cap: one more stops the run with a `poison_step` alert.
+    pub max_interruptions: i32,
     /// Whether a forward attempt may have taken effect without the engine learning its
-    /// result (an attempt timed out, or its output was too large to store). Sticky.
+    /// result (an attempt failed with an unknown outcome, timed out, or was interrupted).
+    /// Sticky.
     pub maybe_applied: bool,
     /// Current deadline length in ms.
     pub deadline_ms: i64,
@@ -93,7 +99,8 @@ pub struct StepRow {
 }
 
 pub(super) const STEP_COLS: &str = "id, run_id, name, state, locked_by, complete_by, available_at, attempt, \
-     failure_count, max_failures, maybe_applied, deadline_ms, idempotency_key, output, error";
+     failure_count, max_failures, interruptions, max_interruptions, maybe_applied, deadline_ms, \
+     idempotency_key, output, error";
 
 impl StepRow {
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
@@ -112,6 +119,8 @@ impl StepRow {
             attempt: r.try_get("", "attempt")?,
             failure_count: r.try_get("", "failure_count")?,
             max_failures: r.try_get("", "max_failures")?,
+            interruptions: r.try_get("", "interruptions")?,
+            max_interruptions: r.try_get("", "max_interruptions")?,
             maybe_applied: r.try_get("", "maybe_applied")?,
             deadline_ms: r.try_get("", "deadline_ms")?,
             idempotency_key: r.try_get("", "idempotency_key")?,
@@ -140,6 +149,14 @@ pub struct ClaimedStep {
     pub failure_count: i32,
     /// Failure threshold.
     pub max_failures: i32,
+    /// Interruptions so far in this phase.
+    pub interruptions: i32,
+    /// Interruption cap.
+    pub max_interruptions: i32,
+    /// Current deadline length.
+    pub deadline_ms: i64,
+    /// Deadline cap.
+    pub deadline_cap_ms: i64,
     /// Deadline (epoch ms, DB clock).
     pub complete_by: i64,
     /// The DB clock when claimed: `complete_by - db_now` is the time the agent has.
@@ -165,15 +182,32 @@ impl ClaimedStep {
             attempt: r.try_get("", "attempt")?,
             failure_count: r.try_get("", "failure_count")?,
             max_failures: r.try_get("", "max_failures")?,
+            interruptions: r.try_get("", "interruptions")?,
+            max_interruptions: r.try_get("", "max_interruptions")?,
+            deadline_ms: r.try_get("", "deadline_ms")?,
+            deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
             complete_by: r.try_get("", "complete_by")?,
             db_now: r.try_get("", "db_now")?,
             idempotency_key: r.try_get("", "idempotency_key")?,
             output: r.try_get("", "output")?,
         })
     }
+
+    /// The counters the transition table decides on.
+    pub fn counters(&self) -> crate::transition::Counters {
+        crate::transition::Counters {
+            failure_count: self.failure_count,
+            max_failures: self.max_failures,
+            interruptions: self.interruptions,
+            max_interruptions: self.max_interruptions,
+            deadline_ms: self.deadline_ms,
+            deadline_cap_ms: self.deadline_cap_ms,
+        }
+    }
 }
 
-/// A running step whose deadline has passed (SAS-3: crashed and timed-out look the same).
+/// A running step to rescue: its deadline passed (SAS-3: a crashed and a hung agent look
+/// the same), or its owner instance stopped heartbeating (then it is an interruption).
 #[derive(Debug, Clone)]
 pub struct ExpiredStep {
     /// Row id.
@@ -184,19 +218,30 @@ pub struct ExpiredStep {
     pub name: String,
     /// `Running` or `Compensating`.
     pub state: StepState,
-    /// Attempt that timed out.
+    /// The attempt in flight.
     pub attempt: i32,
+    /// Its owner (`LockedBy`).
+    pub locked_by: String,
     /// Failures so far.
     pub failure_count: i32,
     /// Threshold.
     pub max_failures: i32,
+    /// Interruptions so far.
+    pub interruptions: i32,
+    /// Interruption cap.
+    pub max_interruptions: i32,
     /// Current deadline length.
     pub deadline_ms: i64,
     /// Deadline cap.
     pub deadline_cap_ms: i64,
+    /// Whether the owner instance is dead, frozen or stopped (its heartbeat is stale).
+    pub owner_dead: bool,
 }
 
 impl ExpiredStep {
+    pub(super) const COLS: &str = "id, run_id, name, state, attempt, locked_by, failure_count, \
+        max_failures, interruptions, max_interruptions, deadline_ms, deadline_cap_ms";
+
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
         let state: String = r.try_get("", "state")?;
@@ -208,11 +253,31 @@ impl ExpiredStep {
                 .parse()
                 .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
             attempt: r.try_get("", "attempt")?,
+            locked_by: r
+                .try_get::<Option<String>>("", "locked_by")?
+                .unwrap_or_default(),
             failure_count: r.try_get("", "failure_count")?,
             max_failures: r.try_get("", "max_failures")?,
+            interruptions: r.try_get("", "interruptions")?,
+            max_interruptions: r.try_get("", "max_interruptions")?,
             deadline_ms: r.try_get("", "deadline_ms")?,
             deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
+            owner_dead: r
+                .try_get::<Option<bool>>("", "owner_dead")?
+                .unwrap_or(false),
         })
+    }
+
+    /// The counters the transition table decides on.
+    pub fn counters(&self) -> crate::transition::Counters {
+        crate::transition::Counters {
+            failure_count: self.failure_count,
+            max_failures: self.max_failures,
+            interruptions: self.interruptions,
+            max_interruptions: self.max_interruptions,
+            deadline_ms: self.deadline_ms,
+            deadline_cap_ms: self.deadline_cap_ms,
+        }
     }
 }
 

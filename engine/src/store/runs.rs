@@ -1,65 +1,11 @@
-//! Runs: reads, evaluation under the run's row lock, operator transitions, retention.
+//! Runs: reads, monitoring counts, retention.
 
 use sea_orm::{ConnectionTrait, TransactionTrait, Value};
 use uuid::Uuid;
 
-use super::alerts::NewAlert;
-use super::apply::Planner;
 use super::rows::{RUN_COLS, STEP_COLS};
-use super::{AlertRow, HistoryRow, RunRow, StepRow, Store, placeholders};
-use crate::{Error, Result, RunState, StepState};
-
-/// A step transition decided by the planner or an operator action.
-#[derive(Debug, Clone)]
-pub struct StepWrite {
-    /// Row id.
-    pub id: i64,
-    /// Step name (for history).
-    pub name: String,
-    /// Expected current state: the write is guarded by it.
-    pub from: StepState,
-    /// New state.
-    pub to: StepState,
-}
-
-/// Everything one evaluation or operator action writes for a run.
-#[derive(Debug, Clone, Default)]
-pub struct PlanWrite {
-    /// Step transitions.
-    pub steps: Vec<StepWrite>,
-    /// New run state.
-    pub run_state: Option<RunState>,
-    /// Run output JSON (when completing).
-    pub run_output: Option<String>,
-    /// Run error JSON (when compensating or failing).
-    pub run_error: Option<String>,
-    /// Alert to raise in the same transaction.
-    pub alert: Option<NewAlert>,
-    /// Resolve the run's open alerts (operator actions).
-    pub resolve_alerts: bool,
-    /// Free the run's business key (it reached a final state its workflow's key policy
-    /// releases).
-    pub release_key: bool,
-    /// History event name for the run transition.
-    pub event: &'static str,
-    /// Detail recorded with the run transition.
-    pub detail: Option<String>,
-}
-
-/// What an evaluation or operator action did.
-#[derive(Debug, Clone)]
-pub struct EvalApplied {
-    /// The run before.
-    pub before: RunRow,
-    /// The run's state after.
-    pub state: RunState,
-    /// Steps made ready (forward or compensation) by this write.
-    pub ready: usize,
-    /// Guarded step writes that found the step moved on: the run was marked for another look.
-    pub stale: usize,
-    /// Alert raised, if any.
-    pub alert: Option<AlertRow>,
-}
+use super::{HistoryRow, RunRow, StepRow, Store, placeholders};
+use crate::{Error, Result};
 
 impl Store {
     /// A run by id.
@@ -228,71 +174,6 @@ impl Store {
             .collect()
     }
 
-    /// Applies an operator action under the run's row lock and marks the run for evaluation.
-    ///
-    /// # Errors
-    /// [`Error::RunNotFound`], [`Error::Db`], or whatever `plan` returns.
-    pub async fn run_operate<F>(&self, id: Uuid, plan: F) -> Result<EvalApplied>
-    where
-        F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
-    {
-        self.run_transition(id, "operator", plan)
-            .await?
-            .ok_or(Error::RunNotFound(id))
-    }
-
-    async fn run_transition<F>(&self, id: Uuid, actor: &str, plan: F) -> Result<Option<EvalApplied>>
-    where
-        F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
-    {
-        let txn = self.db.begin().await?;
-        // The first statement is a write: it takes the run's row lock on PostgreSQL and the
-        // write lock on SQLite, so evaluations of one run are serialised.
-        let sql = format!(
-            "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}"
-        );
-        let before = match txn.query_one_raw(self.stmt(&sql, vec![id.into()])).await? {
-            Some(row) => Some(RunRow::decode(&row)?),
-            None => None,
-        };
-        let Some(before) = before else {
-            return Ok(None);
-        };
-        let steps = run_steps_on(self, &txn, id).await?;
-        let write = plan(&before, &steps)?;
-        let applied = self
-            .apply_plans(&txn, vec![(before, write)], actor, Vec::new())
-            .await?
-            .pop();
-        // The action marks the run for evaluation: wake every engine, not just this one.
-        self.notify_ready(&txn).await?;
-        txn.commit().await?;
-        Ok(applied)
-    }
-
-    /// Evaluates many runs marked dirty in one transaction (those no longer dirty are
-    /// skipped). Runs whose plan fails stay marked and are returned with their error.
-    ///
-    /// # Errors
-    /// [`Error::Db`].
-    pub async fn run_evaluate_many(
-        &self,
-        ids: &[Uuid],
-        actor: &str,
-        plan: Planner<'_>,
-    ) -> Result<(Vec<EvalApplied>, Vec<(Uuid, Error)>)> {
-        if ids.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        let txn = self.db.begin().await?;
-        let runs = self.lock_runs(&txn, ids, true).await?;
-        let out = self
-            .evaluate_locked(&txn, runs, actor, plan, Vec::new())
-            .await?;
-        txn.commit().await?;
-        Ok(out)
-    }
-
     /// Deletes finished runs (and their history and alerts) that finished more than
     /// `older_than_ms` ago (DB clock): the retention policy. Returns how many runs.
     ///
@@ -329,7 +210,7 @@ impl Store {
     }
 }
 
-async fn run_steps_on<C: ConnectionTrait>(
+pub(super) async fn run_steps_on<C: ConnectionTrait>(
     store: &Store,
     conn: &C,
     id: Uuid,

@@ -347,15 +347,17 @@ async fn a_sigkilled_leader_is_replaced_within_the_lease_ttl() {
         for &id in &hung {
             let history = store.run_history(id).await.expect("history");
             assert!(
-                history.iter().any(|h| h.event == "timeout"
-                    && h.step.as_deref() == Some("charge_card")
-                    && h.actor == rescuer),
+                history
+                    .iter()
+                    .any(|h| (h.event == "timeout" || h.event == "interrupted")
+                        && h.step.as_deref() == Some("charge_card")
+                        && h.actor == rescuer),
                 "[{b_}] run {id}: no rescue by {rescuer}"
             );
         }
         assert_completed_once(&store, &hung).await;
         assert!(
-            store.step_rescue(&fa, &[]).await.is_err(),
+            store.step_rescue(Some(&fa), &[]).await.is_err(),
             "[{b_}] the dead leader's fence is stale"
         );
         drop(b);
@@ -435,7 +437,10 @@ async fn a_frozen_leader_is_fenced_and_steps_down_when_resumed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The stale term's writes are refused by the database.
-    let err = store.step_rescue(&fa, &[]).await.expect_err("stale fence");
+    let err = store
+        .step_rescue(Some(&fa), &[])
+        .await
+        .expect_err("stale fence");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
 
     // The resumed process still works as a scheduler: orders it submits complete.
@@ -454,7 +459,8 @@ async fn a_frozen_leader_is_fenced_and_steps_down_when_resumed() {
                 h.step,
                 h.at
             );
-            rescued_by_b += usize::from(h.event == "timeout" && h.actor == fb.actor());
+            let rescue = h.event == "timeout" || h.event == "interrupted";
+            rescued_by_b += usize::from(rescue && h.actor == fb.actor());
         }
     }
     assert!(

@@ -94,12 +94,12 @@ async fn a_hung_agent_is_requeued_with_a_longer_deadline_and_its_effect_applied_
         let detail: serde_json::Value =
             serde_json::from_str(timeout.detail.as_deref().expect("detail")).expect("json");
         assert_eq!(
-            detail["failure_count"], 1,
+            detail["details"]["failure_count"], 1,
             "[{}] FailureCount incremented",
             db.backend
         );
         assert_eq!(
-            detail["deadline_ms"], 600,
+            detail["details"]["deadline_ms"], 600,
             "[{}] deadline doubled",
             db.backend
         );

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use sagaflow::advanced::store;
+use sagaflow::advanced::scheduler::finish_batch;
+use sagaflow::advanced::{store, transition};
 use sagaflow::{Error, RunState, StepContext, StepError, StepState, Store, Workflow};
 use sagaflow_tests::{TestDb, backends, eventually, fast_builder};
 use uuid::Uuid;
@@ -54,9 +55,8 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         let wf = one_step("fence", 1, Duration::from_millis(100));
         let store = Store::connect(&db.url, Some(4)).await.expect("connect");
         let run_id = ready_run(&store, &wf).await;
-        let planner = |r: &sagaflow::RunRow, s: &[sagaflow::StepRow]| {
-            sagaflow::advanced::plan::evaluate(&wf, r, s)
-        };
+        let mut registry = sagaflow::advanced::Registry::new();
+        registry.register(wf.clone()).expect("register");
         let keys = vec![wf.key()];
         let first = store.step_claim("ghost-1", &keys, 10).await.expect("claim");
         assert_eq!(first.len(), 1);
@@ -73,32 +73,43 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
             .expect("elect")
             .expect("won");
         eventually(Duration::from_secs(5), "the step to expire", || async {
-            !store.step_list_expired(10).await.expect("list").is_empty()
+            !store
+                .step_list_rescuable(60_000, 10)
+                .await
+                .expect("list")
+                .is_empty()
         })
         .await;
-        let expired = store.step_list_expired(10).await.expect("list");
-        let rescues: Vec<_> = expired
-            .into_iter()
-            .map(sagaflow::advanced::decide)
-            .collect();
-        let counts = store.step_rescue(&fence, &rescues).await.expect("rescue");
+        let expired = store.step_list_rescuable(60_000, 10).await.expect("list");
+        let rescues: Vec<_> = expired.iter().map(sagaflow::advanced::decide).collect();
+        let counts = store
+            .step_rescue(Some(&fence), &rescues)
+            .await
+            .expect("rescue");
         assert_eq!((counts.requeued, counts.failed), (1, 0), "[{}]", db.backend);
 
         // The first agent answers late: its write matches no row.
+        let success = transition::decide(
+            StepState::Running,
+            transition::Trigger::Succeeded,
+            &lease.counters(),
+            false,
+            0,
+        )
+        .expect("edge");
         let late = store::StepFinish {
             id: lease.id,
             run_id,
             name: "only".into(),
-            state: StepState::Running,
             attempt: 1,
             owner: "ghost-1".into(),
-            kind: store::StepFinishKind::Succeeded {
-                output: Some("\"late\"".into()),
-            },
+            change: success,
+            output: Some("\"late\"".into()),
+            error: None,
+            guard: store::DeadlineGuard::Live,
         };
         assert_eq!(
-            store
-                .step_finish_batch(std::slice::from_ref(&late), "test", &planner)
+            finish_batch(&store, &registry, std::slice::from_ref(&late), "test")
                 .await
                 .expect("write")
                 .applied,
@@ -121,8 +132,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         let second = store.step_claim("ghost-2", &keys, 10).await.expect("claim");
         assert_eq!(second[0].attempt, 2);
         assert_eq!(
-            store
-                .step_finish_batch(std::slice::from_ref(&late), "test", &planner)
+            finish_batch(&store, &registry, std::slice::from_ref(&late), "test")
                 .await
                 .expect("write")
                 .applied,
@@ -134,8 +144,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
             ..late.clone()
         };
         assert_eq!(
-            store
-                .step_finish_batch(&[good], "test", &planner)
+            finish_batch(&store, &registry, &[good], "test")
                 .await
                 .expect("write")
                 .applied,
@@ -179,13 +188,16 @@ async fn a_lost_lease_fences_the_old_leaders_writes() {
             .expect("elect")
             .expect("b leads");
         assert_eq!(new.term, old.term + 1, "terms increase");
-        let err = store.step_rescue(&old, &[]).await.expect_err("fenced");
+        let err = store
+            .step_rescue(Some(&old), &[])
+            .await
+            .expect_err("fenced");
         assert!(
             matches!(err, Error::LeaseLost { .. }),
             "[{}] {err}",
             db.backend
         );
-        assert!(store.step_rescue(&new, &[]).await.is_ok());
+        assert!(store.step_rescue(Some(&new), &[]).await.is_ok());
     }
 }
 

@@ -62,6 +62,12 @@ fn event_text(h: &HistoryRow, step: &str) -> String {
         ("timeout", _) => format!(
             "attempt {attempt} timed out; the supervisor re-queued it with a longer deadline"
         ),
+        ("interrupted", "failed" | "compensation_failed") => format!(
+            "attempt {attempt} was lost with its engine instance once too often; treated as poison"
+        ),
+        ("interrupted", _) => format!(
+            "attempt {attempt} was lost with its engine instance; re-queued, not counted as a failure"
+        ),
         ("failed", "compensation_failed") => {
             format!("compensation failed: {undo} refused{err}")
         }

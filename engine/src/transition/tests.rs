@@ -3,6 +3,10 @@
 use uuid::Uuid;
 
 use super::*;
+use crate::Error;
+use crate::definition::Workflow;
+use crate::store::{PlanWrite, RunRow, StepRow};
+use crate::{RunState, StepState};
 use crate::{StepContext, StepError};
 
 fn noop()
@@ -58,6 +62,8 @@ fn rows(states: &[(&str, StepState)]) -> Vec<StepRow> {
             attempt: 1,
             failure_count: 0,
             max_failures: 3,
+            interruptions: 0,
+            max_interruptions: 5,
             maybe_applied: false,
             deadline_ms: 1000,
             idempotency_key: format!("k-{name}"),
@@ -396,4 +402,202 @@ fn a_pivot_whose_outcome_is_unknown_stops_in_error_instead_of_compensating() {
             .reason
             .contains("may have taken effect")
     );
+}
+
+mod table {
+    use super::super::{RUN_RULES, STEP_RULES, Trigger, decide, run_table, step_rule, step_table};
+    use crate::transition::{Counters, Due, Maybe, RunTrigger, run_rule};
+    use crate::{RunState, StepState};
+    use StepState::*;
+
+    /// The whole step matrix, written out: every (state, trigger) pair not listed here must
+    /// have no edge.
+    const EXPECTED: &[(StepState, Trigger, StepState)] = &[
+        (NotStarted, Trigger::DependenciesMet, Ready),
+        (NotStarted, Trigger::Dropped, Skipped),
+        (Ready, Trigger::Claimed, Running),
+        (Ready, Trigger::Dropped, Skipped),
+        (Ready, Trigger::CompensationDue, CompensationReady),
+        (Running, Trigger::Succeeded, Completed),
+        (Running, Trigger::FailedWillRetry, Ready),
+        (Running, Trigger::FailedForGood, Failed),
+        (Running, Trigger::TimedOut, Ready),
+        (Running, Trigger::TimedOutForGood, Failed),
+        (Running, Trigger::Interrupted, Ready),
+        (Running, Trigger::InterruptedTooOften, Failed),
+        (Completed, Trigger::CompensationDue, CompensationReady),
+        (Failed, Trigger::CompensationDue, CompensationReady),
+        (Failed, Trigger::OperatorRetry, Ready),
+        (CompensationReady, Trigger::Claimed, Compensating),
+        (Compensating, Trigger::Succeeded, Compensated),
+        (Compensating, Trigger::FailedWillRetry, CompensationReady),
+        (Compensating, Trigger::FailedForGood, CompensationFailed),
+        (Compensating, Trigger::TimedOut, CompensationReady),
+        (Compensating, Trigger::TimedOutForGood, CompensationFailed),
+        (Compensating, Trigger::Interrupted, CompensationReady),
+        (
+            Compensating,
+            Trigger::InterruptedTooOften,
+            CompensationFailed,
+        ),
+        (
+            CompensationFailed,
+            Trigger::OperatorRetry,
+            CompensationReady,
+        ),
+        (
+            CompensationFailed,
+            Trigger::OperatorMarkCompensated,
+            Compensated,
+        ),
+    ];
+
+    fn counters() -> Counters {
+        Counters {
+            failure_count: 1,
+            max_failures: 3,
+            interruptions: 1,
+            max_interruptions: 2,
+            deadline_ms: 1000,
+            deadline_cap_ms: 3000,
+        }
+    }
+
+    #[test]
+    fn every_state_and_trigger_pair_is_decided_as_listed() {
+        for from in StepState::ALL {
+            for on in Trigger::ALL {
+                let want = EXPECTED
+                    .iter()
+                    .find(|(f, t, _)| *f == from && *t == on)
+                    .map(|e| e.2);
+                let got = step_rule(from, on).map(|r| r.to);
+                assert_eq!(got, want, "{from} on {}", on.as_str());
+                let c = counters();
+                assert_eq!(
+                    decide(from, on, &c, true, 50).map(|d| d.to),
+                    want,
+                    "decide {from} on {}",
+                    on.as_str()
+                );
+            }
+        }
+        assert_eq!(STEP_RULES.len(), EXPECTED.len(), "no duplicate rows");
+    }
+
+    #[test]
+    fn effects_follow_the_rules_of_the_model() {
+        for r in STEP_RULES {
+            let queued = matches!(r.to, Ready | CompensationReady);
+            assert_eq!(
+                r.effects.due != Due::Never,
+                queued,
+                "{} on {}: due iff queued",
+                r.from,
+                r.on.as_str()
+            );
+            if r.from == Compensating || r.from.is_compensation() {
+                assert_eq!(r.effects.maybe, Maybe::Keep, "compensations never mark");
+            }
+            assert!(
+                !(r.effects.count_failure && r.effects.count_interruption),
+                "an interruption is never a failure"
+            );
+            if r.effects.count_interruption {
+                assert!(
+                    !r.effects.extend_deadline,
+                    "interruptions keep the deadline"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn counters_move_as_the_effects_say() {
+        let c = counters();
+        let t = decide(Running, Trigger::TimedOut, &c, false, 0).expect("edge");
+        assert_eq!(
+            (t.failure_count, t.deadline_ms, t.maybe_applied),
+            (2, 2000, true)
+        );
+        let i = decide(Running, Trigger::Interrupted, &c, false, 0).expect("edge");
+        assert_eq!(
+            (i.failure_count, i.interruptions, i.deadline_ms),
+            (1, 2, 1000)
+        );
+        assert!(i.maybe_applied);
+        let r = decide(Running, Trigger::FailedWillRetry, &c, false, 70).expect("edge");
+        assert_eq!((r.due_in_ms, r.maybe_applied), (Some(70), false));
+        let u = decide(Running, Trigger::FailedWillRetry, &c, true, 70).expect("edge");
+        assert!(u.maybe_applied, "an unknown outcome marks the step");
+        let cu = decide(Compensating, Trigger::FailedForGood, &c, true, 0).expect("edge");
+        assert!(
+            !cu.maybe_applied,
+            "a compensation never marks the forward step"
+        );
+        assert_eq!(super::super::on_failure(true, &c), Trigger::FailedWillRetry);
+        let at = Counters {
+            failure_count: 2,
+            ..c
+        };
+        assert_eq!(super::super::on_failure(true, &at), Trigger::FailedForGood);
+        assert_eq!(super::super::on_failure(false, &c), Trigger::FailedForGood);
+        assert_eq!(super::super::on_timeout(&at), Trigger::TimedOutForGood);
+        let cap = Counters {
+            interruptions: 2,
+            ..c
+        };
+        assert_eq!(super::super::on_interruption(&c), Trigger::Interrupted);
+        assert_eq!(
+            super::super::on_interruption(&cap),
+            Trigger::InterruptedTooOften
+        );
+    }
+
+    #[test]
+    fn every_run_state_and_trigger_pair_is_decided_once() {
+        for from in RunState::ALL {
+            for r in RUN_RULES {
+                let hits = RUN_RULES
+                    .iter()
+                    .filter(|x| x.on == r.on && x.from.contains(&from))
+                    .count();
+                assert!(hits <= 1, "{from} on {} is ambiguous", r.on.as_str());
+            }
+        }
+        for from in [RunState::Completed, RunState::Compensated] {
+            assert!(
+                RUN_RULES.iter().all(|r| !r.from.contains(&from)),
+                "final states never move"
+            );
+        }
+        assert_eq!(
+            run_rule(RunState::Error, RunTrigger::OperatorRetryForward).map(|r| r.to),
+            Some(RunState::Running)
+        );
+        assert!(run_rule(RunState::Running, RunTrigger::OperatorRetryForward).is_none());
+        assert_eq!(
+            run_rule(RunState::Running, RunTrigger::PoisonStep).and_then(|r| r.alert),
+            Some("poison_step")
+        );
+    }
+
+    /// `cargo test -p sagaflow-engine print_transition_tables -- --ignored --nocapture`
+    /// prints the tables to paste into `docs/state-machines.md`.
+    #[test]
+    #[ignore = "prints the tables for the documentation"]
+    fn print_transition_tables() {
+        println!("{}\n{}", step_table(), run_table());
+    }
+
+    #[test]
+    fn the_documentation_shows_the_tables_of_the_code() {
+        let doc = include_str!("../../../docs/state-machines.md");
+        for (name, table) in [("step", step_table()), ("run", run_table())] {
+            assert!(
+                doc.contains(&table),
+                "docs/state-machines.md does not show the current {name} table; paste:\n{table}"
+            );
+        }
+    }
 }

@@ -1,22 +1,29 @@
-//! Applying planner decisions for many runs in one transaction.
+//! The unit of work: one transaction through which every decided transition is persisted.
 //!
-//! Throughput comes from doing per-batch what would otherwise be per-run: one guarded
-//! `UPDATE … WHERE state = $from AND id IN (…) RETURNING id` per kind of transition, one
-//! multi-row history insert, one statement per group of runs moving to the same state.
+//! [`Store::begin`] opens a [`StoreTx`]. Its typed methods lock runs (always in id order, the
+//! lock order of every transaction), read steps, and write what the transition module
+//! decided: fenced attempt results and rescues, evaluator and operator plans, run states,
+//! alerts. History rows are collected and written in one statement at [`StoreTx::commit`],
+//! together with the wake-up notification. The store decides nothing: it never calls back
+//! into the planner.
+//!
+//! A completion batch is one unit of work: lock its runs, write its results, read the runs'
+//! steps, apply their plans, commit. Each step is a typed call on the handle, so a backend
+//! could later execute the whole unit in one call on its own thread.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use sea_orm::{ConnectionTrait, DatabaseTransaction, Value};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, TransactionTrait, Value};
 use uuid::Uuid;
 
-use super::alerts::insert_alert;
+use super::alerts::{AlertRow, NewAlert, insert_alert};
 use super::rows::{RUN_COLS, STEP_COLS};
-use super::runs::{EvalApplied, PlanWrite};
 use super::{Backend, RunRow, StepRow, Store};
-use crate::{Error, Result, RunState, StepState};
+use crate::transition::{Due, Effects, RunTrigger};
+use crate::{Result, RunState, StepState};
 
 /// Rows per batch statement (bounds the size of one array or JSON parameter).
-const CHUNK: usize = 400;
+pub(super) const CHUNK: usize = 400;
 
 /// One history row to insert.
 #[derive(Debug, Clone)]
@@ -31,6 +38,62 @@ pub(super) struct HistoryEntry {
     pub(super) detail: Option<String>,
 }
 
+/// A step transition decided by the evaluator or an operator action (guarded by `from`).
+#[derive(Debug, Clone)]
+pub struct StepWrite {
+    /// Row id.
+    pub id: i64,
+    /// Step name (for history).
+    pub name: String,
+    /// Expected current state: the write is guarded by it.
+    pub from: StepState,
+    /// New state.
+    pub to: StepState,
+    /// What else changes, as the transition table says.
+    pub effects: Effects,
+}
+
+/// Everything one evaluation or operator action writes for a run.
+#[derive(Debug, Clone, Default)]
+pub struct PlanWrite {
+    /// Step transitions.
+    pub steps: Vec<StepWrite>,
+    /// New run state.
+    pub run_state: Option<RunState>,
+    /// Run output JSON (when completing).
+    pub run_output: Option<String>,
+    /// Run error JSON (when compensating or failing).
+    pub run_error: Option<String>,
+    /// Alert to raise in the same transaction.
+    pub alert: Option<NewAlert>,
+    /// Resolve the run's open alerts (operator actions).
+    pub resolve_alerts: bool,
+    /// Free the run's business key (it reached a final state its workflow's key policy
+    /// releases).
+    pub release_key: bool,
+    /// The run-table trigger that decided `run_state`.
+    pub trigger: Option<RunTrigger>,
+    /// History event name for the run transition (`state` when empty).
+    pub event: &'static str,
+    /// Detail recorded with the run transition.
+    pub detail: Option<String>,
+}
+
+/// What an evaluation or operator action did.
+#[derive(Debug, Clone)]
+pub struct EvalApplied {
+    /// The run before.
+    pub before: RunRow,
+    /// The run's state after.
+    pub state: RunState,
+    /// Steps made ready (forward or compensation) by this write.
+    pub ready: usize,
+    /// Guarded step writes that found the step moved on: the run was marked for another look.
+    pub stale: usize,
+    /// Alert raised, if any.
+    pub alert: Option<AlertRow>,
+}
+
 /// A run's new state with its payload, for one bulk update.
 struct RunPayload {
     id: Uuid,
@@ -40,10 +103,30 @@ struct RunPayload {
     release_key: bool,
 }
 
-/// A plan function: what to write for one run given its steps.
-pub type Planner<'a> = &'a (dyn Fn(&RunRow, &[StepRow]) -> Result<PlanWrite> + Sync);
+/// An open unit of work (see the module documentation). Dropping it without
+/// [`StoreTx::commit`] rolls everything back.
+#[derive(Debug)]
+pub struct StoreTx<'s> {
+    pub(super) store: &'s Store,
+    pub(super) txn: DatabaseTransaction,
+    pub(super) history: Vec<HistoryEntry>,
+    pub(super) notify: bool,
+}
 
 impl Store {
+    /// Opens a unit of work.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn begin(&self) -> Result<StoreTx<'_>> {
+        Ok(StoreTx {
+            store: self,
+            txn: self.db.begin().await?,
+            history: Vec::new(),
+            notify: false,
+        })
+    }
+
     pub(super) async fn history_insert_many<C: ConnectionTrait>(
         &self,
         conn: &C,
@@ -85,20 +168,22 @@ impl Store {
         }
         Ok(())
     }
+}
 
+impl StoreTx<'_> {
     /// Locks runs (sorted by id: the lock order every transaction follows) and returns them.
-    /// With `only_dirty`, only runs marked for evaluation are taken (and unmarked).
+    /// With `only_dirty`, only runs marked for evaluation are taken, and unmarked: this
+    /// transaction evaluates them.
     ///
     /// PostgreSQL takes the row locks with `SELECT … ORDER BY id FOR UPDATE`, which locks in
     /// id order and writes no new row version; only runs that were marked get an `UPDATE`.
     /// SQLite's first write takes the database's write lock, so there the lock is the
     /// unmarking `UPDATE` itself.
-    pub(super) async fn lock_runs(
-        &self,
-        txn: &DatabaseTransaction,
-        ids: &[Uuid],
-        only_dirty: bool,
-    ) -> Result<Vec<RunRow>> {
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
+    pub async fn lock_runs(&mut self, ids: &[Uuid], only_dirty: bool) -> Result<Vec<RunRow>> {
+        let s = self.store;
         let mut ids = ids.to_vec();
         ids.sort_unstable();
         ids.dedup();
@@ -106,8 +191,8 @@ impl Store {
         let mut out = Vec::with_capacity(ids.len());
         let mut marked = Vec::new();
         for chunk in ids.chunks(CHUNK) {
-            let (cond, values) = self.in_list("id", 1, chunk)?;
-            let sql = match self.backend {
+            let (cond, values) = s.in_list("id", 1, chunk)?;
+            let sql = match s.backend {
                 Backend::Postgres => format!(
                     "SELECT {RUN_COLS}, dirty FROM sagaflow_runs WHERE {cond}{only} ORDER BY id FOR UPDATE"
                 ),
@@ -115,7 +200,7 @@ impl Store {
                     "UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}{only} RETURNING {RUN_COLS}, FALSE AS dirty"
                 ),
             };
-            for r in &txn.query_all_raw(self.stmt(&sql, values)).await? {
+            for r in &self.txn.query_all_raw(s.stmt(&sql, values)).await? {
                 let run = RunRow::decode(r)?;
                 if r.try_get::<bool>("", "dirty")? {
                     marked.push(run.id);
@@ -124,29 +209,49 @@ impl Store {
             }
         }
         for chunk in marked.chunks(CHUNK) {
-            let (cond, values) = self.in_list("id", 1, chunk)?;
+            let (cond, values) = s.in_list("id", 1, chunk)?;
             let sql = format!("UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}");
-            txn.execute_raw(self.stmt(&sql, values)).await?;
+            self.txn.execute_raw(s.stmt(&sql, values)).await?;
         }
         Ok(out)
     }
 
-    /// The steps of many runs, grouped by run.
-    pub(super) async fn steps_of<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        ids: &[Uuid],
-    ) -> Result<HashMap<Uuid, Vec<StepRow>>> {
+    /// Locks one run for an operator action and marks it for evaluation (the action's
+    /// writes are followed by an evaluation in the evaluation loop of some engine).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
+    pub async fn lock_run_for_action(&mut self, id: Uuid) -> Result<Option<RunRow>> {
+        // The first statement is a write: it takes the run's row lock on PostgreSQL and the
+        // write lock on SQLite, so evaluations of one run are serialised.
+        let sql = format!(
+            "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}"
+        );
+        let row = self
+            .txn
+            .query_one_raw(self.store.stmt(&sql, vec![id.into()]))
+            .await?;
+        // The action marks the run for evaluation: wake every engine, not just this one.
+        self.notify = true;
+        row.as_ref().map(RunRow::decode).transpose()
+    }
+
+    /// The steps of many runs, grouped by run, each run's sorted by id.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
+    pub async fn steps_of(&self, ids: &[Uuid]) -> Result<HashMap<Uuid, Vec<StepRow>>> {
+        let s = self.store;
         let mut out: HashMap<Uuid, Vec<StepRow>> = HashMap::with_capacity(ids.len());
         for chunk in ids.chunks(CHUNK) {
-            let (cond, values) = self.in_list("run_id", 1, chunk)?;
+            let (cond, values) = s.in_list("run_id", 1, chunk)?;
             // No `ORDER BY id` here: it would invite a walk of the whole primary key in
             // id order instead of a lookup by run. Each run's steps are sorted below.
             let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}");
-            let rows = conn.query_all_raw(self.stmt(&sql, values)).await?;
+            let rows = self.txn.query_all_raw(s.stmt(&sql, values)).await?;
             for r in &rows {
-                let s = StepRow::decode(r)?;
-                out.entry(s.run_id).or_default().push(s);
+                let step = StepRow::decode(r)?;
+                out.entry(step.run_id).or_default().push(step);
             }
         }
         for steps in out.values_mut() {
@@ -155,85 +260,80 @@ impl Store {
         Ok(out)
     }
 
-    /// Plans and applies every locked run. A run whose plan fails (corrupt data, unknown
-    /// version) is left marked for evaluation and reported in the second vector. `history`
-    /// holds entries the caller already has for this transaction: they are written first, in
-    /// the same statement as the evaluation's own.
-    pub(super) async fn evaluate_locked(
-        &self,
-        txn: &DatabaseTransaction,
-        runs: Vec<RunRow>,
-        actor: &str,
-        plan: Planner<'_>,
-        history: Vec<HistoryEntry>,
-    ) -> Result<(Vec<EvalApplied>, Vec<(Uuid, Error)>)> {
-        let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
-        let mut steps = self.steps_of(txn, &ids).await?;
-        let mut plans = Vec::with_capacity(runs.len());
-        let mut failed = Vec::new();
-        for run in runs {
-            let s = steps.remove(&run.id).unwrap_or_default();
-            match plan(&run, &s) {
-                Ok(p) => plans.push((run, p)),
-                Err(e) => failed.push((run.id, e)),
-            }
-        }
-        if !failed.is_empty() {
-            let ids: Vec<Uuid> = failed.iter().map(|(id, _)| *id).collect();
-            self.mark_dirty(txn, &ids).await?;
-        }
-        let applied = self.apply_plans(txn, plans, actor, history).await?;
-        Ok((applied, failed))
+    /// Marks runs for another evaluation (ids sorted by the caller when the runs are not
+    /// locked yet).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn mark_dirty(&mut self, ids: &[Uuid]) -> Result<()> {
+        mark_dirty(self.store, &self.txn, ids).await
     }
 
-    /// Marks runs for another evaluation.
-    pub(super) async fn mark_dirty<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        ids: &[Uuid],
-    ) -> Result<()> {
-        for chunk in ids.chunks(CHUNK) {
-            let (cond, values) = self.in_list("id", 1, chunk)?;
-            let sql =
-                format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE {cond}");
-            conn.execute_raw(self.stmt(&sql, values)).await?;
+    /// Asks for the wake-up notification at commit (PostgreSQL `NOTIFY`).
+    pub fn notify(&mut self) {
+        self.notify = true;
+    }
+
+    /// Writes the history collected so far, notifies (if asked) and commits.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn commit(self) -> Result<()> {
+        self.store
+            .history_insert_many(&self.txn, &self.history)
+            .await?;
+        if self.notify {
+            self.store.notify_ready(&self.txn).await?;
         }
+        self.txn.commit().await?;
         Ok(())
     }
 
-    /// Writes the plans of many runs (all locked by the caller's transaction), after the
-    /// caller's `history` entries.
-    pub(super) async fn apply_plans(
-        &self,
-        txn: &DatabaseTransaction,
+    /// Writes decided plans of many runs (all locked by this transaction).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn apply(
+        &mut self,
         plans: Vec<(RunRow, PlanWrite)>,
         actor: &str,
-        mut history: Vec<HistoryEntry>,
     ) -> Result<Vec<EvalApplied>> {
-        // 1. Step transitions, grouped by (from, to); RETURNING tells which guards held.
-        let mut groups: BTreeMap<(StepState, StepState), Vec<i64>> = BTreeMap::new();
+        let s = self.store;
+        // 1. Step transitions, grouped by (from, to, effects); RETURNING tells which guards held.
+        let mut groups: BTreeMap<(StepState, StepState, bool, bool), Vec<i64>> = BTreeMap::new();
         for (_, p) in &plans {
-            for s in &p.steps {
-                groups.entry((s.from, s.to)).or_default().push(s.id);
+            for w in &p.steps {
+                let due_now = w.effects.due != Due::Never;
+                groups
+                    .entry((w.from, w.to, w.effects.reset, due_now))
+                    .or_default()
+                    .push(w.id);
             }
         }
         let mut moved: HashSet<i64> = HashSet::new();
-        for ((from, to), ids) in &groups {
-            let extra = match to {
-                StepState::Ready | StepState::CompensationReady => {
-                    ", available_at = {now}, failure_count = 0, deadline_ms = initial_deadline_ms"
-                }
-                _ => ", available_at = NULL",
-            };
+        for ((from, to, reset, due_now), ids) in &groups {
+            let extra = format!(
+                "{}{}",
+                if *due_now {
+                    ", available_at = {now}"
+                } else {
+                    ", available_at = NULL"
+                },
+                if *reset {
+                    ", failure_count = 0, interruptions = 0, deadline_ms = initial_deadline_ms"
+                } else {
+                    ""
+                },
+            );
             for chunk in ids.chunks(CHUNK) {
-                let (cond, ids) = self.in_list("id", 3, chunk)?;
+                let (cond, ids) = s.in_list("id", 3, chunk)?;
                 let sql = format!(
                     "UPDATE sagaflow_steps SET state = $1, updated_at = {{now}}{extra} \
                      WHERE state = $2 AND {cond} RETURNING id"
                 );
                 let mut values: Vec<Value> = vec![to.as_str().into(), from.as_str().into()];
                 values.extend(ids);
-                for r in txn.query_all_raw(self.stmt(&sql, values)).await? {
+                for r in self.txn.query_all_raw(s.stmt(&sql, values)).await? {
                     moved.insert(r.try_get::<i64>("", "id")?);
                 }
             }
@@ -244,25 +344,26 @@ impl Store {
         let mut same_state: BTreeMap<(RunState, bool), Vec<Uuid>> = BTreeMap::new();
         let mut finished: Vec<Uuid> = Vec::new();
         let mut stale_runs: Vec<Uuid> = Vec::new();
-        let mut alerts = Vec::new();
+        let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
+        let mut resolve: Vec<Uuid> = Vec::new();
         let mut with_payload: Vec<RunPayload> = Vec::new();
         for (before, write) in plans {
             let id = before.id;
             let (mut ready, mut stale) = (0, 0);
-            for s in &write.steps {
-                if !moved.contains(&s.id) {
+            for w in &write.steps {
+                if !moved.contains(&w.id) {
                     stale += 1;
                     continue;
                 }
-                if matches!(s.to, StepState::Ready | StepState::CompensationReady) {
+                if w.effects.due != Due::Never {
                     ready += 1;
                 }
-                history.push(HistoryEntry {
+                self.history.push(HistoryEntry {
                     run_id: id,
-                    step: Some(s.name.clone()),
+                    step: Some(w.name.clone()),
                     event: "state".into(),
-                    from: Some(s.from.as_str().into()),
-                    to: Some(s.to.as_str().into()),
+                    from: Some(w.from.as_str().into()),
+                    to: Some(w.to.as_str().into()),
                     attempt: None,
                     actor: actor.into(),
                     detail: None,
@@ -285,15 +386,15 @@ impl Store {
                 finished.push(id);
             }
             if state != before.state || write.event.starts_with("operator") {
-                history.push(HistoryEntry {
+                let event = if write.event.is_empty() {
+                    "state"
+                } else {
+                    write.event
+                };
+                self.history.push(HistoryEntry {
                     run_id: id,
                     step: None,
-                    event: if write.event.is_empty() {
-                        "state"
-                    } else {
-                        write.event
-                    }
-                    .into(),
+                    event: event.into(),
                     from: Some(before.state.as_str().into()),
                     to: Some(state.as_str().into()),
                     attempt: None,
@@ -305,7 +406,7 @@ impl Store {
                 stale_runs.push(id);
             }
             if write.resolve_alerts {
-                self.alert_resolve_run(txn, id).await?;
+                resolve.push(id);
             }
             if let Some(a) = write.alert {
                 alerts.push((out.len(), a));
@@ -318,10 +419,13 @@ impl Store {
                 alert: None,
             });
         }
-        self.runs_set_payload(txn, &with_payload).await?;
+        for id in resolve {
+            s.alert_resolve_run(&self.txn, id).await?;
+        }
+        self.runs_set_payload(&with_payload).await?;
         for ((state, release_key), ids) in &same_state {
             for chunk in ids.chunks(CHUNK) {
-                let (cond, ids) = self.in_list("id", 2, chunk)?;
+                let (cond, ids) = s.in_list("id", 2, chunk)?;
                 let sql = format!(
                     "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{}{} WHERE {cond}",
                     if state.is_final() {
@@ -337,28 +441,27 @@ impl Store {
                 );
                 let mut values: Vec<Value> = vec![state.as_str().into()];
                 values.extend(ids);
-                txn.execute_raw(self.stmt(&sql, values)).await?;
+                self.txn.execute_raw(s.stmt(&sql, values)).await?;
             }
         }
         // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
         for chunk in finished.chunks(CHUNK) {
-            let (cond, values) = self.in_list("run_id", 1, chunk)?;
+            let (cond, values) = s.in_list("run_id", 1, chunk)?;
             let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
-            txn.execute_raw(self.stmt(&sql, values)).await?;
+            self.txn.execute_raw(s.stmt(&sql, values)).await?;
         }
-        self.mark_dirty(txn, &stale_runs).await?;
-        self.history_insert_many(txn, &history).await?;
+        mark_dirty(s, &self.txn, &stale_runs).await?;
         for (i, a) in alerts {
-            out[i].alert = insert_alert(self, txn, &a).await?;
+            out[i].alert = insert_alert(s, &self.txn, &a).await?;
         }
         if out.iter().any(|a| a.ready > 0) {
-            self.notify_ready(txn).await?;
+            self.notify = true;
         }
         Ok(out)
     }
 
     /// Sets state, output and error of many runs in one statement per chunk.
-    async fn runs_set_payload(&self, txn: &DatabaseTransaction, runs: &[RunPayload]) -> Result<()> {
+    async fn runs_set_payload(&self, runs: &[RunPayload]) -> Result<()> {
         const COLS: [(&str, &str); 6] = [
             ("vid", "uuid"),
             ("state", "text"),
@@ -367,6 +470,7 @@ impl Store {
             ("fin", "boolean"),
             ("rel", "boolean"),
         ];
+        let s = self.store;
         for chunk in runs.chunks(CHUNK) {
             let rows = chunk
                 .iter()
@@ -381,7 +485,7 @@ impl Store {
                     ]
                 })
                 .collect();
-            let (source, values) = self.rows_source(1, &COLS, rows)?;
+            let (source, values) = s.rows_source(1, &COLS, rows)?;
             let sql = format!(
                 "UPDATE sagaflow_runs AS r SET state = v.state, output = COALESCE(v.output, r.output), \
                    error = COALESCE(v.error, r.error), updated_at = {{now}}, \
@@ -389,8 +493,23 @@ impl Store {
                    active_key = CASE WHEN v.rel THEN NULL ELSE r.active_key END \
                  FROM {source} WHERE r.id = v.vid"
             );
-            txn.execute_raw(self.stmt(&sql, values)).await?;
+            self.txn.execute_raw(s.stmt(&sql, values)).await?;
         }
         Ok(())
     }
+}
+
+/// Marks runs for another evaluation.
+pub(super) async fn mark_dirty<C: ConnectionTrait>(
+    store: &Store,
+    conn: &C,
+    ids: &[Uuid],
+) -> Result<()> {
+    for chunk in ids.chunks(CHUNK) {
+        let (cond, values) = store.in_list("id", 1, chunk)?;
+        let sql =
+            format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE {cond}");
+        conn.execute_raw(store.stmt(&sql, values)).await?;
+    }
+    Ok(())
 }

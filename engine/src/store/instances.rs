@@ -1,0 +1,96 @@
+//! Engine instances: a row per instance id, heartbeaten on the database clock. An instance
+//! whose heartbeat is older than the configured staleness is dead (crashed, frozen, or
+//! stopped): the supervisor leader releases what it held, as interruptions, and may take
+//! over a leader lease it held.
+
+use sea_orm::ConnectionTrait;
+
+use super::Store;
+use crate::Result;
+
+/// What registering an instance found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registered {
+    /// Milliseconds since the previous incarnation with this id last heartbeat, if there was
+    /// one (a restart with the same id).
+    pub predecessor_silent_ms: Option<i64>,
+}
+
+impl Store {
+    /// Registers (or re-registers, on a restart with the same id) instance `id` under a new
+    /// `incarnation`, heartbeating now.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn instance_register(&self, id: &str, incarnation: &str) -> Result<Registered> {
+        let before = self
+            .db
+            .query_one_raw(self.stmt(
+                "SELECT {now} - heartbeat_at AS silent FROM sagaflow_instances WHERE id = $1",
+                vec![id.to_owned().into()],
+            ))
+            .await?
+            .map(|r| r.try_get::<i64>("", "silent"))
+            .transpose()?;
+        self.db
+            .execute_raw(self.stmt(
+                "INSERT INTO sagaflow_instances (id, incarnation, started_at, heartbeat_at) \
+                 VALUES ($1, $2, {now}, {now}) \
+                 ON CONFLICT (id) DO UPDATE SET incarnation = $2, started_at = {now}, \
+                   heartbeat_at = {now}, stopped_at = NULL",
+                vec![id.to_owned().into(), incarnation.to_owned().into()],
+            ))
+            .await?;
+        Ok(Registered {
+            predecessor_silent_ms: before,
+        })
+    }
+
+    /// Heartbeats instance `id` if `incarnation` still owns it; `false` means another process
+    /// registered the same id since (this one must stop taking work).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn instance_heartbeat(&self, id: &str, incarnation: &str) -> Result<bool> {
+        let res = self
+            .db
+            .execute_raw(self.stmt(
+                "UPDATE sagaflow_instances SET heartbeat_at = {now} WHERE id = $1 AND incarnation = $2",
+                vec![id.to_owned().into(), incarnation.to_owned().into()],
+            ))
+            .await?;
+        Ok(res.rows_affected() == 1)
+    }
+
+    /// Marks instance `id` stopped (its heartbeat is stale at once).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn instance_stop(&self, id: &str, incarnation: &str) -> Result<()> {
+        self.db
+            .execute_raw(self.stmt(
+                "UPDATE sagaflow_instances SET heartbeat_at = 0, stopped_at = {now} \
+                 WHERE id = $1 AND incarnation = $2",
+                vec![id.to_owned().into(), incarnation.to_owned().into()],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets instances silent for longer than `older_than_ms` that hold no step.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn instance_purge(&self, older_than_ms: i64) -> Result<u64> {
+        let res = self
+            .db
+            .execute_raw(self.stmt(
+                "DELETE FROM sagaflow_instances WHERE heartbeat_at < {now} - $1 \
+                 AND NOT EXISTS (SELECT 1 FROM sagaflow_steps \
+                   WHERE state IN ('running', 'compensating') AND locked_by = sagaflow_instances.id)",
+                vec![older_than_ms.into()],
+            ))
+            .await?;
+        Ok(res.rows_affected())
+    }
+}

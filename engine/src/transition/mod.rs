@@ -1,0 +1,82 @@
+//! The one place that decides how a step or a run moves from one state to the next.
+//!
+//! Everything here is pure: (current state, event) → new state + effects, read from two
+//! tables, [`STEP_RULES`] and [`RUN_RULES`]. The scheduler (claims, attempt results, the
+//! evaluator), the supervisor (deadlines, dead instances), the engine's start and shutdown
+//! (interruptions) and the operator actions all ask this module what to write, and the store
+//! persists exactly that through a [`StoreTx`](crate::store::StoreTx); the store decides
+//! nothing. `docs/state-machines.md` shows the same tables, rendered by [`step_table`] and
+//! [`run_table`], and a test fails when the two disagree.
+//!
+//! Step events are classified against the step's counters first ([`on_failure`],
+//! [`on_timeout`], [`on_interruption`]): a failed attempt is `failed_will_retry` below the
+//! failure threshold and `failed_for_good` at it, an interruption is `interrupted_too_often`
+//! past the interruption cap. Then [`decide`] applies the table's effects to the counters.
+
+mod doc;
+pub mod operator;
+mod run;
+mod step;
+
+#[cfg(test)]
+mod tests;
+
+pub use doc::{run_table, step_table};
+pub use run::{OPERATOR_ACTIONS, RUN_RULES, RunRule, RunTrigger, evaluate, run_rule};
+pub use step::{
+    Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_failure,
+    on_interruption, on_timeout, step_rule,
+};
+
+use crate::StepError;
+use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
+
+/// The decided end of a running step found by a rescue: an interruption when its owner
+/// instance is dead, frozen or stopped (not a failure; the deadline is not stretched), a
+/// timeout otherwise.
+pub fn rescue(step: &ExpiredStep) -> StepFinish {
+    let c = step.counters();
+    let (on, guard, error) = if step.owner_dead {
+        (
+            on_interruption(&c),
+            DeadlineGuard::Any,
+            StepError::interrupted(&step.locked_by, "its heartbeat stopped"),
+        )
+    } else {
+        (
+            on_timeout(&c),
+            DeadlineGuard::Expired,
+            StepError::timeout(step.deadline_ms),
+        )
+    };
+    let change = decide(step.state, on, &c, true, 0).unwrap_or(StepChange {
+        from: step.state,
+        on,
+        to: step.state,
+        failure_count: c.failure_count,
+        interruptions: c.interruptions,
+        deadline_ms: c.deadline_ms,
+        maybe_applied: false,
+        due_in_ms: None,
+        store_output: false,
+    });
+    // The counters after the change travel with the envelope into the history.
+    let error = error.with_details(serde_json::json!({
+        "failure_count": change.failure_count,
+        "max_failures": c.max_failures,
+        "interruptions": change.interruptions,
+        "max_interruptions": c.max_interruptions,
+        "deadline_ms": change.deadline_ms,
+    }));
+    StepFinish {
+        id: step.id,
+        run_id: step.run_id,
+        name: step.name.clone(),
+        attempt: step.attempt,
+        owner: step.locked_by.clone(),
+        change,
+        output: None,
+        error: Some(error),
+        guard,
+    }
+}

@@ -1,0 +1,170 @@
+//! Operator actions as transitions (SAS-7: "the operator can fix the cause and retry the step
+//! by hand"): each checks its preconditions on the locked run and returns the writes.
+
+use super::run::{RunTrigger, move_run, step_write};
+use super::step::Trigger;
+use crate::store::{PlanWrite, RunRow, StepRow, StepWrite};
+use crate::{Error, Result, RunState, StepState};
+
+fn not_allowed(action: &'static str, run: &RunRow, reason: impl Into<String>) -> Error {
+    Error::ActionNotAllowed {
+        action,
+        run_id: run.id,
+        reason: reason.into(),
+    }
+}
+
+fn was_compensating(steps: &[StepRow]) -> bool {
+    steps
+        .iter()
+        .any(|s| s.state.is_compensation() || s.state == StepState::Skipped)
+}
+
+fn writes(steps: &[StepRow], on: Trigger, pick: impl Fn(&StepRow) -> bool) -> Vec<StepWrite> {
+    steps
+        .iter()
+        .filter(|s| pick(s))
+        .filter_map(|s| step_write(s, on))
+        .collect()
+}
+
+fn action(
+    run: &RunRow,
+    on: RunTrigger,
+    steps: Vec<StepWrite>,
+    event: &'static str,
+    detail: Option<String>,
+) -> Result<PlanWrite> {
+    let mut plan = PlanWrite {
+        steps,
+        resolve_alerts: true,
+        event,
+        detail,
+        ..PlanWrite::default()
+    };
+    move_run(&mut plan, run.state, on)?;
+    Ok(plan)
+}
+
+fn require_error(action: &'static str, run: &RunRow) -> Result<()> {
+    if run.state == RunState::Error {
+        Ok(())
+    } else {
+        Err(not_allowed(
+            action,
+            run,
+            format!("the run is {}, not error", run.state),
+        ))
+    }
+}
+
+/// Retries one failed step (or failed compensation) of a run in `Error`.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is in `Error` and the step is `Failed` (in the
+/// forward phase) or `CompensationFailed`.
+pub fn retry_step(run: &RunRow, steps: &[StepRow], step: &str) -> Result<PlanWrite> {
+    const ACTION: &str = "retry a step of";
+    require_error(ACTION, run)?;
+    let s = steps
+        .iter()
+        .find(|s| s.name == step)
+        .ok_or_else(|| not_allowed(ACTION, run, format!("no step `{step}`")))?;
+    let on = match s.state {
+        StepState::Failed if was_compensating(steps) => {
+            return Err(not_allowed(
+                ACTION,
+                run,
+                format!(
+                    "the run was compensating; step `{step}` can no longer run forward (retry the \
+                     failed compensation or resume)"
+                ),
+            ));
+        }
+        StepState::Failed => RunTrigger::OperatorRetryForward,
+        StepState::CompensationFailed => RunTrigger::OperatorRetryCompensation,
+        other => {
+            return Err(not_allowed(
+                ACTION,
+                run,
+                format!("step `{step}` is {other}, not failed"),
+            ));
+        }
+    };
+    let w = writes(steps, Trigger::OperatorRetry, |x| x.id == s.id);
+    let detail = serde_json::json!({ "step": step }).to_string();
+    action(run, on, w, "operator_retry_step", Some(detail))
+}
+
+/// Asks for the run to be compensated: a running run stops starting new steps and undoes
+/// what completed; a run in `Error` retries its failed compensations.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] for a finished run.
+pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
+    if run.state.is_final() {
+        return Err(not_allowed(
+            "compensate",
+            run,
+            format!("the run is already {}", run.state),
+        ));
+    }
+    let w = writes(steps, Trigger::OperatorRetry, |s| {
+        s.state == StepState::CompensationFailed
+    });
+    action(
+        run,
+        RunTrigger::OperatorCompensate,
+        w,
+        "operator_compensate",
+        None,
+    )
+}
+
+/// Resumes a run in `Error` where it stopped: retries every failed step of the phase it was
+/// in (forward steps, or compensations).
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is in `Error`.
+pub fn resume(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
+    require_error("resume", run)?;
+    let (from, on) = if was_compensating(steps) {
+        (
+            StepState::CompensationFailed,
+            RunTrigger::OperatorRetryCompensation,
+        )
+    } else {
+        (StepState::Failed, RunTrigger::OperatorRetryForward)
+    };
+    let w = writes(steps, Trigger::OperatorRetry, |s| s.state == from);
+    action(run, on, w, "operator_resume", None)
+}
+
+/// Records that an operator undid a step's effect by hand (e.g. refunded outside the system)
+/// after its compensation failed; the run goes on compensating the rest.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is in `Error` and the step is
+/// `CompensationFailed`.
+pub fn mark_compensated(run: &RunRow, steps: &[StepRow], step: &str) -> Result<PlanWrite> {
+    const ACTION: &str = "mark a step compensated in";
+    require_error(ACTION, run)?;
+    let w = writes(steps, Trigger::OperatorMarkCompensated, |s| {
+        s.name == step && s.state == StepState::CompensationFailed
+    });
+    if w.is_empty() {
+        return Err(not_allowed(
+            ACTION,
+            run,
+            format!("step `{step}` has no failed compensation"),
+        ));
+    }
+    let detail = serde_json::json!({ "step": step }).to_string();
+    action(
+        run,
+        RunTrigger::OperatorRetryCompensation,
+        w,
+        "operator_mark_compensated",
+        Some(detail),
+    )
+}

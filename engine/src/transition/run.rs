@@ -1,0 +1,452 @@
+//! The run table and the evaluator: given a run and its steps, decide what moves next.
+//!
+//! Forward: a `NotStarted` step becomes `Ready` when all its dependencies are `Completed`;
+//! the run completes when every step has.
+//!
+//! Failure: a `Failed` step makes the run unwind, unless nothing can be undone safely: the
+//! failure came after the pivot completed, or from a retriable step, or a pivot may have
+//! taken effect (*maybe applied*), or a step was interrupted more often than its cap (a
+//! poison step). Then the run stops in `Error` with an alert.
+//!
+//! Unwinding (reverse topological order): steps that never acted are dropped; a step whose
+//! effect happened (`Completed`) or may have happened (*maybe applied*: an attempt with an
+//! unknown outcome, a timeout or an interruption) is compensated once every step that
+//! depends on it is settled. Its compensation sees no output when the forward step never
+//! answered, and must find out (replay the forward call under
+//! [`StepContext::forward_idempotency_key`](crate::StepContext::forward_idempotency_key)) or
+//! fail, which stops the run in `Error` rather than leaving a silent inconsistency.
+//! Running steps are waited for. The run is `Compensated` when nothing is left to undo, or
+//! `Error` when a compensation failed for good.
+
+use super::step::{Trigger, step_rule};
+use crate::RunState::{Compensated, Compensating, Completed, Error as RunError, Pending, Running};
+use crate::definition::{StepKind, Workflow};
+use crate::store::{NewAlert, PlanWrite, RunRow, StepRow, StepWrite};
+use crate::{Error, Result, RunState, StepState};
+
+/// Actions an operator can take on a run in `Error`, as listed in alerts.
+pub const OPERATOR_ACTIONS: [&str; 4] = ["retry_step", "compensate", "resume", "mark_compensated"];
+
+/// What happened to a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RunTrigger {
+    /// Its first evaluation found work going on.
+    Progressed,
+    /// Every step completed.
+    AllCompleted,
+    /// A step failed before the pivot completed: undo what was done.
+    StepFailed,
+    /// Nothing (more) needs undoing.
+    NothingLeftToUndo,
+    /// A step failed after the pivot completed: nothing can be undone.
+    FailedAfterPivot,
+    /// A retriable step failed for good (retriable steps are never compensated).
+    RetriableFailed,
+    /// The pivot failed with an unknown outcome: it may have taken effect.
+    PivotMaybeApplied,
+    /// A step was interrupted more often than its cap allows.
+    PoisonStep,
+    /// A compensation failed for good.
+    CompensationFailed,
+    /// An operator retried a failed forward step, or resumed the forward phase.
+    OperatorRetryForward,
+    /// An operator retried a failed compensation, resumed the compensation phase, or marked
+    /// a step compensated by hand.
+    OperatorRetryCompensation,
+    /// An operator asked for compensation.
+    OperatorCompensate,
+}
+
+impl RunTrigger {
+    /// The name used in docs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Progressed => "progressed",
+            Self::AllCompleted => "all_completed",
+            Self::StepFailed => "step_failed",
+            Self::NothingLeftToUndo => "nothing_left_to_undo",
+            Self::FailedAfterPivot => "failed_after_pivot",
+            Self::RetriableFailed => "retriable_failed",
+            Self::PivotMaybeApplied => "pivot_maybe_applied",
+            Self::PoisonStep => "poison_step",
+            Self::CompensationFailed => "compensation_failed",
+            Self::OperatorRetryForward => "operator_retry_forward",
+            Self::OperatorRetryCompensation => "operator_retry_compensation",
+            Self::OperatorCompensate => "operator_compensate",
+        }
+    }
+}
+
+/// One row of the run table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunRule {
+    /// States it applies in.
+    pub from: &'static [RunState],
+    /// What happened.
+    pub on: RunTrigger,
+    /// State after.
+    pub to: RunState,
+    /// The alert raised with it, if any.
+    pub alert: Option<&'static str>,
+}
+
+const ACTIVE: &[RunState] = &[Pending, Running];
+
+const fn rule(
+    from: &'static [RunState],
+    on: RunTrigger,
+    to: RunState,
+    alert: Option<&'static str>,
+) -> RunRule {
+    RunRule {
+        from,
+        on,
+        to,
+        alert,
+    }
+}
+
+/// Every run transition sagaflow makes.
+pub const RUN_RULES: &[RunRule] = &[
+    rule(&[Pending], RunTrigger::Progressed, Running, None),
+    rule(ACTIVE, RunTrigger::AllCompleted, Completed, None),
+    rule(ACTIVE, RunTrigger::StepFailed, Compensating, None),
+    rule(
+        &[Pending, Running, Compensating],
+        RunTrigger::NothingLeftToUndo,
+        Compensated,
+        None,
+    ),
+    rule(
+        ACTIVE,
+        RunTrigger::FailedAfterPivot,
+        RunError,
+        Some("run_error"),
+    ),
+    rule(
+        ACTIVE,
+        RunTrigger::RetriableFailed,
+        RunError,
+        Some("run_error"),
+    ),
+    rule(
+        ACTIVE,
+        RunTrigger::PivotMaybeApplied,
+        RunError,
+        Some("run_error"),
+    ),
+    rule(
+        &[Pending, Running, Compensating],
+        RunTrigger::PoisonStep,
+        RunError,
+        Some("poison_step"),
+    ),
+    rule(
+        &[Compensating],
+        RunTrigger::CompensationFailed,
+        RunError,
+        Some("run_error"),
+    ),
+    rule(&[RunError], RunTrigger::OperatorRetryForward, Running, None),
+    rule(
+        &[RunError],
+        RunTrigger::OperatorRetryCompensation,
+        Compensating,
+        None,
+    ),
+    rule(
+        &[Pending, Running, Compensating, RunError],
+        RunTrigger::OperatorCompensate,
+        Compensating,
+        None,
+    ),
+];
+
+/// The rule for a run in `from` on `on`, if the table has one.
+pub fn run_rule(from: RunState, on: RunTrigger) -> Option<&'static RunRule> {
+    RUN_RULES
+        .iter()
+        .find(|r| r.on == on && r.from.contains(&from))
+}
+
+/// A step write through the table: `None` when the edge does not exist.
+pub(crate) fn step_write(row: &StepRow, on: Trigger) -> Option<StepWrite> {
+    step_rule(row.state, on).map(|r| StepWrite {
+        id: row.id,
+        name: row.name.clone(),
+        from: row.state,
+        to: r.to,
+        effects: r.effects,
+    })
+}
+
+/// Sets the run's next state through the run table.
+pub(crate) fn move_run(plan: &mut PlanWrite, from: RunState, on: RunTrigger) -> Result<()> {
+    let r = run_rule(from, on).ok_or_else(|| {
+        Error::Config(format!(
+            "internal: no run transition from {from} on {}",
+            on.as_str()
+        ))
+    })?;
+    plan.run_state = Some(r.to);
+    plan.trigger = Some(on);
+    Ok(())
+}
+
+/// Whether a step was interrupted more often than its cap allows.
+fn is_poison(r: &StepRow) -> bool {
+    matches!(r.state, StepState::Failed | StepState::CompensationFailed)
+        && r.interruptions > r.max_interruptions
+}
+
+/// Decides the writes that advance `run`.
+///
+/// # Errors
+/// [`Error::CorruptRow`] when the stored steps do not match the definition.
+pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWrite> {
+    let mut plan = Plan::new(wf, run, rows)?.advance()?;
+    if let Some(state) = plan.run_state {
+        plan.release_key = wf.key_policy().releases_key(state);
+    }
+    Ok(plan)
+}
+
+/// One evaluation: the steps by position, their current (planned) states, and the writes.
+struct Plan<'a> {
+    wf: &'a Workflow,
+    run: &'a RunRow,
+    rows: Vec<&'a StepRow>,
+    states: Vec<StepState>,
+    out: PlanWrite,
+}
+
+impl<'a> Plan<'a> {
+    fn new(wf: &'a Workflow, run: &'a RunRow, rows: &'a [StepRow]) -> Result<Self> {
+        let mut by_pos: Vec<Option<&StepRow>> = vec![None; wf.steps.len()];
+        for r in rows {
+            let i = wf.position(&r.name).ok_or_else(|| {
+                Error::corrupt(
+                    "sagaflow_steps",
+                    r.id,
+                    format!("step `{}` is not in workflow {}", r.name, wf.key()),
+                )
+            })?;
+            by_pos[i] = Some(r);
+        }
+        let missing = by_pos.iter().position(Option::is_none);
+        let rows: Vec<&StepRow> = by_pos.into_iter().flatten().collect();
+        if let Some(i) = missing {
+            if run.state.is_final() {
+                return Ok(Self {
+                    wf,
+                    run,
+                    states: Vec::new(),
+                    rows: Vec::new(),
+                    out: PlanWrite::default(),
+                });
+            }
+            return Err(Error::corrupt(
+                "sagaflow_runs",
+                run.id,
+                format!("step `{}` has no row", wf.steps[i].name),
+            ));
+        }
+        Ok(Self {
+            wf,
+            run,
+            states: rows.iter().map(|r| r.state).collect(),
+            rows,
+            out: PlanWrite::default(),
+        })
+    }
+
+    fn set(&mut self, i: usize, on: Trigger) {
+        if let Some(w) = step_write(self.rows[i], on) {
+            self.states[i] = w.to;
+            self.out.steps.push(w);
+        }
+    }
+
+    fn stop(mut self, on: RunTrigger, step: usize, reason: String) -> Result<PlanWrite> {
+        move_run(&mut self.out, self.run.state, on)?;
+        let row = self.rows[step];
+        self.out.run_error = row.error.clone();
+        let kind = run_rule(self.run.state, on)
+            .and_then(|r| r.alert)
+            .unwrap_or("run_error");
+        self.out.alert = Some(run_alert(
+            self.run,
+            kind,
+            &self.wf.steps[step].name,
+            row,
+            reason,
+        ));
+        Ok(self.out)
+    }
+
+    fn advance(self) -> Result<PlanWrite> {
+        if self.rows.is_empty() {
+            return Ok(self.out);
+        }
+        if let Some(p) = (0..self.rows.len()).find(|&i| is_poison(self.rows[i]))
+            && !matches!(self.run.state, RunError | Completed | Compensated)
+        {
+            let name = &self.wf.steps[p].name;
+            let reason = format!(
+                "step `{name}` was interrupted {} times (its engine instance died or stopped \
+                 during each attempt), more than its cap of {}; it may crash its process: fix \
+                 the cause, then retry it or compensate",
+                self.rows[p].interruptions, self.rows[p].max_interruptions
+            );
+            return self.stop(RunTrigger::PoisonStep, p, reason);
+        }
+        match self.run.state {
+            Pending | Running => self.forward(),
+            Compensating => self.unwind(),
+            Completed | Compensated | RunError => Ok(self.out),
+        }
+    }
+
+    fn forward(mut self) -> Result<PlanWrite> {
+        let n = self.states.len();
+        if let Some(f) = (0..n).find(|&i| self.states[i] == StepState::Failed) {
+            let steps = &self.wf.steps;
+            let pivot_done = (0..n).any(|i| {
+                steps[i].kind == StepKind::Pivot && self.states[i] == StepState::Completed
+            });
+            let uncertain_pivot = (0..n).find(|&i| {
+                steps[i].kind == StepKind::Pivot
+                    && self.rows[i].maybe_applied
+                    && self.states[i] != StepState::Completed
+            });
+            if let Some(p) = uncertain_pivot {
+                // The point of no return may have been passed: compensating could undo a saga
+                // whose pivot took effect. Retrying under the same idempotency key tells
+                // which; an operator decides.
+                let name = &steps[p].name;
+                let reason = format!(
+                    "pivot `{name}` may have taken effect (an attempt's outcome is unknown); \
+                     retry it to learn the outcome (same idempotency key) or compensate"
+                );
+                return self.stop(RunTrigger::PivotMaybeApplied, p, reason);
+            }
+            let name = &steps[f].name;
+            if pivot_done {
+                let reason = format!(
+                    "step `{name}` failed after the point of no return; the saga cannot be compensated"
+                );
+                return self.stop(RunTrigger::FailedAfterPivot, f, reason);
+            }
+            if steps[f].kind == StepKind::Retriable {
+                let reason = format!(
+                    "retriable step `{name}` failed; retriable steps are never compensated"
+                );
+                return self.stop(RunTrigger::RetriableFailed, f, reason);
+            }
+            self.out.run_error = self.rows[f].error.clone();
+            move_run(&mut self.out, self.run.state, RunTrigger::StepFailed)?;
+            return self.unwind();
+        }
+        for i in 0..n {
+            if self.states[i] == StepState::NotStarted
+                && self.wf.steps[i]
+                    .deps
+                    .iter()
+                    .all(|&d| self.states[d] == StepState::Completed)
+            {
+                self.set(i, Trigger::DependenciesMet);
+            }
+        }
+        if self.states.iter().all(|&s| s == StepState::Completed) {
+            let mut out = serde_json::Map::new();
+            for (i, r) in self.rows.iter().enumerate() {
+                let v = match r.output.as_deref() {
+                    Some(o) => serde_json::from_str(o).map_err(|e| {
+                        Error::corrupt("sagaflow_steps", self.wf.steps[i].name.clone(), e)
+                    })?,
+                    None => serde_json::Value::Null,
+                };
+                out.insert(self.wf.steps[i].name.clone(), v);
+            }
+            move_run(&mut self.out, self.run.state, RunTrigger::AllCompleted)?;
+            self.out.run_output = Some(serde_json::Value::Object(out).to_string());
+        } else if self.run.state == Pending {
+            move_run(&mut self.out, Pending, RunTrigger::Progressed)?;
+        }
+        Ok(self.out)
+    }
+
+    /// Whether step `i` has an effect to undo: it completed, or an attempt may have acted,
+    /// and it is a compensatable step with a compensation.
+    fn needs_undo(&self, i: usize) -> bool {
+        let def = &self.wf.steps[i];
+        let acted = match self.states[i] {
+            StepState::Completed => true,
+            StepState::Failed | StepState::Ready => self.rows[i].maybe_applied,
+            _ => false,
+        };
+        acted && def.kind == StepKind::Compensatable && def.compensation.is_some()
+    }
+
+    fn unwind(mut self) -> Result<PlanWrite> {
+        let n = self.states.len();
+        if let Some(f) = (0..n).find(|&i| self.states[i] == StepState::CompensationFailed) {
+            let name = &self.wf.steps[f].name;
+            let reason = format!(
+                "the compensation of step `{name}` failed (terminally or at its threshold)"
+            );
+            let from = self.out.run_state.unwrap_or(self.run.state);
+            move_run(&mut self.out, from, RunTrigger::CompensationFailed)?;
+            let row = self.rows[f];
+            self.out.alert = Some(run_alert(self.run, "run_error", name, row, reason));
+            return Ok(self.out);
+        }
+        for i in 0..n {
+            let never_acted = match self.states[i] {
+                StepState::NotStarted => true,
+                StepState::Ready => !self.needs_undo(i),
+                _ => false,
+            };
+            if never_acted {
+                self.set(i, Trigger::Dropped);
+            }
+        }
+        let busy = |s: StepState| {
+            matches!(
+                s,
+                StepState::Running | StepState::CompensationReady | StepState::Compensating
+            )
+        };
+        let eligible: Vec<usize> = (0..n)
+            .filter(|&i| self.needs_undo(i))
+            .filter(|&i| {
+                self.wf.steps[i]
+                    .dependents
+                    .iter()
+                    .all(|&d| !busy(self.states[d]) && !self.needs_undo(d))
+            })
+            .collect();
+        for i in eligible {
+            self.set(i, Trigger::CompensationDue);
+        }
+        let pending = (0..n).any(|i| busy(self.states[i]) || self.needs_undo(i));
+        if !pending {
+            let from = self.out.run_state.unwrap_or(self.run.state);
+            move_run(&mut self.out, from, RunTrigger::NothingLeftToUndo)?;
+        }
+        Ok(self.out)
+    }
+}
+
+fn run_alert(run: &RunRow, kind: &str, step: &str, row: &StepRow, reason: String) -> NewAlert {
+    let last_error = row.error.as_deref().unwrap_or("no error recorded");
+    NewAlert {
+        run_id: Some(run.id),
+        step: Some(step.to_owned()),
+        kind: kind.into(),
+        reason: format!("{reason}; last error: {last_error}"),
+        attempts: row.attempt,
+        actions: OPERATOR_ACTIONS.iter().map(|a| (*a).to_owned()).collect(),
+        open_key: Some(format!("run_error:{}", run.id)),
+    }
+}
