@@ -1,5 +1,6 @@
 //! sagaflow's integration suite. Every scenario runs on SQLite and on PostgreSQL (see
-//! `sagaflow_tests::backends`); requirement IDs refer to `shared/DIGEST.md`.
+//! `sagaflow_tests::backends`); requirement IDs are explained in
+//! `docs/requirements.md`.
 
 mod chaos;
 mod claim;
@@ -10,5 +11,6 @@ mod failures;
 mod fixtures;
 mod flow;
 mod operator;
+mod shutdown;
 mod submission;
 mod supervisor;
