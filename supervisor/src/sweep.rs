@@ -7,7 +7,7 @@ pub use sagaflow_engine::transition::rescue as decide;
 mod tests {
     use sagaflow_engine::StepState;
     use sagaflow_engine::store::ExpiredStep;
-    use sagaflow_engine::transition::Trigger;
+    use sagaflow_engine::transition::{Counters, Trigger};
 
     use super::decide;
 
@@ -19,12 +19,14 @@ mod tests {
             state: StepState::Running,
             attempt: 1,
             locked_by: "a".into(),
-            failure_count,
-            max_failures,
-            interruptions: 0,
-            max_interruptions: 1,
-            deadline_ms,
-            deadline_cap_ms: 3000,
+            counters: Counters {
+                failure_count,
+                max_failures,
+                interruptions: 0,
+                max_interruptions: 1,
+                deadline_ms,
+                deadline_cap_ms: 3000,
+            },
             owner_dead: dead,
         }
     }
@@ -59,7 +61,7 @@ mod tests {
         assert_eq!((r.change.to, r.change.failure_count), (StepState::Ready, 2));
         assert_eq!((r.change.interruptions, r.change.deadline_ms), (1, 1000));
         let mut again = expired(0, 3, 1000, true);
-        again.interruptions = 1;
+        again.counters.interruptions = 1;
         assert_eq!(decide(&again).change.to, StepState::Failed);
     }
 }

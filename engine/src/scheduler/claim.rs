@@ -133,7 +133,7 @@ fn request(
         step: c.name.clone(),
         state: c.state,
         attempt: c.attempt,
-        counters: c.counters(),
+        counters: c.counters,
         owner: s.config.owner.clone(),
     };
     let fail = |lease: StepLease, e: Error| {

@@ -179,21 +179,10 @@ fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
         0
     };
     let unknown = error.as_ref().is_some_and(StepError::may_have_applied);
-    let change = transition::decide(lease.state, on, &c, unknown, backoff_ms).unwrap_or(
-        // A lease is always Running or Compensating, both of which have these edges; keep
-        // the write harmless if that ever changed: it would match no row.
-        StepChange {
-            from: lease.state,
-            on,
-            to: lease.state,
-            failure_count: c.failure_count,
-            interruptions: c.interruptions,
-            deadline_ms: c.deadline_ms,
-            maybe_applied: false,
-            due_in_ms: None,
-            store_output: false,
-        },
-    );
+    // A lease is always `Running` or `Compensating`, which have these edges; should that ever
+    // change, the write changes nothing and matches no row.
+    let change = transition::decide(lease.state, on, &c, unknown, backoff_ms)
+        .unwrap_or_else(|| StepChange::none(lease.state, on, &c));
     StepFinish {
         id: lease.step_id,
         run_id: lease.run_id,

@@ -3,6 +3,7 @@
 use sea_orm::QueryResult;
 use uuid::Uuid;
 
+use crate::transition::Counters;
 use crate::{Error, Result, RunState, StepState};
 
 /// One run.
@@ -145,18 +146,8 @@ pub struct ClaimedStep {
     pub state: StepState,
     /// This attempt's number.
     pub attempt: i32,
-    /// Failures so far in this phase.
-    pub failure_count: i32,
-    /// Failure threshold.
-    pub max_failures: i32,
-    /// Interruptions so far in this phase.
-    pub interruptions: i32,
-    /// Interruption cap.
-    pub max_interruptions: i32,
-    /// Current deadline length.
-    pub deadline_ms: i64,
-    /// Deadline cap.
-    pub deadline_cap_ms: i64,
+    /// Failures, interruptions and deadline so far, with their limits.
+    pub counters: Counters,
     /// Deadline (epoch ms, DB clock).
     pub complete_by: i64,
     /// The DB clock when claimed: `complete_by - db_now` is the time the agent has.
@@ -180,29 +171,12 @@ impl ClaimedStep {
                 .parse()
                 .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
             attempt: r.try_get("", "attempt")?,
-            failure_count: r.try_get("", "failure_count")?,
-            max_failures: r.try_get("", "max_failures")?,
-            interruptions: r.try_get("", "interruptions")?,
-            max_interruptions: r.try_get("", "max_interruptions")?,
-            deadline_ms: r.try_get("", "deadline_ms")?,
-            deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
+            counters: counters(r)?,
             complete_by: r.try_get("", "complete_by")?,
             db_now: r.try_get("", "db_now")?,
             idempotency_key: r.try_get("", "idempotency_key")?,
             output: r.try_get("", "output")?,
         })
-    }
-
-    /// The counters the transition table decides on.
-    pub fn counters(&self) -> crate::transition::Counters {
-        crate::transition::Counters {
-            failure_count: self.failure_count,
-            max_failures: self.max_failures,
-            interruptions: self.interruptions,
-            max_interruptions: self.max_interruptions,
-            deadline_ms: self.deadline_ms,
-            deadline_cap_ms: self.deadline_cap_ms,
-        }
     }
 }
 
@@ -222,18 +196,8 @@ pub struct ExpiredStep {
     pub attempt: i32,
     /// Its owner (`LockedBy`).
     pub locked_by: String,
-    /// Failures so far.
-    pub failure_count: i32,
-    /// Threshold.
-    pub max_failures: i32,
-    /// Interruptions so far.
-    pub interruptions: i32,
-    /// Interruption cap.
-    pub max_interruptions: i32,
-    /// Current deadline length.
-    pub deadline_ms: i64,
-    /// Deadline cap.
-    pub deadline_cap_ms: i64,
+    /// Failures, interruptions and deadline so far, with their limits.
+    pub counters: Counters,
     /// Whether the owner instance is dead, frozen or stopped (its heartbeat is stale).
     pub owner_dead: bool,
 }
@@ -256,29 +220,24 @@ impl ExpiredStep {
             locked_by: r
                 .try_get::<Option<String>>("", "locked_by")?
                 .unwrap_or_default(),
-            failure_count: r.try_get("", "failure_count")?,
-            max_failures: r.try_get("", "max_failures")?,
-            interruptions: r.try_get("", "interruptions")?,
-            max_interruptions: r.try_get("", "max_interruptions")?,
-            deadline_ms: r.try_get("", "deadline_ms")?,
-            deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
+            counters: counters(r)?,
             owner_dead: r
                 .try_get::<Option<bool>>("", "owner_dead")?
                 .unwrap_or(false),
         })
     }
+}
 
-    /// The counters the transition table decides on.
-    pub fn counters(&self) -> crate::transition::Counters {
-        crate::transition::Counters {
-            failure_count: self.failure_count,
-            max_failures: self.max_failures,
-            interruptions: self.interruptions,
-            max_interruptions: self.max_interruptions,
-            deadline_ms: self.deadline_ms,
-            deadline_cap_ms: self.deadline_cap_ms,
-        }
-    }
+/// The counters of a claimed or running step, as the transition table decides on them.
+fn counters(r: &QueryResult) -> Result<Counters> {
+    Ok(Counters {
+        failure_count: r.try_get("", "failure_count")?,
+        max_failures: r.try_get("", "max_failures")?,
+        interruptions: r.try_get("", "interruptions")?,
+        max_interruptions: r.try_get("", "max_interruptions")?,
+        deadline_ms: r.try_get("", "deadline_ms")?,
+        deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
+    })
 }
 
 /// One entry of a run's append-only history.

@@ -35,7 +35,7 @@ use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
 /// instance is dead, frozen or stopped (not a failure; the deadline is not stretched), a
 /// timeout otherwise.
 pub fn rescue(step: &ExpiredStep) -> StepFinish {
-    let c = step.counters();
+    let c = step.counters;
     let (on, guard, error) = if step.owner_dead {
         (
             on_interruption(&c),
@@ -46,20 +46,11 @@ pub fn rescue(step: &ExpiredStep) -> StepFinish {
         (
             on_timeout(&c),
             DeadlineGuard::Expired,
-            StepError::timeout(step.deadline_ms),
+            StepError::timeout(c.deadline_ms),
         )
     };
-    let change = decide(step.state, on, &c, true, 0).unwrap_or(StepChange {
-        from: step.state,
-        on,
-        to: step.state,
-        failure_count: c.failure_count,
-        interruptions: c.interruptions,
-        deadline_ms: c.deadline_ms,
-        maybe_applied: false,
-        due_in_ms: None,
-        store_output: false,
-    });
+    let change =
+        decide(step.state, on, &c, true, 0).unwrap_or_else(|| StepChange::none(step.state, on, &c));
     // The counters after the change travel with the envelope into the history.
     let error = error.with_details(serde_json::json!({
         "failure_count": change.failure_count,

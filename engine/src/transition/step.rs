@@ -421,6 +421,24 @@ pub struct StepChange {
     pub store_output: bool,
 }
 
+impl StepChange {
+    /// A change that changes nothing: written for a pair the table does not have, it matches
+    /// no row (its `to` is its `from`, and nothing is queued).
+    pub fn none(from: StepState, on: Trigger, c: &Counters) -> Self {
+        Self {
+            from,
+            on,
+            to: from,
+            failure_count: c.failure_count,
+            interruptions: c.interruptions,
+            deadline_ms: c.deadline_ms,
+            maybe_applied: false,
+            due_in_ms: None,
+            store_output: false,
+        }
+    }
+}
+
 /// Applies the rule for (`from`, `on`) to a claimed step's counters. `outcome_unknown` says
 /// whether a failed attempt may have acted; `backoff_ms` is the retry policy's delay for
 /// this failure.

@@ -92,7 +92,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         let success = transition::decide(
             StepState::Running,
             transition::Trigger::Succeeded,
-            &lease.counters(),
+            &lease.counters,
             false,
             0,
         )
