@@ -23,31 +23,36 @@ use uuid::Uuid;
 use crate::builder::EngineBuilder;
 use crate::submit::Submission;
 
-/// What to do when an active run with the same business key exists.
+/// What to do when a retained run already holds the business key (how long a run holds its
+/// key is its workflow's [`KeyPolicy`](sagaflow_engine::KeyPolicy)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnDuplicate {
-    /// Fail with [`Error::DuplicateActive`].
+    /// Return the existing run, its id and state ([`Started::created`] is `false`): starting
+    /// twice is safe, which is what an order service re-submitting an order needs. The
+    /// default.
     #[default]
-    Reject,
-    /// Return the existing run's id ([`Started::created`] is `false`).
     ReturnExisting,
+    /// Fail with [`Error::DuplicateKey`].
+    Reject,
 }
 
 /// Options of a run start.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
-    /// Business key: at most one active run per workflow and key (e.g. the order id).
+    /// Business key (e.g. the order id): while a run holds it, starting the workflow with the
+    /// same key returns that run instead of creating another.
     pub business_key: Option<String>,
     /// What to do with a duplicate.
     pub on_duplicate: OnDuplicate,
 }
 
 impl StartOptions {
-    /// Options with a business key and the default duplicate policy (reject).
+    /// Options with a business key and the default duplicate policy (return the existing
+    /// run).
     pub fn keyed(key: impl Into<String>) -> Self {
         Self {
             business_key: Some(key.into()),
-            on_duplicate: OnDuplicate::Reject,
+            on_duplicate: OnDuplicate::ReturnExisting,
         }
     }
 
@@ -64,8 +69,10 @@ impl StartOptions {
 pub struct Started {
     /// The run's id.
     pub id: Uuid,
-    /// Whether a new run was created (false: an active duplicate was returned).
+    /// Whether a new run was created (false: the run holding the business key was returned).
     pub created: bool,
+    /// The run's state: `Pending` for a new run, the existing run's state otherwise.
+    pub state: RunState,
 }
 
 struct Inner {
@@ -175,10 +182,13 @@ impl Engine {
             .map(|s| s.id)
     }
 
-    /// Starts a run with options (business key, duplicate policy).
+    /// Starts a run with options (business key, duplicate policy). With a business key that
+    /// a retained run holds, nothing is created and that run is returned (or, with
+    /// [`OnDuplicate::Reject`], [`Error::DuplicateKey`]): intake is idempotent for as long
+    /// as the workflow's key policy keeps the key taken.
     ///
     /// # Errors
-    /// As [`Engine::start`], plus [`Error::DuplicateActive`].
+    /// As [`Engine::start`], plus [`Error::DuplicateKey`] with [`OnDuplicate::Reject`].
     pub async fn start_with<I: Serialize>(
         &self,
         workflow: &str,
@@ -266,6 +276,15 @@ impl Engine {
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run(&self, id: Uuid) -> Result<Option<RunRow>> {
         self.inner.store.run_get(id).await
+    }
+
+    /// The newest retained run of `workflow` started with `business_key`, active or
+    /// finished (e.g. to answer "what happened to order o-1?").
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<RunRow>> {
+        self.inner.store.run_by_key(workflow, business_key).await
     }
 
     /// The steps of an unfinished run (finished runs keep their history; see
@@ -404,16 +423,22 @@ impl Engine {
 /// Applies the duplicate policy to an insert outcome.
 fn resolve(outcome: RunInsertOutcome, opts: StartOptions, workflow: &str) -> Result<Started> {
     match outcome {
-        RunInsertOutcome::Inserted(id) => Ok(Started { id, created: true }),
-        RunInsertOutcome::Duplicate(existing) => match opts.on_duplicate {
+        RunInsertOutcome::Inserted(id) => Ok(Started {
+            id,
+            created: true,
+            state: RunState::Pending,
+        }),
+        RunInsertOutcome::Duplicate { existing, state } => match opts.on_duplicate {
             OnDuplicate::ReturnExisting => Ok(Started {
                 id: existing,
                 created: false,
+                state,
             }),
-            OnDuplicate::Reject => Err(Error::DuplicateActive {
+            OnDuplicate::Reject => Err(Error::DuplicateKey {
                 workflow: workflow.to_owned(),
                 key: opts.business_key.unwrap_or_default(),
                 existing,
+                state,
             }),
         },
     }

@@ -73,7 +73,7 @@ pub use sea_orm;
 /// The names most applications need.
 pub mod prelude {
     pub use crate::{
-        Agent, DeadlinePolicy, Engine, OnDuplicate, RetryPolicy, RunState, StartOptions,
+        Agent, DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, RetryPolicy, RunState, StartOptions,
         StepContext, StepError, StepState, Workflow, agent_step,
     };
 }

@@ -49,15 +49,18 @@ pub enum Error {
         limit: usize,
     },
 
-    /// An active run with the same business key already exists.
-    #[error("workflow `{workflow}` already has an active run {existing} for business key `{key}`")]
-    DuplicateActive {
+    /// A retained run already holds the business key (returned only when the start asked to
+    /// reject duplicates; by default the existing run is returned instead).
+    #[error("workflow `{workflow}` already has run {existing} ({state}) for business key `{key}`")]
+    DuplicateKey {
         /// Workflow name.
         workflow: String,
         /// The business key.
         key: String,
-        /// The id of the active run.
+        /// The id of the run holding the key.
         existing: Uuid,
+        /// Its state when looked up.
+        state: crate::RunState,
     },
 
     /// A workflow definition is invalid; the message names the offending step.

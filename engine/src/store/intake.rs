@@ -4,8 +4,9 @@
 use sea_orm::{ConnectionTrait, Value};
 use uuid::Uuid;
 
-use super::Store;
+use super::rows::RUN_COLS;
 use super::tx::HistoryEntry;
+use super::{RunRow, Store};
 use crate::{Error, Result, RunState, StepState};
 
 /// Rows per multi-row insert of runs or steps.
@@ -104,7 +105,8 @@ pub struct NewRun {
     pub workflow: String,
     /// Version.
     pub version: i32,
-    /// Business key (unique among active runs of the workflow).
+    /// Business key: while a run holds it (as its workflow's key policy says), starting the
+    /// workflow with the same key returns that run.
     pub business_key: Option<String>,
     /// Input JSON.
     pub input: String,
@@ -137,9 +139,18 @@ pub struct NewStep {
 pub enum RunInsertOutcome {
     /// The run was inserted.
     Inserted(Uuid),
-    /// An active run with the same business key exists; nothing was written.
-    Duplicate(Uuid),
+    /// A retained run holds the business key; nothing was written.
+    Duplicate {
+        /// The run holding the key.
+        existing: Uuid,
+        /// Its state when looked up.
+        state: RunState,
+    },
 }
+
+/// Inserts retried when the run holding a conflicting key vanished (finished and freed its
+/// key, or was purged) between the conflict and the look-up.
+const KEY_RACE_RETRIES: usize = 3;
 
 impl Store {
     /// Inserts a run and its steps on `conn`: the engine's pool, or the caller's transaction
@@ -171,6 +182,41 @@ impl Store {
         conn: &C,
         runs: &[NewRun],
     ) -> Result<Vec<RunInsertOutcome>> {
+        let mut out = self.run_insert_once(conn, runs).await?;
+        for _ in 0..KEY_RACE_RETRIES {
+            let lost: Vec<usize> = (0..runs.len()).filter(|&i| out[i].is_none()).collect();
+            if lost.is_empty() {
+                break;
+            }
+            let again: Vec<NewRun> = lost.iter().map(|&i| runs[i].clone()).collect();
+            for (i, o) in lost
+                .into_iter()
+                .zip(self.run_insert_once(conn, &again).await?)
+            {
+                out[i] = o;
+            }
+        }
+        out.into_iter()
+            .zip(runs)
+            .map(|(o, r)| {
+                o.ok_or_else(|| {
+                    Error::corrupt(
+                        "sagaflow_runs",
+                        r.id,
+                        "the business key conflicted but no run holds it (after retries)",
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// One insert pass; `None` for a run whose key conflicted with a run that was gone by
+    /// the time it was looked up (the caller retries it).
+    async fn run_insert_once<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        runs: &[NewRun],
+    ) -> Result<Vec<Option<RunInsertOutcome>>> {
         if self.backend == super::Backend::Postgres {
             return self.run_insert_many_pg(conn, runs).await;
         }
@@ -223,31 +269,32 @@ impl Store {
         conn: &C,
         runs: &'r [NewRun],
         fresh: &std::collections::HashSet<Uuid>,
-    ) -> Result<(Vec<RunInsertOutcome>, Vec<&'r NewRun>)> {
+    ) -> Result<(Vec<Option<RunInsertOutcome>>, Vec<&'r NewRun>)> {
         let mut outcomes = Vec::with_capacity(runs.len());
         let mut inserted: Vec<&NewRun> = Vec::with_capacity(runs.len());
         for run in runs {
             if fresh.contains(&run.id) {
-                outcomes.push(RunInsertOutcome::Inserted(run.id));
+                outcomes.push(Some(RunInsertOutcome::Inserted(run.id)));
                 inserted.push(run);
                 continue;
             }
-            let existing = conn
+            let holder = conn
                 .query_one_raw(self.stmt(
-                    "SELECT id FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
+                    "SELECT id, state FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
                     vec![run.workflow.clone().into(), run.business_key.clone().into()],
                 ))
-                .await?
-                .map(|r| r.try_get::<Uuid>("", "id"))
-                .transpose()?
-                .ok_or_else(|| {
-                    Error::corrupt(
-                        "sagaflow_runs",
-                        run.id,
-                        "insert conflicted but no active run found",
-                    )
-                })?;
-            outcomes.push(RunInsertOutcome::Duplicate(existing));
+                .await?;
+            let outcome = match holder {
+                Some(r) => {
+                    let state: String = r.try_get("", "state")?;
+                    Some(RunInsertOutcome::Duplicate {
+                        existing: r.try_get("", "id")?,
+                        state: state.parse()?,
+                    })
+                }
+                None => None,
+            };
+            outcomes.push(outcome);
         }
         Ok((outcomes, inserted))
     }
@@ -259,7 +306,7 @@ impl Store {
         &self,
         conn: &C,
         runs: &[NewRun],
-    ) -> Result<Vec<RunInsertOutcome>> {
+    ) -> Result<Vec<Option<RunInsertOutcome>>> {
         let run_rows = runs.iter().map(run_row).collect();
         let step_rows = runs
             .iter()
@@ -286,5 +333,25 @@ impl Store {
             fresh.insert(r.try_get::<Uuid>("", "id")?);
         }
         Ok(self.resolve_duplicates(conn, runs, &fresh).await?.0)
+    }
+
+    /// The newest retained run of `workflow` started with `business_key`, active or
+    /// finished.
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<RunRow>> {
+        let sql = format!(
+            "SELECT {RUN_COLS} FROM sagaflow_runs WHERE workflow = $1 AND business_key = $2 \
+             ORDER BY created_at DESC LIMIT 1"
+        );
+        let row = self
+            .db
+            .query_one_raw(self.stmt(
+                &sql,
+                vec![workflow.to_owned().into(), business_key.to_owned().into()],
+            ))
+            .await?;
+        row.as_ref().map(RunRow::decode).transpose()
     }
 }

@@ -82,7 +82,7 @@ fn gated(gate: Arc<Semaphore>) -> Workflow {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_business_key_admits_one_active_run() {
+async fn a_business_key_returns_the_run_that_holds_it() {
     for db in backends().await {
         let gate = Arc::new(Semaphore::new(0));
         let engine = engine(&db, vec![gated(gate.clone())]).await;
@@ -92,49 +92,27 @@ async fn a_business_key_admits_one_active_run() {
             .start_with("gated", &input, keyed())
             .await
             .expect("first");
-        let err = engine
-            .start_with("gated", &input, keyed())
-            .await
-            .expect_err("duplicate");
-        match err {
-            Error::DuplicateActive { existing, .. } if existing == first.id => {}
-            other => panic!("[{}] expected DuplicateActive, got {other}", db.backend),
-        }
+        assert!(first.created);
         let again = engine
-            .start_with(
-                "gated",
-                &input,
-                keyed().on_duplicate(OnDuplicate::ReturnExisting),
-            )
+            .start_with("gated", &input, keyed())
             .await
             .expect("return existing");
         assert_eq!(
-            again,
-            sagaflow::Started {
-                id: first.id,
-                created: false
-            },
+            (again.id, again.created),
+            (first.id, false),
             "[{}]",
             db.backend
         );
-        // Once the run finished, the key is free again.
+        let err = engine
+            .start_with("gated", &input, keyed().on_duplicate(OnDuplicate::Reject))
+            .await
+            .expect_err("duplicate");
+        match err {
+            Error::DuplicateKey { existing, .. } if existing == first.id => {}
+            other => panic!("[{}] expected DuplicateKey, got {other}", db.backend),
+        }
         gate.add_permits(1);
         expect_state(&engine, first.id, RunState::Completed, db.backend).await;
-        let next = engine
-            .start_with(
-                "gated",
-                &input,
-                keyed().on_duplicate(OnDuplicate::ReturnExisting),
-            )
-            .await
-            .expect("next");
-        assert!(
-            next.created && next.id != first.id,
-            "[{}] key must be free after completion",
-            db.backend
-        );
-        gate.add_permits(1);
-        expect_state(&engine, next.id, RunState::Completed, db.backend).await;
         engine.shutdown().await;
     }
 }

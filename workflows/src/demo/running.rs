@@ -117,7 +117,7 @@ fn spawn_submitter(
             let opts = StartOptions::keyed(order.order_id.clone());
             let msg = match engine.start_with(ORDER_WORKFLOW, &order, opts).await {
                 Ok(s) => Submission::Accepted(order, s.id),
-                Err(e @ EngineError::DuplicateActive { .. }) => {
+                Err(e @ EngineError::DuplicateKey { .. }) => {
                     Submission::Rejected(order, e.to_string())
                 }
                 Err(e) => {
