@@ -105,16 +105,26 @@ impl Default for OrderSettings {
 }
 
 /// A remote failure as a step outcome. The simulated services document that a refusal
-/// (`Permanent`, HTTP 4xx) and a transient 503 (`Transient`) are answered before anything is
-/// applied; a transport failure (no answer, a reset, a gateway error) may hide an applied
-/// effect, so its outcome stays unknown.
+/// (HTTP 4xx), a 429 and a 503 are answered before anything is applied: those are *not
+/// applied*. A call without a usable answer (a reset, a 502 or 504, a timeout) may hide an
+/// applied effect: its outcome stays unknown, so the step's compensation runs if the saga
+/// unwinds. A `Retry-After` travels in the error's details.
 fn step_error(e: ServiceError) -> StepError {
+    let message = e.to_string();
     match e {
-        ServiceError::Transient(_) => {
-            StepError::retryable("transient", e.to_string()).not_applied()
+        ServiceError::Transient(_) => StepError::retryable("transient", message).not_applied(),
+        ServiceError::Busy { retry_after_ms, .. } => {
+            let err = StepError::retryable("busy", message).not_applied();
+            match retry_after_ms {
+                Some(ms) => err.with_details(serde_json::json!({ "retry_after_ms": ms })),
+                None => err,
+            }
         }
-        ServiceError::Permanent(_) => StepError::refused("permanent", e.to_string()),
-        ServiceError::Transport(_) => StepError::retryable("transport", e.to_string()),
+        ServiceError::Permanent(_) => StepError::refused("permanent", message),
+        ServiceError::Conflict(_) => StepError::refused("conflict", message),
+        ServiceError::Transport(_) | ServiceError::LostReply(_) => {
+            StepError::retryable("transport", message)
+        }
     }
 }
 

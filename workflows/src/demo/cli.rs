@@ -24,6 +24,11 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 0.02, value_parser = rate)]
     pub(crate) hang: f64,
 
+    /// Share of calls (every service) that apply their effect and then lose the answer (a
+    /// reset connection, a 502 or a 504): the outcome is unknown to the saga.
+    #[arg(long, default_value_t = 0.03, value_parser = rate)]
+    pub(crate) lose_reply: f64,
+
     /// Share of forward calls (reserve, charge, ship) refused for good.
     #[arg(long, default_value_t = 0.03, value_parser = rate)]
     pub(crate) permanent: f64,

@@ -16,6 +16,7 @@ pub(crate) fn services(args: &Args) -> Services {
     let plan = FaultPlan {
         transient: args.transient,
         hang: args.hang,
+        lose_reply: args.lose_reply,
         permanent: args.permanent,
         seed: args.seed,
         latency: Duration::from_millis(args.latency_ms),
@@ -47,9 +48,10 @@ pub(crate) fn print_header(args: &Args, db: &Database, settings: &OrderSettings)
     );
     println!("  database   {}", db.label);
     println!(
-        "  faults     {} transient · {} hung · {} permanent (forward calls only), on every service · seed {}",
+        "  faults     {} transient · {} hung · {} lost replies · {} permanent (forward calls only), on every service · seed {}",
         pct(args.transient),
         pct(args.hang),
+        pct(args.lose_reply),
         pct(args.permanent),
         args.seed
     );

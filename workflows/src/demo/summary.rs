@@ -176,8 +176,8 @@ fn print_summary(
         "Injected faults",
         faults.total(),
         format!(
-            "{} transient · {} hung · {} permanent",
-            faults.transient, faults.hang, faults.permanent
+            "{} transient · {} hung · {} lost replies · {} permanent",
+            faults.transient, faults.hang, faults.lost_reply, faults.permanent
         ),
     );
     t.print();

@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use super::error::{LostReply, ServiceError};
 use super::operation::{Operation, Service};
 
 /// Random fault rates and latency of one simulated service. `Default` injects nothing.
@@ -20,6 +21,10 @@ pub struct FaultPlan {
     pub transient: f64,
     /// Share of calls (0.0..=1.0) that apply their effect and then never answer.
     pub hang: f64,
+    /// Share of calls (0.0..=1.0) that apply their effect and then lose the answer (a reset
+    /// connection, a 502 or a 504, in turn).
+    #[serde(default)]
+    pub lose_reply: f64,
     /// Share of idempotency keys (0.0..=1.0) that fail with
     /// [`ServiceError::Permanent`](super::ServiceError::Permanent). Decided by a hash of
     /// `(seed, key)`, so every retry of such a key fails again. Never applied to
@@ -36,6 +41,7 @@ impl Default for FaultPlan {
         Self {
             transient: 0.0,
             hang: 0.0,
+            lose_reply: 0.0,
             permanent: 0.0,
             seed: 0,
             latency: Duration::ZERO,
@@ -64,6 +70,16 @@ pub enum Scripted {
     Hang,
     /// Fail permanently without applying (this one call only).
     Permanent,
+    /// Apply the effect, then drop the connection without an answer.
+    ResetAfterApply,
+    /// Apply the effect, then answer 502 Bad Gateway.
+    BadGatewayAfterApply,
+    /// Apply the effect, then answer 504 Gateway Timeout.
+    GatewayTimeoutAfterApply,
+    /// Refuse with 409 Conflict without applying.
+    RefuseNotApplied,
+    /// Answer 429 Too Many Requests with `Retry-After: 1`, without applying.
+    BusyNotApplied,
 }
 
 /// Number of injected faults, per kind.
@@ -75,12 +91,18 @@ pub struct FaultCounts {
     pub hang: u64,
     /// Permanent failures returned.
     pub permanent: u64,
+    /// Calls that applied and then lost their answer.
+    #[serde(default)]
+    pub lost_reply: u64,
+    /// Calls refused without applying as a conflict or as busy.
+    #[serde(default)]
+    pub refused: u64,
 }
 
 impl FaultCounts {
     /// All injected faults.
     pub fn total(&self) -> u64 {
-        self.transient + self.hang + self.permanent
+        self.transient + self.hang + self.permanent + self.lost_reply + self.refused
     }
 }
 
@@ -92,6 +114,8 @@ impl Add for FaultCounts {
             transient: self.transient + rhs.transient,
             hang: self.hang + rhs.hang,
             permanent: self.permanent + rhs.permanent,
+            lost_reply: self.lost_reply + rhs.lost_reply,
+            refused: self.refused + rhs.refused,
         }
     }
 }
@@ -113,6 +137,10 @@ pub(crate) enum Fault {
     Hang,
     /// Fail permanently without applying.
     Permanent(String),
+    /// Apply or replay, then lose the answer.
+    LoseReply(LostReply),
+    /// Refuse without applying (a conflict, or busy with a retry delay).
+    Refuse(ServiceError),
 }
 
 struct State {
@@ -222,17 +250,34 @@ impl Faults {
             Some(Scripted::Transient) => Fault::Transient(format!("scripted transient {op}")),
             Some(Scripted::Hang) => Fault::Hang,
             Some(Scripted::Permanent) => Fault::Permanent(format!("{} (scripted)", refusal(op))),
+            Some(Scripted::ResetAfterApply) => Fault::LoseReply(LostReply::Reset),
+            Some(Scripted::BadGatewayAfterApply) => Fault::LoseReply(LostReply::BadGateway),
+            Some(Scripted::GatewayTimeoutAfterApply) => Fault::LoseReply(LostReply::GatewayTimeout),
+            Some(Scripted::RefuseNotApplied) => Fault::Refuse(ServiceError::Conflict(format!(
+                "{op} conflicts with the remote's state (scripted)"
+            ))),
+            Some(Scripted::BusyNotApplied) => Fault::Refuse(ServiceError::Busy {
+                message: format!("{op}: too many requests (scripted)"),
+                retry_after_ms: Some(1000),
+            }),
             None if !op.is_compensation()
                 && unit_interval(key_hash(plan.seed, key)) < plan.permanent =>
             {
                 Fault::Permanent(refusal(op).to_owned())
             }
-            None if plan.transient > 0.0 || plan.hang > 0.0 => {
+            None if plan.transient > 0.0 || plan.hang > 0.0 || plan.lose_reply > 0.0 => {
                 let roll: f64 = state.rng.random();
                 if roll < plan.transient {
                     Fault::Transient(format!("{op} temporarily unavailable"))
                 } else if roll < plan.transient + plan.hang {
                     Fault::Hang
+                } else if roll < plan.transient + plan.hang + plan.lose_reply {
+                    let how = [
+                        LostReply::Reset,
+                        LostReply::BadGateway,
+                        LostReply::GatewayTimeout,
+                    ];
+                    Fault::LoseReply(how[state.rng.random_range(0..how.len())])
                 } else {
                     Fault::None
                 }
@@ -244,6 +289,8 @@ impl Faults {
             Fault::Transient(_) => state.counts.transient += 1,
             Fault::Hang => state.counts.hang += 1,
             Fault::Permanent(_) => state.counts.permanent += 1,
+            Fault::LoseReply(_) => state.counts.lost_reply += 1,
+            Fault::Refuse(_) => state.counts.refused += 1,
         }
         fault
     }
@@ -326,7 +373,8 @@ mod tests {
             FaultCounts {
                 transient: 1,
                 hang: 1,
-                permanent: 1
+                permanent: 1,
+                ..FaultCounts::default()
             }
         );
     }

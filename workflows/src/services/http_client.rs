@@ -59,30 +59,42 @@ impl Http {
     }
 }
 
-/// 2xx → body; 503 and other 5xx → Transient; 422 and other 4xx → Permanent.
+/// 2xx → body. The statuses our services document as answered before acting: 503 →
+/// `Transient`, 429 → `Busy` (with `Retry-After`), 409 → `Conflict`, 422 and other 4xx →
+/// `Permanent`. Any other status (502, 504, 500…) may come from after the effect was
+/// applied: `Transport`, outcome unknown.
 async fn decode<Resp: DeserializeOwned>(response: reqwest::Response) -> Result<Resp, ServiceError> {
     let status = response.status();
     if status.is_success() {
         return response.json().await.map_err(from_reqwest);
     }
+    let retry_after_ms = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|secs| secs.saturating_mul(1000));
     let body = response.text().await.map_err(from_reqwest)?;
     let message = match serde_json::from_str::<ServiceError>(&body) {
-        Ok(
-            ServiceError::Transient(m) | ServiceError::Permanent(m) | ServiceError::Transport(m),
-        ) => m,
+        Ok(e) => e.message(),
         Err(_) => format!("HTTP {status}: {body}"),
     };
     Err(match status {
         StatusCode::SERVICE_UNAVAILABLE => ServiceError::Transient(message),
-        StatusCode::UNPROCESSABLE_ENTITY => ServiceError::Permanent(message),
-        s if s.is_server_error() => ServiceError::Transient(message),
+        StatusCode::TOO_MANY_REQUESTS => ServiceError::Busy {
+            message,
+            retry_after_ms,
+        },
+        StatusCode::CONFLICT => ServiceError::Conflict(message),
         s if s.is_client_error() => ServiceError::Permanent(message),
-        _ => ServiceError::Transport(message),
+        _ => ServiceError::Transport(format!("HTTP {status}: {message}")),
     })
 }
 
 /// A request that could not be built is a bug on our side (e.g. a key that is not a
-/// valid header value): permanent. Anything else on the wire is transport.
+/// valid header value): permanent. A connection that could not be made never carried the
+/// request: transient, not applied. Anything else on the wire (a reset after sending, a
+/// timeout, a body cut short) leaves the outcome unknown: transport.
 fn from_reqwest(err: reqwest::Error) -> ServiceError {
     let mut message = err.to_string();
     let mut source = err.source();
@@ -93,6 +105,8 @@ fn from_reqwest(err: reqwest::Error) -> ServiceError {
     }
     if err.is_builder() {
         ServiceError::Permanent(message)
+    } else if err.is_connect() {
+        ServiceError::Transient(message)
     } else {
         ServiceError::Transport(message)
     }

@@ -12,8 +12,11 @@
 //! | `GET /faults`             |                   | `{service: FaultCounts}` |
 //!
 //! POST routes need the `Idempotency-Key` header (else 400). Success is 200 + JSON;
-//! failures carry a [`ServiceError`] JSON body: 503 transient, 422 permanent, 400 bad
-//! request. A hang is a request that never gets an answer.
+//! failures carry a [`ServiceError`] JSON body. Documented semantics, as a real API would
+//! state them: 503 (transient), 429 (busy, with `Retry-After`), 422 (refused), 409
+//! (conflict) and 400 (bad request) are answered **before anything is applied**. A lost
+//! reply applies the effect and then drops the connection or answers 502 or 504 (as a
+//! proxy in front of the service would); a hang applies and never answers.
 //!
 //! [`ReserveRequest`]: super::ReserveRequest
 //! [`Reservation`]: super::Reservation
@@ -33,7 +36,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -43,7 +47,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::bundle::Services;
-use super::error::ServiceError;
+use super::error::{LostReply, ServiceError};
 
 /// Name of the header carrying the idempotency key.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
@@ -76,7 +80,7 @@ impl ServerHandle {
         format!("http://{}", self.addr)
     }
 
-    /// Stop accepting, answer hung requests with 503, and wait (boundedly) for the
+    /// Stop accepting, answer hung requests with 502 (outcome unknown), and wait (boundedly) for the
     /// server task to finish.
     pub async fn shutdown(mut self) -> io::Result<()> {
         self.stop.send_replace(true);
@@ -186,7 +190,7 @@ async fn faults(State(st): State<AppState>) -> Response {
 }
 
 /// Extract key and body, run `call`, and map its result to a response. A call that
-/// hangs is answered 503 only when the server shuts down.
+/// hangs is answered 502 (outcome unknown) only when the server shuts down.
 async fn handle<Req, Resp, F, Fut>(
     st: AppState,
     headers: &HeaderMap,
@@ -217,11 +221,28 @@ where
     let result = tokio::select! {
         result = call(st.services.clone(), key.to_owned(), request) => result,
         () = stopped(st.stop.clone()) => {
-            Err(ServiceError::Transient("server shutting down".into()))
+            // The call may have applied its effect already (a hang applies first): the
+            // outcome is unknown, never "not processed".
+            Err(ServiceError::Transport("server shutting down".into()))
         }
     };
     match result {
         Ok(response) => (StatusCode::OK, Json(response)).into_response(),
+        Err(ServiceError::LostReply(LostReply::Reset)) => {
+            // Drop the connection without an answer, the request fully received and its
+            // effect applied. Unwinding the handler ends the connection's task; unlike a
+            // panic it prints nothing.
+            std::panic::resume_unwind(Box::new("connection reset after apply"))
+        }
+        Err(err @ ServiceError::Busy { retry_after_ms, .. }) => {
+            let mut response = (status_of(&err), Json(&err)).into_response();
+            if let Some(ms) = retry_after_ms
+                && let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string())
+            {
+                response.headers_mut().insert(RETRY_AFTER, v);
+            }
+            response
+        }
         Err(err) => (status_of(&err), Json(err)).into_response(),
     }
 }
@@ -229,7 +250,14 @@ where
 fn status_of(err: &ServiceError) -> StatusCode {
     match err {
         ServiceError::Transient(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ServiceError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
         ServiceError::Permanent(_) => StatusCode::UNPROCESSABLE_ENTITY,
-        ServiceError::Transport(_) => StatusCode::BAD_GATEWAY,
+        ServiceError::Conflict(_) => StatusCode::CONFLICT,
+        ServiceError::Transport(_) | ServiceError::LostReply(LostReply::BadGateway) => {
+            StatusCode::BAD_GATEWAY
+        }
+        ServiceError::LostReply(LostReply::Reset | LostReply::GatewayTimeout) => {
+            StatusCode::GATEWAY_TIMEOUT
+        }
     }
 }

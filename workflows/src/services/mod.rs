@@ -28,7 +28,7 @@ mod shipping;
 mod tests;
 
 pub use bundle::{ServicePlans, Services};
-pub use error::ServiceError;
+pub use error::{LostReply, ServiceError};
 pub use faults::{FaultCounts, FaultPlan, Faults, Scripted};
 pub use http_client::{HttpInventory, HttpPayments, HttpServices, HttpShipping};
 pub use http_server::{IDEMPOTENCY_KEY_HEADER, ServerHandle, serve};

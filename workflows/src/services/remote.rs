@@ -54,6 +54,18 @@ impl Remote {
                 tracing::debug!(%op, key, order_id, "injected permanent fault");
                 Err(ServiceError::Permanent(message))
             }
+            Fault::LoseReply(how) => {
+                // The remote does the work; the answer never arrives whole.
+                let applied = self
+                    .ledger
+                    .apply_or_replay(key, op, order_id, request, make);
+                tracing::debug!(%op, key, order_id, %how, applied = applied.is_ok(), "injected lost reply");
+                Err(ServiceError::LostReply(how))
+            }
+            Fault::Refuse(e) => {
+                tracing::debug!(%op, key, order_id, "injected refusal without applying");
+                Err(e)
+            }
             Fault::Hang => {
                 // The remote does the work, then the answer is lost forever.
                 let applied = self

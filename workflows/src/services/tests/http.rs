@@ -183,16 +183,18 @@ async fn shutdown_answers_hung_requests_then_connections_fail() -> TestResult {
 
     timeout(Duration::from_secs(5), server.shutdown()).await??;
     let answer = timeout(Duration::from_secs(5), hung).await??;
-    assert_eq!(
-        answer,
-        Err(ServiceError::Transient("server shutting down".into()))
+    // The hung call had applied its effect: its answer must not claim otherwise.
+    assert!(
+        matches!(&answer, Err(e) if e.may_have_applied()),
+        "{answer:?}"
     );
 
+    // A connection that cannot be made never carried the request: not applied, retryable.
     let err = client
         .payments()
         .charge("o1/charge", charge_req("o1"))
         .await;
-    assert!(matches!(err, Err(ServiceError::Transport(_))), "{err:?}");
+    assert!(matches!(err, Err(ServiceError::Transient(_))), "{err:?}");
     assert!(err.as_ref().err().is_some_and(ServiceError::is_retryable));
     Ok(())
 }
@@ -213,6 +215,63 @@ async fn faulty_services_over_http_stay_exactly_once_and_consistent() -> TestRes
     assert_eq!(report.applied.ship as usize, shipped);
     assert!(services.fault_counts().hang > 0);
     assert!(report.replays >= services.fault_counts().hang, "{report}");
+    server.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_replies_apply_once_and_refusals_apply_nothing() -> TestResult {
+    let services = Services::default();
+    let (server, client) = start(&services).await?;
+    services.script(
+        "charge",
+        vec![
+            Scripted::ResetAfterApply,
+            Scripted::BadGatewayAfterApply,
+            Scripted::GatewayTimeoutAfterApply,
+        ],
+    );
+    let payments = client.payments();
+    // Three lost replies of one key: applied once, each answer says "outcome unknown".
+    for _ in 0..3 {
+        let err = payments.charge("o1/charge", charge_req("o1")).await;
+        assert!(
+            matches!(&err, Err(e @ ServiceError::Transport(_)) if e.may_have_applied() && e.is_retryable()),
+            "{err:?}"
+        );
+    }
+    assert_eq!(services.ledger().applied_count(Operation::Charge), 1);
+    let replay = payments.charge("o1/charge", charge_req("o1")).await?;
+    assert_eq!(
+        services.ledger().get("o1/charge").map(|r| r.replays),
+        Some(3)
+    );
+    assert_eq!(replay.order_id, "o1");
+
+    services.script(
+        "charge",
+        vec![Scripted::RefuseNotApplied, Scripted::BusyNotApplied],
+    );
+    let conflict = payments.charge("o2/charge", charge_req("o2")).await;
+    assert!(
+        matches!(&conflict, Err(e @ ServiceError::Conflict(_)) if !e.may_have_applied() && !e.is_retryable()),
+        "{conflict:?}"
+    );
+    let busy = payments.charge("o2/charge", charge_req("o2")).await;
+    assert!(
+        matches!(
+            &busy,
+            Err(ServiceError::Busy {
+                retry_after_ms: Some(1000),
+                ..
+            })
+        ),
+        "{busy:?}"
+    );
+    assert!(
+        services.ledger().get("o2/charge").is_none(),
+        "refusals apply nothing"
+    );
     server.shutdown().await?;
     Ok(())
 }

@@ -82,8 +82,7 @@ async fn transient_failure_does_not_apply_and_a_retry_applies() -> TestResult {
         services.fault_counts(),
         FaultCounts {
             transient: 1,
-            hang: 0,
-            permanent: 0
+            ..FaultCounts::default()
         }
     );
     Ok(())
@@ -219,8 +218,8 @@ async fn scripted_outcomes_are_consumed_in_order() -> TestResult {
         services.fault_counts(),
         FaultCounts {
             transient: 2,
-            hang: 0,
-            permanent: 1
+            permanent: 1,
+            ..FaultCounts::default()
         }
     );
     Ok(())
