@@ -2,6 +2,7 @@
 //! `sagaflow_tests::backends`); requirement IDs are explained in
 //! `docs/requirements.md`.
 
+mod ambiguous;
 mod business_key;
 mod chaos;
 mod claim;
