@@ -172,7 +172,10 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
                         };
                         match inv.reserve(ctx.forward_idempotency_key(), req).await {
                             Ok(r) => r,
-                            Err(ServiceError::Permanent(_)) => return Ok(None),
+                            // Refused before acting: nothing was applied, nothing to undo.
+                            Err(e) if !e.may_have_applied() && !e.is_retryable() => {
+                                return Ok(None);
+                            }
                             Err(e) => return Err(step_error(e)),
                         }
                     }
@@ -216,7 +219,10 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
                         };
                         match pay.charge(ctx.forward_idempotency_key(), req).await {
                             Ok(c) => c,
-                            Err(ServiceError::Permanent(_)) => return Ok(None),
+                            // Refused before acting: nothing was applied, nothing to undo.
+                            Err(e) if !e.may_have_applied() && !e.is_retryable() => {
+                                return Ok(None);
+                            }
                             Err(e) => return Err(step_error(e)),
                         }
                     }
