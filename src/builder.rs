@@ -177,7 +177,7 @@ impl EngineBuilder {
 
     /// How often this instance heartbeats, and how long an instance may stay silent before
     /// the supervisor treats it as dead and releases its in-flight steps (as interruptions,
-    /// not failures). Defaults: every 1 s, dead after 3 s.
+    /// not failures). Defaults: every 500 ms, dead after 2 s.
     pub fn with_heartbeat(mut self, every: Duration, stale_after: Duration) -> Self {
         self.heartbeat_every = every;
         self.supervisor.instance_stale_after = stale_after;

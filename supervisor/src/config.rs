@@ -16,10 +16,11 @@ pub const SWEEP_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Expired steps handled per sweep transaction.
 pub const SWEEP_BATCH_DEFAULT: u32 = 256;
 /// How often an engine instance heartbeats.
-pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
-/// How long an instance may stay silent before it counts as dead: the leader then releases
-/// its in-flight steps (as interruptions) and may take over a lease it held.
-pub const INSTANCE_STALE_AFTER_DEFAULT: Duration = Duration::from_secs(3);
+pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_millis(500);
+/// How long an instance may stay silent before it counts as dead (four missed heartbeats):
+/// the leader then releases its in-flight steps (as interruptions) and may take over a lease
+/// it held. With the 1 s sweep this rescues a dead instance's work within about 3 s.
+pub const INSTANCE_STALE_AFTER_DEFAULT: Duration = Duration::from_secs(2);
 /// How long finished runs and their history are kept (AT-5).
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
 

@@ -16,7 +16,51 @@ pub struct Registered {
     pub predecessor_silent_ms: Option<i64>,
 }
 
+/// One registered engine instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRow {
+    /// Instance id.
+    pub id: String,
+    /// The process currently registered under it.
+    pub incarnation: String,
+    /// When that process registered (DB clock, epoch ms).
+    pub started_at: i64,
+    /// Its last heartbeat (0 once stopped).
+    pub heartbeat_at: i64,
+    /// When it stopped gracefully, if it did.
+    pub stopped_at: Option<i64>,
+    /// Milliseconds since its last heartbeat, by the database clock.
+    pub silent_ms: i64,
+}
+
 impl Store {
+    /// Every registered instance, by id.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn instance_list(&self) -> Result<Vec<InstanceRow>> {
+        let rows = self
+            .db
+            .query_all_raw(self.stmt(
+                "SELECT id, incarnation, started_at, heartbeat_at, stopped_at, \
+                 {now} - heartbeat_at AS silent_ms FROM sagaflow_instances ORDER BY id",
+                vec![],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(InstanceRow {
+                    id: r.try_get("", "id")?,
+                    incarnation: r.try_get("", "incarnation")?,
+                    started_at: r.try_get("", "started_at")?,
+                    heartbeat_at: r.try_get("", "heartbeat_at")?,
+                    stopped_at: r.try_get("", "stopped_at")?,
+                    silent_ms: r.try_get("", "silent_ms")?,
+                })
+            })
+            .collect()
+    }
+
     /// Registers (or re-registers, on a restart with the same id) instance `id` under a new
     /// `incarnation`, heartbeating now.
     ///

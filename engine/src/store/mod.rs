@@ -27,7 +27,7 @@ use sea_orm::{
 };
 
 pub use alerts::{AlertRow, NewAlert};
-pub use instances::Registered;
+pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::LeaderFence;
 pub use postgres::READY_CHANNEL;

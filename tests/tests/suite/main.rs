@@ -12,6 +12,7 @@ mod failover;
 mod failures;
 mod fixtures;
 mod flow;
+mod interruption;
 mod operator;
 mod shutdown;
 mod submission;
