@@ -1,5 +1,6 @@
 //! The order-processing saga and the simulated remote services it talks to: inventory, payments, shipping.
 
 pub mod machine;
+pub mod measure;
 pub mod order;
 pub mod services;

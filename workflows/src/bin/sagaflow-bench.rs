@@ -5,6 +5,7 @@
 //! begins) and end-to-end latency at moderate load (runs one at a time), peak RSS, and the
 //! machine and durability settings it ran on. A measurement, not a test: nothing is asserted.
 
+use sagaflow_workflows::measure::{ms, percentile};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -87,18 +88,6 @@ fn workflow(starts: Starts) -> sagaflow::Result<Workflow> {
         .step("ship", noop("ship"))
         .after(["charge"])
         .build()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 fn peak_rss_mib() -> Option<f64> {

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sagaflow::{RunState, Store};
+use sagaflow_workflows::measure::{ms, percentile};
 use sagaflow_workflows::order::Order;
 use sagaflow_workflows::services::{OrderStatus, Services};
 use uuid::Uuid;
@@ -40,6 +41,11 @@ pub(crate) struct Restart {
 pub(crate) struct ChaosStats {
     /// SIGKILLs.
     pub(crate) kills: u64,
+    /// For each SIGKILL that hit a process with steps in flight: the time until all of them
+    /// were released to the queue.
+    pub(crate) rescues: Vec<Duration>,
+    /// SIGKILLs of a process that held no step at that moment.
+    pub(crate) idle_kills: u64,
     /// Engine processes started again.
     pub(crate) restarts: u64,
     /// Engine processes that exited on their own.
@@ -96,7 +102,7 @@ struct RunFacts {
 }
 
 /// Events that record the result of one step attempt.
-const OUTCOMES: [&str; 4] = ["completed", "retry", "failed", "timeout"];
+const OUTCOMES: [&str; 5] = ["completed", "retry", "failed", "timeout", "interrupted"];
 
 async fn run_facts(store: &Store, id: Uuid) -> RunFacts {
     // PostgreSQL may have been restarted a moment ago: retry a little.
@@ -387,15 +393,27 @@ pub(crate) async fn verify(
         stats.kills, stats.restarts, stats.monitor_errors
     );
     println!(
-        "  faults      transient {} · hang {} · terminal {} (per service t/h/p: {})",
+        "  faults      transient {} · hang {} · lost replies {} · terminal {} (per service t/h/p: {})",
         faults.transient,
         faults.hang,
+        faults.lost_reply,
         faults.permanent,
         by_service.join(", ")
     );
     println!(
-        "  supervisor  timeouts handled {} (re-queued or failed at the threshold)",
-        hist("timeout")
+        "  supervisor  timeouts handled {} (re-queued or failed at the threshold) · interruptions {} (attempts lost with a killed process)",
+        hist("timeout"),
+        hist("interrupted")
+    );
+    let mut rescues = stats.rescues.clone();
+    rescues.sort_unstable();
+    println!(
+        "  rescue      after SIGKILL: {} kills with steps in flight, released in p50 {} · p99 {} · max {} ({} kills hit an idle process)",
+        rescues.len(),
+        ms(percentile(&rescues, 50.0)),
+        ms(percentile(&rescues, 99.0)),
+        ms(rescues.last().copied().unwrap_or_default()),
+        stats.idle_kills
     );
     let hist_line: Vec<String> = history.iter().map(|(e, n)| format!("{e} {n}")).collect();
     println!("  history     {}", hist_line.join(" · "));

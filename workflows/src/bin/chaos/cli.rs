@@ -36,15 +36,21 @@ pub(crate) struct Args {
     /// Share of remote calls that apply their effect and then hang past the deadline (0..1).
     #[arg(long, default_value_t = 0.02)]
     pub(crate) hang: f64,
+    /// Share of remote calls that apply their effect and then lose the answer (a reset
+    /// connection, a 502 or a 504) (0..1).
+    #[arg(long, default_value_t = 0.02)]
+    pub(crate) lose_reply: f64,
     /// Share of idempotency keys of forward calls refused for good (0..1).
     #[arg(long, default_value_t = 0.01)]
     pub(crate) permanent: f64,
     /// Seed of the fault injection and of the choice of the process to kill.
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
-    /// SIGKILL a random engine process (and restart it) this often; 0: never.
-    #[arg(long, default_value_t = 3_000)]
-    pub(crate) kill_every_ms: u64,
+    /// SIGKILLs of a random engine process (each restarted under a new instance id), spread
+    /// over the run by progress, not by the clock: one each time another `orders / (kills +
+    /// 1)` runs have ended, so a faster machine gets as many kills as a slower one; 0: none.
+    #[arg(long, default_value_t = 25)]
+    pub(crate) kills: u64,
     /// Do not restart PostgreSQL mid-run.
     #[arg(long)]
     pub(crate) no_pg_restart: bool,
@@ -63,6 +69,10 @@ pub(crate) struct Args {
     /// checks are expected to fail: this shows why the engine needs durable commits.
     #[arg(long, hide = true)]
     pub(crate) server_commit_mode: bool,
+    /// Run the private cluster with `fsync=off` and `full_page_writes=off` (faster, but a
+    /// server crash could lose data; the default is full durability).
+    #[arg(long)]
+    pub(crate) fast_unsafe: bool,
 
     /// Internal: run as one engine process of the fleet.
     #[arg(long, hide = true)]
@@ -81,20 +91,23 @@ impl Args {
         for (name, v) in [
             ("--transient", self.transient),
             ("--hang", self.hang),
+            ("--lose-reply", self.lose_reply),
             ("--permanent", self.permanent),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{name} must be between 0 and 1, got {v}"));
             }
         }
-        if self.transient + self.hang > 1.0 {
-            return Err("--transient plus --hang must not exceed 1".into());
+        if self.transient + self.hang + self.lose_reply > 1.0 {
+            return Err(
+                "--transient, --hang and --lose-reply must not add up to more than 1".into(),
+            );
         }
         if self.processes == 0 || self.orders == 0 {
             return Err("--processes and --orders must be at least 1".into());
         }
-        if self.kill_every_ms != 0 && self.kill_every_ms < 100 {
-            return Err("--kill-every-ms must be 0 (no kills) or at least 100".into());
+        if self.kills >= self.orders as u64 {
+            return Err("--kills must be below --orders (kills are spread over the runs)".into());
         }
         if self.timeout_secs == 0 {
             return Err("--timeout-secs must be positive".into());

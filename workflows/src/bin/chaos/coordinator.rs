@@ -32,8 +32,12 @@ use super::worker;
 const SUBMITTERS: usize = 16;
 /// Attempts per submission before it counts as failed.
 const SUBMIT_ATTEMPTS: u32 = 20;
-/// How often the coordinator looks at the run counts.
-const POLL: Duration = Duration::from_millis(500);
+/// How often the coordinator looks at the run counts (and decides whether a kill is due).
+const POLL: Duration = Duration::from_millis(100);
+/// How often a rescue watcher looks at the steps a killed process held.
+const RESCUE_POLL: Duration = Duration::from_millis(50);
+/// How long a rescue watcher waits before it reports the steps as never rescued.
+const RESCUE_GIVE_UP: Duration = Duration::from_secs(120);
 /// How often it prints a progress line.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -128,9 +132,10 @@ async fn durability(store: &Store) -> String {
             .unwrap_or_else(|| "?".into())
     };
     format!(
-        "fsync={} · synchronous_commit={}",
+        "fsync={} · synchronous_commit={} · full_page_writes={}",
         show("fsync").await,
-        show("synchronous_commit").await
+        show("synchronous_commit").await,
+        show("full_page_writes").await
     )
 }
 
@@ -147,11 +152,12 @@ pub(crate) async fn run(args: Args) -> u8 {
     }
     init_logging();
     println!(
-        "sagaflow-chaos · {} engine processes · {} orders · faults {} transient, {} hang, {} terminal · seed {}",
+        "sagaflow-chaos · {} engine processes · {} orders · faults {} transient, {} hang, {} lost replies, {} terminal · seed {}",
         args.processes,
         args.orders,
         pct(args.transient),
         pct(args.hang),
+        pct(args.lose_reply),
         pct(args.permanent),
         args.seed
     );
@@ -167,6 +173,12 @@ pub(crate) async fn run(args: Args) -> u8 {
                 Ok(Ok(mut c)) => {
                     c.keep = args.keep_db;
                     let url = c.url.clone();
+                    if !args.fast_unsafe
+                        && let Err(e) = postgres::make_durable(&url).await
+                    {
+                        eprintln!("error: cannot switch the cluster to full durability: {e}");
+                        return 2;
+                    }
                     println!(
                         "  postgres: private throwaway cluster in {}",
                         c.dir.display()
@@ -244,6 +256,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     let services = Services::new(ServicePlans::uniform(FaultPlan {
         transient: args.transient,
         hang: args.hang,
+        lose_reply: args.lose_reply,
         permanent: args.permanent,
         ..FaultPlan::seeded(args.seed)
     }));
@@ -259,18 +272,15 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         log_dir.display()
     );
     println!(
-        "  engine: deadline {:?} (cap {:?}) · {} failures max · lease {:?}/{:?} · sweep {:?} · kill every {}",
+        "  engine: deadline {:?} (cap {:?}) · {} failures max · lease {:?}/{:?} · sweep {:?} · heartbeat defaults · {} SIGKILLs, one per {} ended runs",
         worker::DEADLINE,
         worker::DEADLINE_CAP,
         worker::MAX_FAILURES,
         worker::LEASE_TTL,
         worker::LEASE_RENEW,
         worker::SWEEP,
-        if args.kill_every_ms == 0 {
-            "never".to_owned()
-        } else {
-            format!("{} ms", args.kill_every_ms)
-        }
+        args.kills,
+        args.orders as u64 / (args.kills + 1)
     );
     let logs_are_ours = args.log_dir.is_none();
     let logs_at = log_dir.clone();
@@ -312,9 +322,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
 
     let mut stats = ChaosStats::default();
     let mut rng = StdRng::seed_from_u64(args.seed ^ 0x5eed_c4a0_5000_0001);
-    let kill_every = Duration::from_millis(args.kill_every_ms.max(1));
-    let mut kill_tick =
-        tokio::time::interval_at(tokio::time::Instant::now() + kill_every, kill_every);
+    let mut rescues = tokio::task::JoinSet::new();
     let mut poll_tick = tokio::time::interval(POLL);
     let mut last_progress = Instant::now();
     let mut restarting: Option<(Duration, JoinHandle<Result<Duration, String>>)> = None;
@@ -325,12 +333,6 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
 
     let ending = loop {
         tokio::select! {
-            _ = kill_tick.tick(), if args.kill_every_ms > 0 => {
-                let slot = rng.random_range(0..fleet.len());
-                if let Err(e) = fleet.kill_and_restart(slot) {
-                    return Err(format!("cannot restart engine process {slot}: {e}"));
-                }
-            }
             _ = poll_tick.tick() => {
                 if Instant::now() >= deadline {
                     break Ending::TimedOut;
@@ -376,6 +378,16 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                 let terminal = count(RunState::Completed) + count(RunState::Compensated) + count(RunState::Error);
                 let total: i64 = counts.iter().map(|(_, c)| *c).sum();
                 let expected = submitted.as_ref().map(|s| s.ids.iter().flatten().count());
+                // Kills follow progress: the k-th when k / (kills + 1) of the orders ended.
+                let due = u64::try_from(terminal).unwrap_or(0) * (args.kills + 1)
+                    / args.orders as u64;
+                if fleet.kills < due.min(args.kills) {
+                    let slot = rng.random_range(0..fleet.len());
+                    let victim = fleet
+                        .kill_and_restart(slot)
+                        .map_err(|e| format!("cannot restart engine process {slot}: {e}"))?;
+                    rescues.spawn(rescue_time(store.clone(), victim, Instant::now()));
+                }
                 // Restart PostgreSQL once, when a third of the orders are done: the fleet is
                 // busy with the rest.
                 if let Some(target) = &restart
@@ -401,7 +413,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                 }
                 // The chaos must happen, however quick the run: one kill and the restart.
                 let restart_done = restart.is_none() || stats.pg_restart.is_some();
-                let killed = args.kill_every_ms == 0 || fleet.kills > 0;
+                let killed = fleet.kills >= args.kills;
                 if let Some(expected) = expected
                     && restart_done
                     && killed
@@ -459,6 +471,13 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                 at: elapsed,
                 result,
             });
+        }
+    }
+    while let Some(r) = rescues.join_next().await {
+        match r {
+            Ok(Some(took)) => stats.rescues.push(took),
+            Ok(None) => stats.idle_kills += 1,
+            Err(e) => return Err(format!("rescue watcher: {e}")),
         }
     }
     stats.kills = fleet.kills;
@@ -551,4 +570,34 @@ async fn submit_all(
     }
     while tasks.join_next().await.is_some() {}
     started.elapsed()
+}
+
+/// How long after the SIGKILL of `victim` (at `killed`) every step it held was released to
+/// the queue, or `None` when it held nothing. The released steps are claimed by a live
+/// process at once (they are queued and, on PostgreSQL, announced by NOTIFY).
+async fn rescue_time(store: Store, victim: String, killed: Instant) -> Option<Duration> {
+    let held = loop {
+        match store.step_list_owned(&victim, 10_000).await {
+            Ok(steps) => break steps,
+            // PostgreSQL may be restarting.
+            Err(_) if killed.elapsed() < RESCUE_GIVE_UP => {
+                tokio::time::sleep(RESCUE_POLL).await;
+            }
+            Err(_) => return None,
+        }
+    };
+    if held.is_empty() {
+        return None;
+    }
+    while killed.elapsed() < RESCUE_GIVE_UP {
+        if store
+            .step_list_owned(&victim, 1)
+            .await
+            .is_ok_and(|s| s.is_empty())
+        {
+            return Some(killed.elapsed());
+        }
+        tokio::time::sleep(RESCUE_POLL).await;
+    }
+    Some(RESCUE_GIVE_UP)
 }

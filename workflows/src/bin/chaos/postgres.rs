@@ -184,6 +184,27 @@ pub(crate) fn restart_immediate(
     }
 }
 
+/// Switches a throwaway cluster (started with the test settings of scripts/pg.sh, which
+/// turn durability off) to full durability: `fsync`, `synchronous_commit` and
+/// `full_page_writes` on, as a production server runs. All three take effect on reload.
+pub(crate) async fn make_durable(admin_url: &str) -> Result<(), String> {
+    let conn = Database::connect(admin_url)
+        .await
+        .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
+    for sql in [
+        "ALTER SYSTEM SET fsync = on",
+        "ALTER SYSTEM SET synchronous_commit = on",
+        "ALTER SYSTEM SET full_page_writes = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        conn.execute_unprepared(sql)
+            .await
+            .map_err(|e| format!("{sql} failed: {e}"))?;
+    }
+    let _ = conn.close().await;
+    Ok(())
+}
+
 /// A database created for one chaos run.
 #[derive(Debug)]
 pub(crate) struct ChaosDb {

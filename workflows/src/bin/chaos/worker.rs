@@ -14,9 +14,9 @@ use tracing_subscriber::EnvFilter;
 use super::cli::Args;
 
 /// Deadline of a step's first attempt (the supervisor doubles it after each timeout).
-pub(crate) const DEADLINE: Duration = Duration::from_secs(1);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(3);
 /// Ceiling of the extended deadline.
-pub(crate) const DEADLINE_CAP: Duration = Duration::from_secs(4);
+pub(crate) const DEADLINE_CAP: Duration = Duration::from_secs(6);
 /// Failed attempts (errors and timeouts) at which a step fails for good.
 pub(crate) const MAX_FAILURES: u32 = 4;
 /// Leader lease lifetime and renewal period.
