@@ -265,15 +265,28 @@ impl Store {
         cols: &[(&str, &str)],
         rows: Vec<Vec<Value>>,
     ) -> Result<(String, Vec<Value>)> {
-        let mut json = Vec::with_capacity(rows.len());
-        for row in rows {
-            let mut obj = serde_json::Map::with_capacity(cols.len());
-            for ((name, _), v) in cols.iter().zip(row) {
-                obj.insert((*name).to_owned(), json_value(v)?);
+        // Written straight as JSON text: no map (and no key string) per row and column.
+        let mut json = String::with_capacity(rows.len() * cols.len() * 24 + 2);
+        json.push('[');
+        for (i, row) in rows.into_iter().enumerate() {
+            if i > 0 {
+                json.push(',');
             }
-            json.push(serde_json::Value::Object(obj));
+            json.push('{');
+            for (j, ((name, _), v)) in cols.iter().zip(row).enumerate() {
+                if j > 0 {
+                    json.push(',');
+                }
+                // Column names are plain identifiers of ours: no escaping needed.
+                json.push('"');
+                json.push_str(name);
+                json.push_str("\":");
+                write_json_value(&mut json, v)?;
+            }
+            json.push('}');
         }
-        let param = vec![serde_json::Value::Array(json).to_string().into()];
+        json.push(']');
+        let param = vec![json.into()];
         let source = match self.backend {
             Backend::Postgres => {
                 let defs: Vec<String> = cols.iter().map(|(n, t)| format!("{n} {t}")).collect();
@@ -364,7 +377,41 @@ fn sqlite_cell(expr: &str, uuid: bool) -> String {
     }
 }
 
-/// A bound value as JSON, for [`Store::rows_source`] (only the types sagaflow binds).
+/// Appends a bound value as JSON text, for [`Store::rows_source`] (only the types sagaflow
+/// binds).
+fn write_json_value(out: &mut String, v: Value) -> Result<()> {
+    use std::fmt::Write as _;
+    match v {
+        Value::Bool(Some(b)) => out.push_str(if b { "true" } else { "false" }),
+        Value::Int(Some(i)) => {
+            let _ = write!(out, "{i}");
+        }
+        Value::BigInt(Some(i)) => {
+            let _ = write!(out, "{i}");
+        }
+        Value::String(Some(s)) => {
+            let quoted = serde_json::to_string(&s)
+                .map_err(|e| Error::Config(format!("internal: cannot encode a string: {e}")))?;
+            out.push_str(&quoted);
+        }
+        Value::Uuid(Some(u)) => {
+            let _ = write!(out, "\"{u}\"");
+        }
+        Value::Bool(None)
+        | Value::Int(None)
+        | Value::BigInt(None)
+        | Value::String(None)
+        | Value::Uuid(None) => out.push_str("null"),
+        other => {
+            return Err(Error::Config(format!(
+                "internal: {other:?} cannot be sent in a row batch"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A bound value as JSON, for [`Store::in_list`] (only the types sagaflow binds).
 fn json_value(v: Value) -> Result<serde_json::Value> {
     use serde_json::Value as J;
     Ok(match v {
@@ -392,6 +439,27 @@ fn placeholders(from: usize, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_values_are_written_as_json_text() {
+        let mut out = String::new();
+        for v in [
+            Value::from(true),
+            Value::from(7_i32),
+            Value::from(-9_i64),
+            Value::from("a \"quoted\"\n line".to_owned()),
+            Value::Uuid(Some(uuid::Uuid::nil())),
+            Value::String(None),
+        ] {
+            write_json_value(&mut out, v).expect("supported");
+            out.push(' ');
+        }
+        assert_eq!(
+            out,
+            r#"true 7 -9 "a \"quoted\"\n line" "00000000-0000-0000-0000-000000000000" null "#
+        );
+        assert!(write_json_value(&mut out, Value::Double(Some(1.0))).is_err());
+    }
 
     #[test]
     fn placeholders_are_rewritten_outside_literals_only() {

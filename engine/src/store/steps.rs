@@ -40,11 +40,12 @@ pub enum DeadlineGuard {
 }
 
 impl DeadlineGuard {
-    const fn as_str(self) -> &'static str {
+    /// The condition on the step row.
+    const fn sql(self) -> &'static str {
         match self {
-            Self::Live => "live",
-            Self::Expired => "expired",
-            Self::Any => "any",
+            Self::Live => " AND s.complete_by > {now}",
+            Self::Expired => " AND s.complete_by < {now}",
+            Self::Any => "",
         }
     }
 }
@@ -116,73 +117,17 @@ impl StoreTx<'_> {
         items: &[StepFinish],
         fence: Option<&LeaderFence>,
     ) -> Result<Vec<bool>> {
-        const COLS: [(&str, &str); 13] = [
-            ("vid", "bigint"),
-            ("from_state", "text"),
-            ("attempt", "integer"),
-            ("owner", "text"),
-            ("to_state", "text"),
-            ("guard", "text"),
-            ("output", "text"),
-            ("error", "text"),
-            ("failures", "integer"),
-            ("interruptions", "integer"),
-            ("deadline_ms", "bigint"),
-            ("due_ms", "bigint"),
-            ("maybe", "boolean"),
-        ];
-        let s = self.store;
         let mut done = std::collections::HashSet::with_capacity(items.len());
-        for chunk in items.chunks(FINISH_CHUNK) {
-            let rows = chunk
-                .iter()
-                .map(|it| {
-                    let c = &it.change;
-                    vec![
-                        it.id.into(),
-                        c.from.as_str().into(),
-                        it.attempt.into(),
-                        it.owner.clone().into(),
-                        c.to.as_str().into(),
-                        it.guard.as_str().into(),
-                        it.output.clone().filter(|_| c.store_output).into(),
-                        it.error.as_ref().map(StepError::to_json).into(),
-                        c.failure_count.into(),
-                        c.interruptions.into(),
-                        c.deadline_ms.into(),
-                        c.due_in_ms.into(),
-                        c.maybe_applied.into(),
-                    ]
-                })
-                .collect();
-            let (source, mut values) = s.rows_source(1, &COLS, rows)?;
-            let lease = match fence {
-                Some(f) => {
-                    values.extend([
-                        Value::from(f.name.clone()),
-                        f.holder.clone().into(),
-                        f.term.into(),
-                    ]);
-                    " AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $2 AND holder = $3 \
-                       AND term = $4 AND expires_at > {now})"
-                }
-                None => "",
-            };
-            let sql = format!(
-                "UPDATE sagaflow_steps AS s SET state = v.to_state, locked_by = NULL, complete_by = NULL, \
-                   updated_at = {{now}}, output = COALESCE(v.output, s.output), error = v.error, \
-                   failure_count = v.failures, interruptions = v.interruptions, deadline_ms = v.deadline_ms, \
-                   available_at = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \
-                   maybe_applied = (s.maybe_applied OR v.maybe) \
-                 FROM {source} \
-                 WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \
-                   AND s.locked_by = v.owner \
-                   AND (v.guard = 'any' OR (v.guard = 'live' AND s.complete_by > {{now}}) \
-                        OR (v.guard = 'expired' AND s.complete_by < {{now}})){lease} \
-                 RETURNING id"
-            );
-            for r in self.txn.query_all_raw(s.stmt(&sql, values)).await? {
-                done.insert(r.try_get::<i64>("", "id")?);
+        // One statement per deadline guard (a completion batch has one, a rescue at most
+        // two) and per chunk.
+        for guard in [
+            DeadlineGuard::Live,
+            DeadlineGuard::Expired,
+            DeadlineGuard::Any,
+        ] {
+            let of_guard: Vec<&StepFinish> = items.iter().filter(|it| it.guard == guard).collect();
+            for chunk in of_guard.chunks(FINISH_CHUNK) {
+                done.extend(self.write_chunk(chunk, guard, fence).await?);
             }
         }
         // One history row per applied write, even if a batch carried the same attempt twice.
@@ -203,6 +148,80 @@ impl StoreTx<'_> {
             });
         }
         Ok(items.iter().map(|it| done.contains(&it.id)).collect())
+    }
+
+    /// One fenced write of attempt ends sharing a deadline guard; returns the ids whose
+    /// fence held.
+    async fn write_chunk(
+        &self,
+        chunk: &[&StepFinish],
+        guard: DeadlineGuard,
+        fence: Option<&LeaderFence>,
+    ) -> Result<Vec<i64>> {
+        const COLS: [(&str, &str); 12] = [
+            ("vid", "bigint"),
+            ("from_state", "text"),
+            ("attempt", "integer"),
+            ("owner", "text"),
+            ("to_state", "text"),
+            ("output", "text"),
+            ("error", "text"),
+            ("failures", "integer"),
+            ("interruptions", "integer"),
+            ("deadline_ms", "bigint"),
+            ("due_ms", "bigint"),
+            ("maybe", "boolean"),
+        ];
+        let s = self.store;
+        let rows = chunk
+            .iter()
+            .map(|it| {
+                let c = &it.change;
+                vec![
+                    it.id.into(),
+                    c.from.as_str().into(),
+                    it.attempt.into(),
+                    it.owner.clone().into(),
+                    c.to.as_str().into(),
+                    it.output.clone().filter(|_| c.store_output).into(),
+                    it.error.as_ref().map(StepError::to_json).into(),
+                    c.failure_count.into(),
+                    c.interruptions.into(),
+                    c.deadline_ms.into(),
+                    c.due_in_ms.into(),
+                    c.maybe_applied.into(),
+                ]
+            })
+            .collect();
+        let (source, mut values) = s.rows_source(1, &COLS, rows)?;
+        let lease = match fence {
+            Some(f) => {
+                values.extend([
+                    Value::from(f.name.clone()),
+                    f.holder.clone().into(),
+                    f.term.into(),
+                ]);
+                " AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $2 AND holder = $3 \
+                   AND term = $4 AND expires_at > {now})"
+            }
+            None => "",
+        };
+        let sql = format!(
+            "UPDATE sagaflow_steps AS s SET state = v.to_state, locked_by = NULL, complete_by = NULL, \
+               updated_at = {{now}}, output = COALESCE(v.output, s.output), error = v.error, \
+               failure_count = v.failures, interruptions = v.interruptions, deadline_ms = v.deadline_ms, \
+               available_at = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \
+               maybe_applied = (s.maybe_applied OR v.maybe) \
+             FROM {source} \
+             WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \
+               AND s.locked_by = v.owner{deadline}{lease} \
+             RETURNING id",
+            deadline = guard.sql(),
+        );
+        let rows = self.txn.query_all_raw(s.stmt(&sql, values)).await?;
+        rows.iter()
+            .map(|r| r.try_get::<i64>("", "id").map_err(Into::into))
+            .collect()
     }
 }
 
