@@ -95,12 +95,16 @@ impl Store {
             // bitmap scans stay possible where no index applies; parallel workers are never
             // worth their start-up for statements this small. This also keeps the generic
             // plans PostgreSQL caches for prepared statements on the index path when they were
-            // made while a table was still tiny.
+            // made while a table was still tiny. JIT compilation is off: a disabled scan
+            // keeps its estimated cost of 10^10, which would cross `jit_above_cost` for any
+            // statement that must still scan a small table (the instances, a lease) and spend
+            // hundreds of milliseconds compiling it (seen with pg_stat_statements).
             opts.map_sqlx_postgres_opts(|o| {
                 o.application_name("sagaflow").options([
                     ("enable_seqscan", "off"),
                     ("enable_bitmapscan", "off"),
                     ("max_parallel_workers_per_gather", "0"),
+                    ("jit", "off"),
                 ])
             });
         }
@@ -221,13 +225,13 @@ impl Store {
     /// both showed up at the top of our profiles). PostgreSQL gets an array (`= ANY($n)`),
     /// SQLite a JSON array read by `json_each`. `first` is the number of the placeholder; the
     /// value to bind comes back with the fragment.
-    fn in_list<T: Copy + Into<Value>>(
+    fn in_list<T: Clone + Into<Value>>(
         &self,
         column: &str,
         first: usize,
         ids: &[T],
     ) -> Result<(String, Vec<Value>)> {
-        let values: Vec<Value> = ids.iter().map(|&i| i.into()).collect();
+        let values: Vec<Value> = ids.iter().map(|i| i.clone().into()).collect();
         Ok(match self.backend {
             Backend::Postgres => {
                 let ty = values.first().map_or(ArrayType::BigInt, array_type);

@@ -302,6 +302,10 @@ impl Store {
     /// whose owner instance has not heartbeaten for `stale_after_ms` (dead, frozen or
     /// stopped), whatever their deadline. `owner_dead` tells which.
     ///
+    /// Three index-driven reads rather than one statement with an `OR`: the dead instances
+    /// (a handful of rows), the expired steps (a range of the running-steps index), and, only
+    /// when an instance is dead, the running steps it holds.
+    ///
     /// # Errors
     /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
     pub async fn step_list_rescuable(
@@ -309,19 +313,52 @@ impl Store {
         stale_after_ms: i64,
         limit: u32,
     ) -> Result<Vec<ExpiredStep>> {
-        let dead = "SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $2";
+        let dead: Vec<String> = self
+            .db
+            .query_all_raw(self.stmt(
+                "SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $1",
+                vec![stale_after_ms.into()],
+            ))
+            .await?
+            .iter()
+            .map(|r| r.try_get::<String>("", "id"))
+            .collect::<Result<_, _>>()?;
         let sql = format!(
-            "SELECT {cols}, (locked_by IN ({dead})) AS owner_dead FROM sagaflow_steps \
-             WHERE state IN ('running', 'compensating') \
-               AND (complete_by < {{now}} OR locked_by IN ({dead})) \
+            "SELECT {cols}, FALSE AS owner_dead FROM sagaflow_steps \
+             WHERE state IN ('running', 'compensating') AND complete_by < {{now}} \
              ORDER BY complete_by LIMIT $1",
             cols = ExpiredStep::COLS,
         );
         let rows = self
             .db
-            .query_all_raw(self.stmt(&sql, vec![i64::from(limit).into(), stale_after_ms.into()]))
+            .query_all_raw(self.stmt(&sql, vec![i64::from(limit).into()]))
             .await?;
-        rows.iter().map(ExpiredStep::decode).collect()
+        let mut out = rows
+            .iter()
+            .map(ExpiredStep::decode)
+            .collect::<Result<Vec<_>>>()?;
+        if !dead.is_empty() {
+            let (cond, mut values) = self.in_list("locked_by", 2, &dead)?;
+            values.insert(0, i64::from(limit).into());
+            let sql = format!(
+                "SELECT {cols}, TRUE AS owner_dead FROM sagaflow_steps \
+                 WHERE state IN ('running', 'compensating') AND {cond} \
+                 ORDER BY complete_by LIMIT $1",
+                cols = ExpiredStep::COLS,
+            );
+            let orphans = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+            let mut by_id: std::collections::HashMap<i64, ExpiredStep> =
+                out.into_iter().map(|s| (s.id, s)).collect();
+            for r in &orphans {
+                // An orphan is an interruption, even if its deadline passed too.
+                let s = ExpiredStep::decode(r)?;
+                by_id.insert(s.id, s);
+            }
+            out = by_id.into_values().collect();
+            out.sort_unstable_by_key(|s| s.id);
+            out.truncate(limit as usize);
+        }
+        Ok(out)
     }
 
     /// Running steps held by `owner` (a predecessor of a restarted instance, or this
