@@ -59,8 +59,8 @@ impl Http {
     }
 }
 
-/// 2xx → body. The statuses our services document as answered before acting: 503 →
-/// `Transient`, 429 → `Busy` (with `Retry-After`), 409 → `Conflict`, 422 and other 4xx →
+/// 2xx → body. The statuses our services document as answered before acting: 503 and 408
+/// → `Transient`, 429 → `Busy` (with `Retry-After`), 409 → `Conflict`, 422 and other 4xx →
 /// `Permanent`. Any other status (502, 504, 500…) may come from after the effect was
 /// applied: `Transport`, outcome unknown.
 async fn decode<Resp: DeserializeOwned>(response: reqwest::Response) -> Result<Resp, ServiceError> {
@@ -80,7 +80,10 @@ async fn decode<Resp: DeserializeOwned>(response: reqwest::Response) -> Result<R
         Err(_) => format!("HTTP {status}: {body}"),
     };
     Err(match status {
-        StatusCode::SERVICE_UNAVAILABLE => ServiceError::Transient(message),
+        // 408: the server gave up waiting for the request itself, so it did not act on it.
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT => {
+            ServiceError::Transient(message)
+        }
         StatusCode::TOO_MANY_REQUESTS => ServiceError::Busy {
             message,
             retry_after_ms,
