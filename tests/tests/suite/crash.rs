@@ -8,13 +8,13 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use sagaflow::{RunState, StartOptions, Store};
+use sagaflow::{RunState, Store};
 use sagaflow_tests::{backends, eventually};
-use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
+use sagaflow_workflows::order::{Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{HttpServices, Operation, Scripted, Services, serve};
 use tokio::process::{Child, Command};
 
-use crate::fixtures::order_settings;
+use crate::fixtures::{order_settings, submit_sample_orders};
 
 const ORDERS: usize = 3;
 const DEADLINE_MS: u64 = 1500;
@@ -139,13 +139,7 @@ async fn child_engine() {
         .await
         .expect("child engine");
     let submit: usize = var("SAGAFLOW_CRASH_SUBMIT").parse().expect("count");
-    for n in 0..submit {
-        let o = Order::sample(n);
-        engine
-            .start_with(ORDER_WORKFLOW, &o, StartOptions::keyed(o.order_id.clone()))
-            .await
-            .expect("submit");
-    }
+    submit_sample_orders(&engine, submit).await;
     // Runs until the parent kills it; bounded so an orphan cannot live forever.
     tokio::time::sleep(Duration::from_secs(180)).await;
 }

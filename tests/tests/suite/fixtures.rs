@@ -55,6 +55,13 @@ pub(crate) async fn submit_order(engine: &Engine, n: usize) -> (Uuid, Order) {
     (started.id, order)
 }
 
+/// Starts order sagas for `Order::sample(0..count)`, keyed by order id.
+pub(crate) async fn submit_sample_orders(engine: &Engine, count: usize) {
+    for n in 0..count {
+        submit_order(engine, n).await;
+    }
+}
+
 /// A shared, ordered log that test steps append to.
 #[derive(Clone, Default)]
 pub(crate) struct Log(Arc<Mutex<Vec<String>>>);

@@ -27,7 +27,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::fixtures::order_settings;
+use crate::fixtures::{order_settings, submit_sample_orders};
 
 /// The rescue bound the issue sets for default settings.
 const RESCUE_MAX: Duration = Duration::from_secs(5);
@@ -432,19 +432,15 @@ async fn child_engine() {
     };
     let engine = builder.start().await.expect("child engine");
     let submit: usize = var("SAGAFLOW_INT_SUBMIT").parse().expect("count");
-    for n in 0..submit {
-        if mode == "poison" {
+    if mode == "poison" {
+        for n in 0..submit {
             engine
                 .start_with("poison", &(), StartOptions::keyed(format!("p-{n}")))
                 .await
                 .expect("submit");
-        } else {
-            let o = Order::sample(n);
-            engine
-                .start_with(ORDER_WORKFLOW, &o, StartOptions::keyed(o.order_id.clone()))
-                .await
-                .expect("submit");
         }
+    } else {
+        submit_sample_orders(&engine, submit).await;
     }
     // Runs until the parent kills it; bounded so an orphan cannot live forever.
     tokio::time::sleep(Duration::from_secs(180)).await;
