@@ -182,6 +182,34 @@ impl Store {
         conn: &C,
         runs: &[NewRun],
     ) -> Result<Vec<RunInsertOutcome>> {
+        // Concurrent batches with business keys insert them in one global order (by key), as
+        // transactions lock rows in id order: two batches holding `a, b` and `b, a` could
+        // otherwise wait for each other at the unique index, a deadlock on PostgreSQL.
+        if runs.len() > 1 && runs.iter().any(|r| r.business_key.is_some()) {
+            let mut order: Vec<usize> = (0..runs.len()).collect();
+            order.sort_by(|&a, &b| {
+                (&runs[a].workflow, &runs[a].business_key)
+                    .cmp(&(&runs[b].workflow, &runs[b].business_key))
+            });
+            if order.windows(2).any(|w| w[0] > w[1]) {
+                let sorted: Vec<NewRun> = order.iter().map(|&i| runs[i].clone()).collect();
+                let outcomes = self.run_insert_sorted(conn, &sorted).await?;
+                let mut out = vec![None; runs.len()];
+                for (i, o) in order.into_iter().zip(outcomes) {
+                    out[i] = Some(o);
+                }
+                return Ok(out.into_iter().flatten().collect());
+            }
+        }
+        self.run_insert_sorted(conn, runs).await
+    }
+
+    /// [`Store::run_insert_many`] for runs already in key order.
+    async fn run_insert_sorted<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        runs: &[NewRun],
+    ) -> Result<Vec<RunInsertOutcome>> {
         let mut out = self.run_insert_once(conn, runs).await?;
         for _ in 0..KEY_RACE_RETRIES {
             let lost: Vec<usize> = (0..runs.len()).filter(|&i| out[i].is_none()).collect();

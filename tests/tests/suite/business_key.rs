@@ -232,3 +232,46 @@ async fn business_key_is_freed_when_its_run_is_purged() {
         engine.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn business_key_overlapping_batches_on_two_instances_all_succeed() {
+    const KEYS: usize = 16;
+    for db in backends().await {
+        sagaflow_tests::init_logging();
+        let (a, b) = two_engines(&db).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        // Each instance group-commits its starts; the two walk the keys in opposite orders,
+        // so their batches overlap with the keys in different orders.
+        for round in 0..4 {
+            for k in 0..KEYS {
+                for (engine, key) in [(a.clone(), k), (b.clone(), KEYS - 1 - k)] {
+                    tasks.spawn(async move {
+                        let key = format!("o-{key}");
+                        let started = engine
+                            .start_with("job", &Job { fail: false }, StartOptions::keyed(&key))
+                            .await;
+                        (key, round, started)
+                    });
+                }
+            }
+        }
+        let mut ids: std::collections::HashMap<String, Uuid> = std::collections::HashMap::new();
+        while let Some(r) = tasks.join_next().await {
+            let (key, round, started) = r.expect("task");
+            let started =
+                started.unwrap_or_else(|e| panic!("[{}] {key} round {round}: {e}", db.backend));
+            let first = *ids.entry(key.clone()).or_insert(started.id);
+            assert_eq!(
+                first, started.id,
+                "[{}] one run per key ({key})",
+                db.backend
+            );
+        }
+        assert_eq!(ids.len(), KEYS);
+        for key in ids.keys() {
+            assert_eq!(runs_with_key(&a, key).await, 1, "[{}] {key}", db.backend);
+        }
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
