@@ -129,10 +129,27 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
+    eventually_some(timeout, what, || {
+        let holds = check();
+        async move { holds.await.then_some(()) }
+    })
+    .await;
+}
+
+/// Waits until `probe` yields a value and returns it, polling every 20 ms, at most
+/// `timeout`.
+///
+/// # Panics
+/// When no value comes in time.
+pub async fn eventually_some<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if check().await {
-            return;
+        if let Some(v) = probe().await {
+            return v;
         }
         assert!(
             tokio::time::Instant::now() < deadline,

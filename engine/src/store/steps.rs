@@ -338,22 +338,11 @@ impl Store {
             .map(ExpiredStep::decode)
             .collect::<Result<Vec<_>>>()?;
         if !dead.is_empty() {
-            let (cond, mut values) = self.in_list("locked_by", 2, &dead)?;
-            values.insert(0, i64::from(limit).into());
-            let sql = format!(
-                "SELECT {cols}, TRUE AS owner_dead FROM sagaflow_steps \
-                 WHERE state IN ('running', 'compensating') AND {cond} \
-                 ORDER BY complete_by LIMIT $1",
-                cols = ExpiredStep::COLS,
-            );
-            let orphans = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+            let orphans = self.steps_held_by(&dead, limit).await?;
             let mut by_id: std::collections::HashMap<i64, ExpiredStep> =
                 out.into_iter().map(|s| (s.id, s)).collect();
-            for r in &orphans {
-                // An orphan is an interruption, even if its deadline passed too.
-                let s = ExpiredStep::decode(r)?;
-                by_id.insert(s.id, s);
-            }
+            // An orphan is an interruption, even if its deadline passed too.
+            by_id.extend(orphans.into_iter().map(|s| (s.id, s)));
             out = by_id.into_values().collect();
             out.sort_unstable_by_key(|s| s.id);
             out.truncate(limit as usize);
@@ -367,16 +356,20 @@ impl Store {
     /// # Errors
     /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
     pub async fn step_list_owned(&self, owner: &str, limit: u32) -> Result<Vec<ExpiredStep>> {
+        self.steps_held_by(&[owner.to_owned()], limit).await
+    }
+
+    /// Running steps whose `locked_by` is one of `owners`, marked `owner_dead`.
+    async fn steps_held_by(&self, owners: &[String], limit: u32) -> Result<Vec<ExpiredStep>> {
+        let (cond, mut values) = self.in_list("locked_by", 2, owners)?;
+        values.insert(0, i64::from(limit).into());
         let sql = format!(
             "SELECT {cols}, TRUE AS owner_dead FROM sagaflow_steps \
-             WHERE state IN ('running', 'compensating') AND locked_by = $1 \
-             ORDER BY complete_by LIMIT $2",
+             WHERE state IN ('running', 'compensating') AND {cond} \
+             ORDER BY complete_by LIMIT $1",
             cols = ExpiredStep::COLS,
         );
-        let rows = self
-            .db
-            .query_all_raw(self.stmt(&sql, vec![owner.to_owned().into(), i64::from(limit).into()]))
-            .await?;
+        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
         rows.iter().map(ExpiredStep::decode).collect()
     }
 

@@ -13,6 +13,9 @@
 //! failure threshold and `failed_for_good` at it, an interruption is `interrupted_too_often`
 //! past the interruption cap. Then [`decide`] applies the table's effects to the counters.
 
+use crate::StepError;
+use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
+
 mod doc;
 pub mod operator;
 mod run;
@@ -27,9 +30,6 @@ pub use step::{
     Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_failure,
     on_interruption, on_timeout, step_rule,
 };
-
-use crate::StepError;
-use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
 
 /// The decided end of a running step found by a rescue: an interruption when its owner
 /// instance is dead, frozen or stopped (not a failure; the deadline is not stretched), a

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use sagaflow::advanced::SupervisorConfig;
 use sagaflow::{RetryPolicy, RunState, StartOptions, StepContext, StepError, Store, Workflow};
-use sagaflow_tests::{TestDb, backends, eventually};
+use sagaflow_tests::{TestDb, backends, eventually, eventually_some};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
     HttpServices, Operation, Scripted, ServerHandle, Service, Services, serve,
@@ -89,27 +89,8 @@ fn hangs(services: &Services) -> u64 {
     services.faults(Service::Payments).counts().hang
 }
 
-/// Polls `f` every 20 ms until it yields a value, at most `within`.
-async fn until_some<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn run_of(store: &Store, order: &Order) -> Uuid {
-    until_some(Duration::from_secs(30), "the order's run", || async {
+    eventually_some(Duration::from_secs(30), "the order's run", || async {
         store
             .run_by_key(ORDER_WORKFLOW, &order.order_id)
             .await
@@ -223,7 +204,7 @@ async fn interruption_a_step_that_crashes_its_process_every_time_is_poison() {
                 break Store::connect(&store_url, Some(2)).await.expect("connect");
             }
         };
-        let id = until_some(Duration::from_secs(30), "a poison_step alert", || async {
+        let id = eventually_some(Duration::from_secs(30), "a poison_step alert", || async {
             store
                 .alert_list(None, true)
                 .await
@@ -294,7 +275,7 @@ async fn interruption_rescue_after_sigkill_of_one_of_two_instances_is_within_5s(
         .await;
         let mut survivor = spawn_child(&db, &url, "survivor", Mode::Defaults, 0);
         let store = Store::connect(&db.url, Some(2)).await.expect("connect");
-        until_some(
+        eventually_some(
             Duration::from_secs(30),
             "the survivor to heartbeat",
             || async {
@@ -307,7 +288,7 @@ async fn interruption_rescue_after_sigkill_of_one_of_two_instances_is_within_5s(
         )
         .await;
         let lease = SupervisorConfig::new("-").lease_name;
-        until_some(Duration::from_secs(30), "the victim to lead", || async {
+        eventually_some(Duration::from_secs(30), "the victim to lead", || async {
             let f = store.leader_current(&lease).await.ok()??;
             (f.holder == "victim").then_some(())
         })
@@ -344,7 +325,7 @@ async fn interruption_restart_under_the_same_id_resumes_and_leads_within_5s() {
         .await;
         let store = Store::connect(&db.url, Some(2)).await.expect("connect");
         let lease = SupervisorConfig::new("-").lease_name;
-        let before = until_some(Duration::from_secs(30), "the instance to lead", || async {
+        let before = eventually_some(Duration::from_secs(30), "the instance to lead", || async {
             store.leader_current(&lease).await.ok().flatten()
         })
         .await;
