@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sagaflow_engine::scheduler::SchedulerConfig;
+use sagaflow_engine::store::{StoreOptions, redact_url};
 use sagaflow_engine::{AlertSink, Error, Registry, Result, Store, TracingSink, Workflow};
 use sagaflow_supervisor::{HEARTBEAT_INTERVAL_DEFAULT, SupervisorConfig};
 
@@ -18,7 +19,7 @@ pub const MAX_INPUT_DEFAULT: usize = 256 * 1024;
 pub struct EngineBuilder {
     url: Option<String>,
     store: Option<Store>,
-    pool_size: Option<u32>,
+    store_options: StoreOptions,
     registry: Registry,
     errors: Vec<Error>,
     sinks: Vec<Arc<dyn AlertSink>>,
@@ -33,7 +34,8 @@ pub struct EngineBuilder {
 impl std::fmt::Debug for EngineBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EngineBuilder")
-            .field("url", &self.url)
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("store_options", &self.store_options)
             .field("scheduler", &self.scheduler)
             .field("supervisor", &self.supervisor)
             .finish_non_exhaustive()
@@ -46,7 +48,7 @@ impl Default for EngineBuilder {
         Self {
             url: None,
             store: None,
-            pool_size: None,
+            store_options: StoreOptions::default(),
             registry: Registry::new(),
             errors: Vec::new(),
             sinks: vec![Arc::new(TracingSink)],
@@ -82,7 +84,22 @@ impl EngineBuilder {
 
     /// PostgreSQL pool size.
     pub fn with_pool_size(mut self, n: u32) -> Self {
-        self.pool_size = Some(n);
+        self.store_options.pool_size = Some(n);
+        self
+    }
+
+    /// How long to wait for the database: to establish a connection, and for a pooled one
+    /// (defaults: 5 s each). An unreachable database fails [`EngineBuilder::start`] after
+    /// `connect` with the driver's cause.
+    pub fn with_connect_timeouts(mut self, connect: Duration, acquire: Duration) -> Self {
+        self.store_options.connect_timeout = connect;
+        self.store_options.acquire_timeout = acquire;
+        self
+    }
+
+    /// All connection settings and PostgreSQL session limits at once (see [`StoreOptions`]).
+    pub fn with_store_options(mut self, options: StoreOptions) -> Self {
+        self.store_options = options;
         self
     }
 
@@ -239,7 +256,7 @@ impl EngineBuilder {
         }
         let store = match (self.store.take(), self.url.take()) {
             (Some(s), _) => s,
-            (None, Some(url)) => Store::connect(&url, self.pool_size).await?,
+            (None, Some(url)) => Store::open(&url, &self.store_options).await?,
             (None, None) => {
                 return Err(Error::Config(
                     "no database: call with_database_url or with_store".into(),

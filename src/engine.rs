@@ -75,6 +75,42 @@ pub struct Started {
     pub state: RunState,
 }
 
+/// The health of an engine instance (see [`Engine::health`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Health {
+    /// Its loops run.
+    Running,
+    /// It was shut down.
+    Stopped,
+    /// It stopped on this fatal error and does no more work.
+    Failed(Error),
+}
+
+/// How often an idle engine checks that its SQLite file is still the one it opened (a busy
+/// one also checks before every claim).
+const DATABASE_CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// Stops the engine when its database is lost: watches the SQLite file's identity and, on a
+/// fatal error from any loop, cancels every loop, so nothing more is claimed or accepted.
+async fn watch_database(store: Store, hub: Arc<Hub>, cancel: CancellationToken) {
+    let check = async {
+        loop {
+            if let Err(e) = store.check_file() {
+                hub.fail(e);
+                return;
+            }
+            tokio::time::sleep(DATABASE_CHECK_EVERY).await;
+        }
+    };
+    tokio::select! {
+        () = check => {}
+        _ = hub.fatal_error() => {}
+        () = cancel.cancelled() => return,
+    }
+    cancel.cancel();
+}
+
 struct Inner {
     store: Store,
     registry: Arc<Registry>,
@@ -154,6 +190,7 @@ impl Engine {
             ));
         }
         let submit = crate::submit::spawn(store.clone(), hub.clone(), &tracker, cancel.clone());
+        tracker.spawn(watch_database(store.clone(), hub.clone(), cancel.clone()));
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
@@ -169,6 +206,23 @@ impl Engine {
                 stopped: std::sync::atomic::AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Whether this instance is running, was shut down, or stopped on a fatal error.
+    pub fn health(&self) -> Health {
+        match self.inner.hub.fatal() {
+            Some(e) => Health::Failed(e),
+            None if self.inner.cancel.is_cancelled() => Health::Stopped,
+            None => Health::Running,
+        }
+    }
+
+    /// Waits until this instance stops on a fatal error (its database lost: an SQLite file
+    /// deleted or replaced under it) and returns the error; waits forever while it is healthy.
+    /// An embedding program selects on it beside its own work to exit, or alert, with the
+    /// reason.
+    pub async fn fatal_error(&self) -> Error {
+        self.inner.hub.fatal_error().await
     }
 
     /// Starts a run of the newest version of `workflow`.
@@ -244,6 +298,9 @@ impl Engine {
         input: &I,
         business_key: Option<String>,
     ) -> Result<NewRun> {
+        if let Some(fatal) = self.inner.hub.fatal() {
+            return Err(fatal);
+        }
         if self.inner.cancel.is_cancelled() {
             return Err(Error::Shutdown);
         }

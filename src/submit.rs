@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use sagaflow_engine::hub::Hub;
 use sagaflow_engine::store::{Backend, NewRun, RunInsertOutcome};
-use sagaflow_engine::{Error, Result, Store};
-use sea_orm::{DbErr, TransactionTrait};
+use sagaflow_engine::{Result, Store};
+use sea_orm::TransactionTrait;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -47,10 +47,10 @@ pub(crate) fn spawn(
                     hub.claim.notify_one();
                 }
                 Err(e) => {
-                    // One transaction, one fate: every run of the batch was rolled back.
-                    let msg = e.to_string();
+                    // One transaction, one fate: every run of the batch was rolled back, and
+                    // each caller gets the database's own error.
                     for s in batch.drain(..) {
-                        let _ = s.reply.send(Err(Error::Db(DbErr::Custom(msg.clone()))));
+                        let _ = s.reply.send(Err(e.clone()));
                     }
                 }
             }

@@ -3,15 +3,50 @@
 //! Step *outcomes* (a remote service said no) are not engine errors; they are
 //! [`StepError`](crate::StepError) envelopes stored with the step.
 
+use sea_orm::sqlx;
+use sea_orm::{ConnAcquireErr, DbErr, RuntimeErr};
 use uuid::Uuid;
 
 /// Errors raised by the engine's public API and background loops.
-#[derive(Debug, thiserror::Error)]
+///
+/// Database failures keep the driver's own error ([`Error::Db`], [`Error::Connect`]): match
+/// on [`Error::sqlstate`] (PostgreSQL), [`Error::sqlite_code`] (SQLite's extended result
+/// code), or the helpers [`Error::is_unique_violation`] and [`Error::is_connection_lost`].
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The database returned an error or the connection was lost.
+    /// The database returned an error or the connection was lost. The driver's error is kept
+    /// as it was raised (see [`Error::sqlstate`]).
     #[error("database error: {0}")]
-    Db(#[from] sea_orm::DbErr),
+    Db(#[from] DbErr),
+
+    /// The database could not be reached at start: `target` names it without its password,
+    /// `source` is the driver's cause (connection refused, name resolution, authentication,
+    /// TLS, timeout).
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        /// The database, as a URL without password.
+        target: String,
+        /// The driver's error.
+        #[source]
+        source: DbErr,
+    },
+
+    /// The database cannot be written (a read-only file or server, missing privileges): the
+    /// engine refuses to start rather than failing in its loops later.
+    #[error("database {target} is not writable: {source}")]
+    ReadOnly {
+        /// The database, as a URL without password.
+        target: String,
+        /// The driver's error for the probing write.
+        #[source]
+        source: DbErr,
+    },
+
+    /// The engine lost its database for good (an SQLite file deleted or replaced under it):
+    /// it stopped claiming work. See `Engine::health`.
+    #[error("database lost: {0}")]
+    DatabaseLost(String),
 
     /// No workflow of this name is registered with the engine.
     #[error("workflow `{0}` is not registered")]
@@ -124,6 +159,102 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The driver's database error, when this error came from the database.
+    pub fn db_err(&self) -> Option<&DbErr> {
+        match self {
+            Self::Db(e) | Self::Connect { source: e, .. } | Self::ReadOnly { source: e, .. } => {
+                Some(e)
+            }
+            _ => None,
+        }
+    }
+
+    fn sqlx(&self) -> Option<&sqlx::Error> {
+        match self.db_err()? {
+            DbErr::Conn(RuntimeErr::SqlxError(e))
+            | DbErr::Exec(RuntimeErr::SqlxError(e))
+            | DbErr::Query(RuntimeErr::SqlxError(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    fn database_code(&self) -> Option<String> {
+        match self.sqlx()? {
+            sqlx::Error::Database(d) => d.code().map(|c| c.into_owned()),
+            _ => None,
+        }
+    }
+
+    /// The SQLSTATE of a PostgreSQL error (e.g. `23505` for a unique violation).
+    pub fn sqlstate(&self) -> Option<String> {
+        match self.sqlx()? {
+            sqlx::Error::Database(d)
+                if d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some() =>
+            {
+                d.code().map(|c| c.into_owned())
+            }
+            _ => None,
+        }
+    }
+
+    /// The extended result code of an SQLite error (e.g. `2067` for a unique violation,
+    /// `8` for a read-only database).
+    pub fn sqlite_code(&self) -> Option<i32> {
+        match self.sqlx()? {
+            sqlx::Error::Database(d)
+                if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() =>
+            {
+                d.code().and_then(|c| c.parse().ok())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a unique constraint refused the write.
+    pub fn is_unique_violation(&self) -> bool {
+        match self.sqlx() {
+            Some(sqlx::Error::Database(d)) => d.is_unique_violation(),
+            _ => false,
+        }
+    }
+
+    /// Whether the connection to the database failed or was lost (as opposed to a statement
+    /// the database refused): worth retrying once the database is back.
+    pub fn is_connection_lost(&self) -> bool {
+        if matches!(self, Self::Connect { .. } | Self::DatabaseLost(_)) {
+            return true;
+        }
+        if let Some(DbErr::ConnectionAcquire(
+            ConnAcquireErr::Timeout | ConnAcquireErr::ConnectionClosed,
+        )) = self.db_err()
+        {
+            return true;
+        }
+        match self.sqlx() {
+            Some(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Protocol(_),
+            ) => true,
+            Some(sqlx::Error::Database(_)) => {
+                let code = self.database_code().unwrap_or_default();
+                // PostgreSQL: class 08 (connection exception), 57P01-57P03 (the server is
+                // shutting down or restarting). SQLite: SQLITE_IOERR and its extended codes
+                // (the low byte is 10), SQLITE_CANTOPEN (14), SQLITE_READONLY_DBMOVED (1032).
+                code.starts_with("08")
+                    || matches!(code.as_str(), "57P01" | "57P02" | "57P03")
+                    || code
+                        .parse::<i32>()
+                        .is_ok_and(|c| c & 0xff == 10 || c & 0xff == 14 || c == 1032)
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn corrupt(table: &'static str, id: impl ToString, reason: impl ToString) -> Self {
         Self::CorruptRow {
             table,

@@ -4,11 +4,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, watch};
 use uuid::Uuid;
 
-use crate::RunState;
 use crate::store::AlertRow;
+use crate::{Error, RunState};
 
 const EVENT_CAPACITY: usize = 4096;
 
@@ -57,6 +57,8 @@ pub struct Hub {
     pub claim: Notify,
     /// Wakes the evaluation loop (runs marked dirty).
     pub eval: Notify,
+    /// The error that stopped the engine for good, once there is one.
+    fatal: watch::Sender<Option<Error>>,
 }
 
 impl fmt::Debug for Hub {
@@ -76,6 +78,37 @@ impl Hub {
             sinks,
             claim: Notify::new(),
             eval: Notify::new(),
+            fatal: watch::channel(None).0,
+        }
+    }
+
+    /// Records the error that stops this engine instance for good (its database is lost).
+    /// The first one wins and is logged once; later calls change nothing.
+    pub fn fail(&self, error: Error) {
+        let first = self.fatal.send_if_modified(|f| {
+            if f.is_some() {
+                return false;
+            }
+            *f = Some(error.clone());
+            true
+        });
+        if first {
+            tracing::error!(error = %error, "sagaflow engine stopped: {error}");
+        }
+    }
+
+    /// The error that stopped this engine, if one did.
+    pub fn fatal(&self) -> Option<Error> {
+        self.fatal.borrow().clone()
+    }
+
+    /// Waits until a fatal error is recorded, and returns it.
+    pub async fn fatal_error(&self) -> Error {
+        let mut rx = self.fatal.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(f) => f.clone().unwrap_or(Error::Shutdown),
+            // The hub outlives every waiter that holds a reference to it.
+            Err(_) => Error::Shutdown,
         }
     }
 

@@ -55,9 +55,17 @@ async fn main() -> ExitCode {
         Err(e) => return fail(e),
     };
 
-    let code = match run(&args, &engine, &services, &logs).await {
-        Ok(code) => code,
-        Err(e) => {
+    // A lost database (the SQLite file deleted or replaced under the engine) stops the demo
+    // at once with the reason, rather than leaving it waiting for runs that cannot finish.
+    let code = tokio::select! {
+        r = run(&args, &engine, &services, &logs) => match r {
+            Ok(code) => code,
+            Err(e) => {
+                logs.set_bar(None);
+                fail(e)
+            }
+        },
+        e = engine.fatal_error() => {
             logs.set_bar(None);
             fail(e)
         }

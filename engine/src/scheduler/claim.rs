@@ -34,6 +34,12 @@ pub(super) async fn run(
                 Err(_) => break,
             }
         }
+        // A deleted or replaced SQLite file would take every claim and result into a file
+        // nobody reads: stop here and say why (one stat per claim batch).
+        if let Err(e) = s.store.check_file() {
+            s.hub.fail(e);
+            return;
+        }
         let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
         let claimed = match s.store.step_claim(&s.config.owner, &s.keys, limit).await {
             Ok(c) => {

@@ -12,6 +12,7 @@ mod alerts;
 mod instances;
 mod intake;
 mod leases;
+mod open;
 mod postgres;
 mod rows;
 mod runs;
@@ -19,17 +20,19 @@ mod sqlite;
 mod steps;
 mod tx;
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use sea_orm::sea_query::ArrayType;
-use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 
 pub use alerts::{AlertRow, NewAlert};
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::LeaderFence;
+pub use open::{
+    ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+    LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, StoreOptions, redact_url,
+};
 pub use postgres::READY_CHANNEL;
 pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
 pub use steps::{DeadlineGuard, RescueCounts, StepFinish, StepInputs};
@@ -50,79 +53,27 @@ pub enum Backend {
 }
 
 /// The state store (SAS-1): runs, steps, history, alerts and leases.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Store {
     db: DatabaseConnection,
     backend: Backend,
+    /// The database, without password (for errors and `Debug`).
+    target: Arc<str>,
+    /// The SQLite file opened, to notice it deleted or replaced.
+    file: Option<Arc<open::FileIdentity>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the connection: the driver's options print the password.
+        f.debug_struct("Store")
+            .field("backend", &self.backend)
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Store {
-    /// Connects to `url` (`sqlite://path?mode=rwc` or `postgres://…`) and brings the schema up
-    /// to date.
-    ///
-    /// SQLite gets one pooled connection (it has one writer anyway, and a single connection
-    /// rules out lock-upgrade deadlocks between our own transactions) and WAL journaling.
-    ///
-    /// # Errors
-    /// [`Error::Db`] when the database cannot be reached or migrated; [`Error::Config`] for an
-    /// unsupported URL scheme.
-    pub async fn connect(url: &str, pool_size: Option<u32>) -> Result<Self> {
-        let backend = if url.starts_with("sqlite:") {
-            Backend::Sqlite
-        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            Backend::Postgres
-        } else {
-            return Err(Error::Config(format!(
-                "unsupported database URL `{url}` (use sqlite:// or postgres://)"
-            )));
-        };
-        let mut opts = ConnectOptions::new(url.to_owned());
-        opts.sqlx_logging(false)
-            .connect_timeout(Duration::from_secs(10))
-            .acquire_timeout(Duration::from_secs(30))
-            .max_connections(match backend {
-                Backend::Sqlite => 1,
-                // The wake-up listener holds one connection for good.
-                Backend::Postgres => pool_size.unwrap_or(PG_POOL_DEFAULT).max(2),
-            });
-        if backend == Backend::Postgres {
-            // Index-driven plans only (AT-5, JM-4): every statement of the engine reaches its
-            // rows through an index, by key or by the claim's partial index. Left to its
-            // statistics, the planner turns to sequential and bitmap scans whenever a queue
-            // table's statistics are missing or stale (always, in its first minutes; often,
-            // as dead row versions come and go), and in our profiles those plans cost
-            // milliseconds per statement where the index path costs tenths. Sequential and
-            // bitmap scans stay possible where no index applies; parallel workers are never
-            // worth their start-up for statements this small. This also keeps the generic
-            // plans PostgreSQL caches for prepared statements on the index path when they were
-            // made while a table was still tiny. JIT compilation is off: a disabled scan
-            // keeps its estimated cost of 10^10, which would cross `jit_above_cost` for any
-            // statement that must still scan a small table (the instances, a lease) and spend
-            // hundreds of milliseconds compiling it (seen with pg_stat_statements).
-            opts.map_sqlx_postgres_opts(|o| {
-                o.application_name("sagaflow").options([
-                    ("enable_seqscan", "off"),
-                    ("enable_bitmapscan", "off"),
-                    ("max_parallel_workers_per_gather", "0"),
-                    ("jit", "off"),
-                ])
-            });
-        }
-        let db = Database::connect(opts).await?;
-        let store = Self::from_connection(db)?;
-        if backend == Backend::Sqlite {
-            store
-                .db
-                .execute_unprepared("PRAGMA journal_mode=WAL")
-                .await?;
-        }
-        sagaflow_migrations::migrate(&store.db).await?;
-        if backend == Backend::Postgres {
-            store.warn_if_commits_are_asynchronous().await;
-        }
-        Ok(store)
-    }
-
     /// sagaflow acts on a commit as soon as it is acknowledged (it claims the next step, calls
     /// the next service). With `synchronous_commit = off`, a PostgreSQL crash can lose commits
     /// that were acknowledged, and a run can then be compensated although a later step already
@@ -157,7 +108,12 @@ impl Store {
             DbBackend::Sqlite => Backend::Sqlite,
             other => return Err(Error::Config(format!("unsupported backend {other:?}"))),
         };
-        Ok(Self { db, backend })
+        Ok(Self {
+            db,
+            backend,
+            target: Arc::from("(an existing connection)"),
+            file: None,
+        })
     }
 
     /// Applies pending migrations.

@@ -3,6 +3,7 @@
 //! `docs/requirements.md`.
 
 mod ambiguous;
+mod bad_input;
 mod business_key;
 mod chaos;
 mod claim;
