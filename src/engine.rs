@@ -562,6 +562,19 @@ impl Operator<'_> {
         Ok(self.after(a))
     }
 
+    /// Releases a run set aside for a damaged row (its error code is `corrupt_row`, and a
+    /// `corrupt_row` alert names the table, row, column and value) once the row is repaired:
+    /// the run goes back to the phase it was in, its parked steps are due again, and it is
+    /// evaluated afresh (a row still damaged sets it aside again).
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`] unless the run was set aside; [`Error::CorruptRow`] while a
+    /// step row is still damaged; [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn release(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::release(&self.engine.inner.store, run_id).await?;
+        Ok(self.after(a))
+    }
+
     /// Records that the effect of `step` was undone by hand after its compensation failed;
     /// the run goes on compensating the remaining steps.
     ///

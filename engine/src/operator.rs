@@ -18,11 +18,12 @@ where
         .lock_run_for_action(run_id)
         .await?
         .ok_or(Error::RunNotFound(run_id))?;
+    // A damaged step row is reported to the operator, who repairs it first.
     let steps = tx
         .steps_of(&[run_id])
         .await?
-        .remove(&run_id)
-        .unwrap_or_default();
+        .take(run_id)
+        .map_err(|d| d.to_error())?;
     let write = plan(&run, &steps)?;
     let applied = tx
         .apply(vec![(run, write)], "operator")
@@ -76,4 +77,14 @@ pub async fn mark_compensated(store: &Store, run_id: Uuid, step: &str) -> Result
         decide::mark_compensated(run, steps, step)
     })
     .await
+}
+
+/// Releases a run set aside for a damaged row, once the row is repaired: the run goes back to
+/// the phase it was in and its parked steps are due again.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run was set aside; [`Error::CorruptRow`] while a
+/// step row is still damaged; [`Error::RunNotFound`]; [`Error::Db`].
+pub async fn release(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
+    act(store, run_id, decide::release).await
 }

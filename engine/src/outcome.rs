@@ -134,6 +134,25 @@ impl StepError {
         )
     }
 
+    /// The code of a failure that is not the step's: the data the attempt needed could not
+    /// be decoded (a damaged row, or stored JSON that no longer matches the workflow's types).
+    /// Nothing was called; the run is set aside for an operator instead of compensated.
+    pub const CORRUPT_ROW: &'static str = "corrupt_row";
+
+    /// The data the attempt needed could not be decoded: `table`, `row` and `reason` (which
+    /// names the column and the offending value) say what. See [`StepError::CORRUPT_ROW`].
+    pub fn corrupt_row(table: &str, row: impl ToString, reason: impl Into<String>) -> Self {
+        Self::refused(Self::CORRUPT_ROW, reason).with_details(serde_json::json!({
+            "table": table,
+            "row": row.to_string(),
+        }))
+    }
+
+    /// Whether this is a [`StepError::CORRUPT_ROW`] report rather than a failure of the step.
+    pub fn is_corrupt_row(&self) -> bool {
+        self.code == Self::CORRUPT_ROW && self.outcome == Outcome::NotApplied
+    }
+
     /// The stored JSON form.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| format!("{{\"code\":\"{}\"}}", self.code))

@@ -154,10 +154,20 @@ impl StepContext {
     /// The run's input, typed.
     ///
     /// # Errors
-    /// A terminal, not-applied [`StepError`] ([`StepError::refused`]) when the input does not
-    /// deserialise into `T`: the step fails before it calls anything.
+    /// A [`StepError::corrupt_row`] when the stored input does not deserialise into `T`:
+    /// nothing is called, and the run is set aside for an operator (the stored data and the
+    /// code disagree; compensating would undo a business that did not fail).
     pub fn input<T: DeserializeOwned>(&self) -> Result<T, StepError> {
-        T::deserialize(&*self.input).map_err(|e| StepError::refused("input", e.to_string()))
+        T::deserialize(&*self.input).map_err(|e| {
+            StepError::corrupt_row(
+                "sagaflow_runs",
+                self.run_id,
+                format!(
+                    "column `input` does not match the type step `{}` reads: {e}",
+                    self.step
+                ),
+            )
+        })
     }
 
     /// The output of a dependency, typed.
@@ -172,7 +182,16 @@ impl StepContext {
                 format!("step `{}` has no dependency `{step}`", self.step),
             )
         })?;
-        T::deserialize(v).map_err(|e| StepError::refused("dependency", format!("`{step}`: {e}")))
+        T::deserialize(v).map_err(|e| {
+            StepError::corrupt_row(
+                "sagaflow_steps",
+                format!("{}/{step}", self.run_id),
+                format!(
+                    "column `output` of step `{step}` does not match the type step `{}` reads: {e}",
+                    self.step
+                ),
+            )
+        })
     }
 
     /// In a compensation: the output the step produced when it completed.
@@ -183,6 +202,12 @@ impl StepContext {
         let v = self.output.as_deref().ok_or_else(|| {
             StepError::refused("output", "only a compensation sees the step's output")
         })?;
-        T::deserialize(v).map_err(|e| StepError::refused("output", e.to_string()))
+        T::deserialize(v).map_err(|e| {
+            StepError::corrupt_row(
+                "sagaflow_steps",
+                format!("{}/{}", self.run_id, self.step),
+                format!("column `output` does not match the type the compensation reads: {e}"),
+            )
+        })
     }
 }

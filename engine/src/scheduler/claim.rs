@@ -143,8 +143,13 @@ fn request(
         owner: s.config.owner.clone(),
     };
     let fail = |lease: StepLease, e: Error| {
-        // Nothing was called: the step could not even start.
-        Box::new((lease, StepError::refused("engine", e.to_string())))
+        // Nothing was called: the step could not even start. Undecodable stored data sets
+        // the run aside; anything else fails the step as refused.
+        let error = match e {
+            Error::CorruptRow { table, id, reason } => StepError::corrupt_row(table, id, reason),
+            other => StepError::refused("engine", other.to_string()),
+        };
+        Box::new((lease, error))
     };
     let Some(wf) = s.registry.by_key(&c.workflow_key) else {
         return Err(fail(lease, Error::WorkflowNotFound(c.workflow_key)));
@@ -174,14 +179,51 @@ fn request(
     let input = match inputs
         .inputs
         .get(&c.run_id)
-        .map(|i| serde_json::from_str(i))
+        .map(|i| (i, serde_json::from_str::<serde_json::Value>(i)))
     {
-        Some(Ok(v)) => Arc::new(v),
-        Some(Err(e)) => return Err(fail(lease, Error::corrupt("sagaflow_runs", c.run_id, e))),
+        // The declared input type is checked again: a stored input edited (or written by
+        // other code) since it was accepted is damage, not a business failure.
+        Some((raw, Ok(v))) => match wf.check_input(&v) {
+            Ok(()) => Arc::new(v),
+            Err(e) => {
+                let reason = match e {
+                    Error::InvalidInput { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                return Err(fail(
+                    lease,
+                    Error::corrupt(
+                        "sagaflow_runs",
+                        c.run_id,
+                        format!(
+                            "column `input` holds {}, which does not match the workflow's input type: {reason}",
+                            crate::store::quote(raw)
+                        ),
+                    ),
+                ));
+            }
+        },
+        Some((raw, Err(e))) => {
+            return Err(fail(
+                lease,
+                Error::corrupt(
+                    "sagaflow_runs",
+                    c.run_id,
+                    format!(
+                        "column `input` holds {}, which is not JSON: {e}",
+                        crate::store::quote(raw)
+                    ),
+                ),
+            ));
+        }
         None => {
             return Err(fail(
                 lease,
-                Error::corrupt("sagaflow_runs", c.run_id, "run row missing"),
+                Error::corrupt(
+                    "sagaflow_runs",
+                    c.run_id,
+                    "run row missing or its input unreadable",
+                ),
             ));
         }
     };
@@ -192,14 +234,38 @@ fn request(
                 Ok(v) => {
                     deps.insert(dep.to_owned(), v);
                 }
-                Err(e) => return Err(fail(lease, Error::corrupt("sagaflow_steps", dep, e))),
+                Err(e) => {
+                    return Err(fail(
+                        lease,
+                        Error::corrupt(
+                            "sagaflow_steps",
+                            format!("{}/{dep}", c.run_id),
+                            format!(
+                                "column `output` holds {}, which is not JSON: {e}",
+                                crate::store::quote(raw)
+                            ),
+                        ),
+                    ));
+                }
             }
         }
     }
     let output = match (&c.output, compensation) {
         (Some(raw), true) => match serde_json::from_str(raw) {
             Ok(v) => Some(Arc::new(v)),
-            Err(e) => return Err(fail(lease, Error::corrupt("sagaflow_steps", c.id, e))),
+            Err(e) => {
+                return Err(fail(
+                    lease,
+                    Error::corrupt(
+                        "sagaflow_steps",
+                        c.id,
+                        format!(
+                            "column `output` holds {}, which is not JSON: {e}",
+                            crate::store::quote(raw)
+                        ),
+                    ),
+                ));
+            }
         },
         _ => None,
     };

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use tokio::sync::{Mutex, mpsc};
@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::evaluate::evaluate_runs;
 use super::{ErrorStreak, Scheduler, pause};
 use crate::protocol::AgentResponse;
-use crate::store::{DeadlineGuard, EvalApplied, StepFinish, Store};
+use crate::store::{AlertRow, Damage, DeadlineGuard, EvalApplied, StepFinish, Store};
 use crate::transition::{self, StepChange, Trigger};
 use crate::{Error, Registry, StepError};
 
@@ -59,6 +59,9 @@ pub(super) async fn run(
                     let applied = outcome.applied;
                     for a in &outcome.evaluated {
                         super::evaluate::after_eval(&s, a);
+                    }
+                    for a in &outcome.set_aside {
+                        s.hub.alert(a);
                     }
                     if !outcome.failed.is_empty() {
                         // Left marked: the evaluation loop retries them and raises alerts.
@@ -110,6 +113,8 @@ pub struct FinishOutcome {
     pub evaluated: Vec<EvalApplied>,
     /// Runs whose evaluation failed (left marked for the evaluation loop).
     pub failed: Vec<(Uuid, Error)>,
+    /// Alerts raised for runs set aside for a damaged row.
+    pub set_aside: Vec<AlertRow>,
 }
 
 /// One completion batch as one unit of work: lock the batch's runs (in id order), write the
@@ -128,13 +133,43 @@ pub async fn finish_batch(
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
     let runs = tx.lock_runs(&run_ids, false).await?;
     let applied = tx.write_attempts(items, None).await?;
-    let (evaluated, failed) = evaluate_runs(&mut tx, registry, runs, actor).await?;
+    // Attempts that found their data undecodable (and still held their lease) set their runs
+    // aside; every other result of the batch is written and evaluated as usual.
+    let damaged: HashMap<Uuid, Damage> = items
+        .iter()
+        .zip(&applied)
+        .filter(|(i, ok)| **ok && i.change.on == Trigger::SetAside)
+        .filter_map(|(i, _)| i.error.as_ref().map(|e| (i.run_id, damage(i.run_id, e))))
+        .collect();
+    let out = evaluate_runs(&mut tx, registry, runs, damaged, actor).await?;
     tx.commit().await?;
     Ok(FinishOutcome {
         applied,
-        evaluated,
-        failed,
+        evaluated: out.applied,
+        failed: out.failed,
+        set_aside: out.set_aside,
     })
+}
+
+/// The damage an attempt reported with [`StepError::corrupt_row`].
+fn damage(run_id: Uuid, e: &StepError) -> Damage {
+    let detail = |k: &str| {
+        e.details
+            .as_ref()
+            .and_then(|d| d[k].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    Damage {
+        run_id,
+        table: if detail("table") == "sagaflow_runs" {
+            "sagaflow_runs"
+        } else {
+            "sagaflow_steps"
+        },
+        row: detail("row"),
+        reason: e.message.clone(),
+    }
 }
 
 /// Turns an agent's answer into the decided end of its attempt: success, retry after backoff,
@@ -160,6 +195,8 @@ fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
     let c = lease.counters;
     let (on, output, error) = match result {
         Ok(json) => (Trigger::Succeeded, Some(json), None),
+        // Not the step's failure: its data could not be decoded. Nothing was called.
+        Err(error) if error.is_corrupt_row() => (Trigger::SetAside, None, Some(error)),
         Err(error) => (
             transition::on_failure(error.retryable, &c),
             None,

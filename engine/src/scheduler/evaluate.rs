@@ -9,21 +9,22 @@ use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
 use crate::hub::RunEvent;
-use crate::store::{EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
+use crate::store::{AlertRow, Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
 use crate::transition;
-use crate::{Error, Registry};
+use crate::{Error, Registry, RunState};
 
 /// Runs evaluated per poll.
 const EVAL_BATCH: u32 = 128;
-/// How long a run whose evaluation failed on bad data is left alone before another try.
+/// How long a run this engine cannot evaluate (unknown version) is left alone before another
+/// try.
 const POISON_RETRY: Duration = Duration::from_secs(60);
 /// How often to look for unfinished runs of versions this engine does not have.
 const VERSION_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
     let mut streak = ErrorStreak::default();
-    // Runs whose evaluation failed on bad data: alerted once, retried after POISON_RETRY (the
-    // operator may have repaired them), never in a hot loop.
+    // Runs this engine cannot evaluate (a version it lacks): alerted once, retried after
+    // POISON_RETRY (another engine may have taken them), never in a hot loop.
     let mut poisoned: HashMap<Uuid, tokio::time::Instant> = HashMap::new();
     let mut last_version_check: Option<tokio::time::Instant> = None;
     loop {
@@ -53,13 +54,16 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
             .collect();
         let mut progressed = false;
         match evaluate_dirty(&s, &dirty).await {
-            Ok((applied, failed)) => {
-                for a in &applied {
+            Ok(out) => {
+                for a in &out.applied {
                     progressed |= after_eval(&s, a);
                 }
-                for (id, e) in failed {
+                for a in &out.set_aside {
+                    s.hub.alert(a);
+                }
+                for (id, e) in out.failed {
                     poisoned.insert(id, tokio::time::Instant::now());
-                    raise(&s, corrupt_alert(id, &e)).await;
+                    raise(&s, unevaluable_alert(id, &e)).await;
                 }
             }
             Err(e) => streak.failed("evaluating runs", &e),
@@ -75,41 +79,81 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
     }
 }
 
-type Evaluated = (Vec<EvalApplied>, Vec<(Uuid, Error)>);
+/// What an evaluation of several runs did.
+#[derive(Debug, Default)]
+pub struct Evaluated {
+    /// Runs evaluated and their plans applied.
+    pub applied: Vec<EvalApplied>,
+    /// Runs whose plan could not be made for a reason other than damage (a version this
+    /// engine lacks): left marked for evaluation.
+    pub failed: Vec<(Uuid, Error)>,
+    /// Alerts raised for runs set aside for a damaged row.
+    pub set_aside: Vec<AlertRow>,
+}
 
 /// Evaluates runs marked dirty, in one unit of work (those no longer dirty are skipped).
 async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error> {
     if ids.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(Evaluated::default());
     }
     let mut tx = s.store.begin().await?;
     let runs = tx.lock_runs(ids, true).await?;
-    let out = evaluate_runs(&mut tx, &s.registry, runs, &s.config.owner).await?;
+    let out = evaluate_runs(&mut tx, &s.registry, runs, HashMap::new(), &s.config.owner).await?;
     tx.commit().await?;
     Ok(out)
 }
 
 /// Evaluates runs locked by `tx`: reads their steps, asks the transition module for each
-/// run's plan (by its pinned version), and applies the plans. A run whose plan cannot be
-/// made (corrupt data, unknown version) is left marked for evaluation and returned with its
-/// error.
+/// run's plan (by its pinned version), and applies the plans.
+///
+/// A run with a damaged row — its own row or a step's does not decode, its stored data does
+/// not match its definition, or `damaged` names it (an attempt found its data undecodable) —
+/// is set aside (`Error`, one `corrupt_row` alert) and costs nothing else: the other runs of
+/// the batch are evaluated and written. A run whose version this engine lacks is left marked
+/// for evaluation and returned with its error.
 ///
 /// # Errors
 /// [`Error::Db`].
 pub async fn evaluate_runs(
     tx: &mut StoreTx<'_>,
     registry: &Registry,
-    runs: Vec<RunRow>,
+    runs: Vec<Result<RunRow, Damage>>,
+    mut damaged: HashMap<Uuid, Damage>,
     actor: &str,
 ) -> Result<Evaluated, Error> {
-    let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
-    let mut steps = tx.steps_of(&ids).await?;
-    let mut plans = Vec::with_capacity(runs.len());
-    let mut failed = Vec::new();
+    let set_aside_from = transition::set_aside_rule().from;
+    let mut aside: Vec<(Option<RunState>, Damage)> = Vec::new();
+    let mut set_aside = |phase: Option<RunState>, d: Damage| {
+        // A finished run is not reopened for damage found after it finished.
+        if phase.is_none_or(|p| set_aside_from.contains(&p)) {
+            aside.push((phase, d));
+        }
+    };
+    let mut healthy = Vec::with_capacity(runs.len());
     for run in runs {
-        let rows = steps.remove(&run.id).unwrap_or_default();
+        match run {
+            Ok(run) => match damaged.remove(&run.id) {
+                Some(d) => set_aside(Some(run.state), d),
+                None => healthy.push(run),
+            },
+            Err(d) => set_aside(None, d),
+        }
+    }
+    let ids: Vec<Uuid> = healthy.iter().map(|r| r.id).collect();
+    let mut steps = tx.steps_of(&ids).await?;
+    let mut plans = Vec::with_capacity(healthy.len());
+    let mut failed = Vec::new();
+    for run in healthy {
+        let rows = match steps.take(run.id) {
+            Ok(rows) => rows,
+            Err(d) => {
+                set_aside(Some(run.state), d);
+                continue;
+            }
+        };
         match plan_run(registry, &run, &rows) {
             Ok(p) => plans.push((run, p)),
+            Err(e @ Error::CorruptRow { .. }) => set_aside(Some(run.state), Damage::of(run.id, e)),
             Err(e) => failed.push((run.id, e)),
         }
     }
@@ -117,8 +161,13 @@ pub async fn evaluate_runs(
         let ids: Vec<Uuid> = failed.iter().map(|(id, _)| *id).collect();
         tx.mark_dirty(&ids).await?;
     }
+    let set_aside = tx.set_aside(&aside, actor).await?;
     let applied = tx.apply(plans, actor).await?;
-    Ok((applied, failed))
+    Ok(Evaluated {
+        applied,
+        failed,
+        set_aside,
+    })
 }
 
 /// The plan for a run, decided by the transition module for its pinned version.
@@ -189,19 +238,21 @@ async fn check_versions(s: &Scheduler) -> Result<(), Error> {
     Ok(())
 }
 
-fn corrupt_alert(id: Uuid, e: &Error) -> NewAlert {
+/// A run this engine cannot evaluate for a reason other than damage (its version is not
+/// registered here): left alone and retried every minute.
+fn unevaluable_alert(id: Uuid, e: &Error) -> NewAlert {
     NewAlert {
         run_id: Some(id),
         step: None,
-        kind: "corrupt_row".into(),
-        reason: format!("run cannot be evaluated: {e}"),
+        kind: "unknown_version".into(),
+        reason: format!("run cannot be evaluated by this engine: {e}"),
         attempts: 0,
         actions: vec![
-            "inspect and repair the run's rows; the engine re-evaluates the run every minute"
+            "deploy an engine that registers this version; the run is re-evaluated every minute"
                 .into(),
             "resolve_alert".into(),
         ],
-        open_key: Some(format!("corrupt_row:{id}")),
+        open_key: Some(format!("unknown_version:run:{id}")),
     }
 }
 

@@ -34,9 +34,9 @@ pub use open::{
     LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, StoreOptions, redact_url,
 };
 pub use postgres::READY_CHANNEL;
-pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
+pub use rows::{ClaimedStep, Damage, ExpiredStep, HistoryRow, RunRow, StepRow, quote};
 pub use steps::{DeadlineGuard, RescueCounts, StepFinish, StepInputs};
-pub use tx::{EvalApplied, PlanWrite, StepWrite, StoreTx};
+pub use tx::{EvalApplied, PlanWrite, RunSteps, StepWrite, StoreTx};
 
 use crate::{Error, Result};
 

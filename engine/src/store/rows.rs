@@ -6,6 +6,88 @@ use uuid::Uuid;
 use crate::transition::Counters;
 use crate::{Error, Result, RunState, StepState};
 
+/// Longest offending value quoted in a damage report.
+const QUOTE_MAX: usize = 80;
+
+/// A stored value quoted in an error or alert: truncated, so a huge or hostile value cannot
+/// flood logs.
+pub fn quote(value: &str) -> String {
+    match value.char_indices().nth(QUOTE_MAX) {
+        Some((cut, _)) => format!("`{}…` ({} bytes)", &value[..cut], value.len()),
+        None => format!("`{value}`"),
+    }
+}
+
+/// A row of a run that cannot be decoded: the run is set aside for an operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// The run the row belongs to.
+    pub run_id: Uuid,
+    /// Table.
+    pub table: &'static str,
+    /// The row's id.
+    pub row: String,
+    /// What is wrong: the column and its offending value (truncated).
+    pub reason: String,
+}
+
+impl Damage {
+    /// The damage of `run_id` reported by a decoding error.
+    pub fn of(run_id: Uuid, e: Error) -> Self {
+        match e {
+            Error::CorruptRow { table, id, reason } => Self {
+                run_id,
+                table,
+                row: id,
+                reason,
+            },
+            other => Self {
+                run_id,
+                table: "sagaflow_steps",
+                row: String::new(),
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    /// As an error (for callers that cannot act on a damaged run).
+    pub fn to_error(&self) -> Error {
+        Error::corrupt(self.table, &self.row, &self.reason)
+    }
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} row {}: {}", self.table, self.row, self.reason)
+    }
+}
+
+/// Decodes a state column, naming the column and quoting the value when it is not a state.
+fn state_of<T: std::str::FromStr>(
+    table: &'static str,
+    id: impl ToString,
+    value: &str,
+) -> Result<T> {
+    value.parse().map_err(|_| {
+        Error::corrupt(
+            table,
+            id.to_string(),
+            format!(
+                "column `state` holds {}, which is not a state",
+                quote(value)
+            ),
+        )
+    })
+}
+
+/// Decodes a row, reporting any column that does not decode as a corrupt row of `table`.
+fn columns<T>(table: &'static str, id: impl ToString, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    f().map_err(|e| match e {
+        Error::CorruptRow { .. } => e,
+        other => Error::corrupt(table, id.to_string(), other.to_string()),
+    })
+}
+
 /// One run.
 #[derive(Debug, Clone)]
 pub struct RunRow {
@@ -38,21 +120,21 @@ pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, i
 impl RunRow {
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: Uuid = r.try_get("", "id")?;
-        let state: String = r.try_get("", "state")?;
-        Ok(Self {
-            id,
-            workflow: r.try_get("", "workflow")?,
-            version: r.try_get("", "version")?,
-            business_key: r.try_get("", "business_key")?,
-            state: state
-                .parse()
-                .map_err(|_| Error::corrupt("sagaflow_runs", id, format!("state `{state}`")))?,
-            input: r.try_get("", "input")?,
-            output: r.try_get("", "output")?,
-            error: r.try_get("", "error")?,
-            created_at: r.try_get("", "created_at")?,
-            updated_at: r.try_get("", "updated_at")?,
-            finished_at: r.try_get("", "finished_at")?,
+        columns("sagaflow_runs", id, || {
+            let state: String = r.try_get("", "state")?;
+            Ok(Self {
+                id,
+                workflow: r.try_get("", "workflow")?,
+                version: r.try_get("", "version")?,
+                business_key: r.try_get("", "business_key")?,
+                state: state_of("sagaflow_runs", id, &state)?,
+                input: r.try_get("", "input")?,
+                output: r.try_get("", "output")?,
+                error: r.try_get("", "error")?,
+                created_at: r.try_get("", "created_at")?,
+                updated_at: r.try_get("", "updated_at")?,
+                finished_at: r.try_get("", "finished_at")?,
+            })
         })
     }
 }
@@ -106,14 +188,16 @@ pub(super) const STEP_COLS: &str = "id, run_id, name, state, locked_by, complete
 impl StepRow {
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
+        columns("sagaflow_steps", id, || Self::decode_columns(r, id))
+    }
+
+    fn decode_columns(r: &QueryResult, id: i64) -> Result<Self> {
         let state: String = r.try_get("", "state")?;
         Ok(Self {
             id,
             run_id: r.try_get("", "run_id")?,
             name: r.try_get("", "name")?,
-            state: state
-                .parse()
-                .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            state: state_of("sagaflow_steps", id, &state)?,
             locked_by: r.try_get("", "locked_by")?,
             complete_by: r.try_get("", "complete_by")?,
             available_at: r.try_get("", "available_at")?,
@@ -167,9 +251,7 @@ impl ClaimedStep {
             run_id: r.try_get("", "run_id")?,
             workflow_key: r.try_get("", "workflow_key")?,
             name: r.try_get("", "name")?,
-            state: state
-                .parse()
-                .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            state: state_of("sagaflow_steps", id, &state)?,
             attempt: r.try_get("", "attempt")?,
             counters: counters(r)?,
             complete_by: r.try_get("", "complete_by")?,
@@ -213,9 +295,7 @@ impl ExpiredStep {
             id,
             run_id: r.try_get("", "run_id")?,
             name: r.try_get("", "name")?,
-            state: state
-                .parse()
-                .map_err(|_| Error::corrupt("sagaflow_steps", id, format!("state `{state}`")))?,
+            state: state_of("sagaflow_steps", id, &state)?,
             attempt: r.try_get("", "attempt")?,
             locked_by: r
                 .try_get::<Option<String>>("", "locked_by")?

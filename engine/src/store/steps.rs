@@ -82,6 +82,7 @@ impl StepFinish {
             Trigger::FailedWillRetry => "retry",
             Trigger::TimedOut | Trigger::TimedOutForGood => "timeout",
             Trigger::Interrupted | Trigger::InterruptedTooOften => "interrupted",
+            Trigger::SetAside => "set_aside",
             _ => "failed",
         }
     }
@@ -279,8 +280,11 @@ impl Store {
         let (cond, values) = self.in_list("id", 1, runs)?;
         let sql = format!("SELECT id, input FROM sagaflow_runs WHERE {cond}");
         for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
-            out.inputs
-                .insert(r.try_get("", "id")?, r.try_get("", "input")?);
+            // An unreadable input is left out: the step's request reports it as damage of
+            // that run alone.
+            if let Ok(input) = r.try_get("", "input") {
+                out.inputs.insert(r.try_get("", "id")?, input);
+            }
         }
         if with_outputs.is_empty() {
             return Ok(out);

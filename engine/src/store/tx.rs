@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::alerts::{AlertRow, NewAlert, insert_alert};
 use super::rows::{RUN_COLS, STEP_COLS};
-use super::{Backend, RunRow, StepRow, Store};
+use super::{Backend, Damage, RunRow, StepRow, Store};
 use crate::transition::{Due, Effects, RunTrigger};
 use crate::{Result, RunState, StepState};
 
@@ -92,6 +92,26 @@ pub struct EvalApplied {
     pub stale: usize,
     /// Alert raised, if any.
     pub alert: Option<AlertRow>,
+}
+
+/// The steps of many runs, as read by [`StoreTx::steps_of`]: decoded, or the damage found.
+#[derive(Debug, Default)]
+pub struct RunSteps {
+    steps: HashMap<Uuid, Vec<StepRow>>,
+    damaged: HashMap<Uuid, Damage>,
+}
+
+impl RunSteps {
+    /// The steps of `run` (none when it has no rows), or the damage of one of them.
+    ///
+    /// # Errors
+    /// The [`Damage`] of the first step row of `run` that did not decode.
+    pub fn take(&mut self, run: Uuid) -> std::result::Result<Vec<StepRow>, Damage> {
+        match self.damaged.remove(&run) {
+            Some(d) => Err(d),
+            None => Ok(self.steps.remove(&run).unwrap_or_default()),
+        }
+    }
 }
 
 /// A run's new state with its payload, for one bulk update.
@@ -182,7 +202,11 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
-    pub async fn lock_runs(&mut self, ids: &[Uuid], only_dirty: bool) -> Result<Vec<RunRow>> {
+    pub async fn lock_runs(
+        &mut self,
+        ids: &[Uuid],
+        only_dirty: bool,
+    ) -> Result<Vec<std::result::Result<RunRow, Damage>>> {
         let s = self.store;
         let mut ids = ids.to_vec();
         ids.sort_unstable();
@@ -201,11 +225,12 @@ impl StoreTx<'_> {
                 ),
             };
             for r in &self.txn.query_all_raw(s.stmt(&sql, values)).await? {
-                let run = RunRow::decode(r)?;
+                // A run row that does not decode costs that run, not the batch.
+                let id: Uuid = r.try_get("", "id")?;
                 if r.try_get::<bool>("", "dirty")? {
-                    marked.push(run.id);
+                    marked.push(id);
                 }
-                out.push(run);
+                out.push(RunRow::decode(r).map_err(|e| Damage::of(id, e)));
             }
         }
         for chunk in marked.chunks(CHUNK) {
@@ -236,13 +261,15 @@ impl StoreTx<'_> {
         row.as_ref().map(RunRow::decode).transpose()
     }
 
-    /// The steps of many runs, grouped by run, each run's sorted by id.
+    /// The steps of many runs, grouped by run, each run's sorted by id. A step row that does
+    /// not decode marks its run damaged instead of failing the read.
     ///
     /// # Errors
-    /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
-    pub async fn steps_of(&self, ids: &[Uuid]) -> Result<HashMap<Uuid, Vec<StepRow>>> {
+    /// [`crate::Error::Db`].
+    pub async fn steps_of(&self, ids: &[Uuid]) -> Result<RunSteps> {
         let s = self.store;
         let mut out: HashMap<Uuid, Vec<StepRow>> = HashMap::with_capacity(ids.len());
+        let mut damaged: HashMap<Uuid, Damage> = HashMap::new();
         for chunk in ids.chunks(CHUNK) {
             let (cond, values) = s.in_list("run_id", 1, chunk)?;
             // No `ORDER BY id` here: it would invite a walk of the whole primary key in
@@ -250,14 +277,85 @@ impl StoreTx<'_> {
             let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}");
             let rows = self.txn.query_all_raw(s.stmt(&sql, values)).await?;
             for r in &rows {
-                let step = StepRow::decode(r)?;
-                out.entry(step.run_id).or_default().push(step);
+                match StepRow::decode(r) {
+                    Ok(step) => out.entry(step.run_id).or_default().push(step),
+                    Err(e) => {
+                        let run: Uuid = r.try_get("", "run_id")?;
+                        damaged.entry(run).or_insert_with(|| Damage::of(run, e));
+                    }
+                }
             }
         }
         for steps in out.values_mut() {
             steps.sort_unstable_by_key(|s| s.id);
         }
-        Ok(out)
+        Ok(RunSteps {
+            steps: out,
+            damaged,
+        })
+    }
+
+    /// Sets runs aside for damaged rows, as the run table's
+    /// [`RunTrigger::DamagedRow`](crate::transition::RunTrigger::DamagedRow) rule says: the run
+    /// goes to `Error` with an error envelope naming the damage (code `corrupt_row`, the
+    /// phase it was in), stops being evaluated, and raises one `corrupt_row` alert. Nothing
+    /// is compensated. Returns the alerts raised (an open one for the run is not repeated).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn set_aside(
+        &mut self,
+        runs: &[(Option<RunState>, Damage)],
+        actor: &str,
+    ) -> Result<Vec<AlertRow>> {
+        let s = self.store;
+        let rule = crate::transition::set_aside_rule();
+        let mut alerts = Vec::new();
+        for (phase, d) in runs {
+            let envelope = serde_json::json!({
+                "code": crate::transition::operator::CORRUPT_ROW,
+                "message": d.to_string(),
+                "table": d.table,
+                "row": d.row,
+                "phase": phase.map(RunState::as_str),
+            })
+            .to_string();
+            let sql = "UPDATE sagaflow_runs SET state = $2, error = $3, dirty = FALSE, \
+                       updated_at = {now} WHERE id = $1";
+            self.txn
+                .execute_raw(s.stmt(
+                    sql,
+                    vec![d.run_id.into(), rule.to.as_str().into(), envelope.into()],
+                ))
+                .await?;
+            self.history.push(HistoryEntry {
+                run_id: d.run_id,
+                step: None,
+                event: "set_aside".into(),
+                from: phase.map(|p| p.as_str().to_owned()),
+                to: Some(rule.to.as_str().to_owned()),
+                attempt: None,
+                actor: actor.to_owned(),
+                detail: Some(d.to_string()),
+            });
+            tracing::warn!(run_id = %d.run_id, table = d.table, row = %d.row, "run set aside for a damaged row: {}", d.reason);
+            let alert = NewAlert {
+                run_id: Some(d.run_id),
+                step: None,
+                kind: rule.alert.unwrap_or("corrupt_row").into(),
+                reason: format!(
+                    "run set aside: {d}; it is not compensated, and waits for an operator"
+                ),
+                attempts: 0,
+                actions: vec![
+                    "repair the row, then release the run (Operator::release)".into(),
+                    "resolve_alert".into(),
+                ],
+                open_key: Some(format!("corrupt_row:{}", d.run_id)),
+            };
+            alerts.extend(insert_alert(s, &self.txn, &alert).await?);
+        }
+        Ok(alerts)
     }
 
     /// Marks runs for another evaluation (ids sorted by the caller when the runs are not

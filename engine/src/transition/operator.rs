@@ -168,3 +168,43 @@ pub fn mark_compensated(run: &RunRow, steps: &[StepRow], step: &str) -> Result<P
         Some(detail),
     )
 }
+
+/// Releases a run set aside for a damaged row, once the operator repaired the row: the run
+/// goes back to the phase it was in (forward or compensating) and its parked steps are due
+/// again. The run is evaluated afresh; a row still damaged sets it aside again.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is in `Error` because of a damaged row.
+pub fn release(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
+    const ACTION: &str = "release";
+    require_error(ACTION, run)?;
+    let aside: Option<serde_json::Value> = run
+        .error
+        .as_deref()
+        .and_then(|e| serde_json::from_str(e).ok());
+    let aside = aside.filter(|e| e["code"] == CORRUPT_ROW).ok_or_else(|| {
+        not_allowed(
+            ACTION,
+            run,
+            "the run was not set aside for a damaged row (use resume or retry_step)",
+        )
+    })?;
+    let compensating = match aside["phase"].as_str() {
+        Some("compensating") => true,
+        Some("pending" | "running") => false,
+        _ => was_compensating(steps),
+    };
+    let on = if compensating {
+        RunTrigger::OperatorRetryCompensation
+    } else {
+        RunTrigger::OperatorRetryForward
+    };
+    // Parked steps: queued but never due (the attempt that met the damage gave them back).
+    let w = writes(steps, Trigger::OperatorRelease, |s| {
+        s.available_at.is_none()
+    });
+    action(run, on, w, "operator_release", None)
+}
+
+/// The error code of a run set aside for a damaged row (in the run's error envelope).
+pub const CORRUPT_ROW: &str = "corrupt_row";

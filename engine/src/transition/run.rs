@@ -55,6 +55,9 @@ pub enum RunTrigger {
     OperatorRetryCompensation,
     /// An operator asked for compensation.
     OperatorCompensate,
+    /// A row of the run could not be decoded: the run is set aside for an operator, never
+    /// compensated as if its business had failed.
+    DamagedRow,
 }
 
 impl RunTrigger {
@@ -73,6 +76,7 @@ impl RunTrigger {
             Self::OperatorRetryForward => "operator_retry_forward",
             Self::OperatorRetryCompensation => "operator_retry_compensation",
             Self::OperatorCompensate => "operator_compensate",
+            Self::DamagedRow => "damaged_row",
         }
     }
 }
@@ -147,6 +151,12 @@ pub const RUN_RULES: &[RunRule] = &[
         RunError,
         Some("run_error"),
     ),
+    rule(
+        &[Pending, Running, Compensating, RunError],
+        RunTrigger::DamagedRow,
+        RunError,
+        Some("corrupt_row"),
+    ),
     rule(&[RunError], RunTrigger::OperatorRetryForward, Running, None),
     rule(
         &[RunError],
@@ -167,6 +177,16 @@ pub fn run_rule(from: RunState, on: RunTrigger) -> Option<&'static RunRule> {
     RUN_RULES
         .iter()
         .find(|r| r.on == on && r.from.contains(&from))
+}
+
+/// Where a run with a damaged row goes, and the alert kind it raises: the run table's
+/// [`RunTrigger::DamagedRow`] rule. (A run whose own state cannot be decoded goes there
+/// too.)
+pub fn set_aside_rule() -> &'static RunRule {
+    RUN_RULES
+        .iter()
+        .find(|r| r.on == RunTrigger::DamagedRow)
+        .unwrap_or(&RUN_RULES[0])
 }
 
 /// A step write through the table: `None` when the edge does not exist.

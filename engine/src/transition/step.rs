@@ -36,11 +36,17 @@ pub enum Trigger {
     OperatorRetry,
     /// An operator undid the effect by hand.
     OperatorMarkCompensated,
+    /// The data the attempt needed could not be decoded (a damaged row, or stored JSON that
+    /// no longer matches the workflow's types): nothing was called, the attempt is given
+    /// back without counting, and the step stays parked (not due) while its run is set aside.
+    SetAside,
+    /// An operator released a set-aside run: its parked steps are due again.
+    OperatorRelease,
 }
 
 impl Trigger {
     /// Every trigger.
-    pub const ALL: [Trigger; 13] = [
+    pub const ALL: [Trigger; 15] = [
         Self::Claimed,
         Self::Succeeded,
         Self::FailedWillRetry,
@@ -54,6 +60,8 @@ impl Trigger {
         Self::CompensationDue,
         Self::OperatorRetry,
         Self::OperatorMarkCompensated,
+        Self::SetAside,
+        Self::OperatorRelease,
     ];
 
     /// The name used in history and docs.
@@ -72,6 +80,8 @@ impl Trigger {
             Self::CompensationDue => "compensation_due",
             Self::OperatorRetry => "operator_retry",
             Self::OperatorMarkCompensated => "operator_mark_compensated",
+            Self::SetAside => "set_aside",
+            Self::OperatorRelease => "operator_release",
         }
     }
 }
@@ -166,6 +176,11 @@ const INTERRUPT_FAIL: Effects = Effects {
     ..NONE
 };
 const CLAIM: Effects = NONE;
+/// Due again, counters untouched.
+const RELEASE: Effects = Effects {
+    due: Due::Now,
+    ..NONE
+};
 const DONE: Effects = Effects {
     store_output: true,
     ..NONE
@@ -231,6 +246,7 @@ pub const STEP_RULES: &[StepRule] = &[
         "evaluator",
         QUEUE,
     ),
+    rule(Ready, Trigger::OperatorRelease, Ready, "operator", RELEASE),
     rule(Running, Trigger::Succeeded, Completed, "completion", DONE),
     rule(
         Running,
@@ -240,6 +256,7 @@ pub const STEP_RULES: &[StepRule] = &[
         RETRY,
     ),
     rule(Running, Trigger::FailedForGood, Failed, "completion", FAIL),
+    rule(Running, Trigger::SetAside, Ready, "completion", NONE),
     rule(Running, Trigger::TimedOut, Ready, "supervisor", TIMEOUT),
     rule(
         Running,
@@ -283,6 +300,20 @@ pub const STEP_RULES: &[StepRule] = &[
         Compensating,
         "claim",
         CLAIM,
+    ),
+    rule(
+        CompensationReady,
+        Trigger::OperatorRelease,
+        CompensationReady,
+        "operator",
+        RELEASE,
+    ),
+    rule(
+        Compensating,
+        Trigger::SetAside,
+        CompensationReady,
+        "completion",
+        comp(NONE),
     ),
     rule(
         Compensating,

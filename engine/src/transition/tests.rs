@@ -418,6 +418,7 @@ mod table {
         (Ready, Trigger::Claimed, Running),
         (Ready, Trigger::Dropped, Skipped),
         (Ready, Trigger::CompensationDue, CompensationReady),
+        (Ready, Trigger::OperatorRelease, Ready),
         (Running, Trigger::Succeeded, Completed),
         (Running, Trigger::FailedWillRetry, Ready),
         (Running, Trigger::FailedForGood, Failed),
@@ -425,10 +426,17 @@ mod table {
         (Running, Trigger::TimedOutForGood, Failed),
         (Running, Trigger::Interrupted, Ready),
         (Running, Trigger::InterruptedTooOften, Failed),
+        (Running, Trigger::SetAside, Ready),
         (Completed, Trigger::CompensationDue, CompensationReady),
         (Failed, Trigger::CompensationDue, CompensationReady),
         (Failed, Trigger::OperatorRetry, Ready),
         (CompensationReady, Trigger::Claimed, Compensating),
+        (
+            CompensationReady,
+            Trigger::OperatorRelease,
+            CompensationReady,
+        ),
+        (Compensating, Trigger::SetAside, CompensationReady),
         (Compensating, Trigger::Succeeded, Compensated),
         (Compensating, Trigger::FailedWillRetry, CompensationReady),
         (Compensating, Trigger::FailedForGood, CompensationFailed),
@@ -488,7 +496,8 @@ mod table {
     #[test]
     fn effects_follow_the_rules_of_the_model() {
         for r in STEP_RULES {
-            let queued = matches!(r.to, Ready | CompensationReady);
+            // A set-aside step is queued but parked: never due until an operator releases it.
+            let queued = matches!(r.to, Ready | CompensationReady) && r.on != Trigger::SetAside;
             assert_eq!(
                 r.effects.due != Due::Never,
                 queued,

@@ -3,15 +3,20 @@
 //! finished normally (a fault costs what it touches, never its neighbours). Select them with
 //! `cargo test bad_input`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
 
 use sagaflow::sea_orm::{ConnectionTrait, Database, Statement};
 use sagaflow::{Engine, Error, Health, RunState, StepContext, StepError, Workflow};
-use sagaflow_tests::{TestDb, backends, eventually_some, expect_state, fast_builder, sqlite_db};
+use sagaflow_tests::{
+    TestDb, backends, eventually, eventually_some, expect_state, fast_builder, sqlite_db,
+};
 use sagaflow_workflows::order::ORDER_WORKFLOW;
 use uuid::Uuid;
 
-use crate::fixtures::{OrderRig, order_rig, submit_order};
+use crate::fixtures::{Log, OrderRig, order_rig, submit_order};
 
 /// Healthy order sagas in flight beside the fault.
 struct Neighbours {
@@ -351,16 +356,22 @@ async fn bad_input_sqlite_file_replaced_mid_run() {
     victim.engine.shutdown().await;
 }
 
-/// Runs `sql` (with `{id}` replaced) on the database.
-async fn edit(db: &TestDb, sql: &str) {
+/// Runs `sql` with `$1` bound to `run` on the database, as an operator's (or an accident's)
+/// hand would, and checks that it changed one row.
+async fn edit(db: &TestDb, sql: &str, run: Uuid) {
     let conn = Database::connect(db.url.as_str()).await.expect("connect");
-    conn.execute_raw(Statement::from_string(conn.get_database_backend(), sql))
+    let done = conn
+        .execute_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            sql,
+            [run.into()],
+        ))
         .await
-        .expect("edit");
+        .unwrap_or_else(|e| panic!("[{}] {sql}: {e}", db.backend));
+    assert_eq!(done.rows_affected(), 1, "[{}] {sql}", db.backend);
     let _ = conn.close().await;
 }
 
-#[allow(dead_code)]
 async fn wait_alert(engine: &Engine, kind: &str, run: Uuid) -> sagaflow::AlertRow {
     eventually_some(Duration::from_secs(15), "the alert", || async {
         engine
@@ -372,7 +383,271 @@ async fn wait_alert(engine: &Engine, kind: &str, run: Uuid) -> sagaflow::AlertRo
     .await
 }
 
-#[allow(dead_code)]
-async fn unused(db: &TestDb) {
-    edit(db, "SELECT 1").await;
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Job {
+    n: u32,
+}
+
+/// `gated`: step `a` (compensated: its undo is logged) waits at a gate, then `b` reads the
+/// typed input, then `c`. Every run of a test shares the gate, so their `a` results arrive
+/// together and are written in the same batches.
+fn gated(gate: Arc<Semaphore>, log: Log) -> Workflow {
+    let undo = log.clone();
+    Workflow::builder("gated", 1)
+        .input::<Job>()
+        .step("a", move |_ctx: StepContext| {
+            let gate = gate.clone();
+            async move {
+                gate.acquire()
+                    .await
+                    .map_err(|e| StepError::retryable("gate", e.to_string()))?
+                    .forget();
+                Ok(())
+            }
+        })
+        .compensate(move |ctx: StepContext| {
+            let undo = undo.clone();
+            async move {
+                undo.push(format!("undo {}", ctx.run_id()));
+                Ok(())
+            }
+        })
+        .step("b", |ctx: StepContext| async move {
+            let job: Job = ctx.input()?;
+            Ok(job.n)
+        })
+        .after(["a"])
+        .step("c", noop())
+        .after(["b"])
+        .build()
+        .expect("gated")
+}
+
+struct Gated {
+    engine: Engine,
+    gate: Arc<Semaphore>,
+    log: Log,
+    victim: Uuid,
+    others: Vec<Uuid>,
+}
+
+async fn gated_runs(db: &TestDb) -> Gated {
+    let gate = Arc::new(Semaphore::new(0));
+    let log = Log::default();
+    let engine = sagaflow_tests::engine(db, vec![gated(gate.clone(), log.clone())]).await;
+    let mut ids = Vec::new();
+    for n in 0..=NEIGHBOURS as u32 {
+        ids.push(engine.start("gated", &Job { n }).await.expect("start"));
+    }
+    // Every `a` is in flight (waiting at the gate).
+    eventually(Duration::from_secs(15), "all runs at the gate", || async {
+        let mut running = 0;
+        for id in &ids {
+            let steps = engine.steps(*id).await.unwrap_or_default();
+            running += usize::from(
+                steps
+                    .iter()
+                    .any(|s| s.name == "a" && s.state == sagaflow::StepState::Running),
+            );
+        }
+        running == ids.len()
+    })
+    .await;
+    let victim = ids.remove(NEIGHBOURS / 2);
+    Gated {
+        engine,
+        gate,
+        log,
+        victim,
+        others: ids,
+    }
+}
+
+impl Gated {
+    fn open(&self) {
+        self.gate.add_permits(1_000);
+    }
+
+    /// The victim is set aside with one `corrupt_row` alert naming what `expect` lists, was
+    /// not compensated, and every other run completed.
+    async fn set_aside_alone(&self, backend: &str, expect: &[&str]) {
+        let alert = wait_alert(&self.engine, "corrupt_row", self.victim).await;
+        for part in expect {
+            assert!(
+                alert.reason.contains(part),
+                "[{backend}] alert names {part}: {}",
+                alert.reason
+            );
+        }
+        let run = expect_state(&self.engine, self.victim, RunState::Error, backend).await;
+        let envelope: serde_json::Value =
+            serde_json::from_str(run.error.as_deref().expect("error envelope")).expect("json");
+        assert_eq!(envelope["code"], "corrupt_row", "[{backend}] {envelope}");
+        for id in &self.others {
+            expect_state(&self.engine, *id, RunState::Completed, backend).await;
+        }
+        assert_eq!(
+            self.engine
+                .run_alerts(self.victim)
+                .await
+                .expect("alerts")
+                .len(),
+            1,
+            "[{backend}] one alert"
+        );
+        assert_eq!(
+            self.log.count("undo"),
+            0,
+            "[{backend}] nothing compensated: {:?}",
+            self.log.entries()
+        );
+    }
+
+    /// After the repair, releasing the victim lets it complete.
+    async fn released_completes(&self, backend: &str) {
+        self.engine
+            .operator()
+            .release(self.victim)
+            .await
+            .expect("release");
+        expect_state(&self.engine, self.victim, RunState::Completed, backend).await;
+        assert_eq!(self.log.count("undo"), 0, "[{backend}] nothing compensated");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_step_state_edited_to_an_unknown_value() {
+    for db in backends().await {
+        let g = gated_runs(&db).await;
+        edit(
+            &db,
+            "UPDATE sagaflow_steps SET state = 'bogus' WHERE run_id = $1 AND name = 'c'",
+            g.victim,
+        )
+        .await;
+        g.open();
+        g.set_aside_alone(db.backend, &["sagaflow_steps", "column `state`", "`bogus`"])
+            .await;
+        // Releasing before the repair is refused with the damage named.
+        let e = g
+            .engine
+            .operator()
+            .release(g.victim)
+            .await
+            .expect_err("still damaged");
+        assert!(
+            matches!(&e, Error::CorruptRow { .. }),
+            "[{}] {e}",
+            db.backend
+        );
+        edit(
+            &db,
+            "UPDATE sagaflow_steps SET state = 'not_started' WHERE run_id = $1 AND name = 'c'",
+            g.victim,
+        )
+        .await;
+        g.released_completes(db.backend).await;
+        g.engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_run_input_edited_to_the_wrong_shape() {
+    for db in backends().await {
+        let g = gated_runs(&db).await;
+        edit(
+            &db,
+            r#"UPDATE sagaflow_runs SET input = '{"n":"not a number"}' WHERE id = $1"#,
+            g.victim,
+        )
+        .await;
+        g.open();
+        g.set_aside_alone(
+            db.backend,
+            &["sagaflow_runs", "column `input`", "not a number"],
+        )
+        .await;
+        edit(
+            &db,
+            r#"UPDATE sagaflow_runs SET input = '{"n":7}' WHERE id = $1"#,
+            g.victim,
+        )
+        .await;
+        g.released_completes(db.backend).await;
+        g.engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_run_state_edited_to_an_unknown_value() {
+    for db in backends().await {
+        let g = gated_runs(&db).await;
+        edit(
+            &db,
+            "UPDATE sagaflow_runs SET state = 'bogus' WHERE id = $1",
+            g.victim,
+        )
+        .await;
+        g.open();
+        g.set_aside_alone(db.backend, &["sagaflow_runs", "column `state`", "`bogus`"])
+            .await;
+        g.released_completes(db.backend).await;
+        g.engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_unknown_version() {
+    for db in backends().await {
+        // A client that knows versions 1 and 2 starts a run of version 2; the workers know
+        // only version 1.
+        let v = |version| {
+            Workflow::builder("versioned", version)
+                .step("a", noop())
+                .build()
+                .expect("wf")
+        };
+        let client = fast_builder(&db)
+            .with_workflow(v(1))
+            .with_workflow(v(2))
+            .with_workers(false)
+            .start()
+            .await
+            .expect("client");
+        let pinned = client
+            .start("versioned", &serde_json::json!({}))
+            .await
+            .expect("start v2");
+        let n = neighbours(&db, 0).await;
+        let worker = fast_builder(&db)
+            .with_workflow(v(1))
+            .start()
+            .await
+            .expect("worker");
+        let alert = eventually_some(Duration::from_secs(15), "unknown_version alert", || async {
+            worker
+                .open_alerts()
+                .await
+                .ok()
+                .and_then(|a| a.into_iter().find(|a| a.kind == "unknown_version"))
+        })
+        .await;
+        assert!(
+            alert.reason.contains("versioned@2"),
+            "[{}] {}",
+            db.backend,
+            alert.reason
+        );
+        let run = worker.run(pinned).await.expect("read").expect("run");
+        assert_eq!(
+            run.state,
+            RunState::Pending,
+            "[{}] left untouched",
+            db.backend
+        );
+        n.finished_normally().await;
+        worker.shutdown().await;
+        client.shutdown().await;
+        n.stop().await;
+    }
 }
