@@ -228,6 +228,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Test hook (see `sagaflow_engine::scheduler::Freeze`): the first completion batch
+    /// freezes in the middle of its transaction, and the instance claims nothing more.
+    #[doc(hidden)]
+    pub fn with_freeze_in_transaction(
+        mut self,
+        freeze: Arc<sagaflow_engine::scheduler::Freeze>,
+    ) -> Self {
+        self.scheduler.freeze_in_transaction = Some(freeze);
+        self
+    }
+
     /// Connects, migrates, and starts the scheduler, agents and (unless disabled) the
     /// supervisor.
     ///

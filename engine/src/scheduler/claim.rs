@@ -34,6 +34,14 @@ pub(super) async fn run(
                 Err(_) => break,
             }
         }
+        if s.config
+            .freeze_in_transaction
+            .as_ref()
+            .is_some_and(|f| f.is_frozen())
+        {
+            cancel.cancelled().await;
+            return;
+        }
         // A deleted or replaced SQLite file would take every claim and result into a file
         // nobody reads: stop here and say why (one stat per claim batch).
         if let Err(e) = s.store.check_file() {

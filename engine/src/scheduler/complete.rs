@@ -54,7 +54,20 @@ pub(super) async fn run(
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| decide(&s, r)).collect();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
-            match finish_batch(&s.store, &s.registry, &finishes, &s.config.owner).await {
+            let write = finish_batch_in(
+                &s.store,
+                &s.registry,
+                &finishes,
+                &s.config.owner,
+                s.config.freeze_in_transaction.as_deref(),
+            );
+            // Shutdown does not wait for a write stuck on the database: the transaction is
+            // dropped (rolled back) and the attempts are released as interruptions.
+            let result = tokio::select! {
+                r = write => r,
+                () = cancel.cancelled() => return,
+            };
+            match result {
                 Ok(outcome) => {
                     let applied = outcome.applied;
                     for a in &outcome.evaluated {
@@ -129,10 +142,23 @@ pub async fn finish_batch(
     items: &[StepFinish],
     actor: &str,
 ) -> Result<FinishOutcome, Error> {
+    finish_batch_in(store, registry, items, actor, None).await
+}
+
+async fn finish_batch_in(
+    store: &Store,
+    registry: &Registry,
+    items: &[StepFinish],
+    actor: &str,
+    freeze: Option<&super::Freeze>,
+) -> Result<FinishOutcome, Error> {
     let mut tx = store.begin().await?;
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
     let runs = tx.lock_runs(&run_ids, false).await?;
     let applied = tx.write_attempts(items, None).await?;
+    if let Some(freeze) = freeze {
+        freeze.freeze().await;
+    }
     // Attempts that found their data undecodable (and still held their lease) set their runs
     // aside; every other result of the batch is written and evaluated as usual.
     let damaged: HashMap<Uuid, Damage> = items

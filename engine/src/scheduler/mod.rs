@@ -78,6 +78,32 @@ pub struct SchedulerConfig {
     pub completion_writers: usize,
     /// Largest step output, serialized.
     pub max_payload_bytes: usize,
+    /// Test hook (see [`Freeze`]). Never set outside tests.
+    #[doc(hidden)]
+    pub freeze_in_transaction: Option<std::sync::Arc<Freeze>>,
+}
+
+/// Test hook: the first completion batch that reaches the middle of its transaction (its
+/// runs locked, its results written, nothing committed) stops there for good and notifies
+/// `reached`, and the instance claims nothing more: a process frozen at the worst moment.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct Freeze {
+    /// Notified when the freeze happens.
+    pub reached: tokio::sync::Notify,
+    frozen: std::sync::atomic::AtomicBool,
+}
+
+impl Freeze {
+    pub(crate) fn is_frozen(&self) -> bool {
+        self.frozen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) async fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.reached.notify_one();
+        std::future::pending::<()>().await;
+    }
 }
 
 impl SchedulerConfig {
@@ -93,6 +119,7 @@ impl SchedulerConfig {
             complete_batch: COMPLETE_BATCH_DEFAULT,
             completion_writers: COMPLETION_WRITERS_DEFAULT,
             max_payload_bytes: MAX_PAYLOAD_DEFAULT,
+            freeze_in_transaction: None,
         }
     }
 
