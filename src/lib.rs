@@ -52,7 +52,7 @@ mod submit;
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, OnDuplicate, Operator, StartOptions, Started};
 pub use sagaflow_agents::{Agent, AgentStep, agent_step};
-pub use sagaflow_engine::store::StoreOptions;
+pub use sagaflow_engine::store::{StoreOptions, redact_url};
 pub use sagaflow_engine::{
     AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, KeyPolicy, Outcome, Result,
     RetryPolicy, RunEvent, RunRow, RunState, StepAction, StepContext, StepError, StepKind, StepRow,

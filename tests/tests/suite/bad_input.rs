@@ -651,3 +651,87 @@ async fn bad_input_unknown_version() {
         n.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_step_row_names_an_unknown_step() {
+    for db in backends().await {
+        let g = gated_runs(&db).await;
+        edit(
+            &db,
+            "UPDATE sagaflow_steps SET name = 'ghost' WHERE run_id = $1 AND name = 'c'",
+            g.victim,
+        )
+        .await;
+        g.open();
+        g.set_aside_alone(
+            db.backend,
+            &["sagaflow_steps", "`ghost`", "not in workflow"],
+        )
+        .await;
+        edit(
+            &db,
+            "UPDATE sagaflow_steps SET name = 'c' WHERE run_id = $1 AND name = 'ghost'",
+            g.victim,
+        )
+        .await;
+        g.released_completes(db.backend).await;
+        g.engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_read_only_postgres() {
+    let Some(db) = sagaflow_tests::postgres_db().await else {
+        return;
+    };
+    neighbours_finish(&db, async |_| {
+        // Every transaction of this session is read-only, as on a hot standby.
+        let url = format!("{}?options=-c%20default_transaction_read_only%3Don", db.url);
+        let e = fast_builder(&db)
+            .with_database_url(url)
+            .with_workflow(
+                Workflow::builder("w", 1)
+                    .step("a", noop())
+                    .build()
+                    .expect("wf"),
+            )
+            .start()
+            .await
+            .expect_err("read-only");
+        assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
+        assert_eq!(e.sqlstate().as_deref(), Some("25006"), "{e}");
+    })
+    .await;
+}
+
+/// The database's own error reaches the caller, matchable by SQLSTATE or result code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_database_errors_are_typed() {
+    for db in backends().await {
+        neighbours_finish(&db, async |n| {
+            let conn = n.rig.engine.connection();
+            let insert = "INSERT INTO sagaflow_leases (name, holder, term, expires_at) VALUES ('x', 'h', 1, 0)";
+            let backend = conn.get_database_backend();
+            conn.execute_raw(Statement::from_string(backend, insert))
+                .await
+                .expect("first insert");
+            let e: Error = conn
+                .execute_raw(Statement::from_string(backend, insert))
+                .await
+                .expect_err("duplicate")
+                .into();
+            assert!(e.is_unique_violation(), "[{}] {e}", db.backend);
+            assert!(!e.is_connection_lost(), "[{}] {e}", db.backend);
+            match db.backend {
+                "postgres" => assert_eq!(e.sqlstate().as_deref(), Some("23505"), "{e}"),
+                _ => assert!(
+                    matches!(e.sqlite_code(), Some(1555 | 2067)),
+                    "primary key or unique: {e}"
+                ),
+            }
+            let text = e.to_string();
+            assert!(!text.contains("Custom Error"), "not flattened: {text}");
+        })
+        .await;
+    }
+}

@@ -688,7 +688,7 @@ impl Drop for PrivatePg {
 /// shutdown, crash recovery) while ~50 order sagas run; every run still completes once.
 /// Uses a private cluster so that no other test sees the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_database_restart_mid_run_is_survived() {
+async fn bad_input_postgres_restarted_mid_run() {
     const ORDERS: usize = 50;
     if std::env::var("SAGAFLOW_PG_URL").is_err() {
         let required = std::env::var("SAGAFLOW_REQUIRE_PG").is_ok_and(|v| v == "1")

@@ -9,6 +9,7 @@ mod chaos;
 mod claim;
 mod crash;
 mod definitions;
+mod demo;
 mod failover;
 mod failures;
 mod fixtures;

@@ -29,7 +29,7 @@ pub(crate) fn prepare_database(arg: Option<&str>) -> AnyResult<Database> {
             url: url.to_owned(),
             label: format!(
                 "{kind} {} (used as is; only this demo's runs are counted)",
-                redact(url)
+                sagaflow::redact_url(url)
             ),
             own: false,
         });
@@ -57,18 +57,4 @@ pub(crate) fn prepare_database(arg: Option<&str>) -> AnyResult<Database> {
         label: "SQLite ./.sagaflow/sagaflow-demo.db (fresh file)".to_owned(),
         own: true,
     })
-}
-
-/// Hides the password of `scheme://user:password@host/...`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((userinfo, host)) = rest.split_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
-    }
 }

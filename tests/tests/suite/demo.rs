@@ -1,0 +1,65 @@
+//! The demo stops with the reason, and a non-zero exit, when its SQLite file is deleted
+//! under it (the engine's `fatal_error`).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+/// Where `cargo build --bins` puts the demo for this profile.
+fn demo_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join(format!("sagaflow-demo{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} not found: build it first with `cargo build --workspace --bins`",
+        bin.display()
+    );
+    bin
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_demo_exits_non_zero_when_its_database_file_is_deleted() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("demo.db");
+    // Slow calls keep the demo busy long enough to pull the file from under it.
+    let mut child = Command::new(demo_binary())
+        .args(["--orders", "400", "--latency-ms", "200", "--quiet-logs"])
+        .arg("--database-url")
+        .arg(format!("sqlite://{}?mode=rwc", file.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the demo");
+    // The engine is up once the file is in WAL mode (its write-ahead log exists).
+    let wal = dir.path().join("demo.db-wal");
+    sagaflow_tests::eventually(Duration::from_secs(30), "the demo's engine started", || {
+        let wal = wal.clone();
+        async move { wal.exists() }
+    })
+    .await;
+    std::fs::remove_file(&file).expect("delete the database file");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the demo stops within 20 s")
+        .expect("exit status");
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut stderr).await.expect("stderr");
+    }
+    assert!(
+        !status.success(),
+        "the demo exited with {status}; stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("database lost") && stderr.contains("deleted"),
+        "the reason is printed:\n{stderr}"
+    );
+}
