@@ -4,7 +4,7 @@
 #   bash scripts/test.sh                    # fmt check, clippy, all tests
 #   bash scripts/test.sh -- --nocapture     # extra args go to `cargo test`
 #   bash scripts/test.sh some_test_filter
-#   SAGAFLOW_SKIP_LINT=1 bash scripts/test.sh   # skip fmt + clippy (quick local runs)
+#   SAGAFLOW_SKIP_LINT=1 bash scripts/test.sh   # skip fmt, clippy and doc (quick local runs)
 #
 # It starts a throwaway PostgreSQL cluster (scripts/pg.sh) on 127.0.0.1, runs
 # the tests against it, and stops and deletes it on exit, whatever happens.
@@ -60,6 +60,9 @@ if [[ "${SAGAFLOW_SKIP_LINT:-0}" != "1" ]]; then
 
     banner "cargo clippy --workspace --all-targets --locked -- -D warnings"
     cargo clippy --workspace --all-targets --locked -- -D warnings
+
+    banner "cargo doc --workspace --no-deps --locked (warnings denied)"
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 else
     banner "SAGAFLOW_SKIP_LINT=1: skipping cargo fmt and cargo clippy"
 fi

@@ -1,7 +1,8 @@
 //! Test harness of sagaflow's integration suite (not a public API).
 //!
-//! Every scenario runs against each backend returned by [`backends`]: a fresh SQLite file,
-//! and a fresh PostgreSQL database on the server named by `SAGAFLOW_PG_URL`. When
+//! A scenario runs against each backend returned by [`backends`]: a fresh SQLite file, and a
+//! fresh PostgreSQL database on the server named by `SAGAFLOW_PG_URL` (a few scenarios need
+//! one backend only and use [`sqlite_db`] or [`postgres_db`]). When
 //! `SAGAFLOW_REQUIRE_PG=1` or `CI=true`, a missing or unreachable PostgreSQL fails the test
 //! instead of skipping it.
 

@@ -1,5 +1,6 @@
-//! sagaflow's integration suite. Every scenario runs on SQLite and on PostgreSQL (see
-//! `sagaflow_tests::backends`); requirement IDs are explained in
+//! sagaflow's integration suite. A scenario runs on SQLite and on PostgreSQL (see
+//! `sagaflow_tests::backends`), except the few that test what exists on one backend only;
+//! docs/architecture.md lists them and says why. Requirement IDs are explained in
 //! `docs/requirements.md`.
 
 mod ambiguous;
