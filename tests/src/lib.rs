@@ -196,3 +196,26 @@ pub async fn expect_state(engine: &Engine, id: Uuid, state: RunState, backend: &
     }
     run
 }
+
+/// A binary of the workspace (`sagaflow-demo`, `sagaflow-chaos`, …) built for this test
+/// profile: `cargo test` does not build the binaries of other packages, so build them first
+/// (`cargo build --workspace --bins`, as `scripts/test.sh` does).
+///
+/// # Panics
+/// When the binary is missing.
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/suite-<hash> → target/<profile>/<name>
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} not found: build it first with `cargo build --workspace --bins` (add `--release` \
+         when testing with --release)",
+        bin.display()
+    );
+    bin
+}

@@ -214,14 +214,7 @@ fn request(
         Some((raw, Err(e))) => {
             return Err(fail(
                 lease,
-                Error::corrupt(
-                    "sagaflow_runs",
-                    c.run_id,
-                    format!(
-                        "column `input` holds {}, which is not JSON: {e}",
-                        crate::store::quote(raw)
-                    ),
-                ),
+                not_json("sagaflow_runs", c.run_id, "input", raw, &e),
             ));
         }
         None => {
@@ -243,16 +236,10 @@ fn request(
                     deps.insert(dep.to_owned(), v);
                 }
                 Err(e) => {
+                    let row = format!("{}/{dep}", c.run_id);
                     return Err(fail(
                         lease,
-                        Error::corrupt(
-                            "sagaflow_steps",
-                            format!("{}/{dep}", c.run_id),
-                            format!(
-                                "column `output` holds {}, which is not JSON: {e}",
-                                crate::store::quote(raw)
-                            ),
-                        ),
+                        not_json("sagaflow_steps", row, "output", raw, &e),
                     ));
                 }
             }
@@ -264,14 +251,7 @@ fn request(
             Err(e) => {
                 return Err(fail(
                     lease,
-                    Error::corrupt(
-                        "sagaflow_steps",
-                        c.id,
-                        format!(
-                            "column `output` holds {}, which is not JSON: {e}",
-                            crate::store::quote(raw)
-                        ),
-                    ),
+                    not_json("sagaflow_steps", c.id, "output", raw, &e),
                 ));
             }
         },
@@ -301,4 +281,22 @@ fn request(
         action,
         context,
     })
+}
+
+/// A stored column that is not JSON: damage of its run.
+fn not_json(
+    table: &'static str,
+    row: impl ToString,
+    column: &str,
+    raw: &str,
+    e: &serde_json::Error,
+) -> Error {
+    Error::corrupt(
+        table,
+        row,
+        format!(
+            "column `{column}` holds {}, which is not JSON: {e}",
+            crate::store::quote(raw)
+        ),
+    )
 }

@@ -71,60 +71,55 @@ fn noop()
     |_| std::future::ready(Ok(()))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_cyclic_graph() {
+/// An invalid definition fails at build time naming the problem, while the neighbours run.
+async fn definition_refused(builder: fn() -> sagaflow::WorkflowBuilder, names: &str) {
     for db in backends().await {
         neighbours_finish(&db, async |_| {
-            let e = Workflow::builder("w", 1)
+            let e = builder().build().expect_err("invalid definition");
+            assert!(
+                matches!(&e, Error::InvalidDefinition { reason, .. } if reason.contains(names)),
+                "{e}"
+            );
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_cyclic_graph() {
+    definition_refused(
+        || {
+            Workflow::builder("w", 1)
                 .step("a", noop())
                 .after(["b"])
                 .step("b", noop())
                 .after(["a"])
-                .build()
-                .expect_err("a cycle");
-            assert!(
-                matches!(&e, Error::InvalidDefinition { reason, .. } if reason.contains("cycle")),
-                "{e}"
-            );
-        })
-        .await;
-    }
+        },
+        "cycle",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_duplicate_step() {
-    for db in backends().await {
-        neighbours_finish(&db, async |_| {
-            let e = Workflow::builder("w", 1)
+    definition_refused(
+        || {
+            Workflow::builder("w", 1)
                 .step("a", noop())
                 .step("a", noop())
-                .build()
-                .expect_err("a duplicate");
-            assert!(
-                matches!(&e, Error::InvalidDefinition { reason, .. } if reason.contains("duplicate step name `a`")),
-                "{e}"
-            );
-        })
-        .await;
-    }
+        },
+        "duplicate step name `a`",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_unknown_dependency() {
-    for db in backends().await {
-        neighbours_finish(&db, async |_| {
-            let e = Workflow::builder("w", 1)
-                .step("a", noop())
-                .after(["ghost"])
-                .build()
-                .expect_err("an unknown dependency");
-            assert!(
-                matches!(&e, Error::InvalidDefinition { reason, .. } if reason.contains("unknown step `ghost`")),
-                "{e}"
-            );
-        })
-        .await;
-    }
+    definition_refused(
+        || Workflow::builder("w", 1).step("a", noop()).after(["ghost"]),
+        "unknown step `ghost`",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

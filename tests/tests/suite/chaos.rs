@@ -10,37 +10,17 @@
 //! (`CARGO_BIN_EXE_*` exists only for bins of the same package); it is looked up next to
 //! this test binary, in `target/<profile>/`.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::Command;
-
-/// Where `cargo build --bin sagaflow-chaos` puts the binary for this profile.
-fn chaos_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/suite-<hash> → target/<profile>/sagaflow-chaos
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps");
-    let bin = profile_dir.join(format!("sagaflow-chaos{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} not found: build it first with `cargo build --bin sagaflow-chaos` \
-         (add `--release` when testing with --release); `cargo test` does not build the \
-         binaries of other packages",
-        bin.display()
-    );
-    bin
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
     let Some(db) = sagaflow_tests::postgres_db().await else {
         return;
     };
-    let bin = chaos_binary();
+    let bin = sagaflow_tests::workspace_binary("sagaflow-chaos");
     let child = Command::new(&bin)
         .args([
             "--database-url",

@@ -1,35 +1,18 @@
 //! The demo stops with the reason, and a non-zero exit, when its SQLite file is deleted
 //! under it (the engine's `fatal_error`).
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-/// Where `cargo build --bins` puts the demo for this profile.
-fn demo_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps");
-    let bin = profile_dir.join(format!("sagaflow-demo{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} not found: build it first with `cargo build --workspace --bins`",
-        bin.display()
-    );
-    bin
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_demo_exits_non_zero_when_its_database_file_is_deleted() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("demo.db");
     // Slow calls keep the demo busy long enough to pull the file from under it.
-    let mut child = Command::new(demo_binary())
+    let mut child = Command::new(sagaflow_tests::workspace_binary("sagaflow-demo"))
         .args(["--orders", "400", "--latency-ms", "200", "--quiet-logs"])
         .arg("--database-url")
         .arg(format!("sqlite://{}?mode=rwc", file.display()))
