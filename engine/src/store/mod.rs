@@ -111,10 +111,7 @@ impl Store {
         let db = Database::connect(opts).await?;
         let store = Self::from_connection(db)?;
         if backend == Backend::Sqlite {
-            store
-                .db
-                .execute_unprepared("PRAGMA journal_mode=WAL")
-                .await?;
+            sqlite::enable_wal(&store.db).await?;
         }
         sagaflow_migrations::migrate(&store.db).await?;
         if backend == Backend::Postgres {
