@@ -10,6 +10,7 @@ mod crash;
 mod definitions;
 mod failover;
 mod failures;
+mod first_start;
 mod fixtures;
 mod flow;
 mod interruption;
