@@ -1,16 +1,42 @@
 //! Schema migrations of sagaflow.
 //!
-//! The engine runs [`Migrator::up`] on start. Applied migrations are recorded in the table
-//! [`MIGRATION_TABLE`], never in sea-orm's default `seaql_migrations`, so an embedding
-//! application can keep its own migrator on the same database. Only forward migrations are
-//! offered: `fresh()`/`refresh()` would drop every table of the host database and are not
-//! re-exported.
+//! The engine runs [`migrate`] on start: [`Migrator::up`] under a lock that serialises
+//! concurrent starts (call [`migrate`], not `Migrator::up`, to keep that lock). Applied
+//! migrations are recorded in the table [`MIGRATION_TABLE`], never in sea-orm's default
+//! `seaql_migrations`, so an embedding application can keep its own migrator on the same
+//! database. Only forward migrations are offered: `fresh()`/`refresh()` would drop every
+//! table of the host database and are not re-exported.
 //!
 //! Migrations are plain SQL per backend. They never import the engine's entity structs, so an
 //! old migration keeps meaning what it meant when it shipped.
+//!
+//! # Concurrent starts
+//!
+//! Several engines may start at once on a fresh database: [`migrate`] serialises them. It
+//! runs every pending migration, and the bookkeeping in [`MIGRATION_TABLE`], in **one
+//! transaction** that first takes a database-wide lock:
+//!
+//! - on PostgreSQL, the transaction-level advisory lock [`MIGRATION_LOCK_KEY`]
+//!   (`pg_advisory_xact_lock`), released by the commit or rollback, so it can never outlive
+//!   the transaction or be left on a pooled connection;
+//! - on SQLite, the database's write lock (`BEGIN IMMEDIATE`).
+//!
+//! An engine that finds the lock taken waits for it (on SQLite, for as long as the
+//! connection's busy timeout), then sees the migrations the first engine committed and has
+//! nothing left to apply. DDL is transactional on both backends, so a failed or interrupted
+//! start leaves no migration half-applied; each migration is written to be re-runnable all
+//! the same (`IF NOT EXISTS`, `IF EXISTS`, columns added only when missing), so a schema
+//! half-applied by an older release cannot wedge a start either.
+//!
+//! Because every migration runs inside that transaction, a migration must not use
+//! statements that PostgreSQL refuses in a transaction block (`CREATE INDEX CONCURRENTLY`,
+//! `VACUUM`, …) and must not opt out with `use_transaction() == Some(false)` expecting to
+//! run outside one.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+use sea_orm_migration::sea_orm::{
+    DbBackend, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
 
 mod m0001_initial;
 mod m0002_hot_path;
@@ -18,6 +44,16 @@ mod m0003_outcomes_and_instances;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
+
+/// Key of the PostgreSQL advisory lock held while [`migrate`] runs: the ASCII bytes of
+/// `sagaflow` read as a big-endian 64-bit integer (`0x7361_6761_666c_6f77`). Advisory locks
+/// are per database, so engines of different databases on one server never wait for each
+/// other. An application that uses advisory locks itself should keep clear of this key.
+pub const MIGRATION_LOCK_KEY: i64 = 0x7361_6761_666c_6f77;
+
+/// How long a start on PostgreSQL waits for the migration lock (another engine migrating)
+/// and for the locks its own migrations need, before it fails.
+pub const MIGRATION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Applies sagaflow's schema migrations.
 #[derive(Debug, Clone, Copy, Default)]
@@ -38,12 +74,53 @@ impl MigratorTrait for Migrator {
     }
 }
 
-/// Brings the database schema up to date.
+/// Brings the database schema up to date, one engine at a time.
+///
+/// Applies every pending migration in one transaction under a database-wide lock (see
+/// [Concurrent starts](crate#concurrent-starts)): engines starting at the same moment on a
+/// fresh database wait for one another instead of failing, and all of them start.
 ///
 /// # Errors
-/// Any database error raised while applying a migration.
+/// Any database error raised while taking the lock or applying a migration (nothing is
+/// applied then); on SQLite, `database is locked` when another process holds the write lock
+/// for longer than the busy timeout.
 pub async fn migrate(db: &sea_orm_migration::sea_orm::DatabaseConnection) -> Result<(), DbErr> {
-    Migrator::up(db, None).await
+    let txn = match db.get_database_backend() {
+        DbBackend::Postgres => {
+            let txn = db.begin().await?;
+            // The engine's sessions stop waiting for a lock after a few seconds and for a
+            // statement after half a minute; a start waiting for another engine's migrations,
+            // or a migration rewriting a large table, is allowed longer, in this transaction
+            // only.
+            txn.execute_unprepared(&format!(
+                "SET LOCAL lock_timeout = '{}s'; SET LOCAL statement_timeout = 0",
+                MIGRATION_LOCK_WAIT.as_secs()
+            ))
+            .await?;
+            txn.execute_unprepared(&format!(
+                "SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+            ))
+            .await?;
+            txn
+        }
+        // A deferred transaction would take the write lock only at its first write, and
+        // SQLite cannot wait for a lock upgrade from a stale read snapshot (it fails with
+        // SQLITE_BUSY at once); `BEGIN IMMEDIATE` waits for the write lock up front.
+        DbBackend::Sqlite => {
+            db.begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..TransactionOptions::default()
+            })
+            .await?
+        }
+        other => {
+            return Err(DbErr::Migration(format!(
+                "sagaflow does not support the {other:?} backend"
+            )));
+        }
+    };
+    Migrator::up(&txn, None).await?;
+    txn.commit().await
 }
 
 /// Runs a list of SQL statements, choosing the PostgreSQL or SQLite variant.
@@ -65,5 +142,25 @@ async fn run_all(
     for sql in stmts {
         conn.execute_unprepared(sql).await?;
     }
+    Ok(())
+}
+
+/// Adds a column to a table unless it is there already (SQLite has no
+/// `ADD COLUMN IF NOT EXISTS`). Check and change are safe together under [`migrate`]'s lock.
+async fn add_column_if_missing(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    column: &str,
+    definition: &str,
+) -> Result<(), DbErr> {
+    if manager.has_column(table, column).await? {
+        return Ok(());
+    }
+    manager
+        .get_connection()
+        .execute_unprepared(&format!(
+            "ALTER TABLE {table} ADD COLUMN {column} {definition}"
+        ))
+        .await?;
     Ok(())
 }

@@ -19,9 +19,10 @@ impl MigrationName for Migration {
 
 /// The schema, written once. `{uuid}` and `{serial}` are replaced per backend: PostgreSQL
 /// has a native UUID and BIGSERIAL; SQLite stores UUIDs as 16-byte BLOBs and numbers rows
-/// with INTEGER PRIMARY KEY AUTOINCREMENT.
+/// with INTEGER PRIMARY KEY AUTOINCREMENT. Every statement is `IF NOT EXISTS`, so a run over
+/// a half-created schema completes it.
 const SCHEMA: &[&str] = &[
-    r#"CREATE TABLE sagaflow_runs (
+    r#"CREATE TABLE IF NOT EXISTS sagaflow_runs (
         id {uuid} PRIMARY KEY NOT NULL,
         workflow TEXT NOT NULL,
         version INTEGER NOT NULL,
@@ -37,11 +38,11 @@ const SCHEMA: &[&str] = &[
         updated_at BIGINT NOT NULL,
         finished_at BIGINT NULL
     )"#,
-    "CREATE UNIQUE INDEX sagaflow_runs_active_key ON sagaflow_runs (workflow, active_key)",
-    "CREATE INDEX sagaflow_runs_dirty ON sagaflow_runs (workflow_key, updated_at) WHERE dirty",
-    "CREATE INDEX sagaflow_runs_finished ON sagaflow_runs (finished_at) WHERE finished_at IS NOT NULL",
-    "CREATE INDEX sagaflow_runs_unfinished ON sagaflow_runs (workflow_key) WHERE finished_at IS NULL",
-    r#"CREATE TABLE sagaflow_steps (
+    "CREATE UNIQUE INDEX IF NOT EXISTS sagaflow_runs_active_key ON sagaflow_runs (workflow, active_key)",
+    "CREATE INDEX IF NOT EXISTS sagaflow_runs_dirty ON sagaflow_runs (workflow_key, updated_at) WHERE dirty",
+    "CREATE INDEX IF NOT EXISTS sagaflow_runs_finished ON sagaflow_runs (finished_at) WHERE finished_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS sagaflow_runs_unfinished ON sagaflow_runs (workflow_key) WHERE finished_at IS NULL",
+    r#"CREATE TABLE IF NOT EXISTS sagaflow_steps (
         id {serial},
         run_id {uuid} NOT NULL REFERENCES sagaflow_runs (id) ON DELETE CASCADE,
         workflow_key TEXT NOT NULL,
@@ -63,9 +64,9 @@ const SCHEMA: &[&str] = &[
         updated_at BIGINT NOT NULL,
         UNIQUE (run_id, name)
     )"#,
-    "CREATE INDEX sagaflow_steps_ready ON sagaflow_steps (available_at) WHERE state IN ('ready', 'compensation_ready')",
-    "CREATE INDEX sagaflow_steps_running ON sagaflow_steps (complete_by) WHERE state IN ('running', 'compensating')",
-    r#"CREATE TABLE sagaflow_history (
+    "CREATE INDEX IF NOT EXISTS sagaflow_steps_ready ON sagaflow_steps (available_at) WHERE state IN ('ready', 'compensation_ready')",
+    "CREATE INDEX IF NOT EXISTS sagaflow_steps_running ON sagaflow_steps (complete_by) WHERE state IN ('running', 'compensating')",
+    r#"CREATE TABLE IF NOT EXISTS sagaflow_history (
         id {serial},
         run_id {uuid} NOT NULL,
         step TEXT NULL,
@@ -77,8 +78,8 @@ const SCHEMA: &[&str] = &[
         detail TEXT NULL,
         at BIGINT NOT NULL
     )"#,
-    "CREATE INDEX sagaflow_history_run ON sagaflow_history (run_id, id)",
-    r#"CREATE TABLE sagaflow_alerts (
+    "CREATE INDEX IF NOT EXISTS sagaflow_history_run ON sagaflow_history (run_id, id)",
+    r#"CREATE TABLE IF NOT EXISTS sagaflow_alerts (
         id {serial},
         run_id {uuid} NULL,
         step TEXT NULL,
@@ -90,9 +91,9 @@ const SCHEMA: &[&str] = &[
         created_at BIGINT NOT NULL,
         resolved_at BIGINT NULL
     )"#,
-    "CREATE UNIQUE INDEX sagaflow_alerts_open_key ON sagaflow_alerts (open_key)",
-    "CREATE INDEX sagaflow_alerts_run ON sagaflow_alerts (run_id)",
-    r#"CREATE TABLE sagaflow_leases (
+    "CREATE UNIQUE INDEX IF NOT EXISTS sagaflow_alerts_open_key ON sagaflow_alerts (open_key)",
+    "CREATE INDEX IF NOT EXISTS sagaflow_alerts_run ON sagaflow_alerts (run_id)",
+    r#"CREATE TABLE IF NOT EXISTS sagaflow_leases (
         name TEXT PRIMARY KEY NOT NULL,
         holder TEXT NULL,
         term BIGINT NOT NULL DEFAULT 0,

@@ -13,9 +13,12 @@ pub(crate) struct Migration;
 /// Both backends: the dirty-run index no longer holds `updated_at`, which every run update
 /// changes (an indexed column that changes rules out PostgreSQL's in-place HOT update; the
 /// few dirty runs are sorted at read time instead).
+///
+/// Every statement of `up` can run again over its own result (`IF EXISTS`, `IF NOT EXISTS`,
+/// settings), so a half-applied run of it is completed, not wedged.
 const DIRTY_INDEX: [&str; 2] = [
-    "DROP INDEX sagaflow_runs_dirty",
-    "CREATE INDEX sagaflow_runs_dirty ON sagaflow_runs (workflow_key) WHERE dirty",
+    "DROP INDEX IF EXISTS sagaflow_runs_dirty",
+    "CREATE INDEX IF NOT EXISTS sagaflow_runs_dirty ON sagaflow_runs (workflow_key) WHERE dirty",
 ];
 
 const POSTGRES: &[&str] = &[
@@ -37,10 +40,10 @@ const POSTGRES: &[&str] = &[
     // that also locks the run row). Steps are written only by the engine, in the statement
     // or transaction that writes their run, and leave with the run's completion; a step
     // whose run row is missing is failed at its claim as a corrupt row and never runs.
-    "ALTER TABLE sagaflow_steps DROP CONSTRAINT sagaflow_steps_run_id_fkey",
+    "ALTER TABLE sagaflow_steps DROP CONSTRAINT IF EXISTS sagaflow_steps_run_id_fkey",
     // History is read by run only: one index, (run_id, id), serves as the primary key.
-    "ALTER TABLE sagaflow_history DROP CONSTRAINT sagaflow_history_pkey",
-    "DROP INDEX sagaflow_history_run",
+    "ALTER TABLE sagaflow_history DROP CONSTRAINT IF EXISTS sagaflow_history_pkey",
+    "DROP INDEX IF EXISTS sagaflow_history_run",
     "ALTER TABLE sagaflow_history ADD CONSTRAINT sagaflow_history_pkey PRIMARY KEY (run_id, id)",
 ];
 

@@ -11,23 +11,28 @@
 
 use sea_orm_migration::prelude::*;
 
-use super::run_all;
+use super::{add_column_if_missing, run_all};
 
 /// The migration.
 #[derive(DeriveMigrationName)]
 pub(crate) struct Migration;
 
+/// Columns added to `sagaflow_steps` (each only when missing, so `up` can run again over a
+/// half-applied state).
+const STEP_COLUMNS: &[(&str, &str)] = &[
+    ("interruptions", "INTEGER NOT NULL DEFAULT 0"),
+    ("max_interruptions", "INTEGER NOT NULL DEFAULT 5"),
+];
+
 const BOTH: &[&str] = &[
-    "ALTER TABLE sagaflow_steps ADD COLUMN interruptions INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE sagaflow_steps ADD COLUMN max_interruptions INTEGER NOT NULL DEFAULT 5",
-    r#"CREATE TABLE sagaflow_instances (
+    r#"CREATE TABLE IF NOT EXISTS sagaflow_instances (
         id TEXT PRIMARY KEY NOT NULL,
         incarnation TEXT NOT NULL,
         started_at BIGINT NOT NULL,
         heartbeat_at BIGINT NOT NULL,
         stopped_at BIGINT NULL
     )"#,
-    "CREATE INDEX sagaflow_runs_business_key ON sagaflow_runs (workflow, business_key) \
+    "CREATE INDEX IF NOT EXISTS sagaflow_runs_business_key ON sagaflow_runs (workflow, business_key) \
      WHERE business_key IS NOT NULL",
 ];
 
@@ -35,6 +40,9 @@ const BOTH: &[&str] = &[
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        for (column, definition) in STEP_COLUMNS {
+            add_column_if_missing(manager, "sagaflow_steps", column, definition).await?;
+        }
         run_all(manager, BOTH, BOTH).await
     }
 

@@ -139,6 +139,10 @@ pub async fn evaluate_runs(
             Err(d) => set_aside(None, d),
         }
     }
+    for (run, d) in &damaged {
+        // An attempt reported damage for a run whose row is gone: its step stays parked.
+        tracing::warn!(run_id = %run, "a step of a missing run was parked: {d}");
+    }
     let ids: Vec<Uuid> = healthy.iter().map(|r| r.id).collect();
     let mut steps = tx.steps_of(&ids).await?;
     let mut plans = Vec::with_capacity(healthy.len());

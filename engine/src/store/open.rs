@@ -336,9 +336,7 @@ impl Store {
             }
         };
         if backend == Backend::Sqlite {
-            store
-                .db
-                .execute_unprepared("PRAGMA journal_mode=WAL")
+            super::sqlite::enable_wal(&store.db)
                 .await
                 .map_err(read_only)?;
         }

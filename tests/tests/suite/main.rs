@@ -13,6 +13,7 @@ mod definitions;
 mod demo;
 mod failover;
 mod failures;
+mod first_start;
 mod fixtures;
 mod flow;
 mod frozen;

@@ -1,0 +1,234 @@
+//! Concurrent first starts with real processes: several engines started at the same instant
+//! on a fresh database all migrate it, start and run sagas (the migrations are serialised by
+//! `sagaflow_migrations::migrate`; see docs/storage.md, "Concurrent starts").
+//!
+//! The suite binary re-runs itself as child engines (the ignored test `child_engine`, as in
+//! `crash.rs` and `failover.rs`). Each child starts its process and runtime, prints `READY`,
+//! and then blocks on its stdin; once every child is ready, the parent writes `go` to all of
+//! them back to back, so their engines connect and migrate the same fresh database at the
+//! same moment. Each child then submits and completes its own order sagas and exits through
+//! a clean shutdown.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sagaflow::sea_orm::{ConnectionTrait, Statement};
+use sagaflow::{Engine, RunState, Store};
+use sagaflow_tests::{TestDb, backends, eventually, expect_state};
+use sagaflow_workflows::order::{OrderApis, order_saga};
+use sagaflow_workflows::services::Services;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::task::JoinHandle;
+
+use crate::fixtures::{order_rig, order_settings, submit_order};
+
+/// Engine processes started at once.
+const PROCESSES: usize = 4;
+/// Order sagas each process submits and waits for.
+const ORDERS_EACH: usize = 3;
+
+/// A child engine process, held at the start line.
+struct Starter {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Arc<Mutex<Vec<String>>>,
+    /// Collects stdout into `lines`; ends when the child closes it.
+    reader: JoinHandle<()>,
+}
+
+impl Starter {
+    fn spawn(db_url: &str, index: usize) -> Self {
+        let exe = std::env::current_exe().expect("test binary path");
+        let mut child = Command::new(exe)
+            .args([
+                "first_start::child_engine",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("SAGAFLOW_FIRST_START_CHILD", "1")
+            .env("SAGAFLOW_FIRST_START_DB", db_url)
+            .env("SAGAFLOW_FIRST_START_INDEX", index.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn child engine");
+        let stdin = child.stdin.take().expect("child stdin");
+        let stdout = child.stdout.take().expect("child stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let reader = tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+            reader,
+        }
+    }
+
+    fn printed(&self, prefix: &str) -> bool {
+        self.lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .any(|l| l.starts_with(prefix))
+    }
+}
+
+/// Starts [`PROCESSES`] engine processes on `db` at the same instant and checks that every
+/// one of them started and completed its sagas.
+async fn start_together(db: &TestDb) {
+    let mut starters: Vec<Starter> = (0..PROCESSES).map(|i| Starter::spawn(&db.url, i)).collect();
+    eventually(
+        Duration::from_secs(60),
+        "every child process to wait at the start line",
+        || async { starters.iter().all(|s| s.printed("READY")) },
+    )
+    .await;
+    // Back to back: the engines start within a fraction of a millisecond of each other.
+    for s in &mut starters {
+        s.stdin.write_all(b"go\n").await.expect("write to child");
+    }
+    for s in &mut starters {
+        s.stdin.flush().await.expect("flush child stdin");
+    }
+    for (i, mut s) in starters.into_iter().enumerate() {
+        let status = tokio::time::timeout(Duration::from_secs(120), s.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("[{}] child {i} did not exit within 120 s", db.backend))
+            .expect("child status");
+        // Everything it printed, up to the end of its stdout.
+        tokio::time::timeout(Duration::from_secs(10), &mut s.reader)
+            .await
+            .unwrap_or_else(|_| panic!("[{}] child {i} kept its stdout open", db.backend))
+            .expect("stdout reader");
+        let said = s.lines.lock().expect("lines").join("\n");
+        assert!(
+            status.success(),
+            "[{}] child {i} exited with {status} (its stderr is above); stdout:\n{said}",
+            db.backend
+        );
+        assert!(
+            s.printed("DONE"),
+            "[{}] child {i} exited without completing its runs; stdout:\n{said}",
+            db.backend
+        );
+    }
+    let store = Store::connect(&db.url, Some(2)).await.expect("connect");
+    let counts = store.run_count_by_state().await.expect("counts");
+    let completed = (PROCESSES * ORDERS_EACH) as i64;
+    assert_eq!(
+        counts,
+        vec![(RunState::Completed.as_str().to_owned(), completed)],
+        "[{}] every run of every process completed",
+        db.backend
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_start_of_four_engine_processes_on_a_fresh_database() {
+    for db in backends().await {
+        start_together(&db).await;
+    }
+}
+
+/// A start over a schema that is there but not recorded (the worst a half-applied
+/// migration can leave: every statement done, none recorded) completes and records every
+/// migration again instead of failing on the first existing table: each migration is
+/// re-runnable. The engine then runs sagas on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_over_an_unrecorded_schema_reapplies_every_migration() {
+    for db in backends().await {
+        let recorded = async |store: &Store| {
+            let rows = store
+                .connection()
+                .query_all_raw(Statement::from_string(
+                    store.connection().get_database_backend(),
+                    "SELECT version FROM sagaflow_migrations ORDER BY version",
+                ))
+                .await
+                .expect("read the migration table");
+            rows.iter()
+                .map(|r| r.try_get::<String>("", "version").expect("version"))
+                .collect::<Vec<_>>()
+        };
+        let store = Store::connect(&db.url, Some(2)).await.expect("first start");
+        let applied = recorded(&store).await;
+        assert!(!applied.is_empty(), "[{}] nothing recorded", db.backend);
+        store
+            .connection()
+            .execute_unprepared("DELETE FROM sagaflow_migrations")
+            .await
+            .expect("forget the applied migrations");
+        drop(store);
+
+        let store = Store::connect(&db.url, Some(2))
+            .await
+            .unwrap_or_else(|e| panic!("[{}] start over an unrecorded schema: {e}", db.backend));
+        assert_eq!(recorded(&store).await, applied, "[{}]", db.backend);
+        let rig = order_rig(&db, 1500, 5).await;
+        let (id, _) = submit_order(&rig.engine, 0).await;
+        expect_state(&rig.engine, id, RunState::Completed, db.backend).await;
+        rig.engine.shutdown().await;
+    }
+}
+
+/// The child engine. Ignored in normal runs; the test above starts it in a subprocess. It
+/// prints `READY`, waits for a line on stdin, starts an engine on the fresh database, submits
+/// orders `index * ORDERS_EACH ..` (keyed, so they never collide with another child's),
+/// waits for each to complete, prints `DONE` and shuts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs only as the concurrent first start test's child process"]
+async fn child_engine() {
+    if std::env::var("SAGAFLOW_FIRST_START_CHILD").as_deref() != Ok("1") {
+        return;
+    }
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
+    let index: usize = var("SAGAFLOW_FIRST_START_INDEX").parse().expect("index");
+    let services = Services::default();
+    let wf = order_saga(OrderApis::from(&services), order_settings(1500, 5)).expect("saga");
+    let builder = Engine::builder()
+        .with_database_url(var("SAGAFLOW_FIRST_START_DB"))
+        .with_instance_id(format!("first-start-{index}"))
+        .with_workflow(wf)
+        .with_poll_interval(Duration::from_millis(50))
+        .with_sweep_interval(Duration::from_millis(100))
+        .with_lease(Duration::from_secs(2), Duration::from_millis(400));
+    // On a line of its own: libtest has printed `test … ` without a newline.
+    println!("\nREADY {index}");
+    // stdin is read on a blocking thread (the suite's tokio has no `io-std`). The parent
+    // writes `go`; if it dies instead, stdin closes and the child stops here.
+    let go = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("stdin reader")
+    .expect("read stdin");
+    assert_eq!(go.trim(), "go", "the parent went away before the start");
+    let engine = builder.start().await.expect("child engine start");
+    let from = index * ORDERS_EACH;
+    let mut ids = Vec::new();
+    for n in from..from + ORDERS_EACH {
+        ids.push(submit_order(&engine, n).await.0);
+    }
+    for id in ids {
+        let run = engine
+            .wait(id, Duration::from_secs(60))
+            .await
+            .expect("run ended");
+        assert_eq!(run.state, RunState::Completed, "run {id}: {:?}", run.error);
+    }
+    println!("DONE {index}");
+    engine.shutdown().await;
+}
