@@ -133,11 +133,11 @@ pub(super) struct FileIdentity {
 }
 
 impl FileIdentity {
+    /// `None` for an in-memory database (no file). The path is made absolute, so a process
+    /// that changes its working directory later is not mistaken for one that lost its file.
     fn of(path: &std::path::Path) -> Option<Self> {
-        file_id(path).ok().map(|id| Self {
-            path: path.to_owned(),
-            id,
-        })
+        let path = std::fs::canonicalize(path).ok()?;
+        file_id(&path).ok().map(|id| Self { path, id })
     }
 
     /// `Err` with the reason when the file at the path is not the file opened.
@@ -384,5 +384,48 @@ impl Store {
             Some(f) => f.check().map_err(Error::DatabaseLost),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_masked_wherever_a_url_carries_them() {
+        for (url, want) in [
+            (
+                "postgres://app:hunter2@db.example:5432/orders",
+                "postgres://app:***@db.example:5432/orders",
+            ),
+            (
+                "postgres://app@db/orders?password=hunter2&sslmode=require",
+                "postgres://app@db/orders?password=***&sslmode=require",
+            ),
+            ("postgres://app@db/orders", "postgres://app@db/orders"),
+            (
+                "sqlite://./data/app.db?mode=rwc",
+                "sqlite://./data/app.db?mode=rwc",
+            ),
+            ("postgres://app:hunter2@[::1/orders", "postgres:***"),
+        ] {
+            let shown = redact_url(url);
+            assert_eq!(shown, want, "{url}");
+            assert!(!shown.contains("hunter2"));
+        }
+    }
+
+    #[test]
+    fn zero_timeouts_are_refused_by_name() {
+        let e = StoreOptions {
+            lock_timeout: Duration::ZERO,
+            ..StoreOptions::default()
+        }
+        .validate()
+        .expect_err("zero");
+        assert!(e.to_string().contains("lock_timeout"), "{e}");
+        StoreOptions::default()
+            .validate()
+            .expect("defaults are valid");
     }
 }
