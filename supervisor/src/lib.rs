@@ -11,13 +11,16 @@
 //! cancelled the moment a renewal fails.
 
 mod config;
+mod gate;
 mod leader;
 mod sweep;
 
 pub use config::{
     HEARTBEAT_INTERVAL_DEFAULT, INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT,
-    LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT, SWEEP_BATCH_DEFAULT,
-    SWEEP_INTERVAL_DEFAULT, SupervisorConfig,
+    LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT, STALL_ALERT_FACTOR,
+    SWEEP_BATCH_DEFAULT, SWEEP_INTERVAL_DEFAULT, SWEEP_STALL_SWEEPS_DEFAULT, SupervisorConfig,
 };
-pub use leader::{Supervisor, SupervisorStats};
+#[doc(hidden)]
+pub use gate::SweepGate;
+pub use leader::{SUPERVISOR_STALLED, Supervisor, SupervisorStats};
 pub use sweep::decide;

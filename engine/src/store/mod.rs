@@ -29,7 +29,7 @@ use sea_orm::{
 pub use alerts::{AlertRow, NewAlert};
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
-pub use leases::LeaderFence;
+pub use leases::{LeaderFence, LeaderProgress};
 pub use postgres::READY_CHANNEL;
 pub use rows::{ClaimedStep, ExpiredStep, HistoryRow, RunRow, StepRow};
 pub use steps::{DeadlineGuard, RescueCounts, StepFinish, StepInputs};
