@@ -9,6 +9,11 @@
 //! raises an alert. The supervisor knows no business logic and never compensates itself;
 //! it detects and requests. Every write is fenced by the lease term, and the leader's work is
 //! cancelled the moment a renewal fails.
+//!
+//! The lease is renewed only while the sweep loop makes progress: a leader whose sweep hangs
+//! gives the lease up after [`SupervisorConfig::stall_after`], and followers raise a
+//! `supervisor_stalled` alert ([`SUPERVISOR_STALLED`]) when no leader has completed a sweep
+//! for [`SupervisorConfig::stall_alert_after`] (LE-3).
 
 mod config;
 mod gate;
