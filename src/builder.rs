@@ -207,6 +207,25 @@ impl EngineBuilder {
         self
     }
 
+    /// How long the supervisor leader may go without completing a sweep before it gives up
+    /// its lease so that another instance leads (LE-3). Default:
+    /// [`SWEEP_STALL_SWEEPS_DEFAULT`](sagaflow_supervisor::SWEEP_STALL_SWEEPS_DEFAULT) sweep
+    /// intervals (15 s). Followers raise a `supervisor_stalled` alert when no leader has
+    /// swept for twice as long. Must be at least two sweep intervals, otherwise
+    /// [`EngineBuilder::start`] fails with [`Error::Config`].
+    pub fn with_sweep_stall_after(mut self, d: Duration) -> Self {
+        self.supervisor.sweep_stall_after = Some(d);
+        self
+    }
+
+    /// Test hook: every supervisor sweep of this instance waits while `gate` is closed, as a
+    /// sweep blocked on a stuck query would. Not part of the supported API.
+    #[doc(hidden)]
+    pub fn with_sweep_gate(mut self, gate: sagaflow_supervisor::SweepGate) -> Self {
+        self.supervisor.sweep_gate = Some(gate);
+        self
+    }
+
     /// Retention of finished runs (`None`: keep forever).
     pub fn with_retention(mut self, d: Option<Duration>) -> Self {
         self.supervisor.retention = d;
@@ -261,7 +280,8 @@ impl EngineBuilder {
             || self.heartbeat_every >= self.supervisor.instance_stale_after
         {
             return Err(Error::Config(format!(
-                "the heartbeat interval ({:?}) must be positive and shorter than the time after                  which an instance counts as dead ({:?})",
+                "the heartbeat interval ({:?}) must be positive and shorter than the time after \
+                 which an instance counts as dead ({:?})",
                 self.heartbeat_every, self.supervisor.instance_stale_after
             )));
         }

@@ -64,7 +64,9 @@ pub use sagaflow_supervisor::{Supervisor, SupervisorStats};
 /// Not needed to embed sagaflow; less stable than the names above.
 pub mod advanced {
     pub use sagaflow_engine::{Registry, hub, operator, protocol, scheduler, store, transition};
-    pub use sagaflow_supervisor::{SupervisorConfig, decide};
+    #[doc(hidden)]
+    pub use sagaflow_supervisor::SweepGate;
+    pub use sagaflow_supervisor::{SUPERVISOR_STALLED, SupervisorConfig, decide};
 }
 
 /// Re-exported so that applications can begin transactions for [`Engine::start_in`] without

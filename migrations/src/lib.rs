@@ -41,6 +41,7 @@ use sea_orm_migration::sea_orm::{
 mod m0001_initial;
 mod m0002_hot_path;
 mod m0003_outcomes_and_instances;
+mod m0004_leader_progress;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -66,6 +67,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0001_initial::Migration),
             Box::new(m0002_hot_path::Migration),
             Box::new(m0003_outcomes_and_instances::Migration),
+            Box::new(m0004_leader_progress::Migration),
         ]
     }
 

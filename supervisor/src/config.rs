@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use sagaflow_engine::{Error, Result};
 
+use crate::gate::SweepGate;
+
 /// Name of the leader lease row.
 pub const LEASE_NAME_DEFAULT: &str = "sagaflow_supervisor";
 /// How long a lease lasts without renewal.
@@ -13,6 +15,18 @@ pub const RENEW_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
 /// How often the leader sweeps for expired steps (SAS-10: often enough to unblock, rarely
 /// enough to be cheap).
 pub const SWEEP_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// How many sweep intervals may pass without a completed sweep before the leader gives up
+/// its lease (LE-3), unless [`SupervisorConfig::sweep_stall_after`] says otherwise. With the
+/// 1 s sweep that is 15 s, the default lease lifetime: a leader that renews but no longer
+/// sweeps (a query blocked on a lock, a wedged connection) is replaced about as fast as one
+/// whose lease lapsed, while a slow but working sweep (each rescue batch counts as progress)
+/// is left alone.
+pub const SWEEP_STALL_SWEEPS_DEFAULT: u32 = 15;
+/// Followers raise a `supervisor_stalled` alert when no leader has completed a sweep for
+/// this many times the stall threshold: long enough that a stalled leader would have
+/// stepped down and been replaced, so the alert means leaders keep stalling term after term
+/// (or one cannot step down).
+pub const STALL_ALERT_FACTOR: u32 = 2;
 /// Expired steps handled per sweep transaction.
 pub const SWEEP_BATCH_DEFAULT: u32 = 256;
 /// How often an engine instance heartbeats.
@@ -43,6 +57,14 @@ pub struct SupervisorConfig {
     pub retention: Option<Duration>,
     /// An instance silent for longer is dead (see [`INSTANCE_STALE_AFTER_DEFAULT`]).
     pub instance_stale_after: Duration,
+    /// A leader that has completed no sweep (and committed no rescue batch) for this long
+    /// stops renewing and steps down (LE-3); `None`: [`SWEEP_STALL_SWEEPS_DEFAULT`] sweep
+    /// intervals. At least two sweep intervals. The check runs before each renewal, so a
+    /// stalled leader steps down within this plus one renew interval.
+    pub sweep_stall_after: Option<Duration>,
+    /// Test hook (see [`SweepGate`]); `None` in production.
+    #[doc(hidden)]
+    pub sweep_gate: Option<SweepGate>,
 }
 
 impl SupervisorConfig {
@@ -57,7 +79,24 @@ impl SupervisorConfig {
             sweep_batch: SWEEP_BATCH_DEFAULT,
             retention: Some(RETENTION_DEFAULT),
             instance_stale_after: INSTANCE_STALE_AFTER_DEFAULT,
+            sweep_stall_after: None,
+            sweep_gate: None,
         }
+    }
+
+    /// How long the leader may go without a completed sweep before it steps down:
+    /// [`SupervisorConfig::sweep_stall_after`] or its default.
+    pub fn stall_after(&self) -> Duration {
+        self.sweep_stall_after.unwrap_or(
+            self.sweep_interval
+                .saturating_mul(SWEEP_STALL_SWEEPS_DEFAULT),
+        )
+    }
+
+    /// How long no leader may go without a completed sweep before followers raise a
+    /// `supervisor_stalled` alert ([`STALL_ALERT_FACTOR`] × [`SupervisorConfig::stall_after`]).
+    pub fn stall_alert_after(&self) -> Duration {
+        self.stall_after().saturating_mul(STALL_ALERT_FACTOR)
     }
 
     /// Checks cross-field rules (LE-1: renew more often than the lease expires).
@@ -86,6 +125,13 @@ impl SupervisorConfig {
                 "sweep interval and batch must be positive".into(),
             ));
         }
+        if self.stall_after() < self.sweep_interval.saturating_mul(2) {
+            return Err(Error::Config(format!(
+                "the sweep stall threshold ({:?}) must be at least two sweep intervals ({:?})",
+                self.stall_after(),
+                self.sweep_interval
+            )));
+        }
         Ok(())
     }
 }
@@ -103,5 +149,21 @@ mod tests {
         c.renew_interval = Duration::ZERO;
         assert!(c.validate().is_err());
         assert!(SupervisorConfig::new("").validate().is_err());
+    }
+
+    #[test]
+    fn the_stall_threshold_follows_the_sweep_interval_unless_set() {
+        let mut c = SupervisorConfig::new("a");
+        assert_eq!(c.stall_after(), Duration::from_secs(15));
+        assert_eq!(c.stall_alert_after(), Duration::from_secs(30));
+        c.sweep_interval = Duration::from_millis(100);
+        assert_eq!(c.stall_after(), Duration::from_millis(1500));
+        c.sweep_stall_after = Some(Duration::from_millis(200));
+        assert!(c.validate().is_ok());
+        assert_eq!(c.stall_alert_after(), Duration::from_millis(400));
+        c.sweep_stall_after = Some(Duration::from_millis(150));
+        assert!(matches!(c.validate(), Err(Error::Config(_))));
+        c.sweep_stall_after = Some(Duration::ZERO);
+        assert!(c.validate().is_err());
     }
 }

@@ -4,9 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sagaflow_engine::store::{LeaderFence, RescueCounts};
+use sagaflow_engine::store::{LeaderFence, LeaderProgress, NewAlert, RescueCounts};
 use sagaflow_engine::{Error, Hub, Result, Store};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -15,6 +16,20 @@ use crate::sweep::decide;
 
 /// How often the leader applies the retention policy.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// Alert kind raised by followers when no leader completes sweeps (LE-3).
+pub const SUPERVISOR_STALLED: &str = "supervisor_stalled";
+
+/// Why a term ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TermEnd {
+    /// The instance shuts down.
+    Shutdown,
+    /// The lease was taken over, or could not be renewed (in time).
+    LeaseLost,
+    /// No sweep completed within the stall threshold: the leader gave the lease up (LE-3).
+    Stalled,
+}
 
 /// Counters of what this supervisor instance did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,6 +44,8 @@ pub struct SupervisorStats {
     pub terms_won: u64,
     /// Sweeps run as leader.
     pub sweeps: u64,
+    /// Terms given up because no sweep completed within the stall threshold (LE-3).
+    pub stalls: u64,
 }
 
 /// A supervisor instance; at most one per lease name leads at a time.
@@ -44,6 +61,10 @@ pub struct Supervisor {
     failed: AtomicU64,
     terms_won: AtomicU64,
     sweeps: AtomicU64,
+    stalls: AtomicU64,
+    /// When this instance's sweep loop last made progress (a sweep returned or a rescue
+    /// batch committed); the renewal loop reads it (LE-3).
+    progress: Mutex<Instant>,
 }
 
 impl Supervisor {
@@ -64,6 +85,8 @@ impl Supervisor {
             failed: AtomicU64::new(0),
             terms_won: AtomicU64::new(0),
             sweeps: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
+            progress: Mutex::new(Instant::now()),
         })
     }
 
@@ -93,6 +116,7 @@ impl Supervisor {
             failed: self.failed.load(Ordering::Relaxed),
             terms_won: self.terms_won.load(Ordering::Relaxed),
             sweeps: self.sweeps.load(Ordering::Relaxed),
+            stalls: self.stalls.load(Ordering::Relaxed),
         }
     }
 
@@ -115,36 +139,47 @@ impl Supervisor {
 
     async fn election_loop(&self, cancel: CancellationToken) {
         let mut failures = 0u64;
+        let mut watch = StallWatch::default();
+        // Followers look as often as the leader sweeps: a dead leader's lease is taken
+        // as soon as its heartbeat goes stale, not when the lease runs out.
+        let every = self.config.renew_interval.min(self.config.sweep_interval);
+        // After giving up a stalled term, this instance sits out a few elections so that
+        // another one takes the lease (with the same id it could win it straight back).
+        let mut sit_out_until: Option<Instant> = None;
         loop {
             if cancel.is_cancelled() {
                 return;
             }
-            match self
-                .store
-                .leader_try_elect_with(
-                    &self.config.lease_name,
-                    &self.config.holder,
-                    self.config.lease_ttl,
-                    Some(self.config.instance_stale_after),
-                )
-                .await
-            {
-                Ok(Some(fence)) => {
-                    failures = 0;
-                    self.lead(fence, &cancel).await;
-                    continue;
-                }
-                Ok(None) => failures = 0,
-                Err(e) => {
-                    failures += 1;
-                    if failures == 1 {
-                        tracing::warn!(error = %e, "leader election failed; will retry");
+            if sit_out_until.is_none_or(|t| Instant::now() >= t) {
+                sit_out_until = None;
+                match self
+                    .store
+                    .leader_try_elect_with(
+                        &self.config.lease_name,
+                        &self.config.holder,
+                        self.config.lease_ttl,
+                        Some(self.config.instance_stale_after),
+                        Some(self.config.stall_alert_after()),
+                    )
+                    .await
+                {
+                    Ok(Some(fence)) => {
+                        failures = 0;
+                        if self.lead(fence, &cancel).await == TermEnd::Stalled {
+                            sit_out_until = Some(Instant::now() + every.saturating_mul(2));
+                        }
+                        continue;
+                    }
+                    Ok(None) => failures = 0,
+                    Err(e) => {
+                        failures += 1;
+                        if failures == 1 {
+                            tracing::warn!(error = %e, "leader election failed; will retry");
+                        }
                     }
                 }
             }
-            // Followers look as often as the leader sweeps: a dead leader's lease is taken
-            // as soon as its heartbeat goes stale, not when the lease runs out.
-            let every = self.config.renew_interval.min(self.config.sweep_interval);
+            self.watch_leader(&mut watch).await;
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
                 () = cancel.cancelled() => return,
@@ -152,11 +187,57 @@ impl Supervisor {
         }
     }
 
-    async fn lead(&self, fence: LeaderFence, cancel: &CancellationToken) {
+    /// A follower's check on the leader (LE-3): raises a `supervisor_stalled` alert when no
+    /// leader has completed a sweep for [`SupervisorConfig::stall_alert_after`], and resolves
+    /// it once sweeps are recorded again.
+    async fn watch_leader(&self, watch: &mut StallWatch) {
+        let progress = match self.store.leader_progress(&self.config.lease_name).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the leader's progress");
+                return;
+            }
+        };
+        let limit = self.config.stall_alert_after();
+        let key = format!("{SUPERVISOR_STALLED}:{}", self.config.lease_name);
+        if progress.since_sweep_ms > millis(limit) {
+            // One insert per alert threshold at most; the open key makes it one alert in all.
+            if watch.raised_at.is_some_and(|t| t.elapsed() < limit) {
+                return;
+            }
+            watch.raised_at = Some(Instant::now());
+            let alert = stalled_alert(&self.config.lease_name, &progress, limit, key);
+            match self.store.alert_insert(&alert).await {
+                Ok(Some(row)) => self.hub.alert(&row),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, reason = %alert.reason, "could not store an alert");
+                }
+            }
+        } else if watch.raised_at.is_some() {
+            match self.store.alert_resolve_key(&key).await {
+                Ok(resolved) => {
+                    watch.raised_at = None;
+                    if resolved {
+                        tracing::info!(
+                            lease = %self.config.lease_name,
+                            "supervisor sweeps resumed; resolved the supervisor_stalled alert"
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "could not resolve the stall alert"),
+            }
+        }
+    }
+
+    async fn lead(&self, fence: LeaderFence, cancel: &CancellationToken) -> TermEnd {
         tracing::info!(holder = %fence.holder, term = fence.term, "became supervisor leader");
         *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = Some(fence.clone());
         self.terms_won.fetch_add(1, Ordering::Relaxed);
+        self.mark_progress();
         let work = cancel.child_token();
+        let stall_after = self.config.stall_after();
         let renew = async {
             // A renewal must land before the lease could expire; one that takes longer counts
             // as failed (a hung database or a frozen process must not keep a zombie leader).
@@ -164,10 +245,25 @@ impl Supervisor {
                 .config
                 .lease_ttl
                 .saturating_sub(self.config.renew_interval);
+            let mut stalled = false;
             loop {
                 tokio::select! {
                     () = tokio::time::sleep(self.config.renew_interval) => {}
                     () = work.cancelled() => break,
+                }
+                // LE-3: the lease is renewed only while the sweep loop makes progress. A
+                // leader whose sweep hangs (a query stuck on a lock, a wedged connection)
+                // would otherwise hold the lease forever while nobody rescues anything.
+                let idle = self.since_progress();
+                if idle >= stall_after {
+                    tracing::warn!(
+                        term = fence.term,
+                        idle_ms = millis(idle),
+                        stall_after_ms = millis(stall_after),
+                        "no supervisor sweep completed within the stall threshold; stepping down"
+                    );
+                    stalled = true;
+                    break;
                 }
                 match tokio::time::timeout(
                     budget,
@@ -198,19 +294,38 @@ impl Supervisor {
             }
             // LE-2: the leader's work stops the moment renewal fails.
             work.cancel();
+            stalled
         };
-        tokio::join!(renew, self.sweep_loop(&fence, &work));
+        // The sweep loop is dropped as soon as the work is cancelled, even in the middle of a
+        // sweep blocked on an await, so that the term really ends.
+        let sweeping = async {
+            tokio::select! {
+                () = self.sweep_loop(&fence, &work) => {}
+                () = work.cancelled() => {}
+            }
+        };
+        let (stalled, ()) = tokio::join!(renew, sweeping);
         *self.fence.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        if cancel.is_cancelled() {
+        let end = if cancel.is_cancelled() {
+            TermEnd::Shutdown
+        } else if stalled {
+            self.stalls.fetch_add(1, Ordering::Relaxed);
+            TermEnd::Stalled
+        } else {
+            TermEnd::LeaseLost
+        };
+        if end != TermEnd::LeaseLost {
             // LE-2: a leader that ends releases the lease so another takes over at once.
             if let Err(e) = self.store.leader_release(&fence).await {
                 tracing::debug!(error = %e, "could not release the leader lease; it will expire");
             }
         }
+        end
     }
 
     async fn sweep_loop(&self, fence: &LeaderFence, work: &CancellationToken) {
         let mut last_purge: Option<tokio::time::Instant> = None;
+        let mut recorded = false;
         loop {
             match self.sweep(fence).await {
                 Ok(_) => {}
@@ -224,6 +339,9 @@ impl Supervisor {
                 }
                 Err(e) => tracing::warn!(error = %e, "sweep failed; will retry"),
             }
+            // A sweep that returned, even with an error, is progress: the loop is not hung.
+            self.mark_progress();
+            self.record_sweep(fence, &mut recorded).await;
             if let Some(retention) = self.config.retention
                 && last_purge.is_none_or(|t| t.elapsed() >= PURGE_EVERY)
             {
@@ -246,7 +364,42 @@ impl Supervisor {
         }
     }
 
+    /// Records the completed sweep in the lease row, for followers to see (LE-3). The first
+    /// record of a term also resolves an open `supervisor_stalled` alert: sweeps resumed.
+    async fn record_sweep(&self, fence: &LeaderFence, recorded: &mut bool) {
+        match self.store.leader_record_sweep(fence).await {
+            Ok(true) if !*recorded => {
+                *recorded = true;
+                let key = format!("{SUPERVISOR_STALLED}:{}", fence.name);
+                match self.store.alert_resolve_key(&key).await {
+                    Ok(true) => tracing::info!(
+                        term = fence.term,
+                        "supervisor sweeps resumed; resolved the supervisor_stalled alert"
+                    ),
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!(error = %e, "could not resolve the stall alert"),
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not record the completed sweep"),
+        }
+    }
+
+    fn mark_progress(&self) {
+        *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+    }
+
+    fn since_progress(&self) -> Duration {
+        self.progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
+    }
+
     async fn sweep(&self, fence: &LeaderFence) -> Result<RescueCounts> {
+        if let Some(gate) = &self.config.sweep_gate {
+            gate.pass().await;
+        }
         self.sweeps.fetch_add(1, Ordering::Relaxed);
         let mut total = RescueCounts::default();
         loop {
@@ -262,6 +415,8 @@ impl Supervisor {
             let full = expired.len() >= self.config.sweep_batch as usize;
             let rescues: Vec<_> = expired.iter().map(decide).collect();
             let c = self.store.step_rescue(Some(fence), &rescues).await?;
+            // A committed batch is progress: a long sweep through a backlog is not a stall.
+            self.mark_progress();
             total.requeued += c.requeued;
             total.interrupted += c.interrupted;
             total.failed += c.failed;
@@ -287,4 +442,47 @@ impl Supervisor {
         }
         Ok(total)
     }
+}
+
+/// What a follower remembers of the stall alert.
+#[derive(Debug, Default)]
+struct StallWatch {
+    /// When this instance last tried to raise the alert; `None` while sweeps are healthy.
+    raised_at: Option<Instant>,
+}
+
+fn stalled_alert(
+    lease: &str,
+    progress: &LeaderProgress,
+    limit: Duration,
+    open_key: String,
+) -> NewAlert {
+    let holder = match &progress.holder {
+        Some(h) => format!("held by `{h}` (term {})", progress.term),
+        None => format!("free (last term {})", progress.term),
+    };
+    NewAlert {
+        run_id: None,
+        step: None,
+        kind: SUPERVISOR_STALLED.into(),
+        reason: format!(
+            "no supervisor sweep has completed for {} ms (threshold {} ms); lease `{lease}` is \
+             {holder}. Expired steps and the work of dead instances are not being rescued",
+            progress.since_sweep_ms,
+            millis(limit)
+        ),
+        attempts: 0,
+        actions: vec![
+            "check the leader instance's logs for 'stepping down' warnings and the database for \
+             blocked or long-running supervisor queries (locks, a wedged connection)"
+                .into(),
+            "restart the instance that holds the lease if it does not step down".into(),
+            "the alert resolves itself when sweeps complete again; resolve_alert otherwise".into(),
+        ],
+        open_key: Some(open_key),
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -9,15 +9,23 @@
 //! raises an alert. The supervisor knows no business logic and never compensates itself;
 //! it detects and requests. Every write is fenced by the lease term, and the leader's work is
 //! cancelled the moment a renewal fails.
+//!
+//! The lease is renewed only while the sweep loop makes progress: a leader whose sweep hangs
+//! gives the lease up after [`SupervisorConfig::stall_after`], and followers raise a
+//! `supervisor_stalled` alert ([`SUPERVISOR_STALLED`]) when no leader has completed a sweep
+//! for [`SupervisorConfig::stall_alert_after`] (LE-3).
 
 mod config;
+mod gate;
 mod leader;
 mod sweep;
 
 pub use config::{
     HEARTBEAT_INTERVAL_DEFAULT, INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT,
-    LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT, SWEEP_BATCH_DEFAULT,
-    SWEEP_INTERVAL_DEFAULT, SupervisorConfig,
+    LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT, STALL_ALERT_FACTOR,
+    SWEEP_BATCH_DEFAULT, SWEEP_INTERVAL_DEFAULT, SWEEP_STALL_SWEEPS_DEFAULT, SupervisorConfig,
 };
-pub use leader::{Supervisor, SupervisorStats};
+#[doc(hidden)]
+pub use gate::SweepGate;
+pub use leader::{SUPERVISOR_STALLED, Supervisor, SupervisorStats};
 pub use sweep::decide;

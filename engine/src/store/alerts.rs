@@ -13,7 +13,8 @@ pub struct NewAlert {
     pub run_id: Option<Uuid>,
     /// Step concerned, if any.
     pub step: Option<String>,
-    /// Kind: `run_error`, `unknown_version`, `corrupt_row`, …
+    /// Kind: `run_error`, `poison_step`, `unknown_version`, `corrupt_row`,
+    /// `supervisor_stalled`.
     pub kind: String,
     /// What happened.
     pub reason: String,
@@ -134,6 +135,22 @@ impl Store {
             .execute_raw(self.stmt(
                 "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE id = $1 AND resolved_at IS NULL",
                 vec![id.into()],
+            ))
+            .await?;
+        Ok(res.rows_affected() == 1)
+    }
+
+    /// Resolves the open alert with this `open_key`, if any (an alert whose cause went away by
+    /// itself, such as `supervisor_stalled`); returns whether one was open.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn alert_resolve_key(&self, open_key: &str) -> Result<bool> {
+        let res = self
+            .db
+            .execute_raw(self.stmt(
+                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE open_key = $1 AND resolved_at IS NULL",
+                vec![open_key.to_owned().into()],
             ))
             .await?;
         Ok(res.rows_affected() == 1)

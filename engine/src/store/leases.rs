@@ -1,5 +1,7 @@
 //! Leader leases (LE-1..3): a row per lease with a holder, a term and an expiry on the
-//! database clock. Every supervisor write is fenced by `(holder, term)`.
+//! database clock. Every supervisor write is fenced by `(holder, term)`. The row also records
+//! when the leader's last sweep completed (`last_sweep_at`), so followers can tell a leader
+//! that renews but no longer works (LE-3).
 
 use std::time::Duration;
 
@@ -18,6 +20,17 @@ pub struct LeaderFence {
     pub holder: String,
     /// Term won at election; a new election increments it.
     pub term: i64,
+}
+
+/// What [`Store::leader_progress`] reads from a lease row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderProgress {
+    /// Current holder, if the lease is held and unexpired.
+    pub holder: Option<String>,
+    /// Latest term (of the current or the last holder).
+    pub term: i64,
+    /// Milliseconds (database clock) since a leader last completed a sweep.
+    pub since_sweep_ms: i64,
 }
 
 impl LeaderFence {
@@ -39,12 +52,19 @@ impl Store {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<LeaderFence>> {
-        self.leader_try_elect_with(name, holder, ttl, None).await
+        self.leader_try_elect_with(name, holder, ttl, None, None)
+            .await
     }
 
     /// Like [`Store::leader_try_elect`], and also takes the lease at once when it is held by
     /// this same holder id (a restart of the instance that led) or, with `stale_after`, by an
     /// instance whose heartbeat is older than that (it died or froze: LE-3).
+    ///
+    /// The lease's last-sweep time carries over from term to term, so leaders that keep
+    /// stalling show as one growing gap. It restarts at the election when none is recorded
+    /// yet or, with `vacant_after`, when the lease had been free for longer than that (no
+    /// instance competed, as when every engine was stopped: that idle time is nobody's
+    /// stall).
     ///
     /// # Errors
     /// [`Error::Db`].
@@ -54,6 +74,7 @@ impl Store {
         holder: &str,
         ttl: Duration,
         stale_after: Option<Duration>,
+        vacant_after: Option<Duration>,
     ) -> Result<Option<LeaderFence>> {
         self.db
             .execute_raw(self.stmt(
@@ -65,7 +86,9 @@ impl Store {
         let row = self
             .db
             .query_one_raw(self.stmt(
-                "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {now} + $3 \
+                "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {now} + $3, \
+                   last_sweep_at = CASE WHEN last_sweep_at IS NULL \
+                     OR ($5 >= 0 AND expires_at < {now} - $5) THEN {now} ELSE last_sweep_at END \
                  WHERE name = $1 AND (holder IS NULL OR expires_at <= {now} OR holder = $2 \
                    OR ($4 >= 0 AND holder IN \
                      (SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $4))) \
@@ -75,6 +98,7 @@ impl Store {
                     holder.to_owned().into(),
                     millis(ttl).into(),
                     stale_after.map_or(-1, millis).into(),
+                    vacant_after.map_or(-1, millis).into(),
                 ],
             ))
             .await?;
@@ -109,18 +133,71 @@ impl Store {
         Ok(res.rows_affected() == 1)
     }
 
-    /// Gives the lease up so another instance can take it at once (LE-2).
+    /// Gives the lease up so another instance can take it at once (LE-2). The expiry is set
+    /// to the release time, which records since when the lease is free.
     ///
     /// # Errors
     /// [`Error::Db`].
     pub async fn leader_release(&self, fence: &LeaderFence) -> Result<()> {
         self.db
             .execute_raw(self.stmt(
-                "UPDATE sagaflow_leases SET holder = NULL, expires_at = 0 WHERE name = $1 AND holder = $2 AND term = $3",
-                vec![fence.name.clone().into(), fence.holder.clone().into(), fence.term.into()],
+                "UPDATE sagaflow_leases SET holder = NULL, expires_at = {now} \
+                 WHERE name = $1 AND holder = $2 AND term = $3",
+                vec![
+                    fence.name.clone().into(),
+                    fence.holder.clone().into(),
+                    fence.term.into(),
+                ],
             ))
             .await?;
         Ok(())
+    }
+
+    /// Records that the leader of `fence` completed a sweep now (database clock). Returns
+    /// `false`, writing nothing, when `fence` no longer holds the unexpired lease.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn leader_record_sweep(&self, fence: &LeaderFence) -> Result<bool> {
+        let res = self
+            .db
+            .execute_raw(self.stmt(
+                "UPDATE sagaflow_leases SET last_sweep_at = {now} \
+                 WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
+                vec![
+                    fence.name.clone().into(),
+                    fence.holder.clone().into(),
+                    fence.term.into(),
+                ],
+            ))
+            .await?;
+        Ok(res.rows_affected() == 1)
+    }
+
+    /// How long ago (database clock) a leader of lease `name` last completed a sweep, with the
+    /// lease's current holder. `None` when the lease row does not exist or records no sweep
+    /// yet.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn leader_progress(&self, name: &str) -> Result<Option<LeaderProgress>> {
+        let row = self
+            .db
+            .query_one_raw(self.stmt(
+                "SELECT CASE WHEN expires_at > {now} THEN holder END AS holder, term, \
+                   {now} - last_sweep_at AS since_sweep_ms \
+                 FROM sagaflow_leases WHERE name = $1 AND last_sweep_at IS NOT NULL",
+                vec![name.to_owned().into()],
+            ))
+            .await?;
+        Ok(match row {
+            Some(r) => Some(LeaderProgress {
+                holder: r.try_get("", "holder")?,
+                term: r.try_get("", "term")?,
+                since_sweep_ms: r.try_get("", "since_sweep_ms")?,
+            }),
+            None => None,
+        })
     }
 
     /// The current holder and term of a lease, if held and unexpired.

@@ -28,7 +28,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 pub use alerts::{AlertRow, NewAlert};
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
-pub use leases::LeaderFence;
+pub use leases::{LeaderFence, LeaderProgress};
 pub use open::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
     LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, StoreOptions, redact_url,

@@ -1,12 +1,16 @@
 //! The supervisor: one leader at a time, fenced writes, late results dropped (SAS-3, SAS-4,
-//! SAS-6, LE-1..3), and versions an engine does not have (SAS-5).
+//! SAS-6, LE-1..3), a leader whose sweeps hang gives up its lease (LE-3), and versions an
+//! engine does not have (SAS-5).
 
 use std::time::Duration;
 
 use sagaflow::advanced::scheduler::finish_batch;
-use sagaflow::advanced::{store, transition};
-use sagaflow::{Error, RunState, StepContext, StepError, StepState, Store, Workflow};
-use sagaflow_tests::{TestDb, backends, eventually, fast_builder};
+use sagaflow::advanced::{SUPERVISOR_STALLED, SweepGate, store, transition};
+use sagaflow::{
+    AlertRow, Engine, Error, RunState, StepContext, StepError, StepState, Store, Workflow,
+};
+use sagaflow_tests::{TestDb, backends, eventually, eventually_some, fast_builder};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 fn one_step(name: &str, version: i32, deadline: Duration) -> Workflow {
@@ -321,5 +325,190 @@ async fn a_run_of_an_unknown_version_is_left_alone_and_alerted() {
             db.backend
         );
         e2.shutdown().await;
+    }
+}
+
+/// LE-3 settings of the stall scenarios: a leader steps down once no sweep has completed for
+/// 1 s (checked before each renewal, every 400 ms with `fast_builder`), and followers alert
+/// when no leader has completed one for 2 s.
+const STALL_AFTER: Duration = Duration::from_secs(1);
+/// Lease lifetime set by `fast_builder`.
+const FAST_LEASE_TTL: Duration = Duration::from_secs(2);
+/// How long after its sweeps are blocked a hung leader may keep the lease at most: the stall
+/// threshold, plus the lease TTL (the bound if the lease had to expire rather than be
+/// released), plus a 1 s margin for one renewal period, one follower poll and a loaded
+/// machine. The leader releases the lease, so the takeover usually comes after about 1.5 s.
+const STALL_TAKEOVER_MAX: Duration = STALL_AFTER
+    .saturating_add(FAST_LEASE_TTL)
+    .saturating_add(Duration::from_secs(1));
+
+/// One step whose first attempt hangs (its agent goes silent at the deadline, so only the
+/// supervisor can rescue it) and whose later attempts succeed.
+fn hang_first_attempt() -> Workflow {
+    let deadline = Duration::from_millis(500);
+    Workflow::builder("hang_once", 1)
+        .default_deadline(sagaflow::DeadlinePolicy::new(deadline, deadline * 4))
+        .step("only", |ctx: StepContext| async move {
+            if ctx.attempt() == 1 {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, StepError>(1)
+        })
+        .build()
+        .expect("valid")
+}
+
+async fn stall_engine(db: &TestDb, id: &str, gate: &SweepGate) -> Engine {
+    sagaflow_tests::init_logging();
+    fast_builder(db)
+        .with_workflow(hang_first_attempt())
+        .with_instance_id(id)
+        .with_sweep_stall_after(STALL_AFTER)
+        .with_sweep_gate(gate.clone())
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] {id}: {e}", db.backend))
+}
+
+fn leads(e: &Engine) -> bool {
+    e.supervisor().is_some_and(|s| s.is_leader())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_sweeps_hang_steps_down_and_the_next_leader_rescues_its_steps() {
+    for db in backends().await {
+        let (gate_a, gate_b) = (SweepGate::new(), SweepGate::new());
+        let a = stall_engine(&db, "stall-a", &gate_a).await;
+        let b = stall_engine(&db, "stall-b", &gate_b).await;
+        eventually(Duration::from_secs(10), "a leader", || async {
+            leads(&a) || leads(&b)
+        })
+        .await;
+        let (hung, hung_gate, next) = if leads(&a) {
+            (&a, &gate_a, &b)
+        } else {
+            (&b, &gate_b, &a)
+        };
+        let hung_sup = hung.supervisor().expect("supervisor");
+        let old_term = hung_sup.fence().expect("fence").term;
+
+        // The leader's sweeps block from now on (as on a stuck query) while its lease
+        // renewal and heartbeat go on; then a step hangs past its deadline.
+        hung_gate.close();
+        let blocked_at = Instant::now();
+        let id = next.start("hang_once", &()).await.expect("start");
+
+        let new_fence = eventually_some(
+            STALL_TAKEOVER_MAX,
+            "the other instance to take over from the hung leader",
+            || async { next.supervisor().and_then(|s| s.fence()) },
+        )
+        .await;
+        let took = blocked_at.elapsed();
+        assert!(
+            new_fence.term > old_term,
+            "[{}] a new term ({} after {old_term})",
+            db.backend,
+            new_fence.term
+        );
+        assert!(
+            !hung_sup.is_leader(),
+            "[{}] the hung leader's term ended although its sweep never returned",
+            db.backend
+        );
+        assert_eq!(hung_sup.stats().stalls, 1, "[{}]", db.backend);
+        eprintln!(
+            "[{}] takeover {took:?} after the sweeps blocked",
+            db.backend
+        );
+
+        // The new leader rescues the step the hung one left: the run completes.
+        sagaflow_tests::expect_state(next, id, RunState::Completed, db.backend).await;
+        let history = next.history(id).await.expect("history");
+        let timeout = history
+            .iter()
+            .find(|h| h.event == "timeout")
+            .unwrap_or_else(|| panic!("[{}] no timeout in {history:?}", db.backend));
+        assert_eq!(timeout.actor, new_fence.actor(), "[{}]", db.backend);
+
+        hung_gate.open();
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
+
+fn stalled_alerts(rows: &[AlertRow]) -> Vec<&AlertRow> {
+    rows.iter()
+        .filter(|a| a.kind == SUPERVISOR_STALLED)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_raise_one_supervisor_stalled_alert_while_no_leader_sweeps() {
+    for db in backends().await {
+        // One gate for both instances, closed from the start: no sweep ever completes, so
+        // each leader in turn gives up its term and the lease's last sweep keeps ageing.
+        let gate = SweepGate::new();
+        gate.close();
+        let a = stall_engine(&db, "stuck-a", &gate).await;
+        let b = stall_engine(&db, "stuck-b", &gate).await;
+        let (mut alerts_a, mut alerts_b) = (a.subscribe_alerts(), b.subscribe_alerts());
+        let store = a.store();
+
+        let alert = eventually_some(
+            Duration::from_secs(15),
+            "a supervisor_stalled alert",
+            || async {
+                let open = store.alert_list(None, true).await.expect("alerts");
+                stalled_alerts(&open).first().map(|a| (*a).clone())
+            },
+        )
+        .await;
+        assert!(
+            alert.reason.contains("no supervisor sweep has completed"),
+            "[{}] {}",
+            db.backend,
+            alert.reason
+        );
+        assert_eq!((alert.run_id, alert.step.as_deref()), (None, None));
+
+        // The stall goes on for two more stalled terms (many follower polls each)…
+        let stalls = || {
+            a.supervisor().expect("s").stats().stalls + b.supervisor().expect("s").stats().stalls
+        };
+        let seen = stalls();
+        eventually(
+            Duration::from_secs(15),
+            "two more stalled terms",
+            || async { stalls() >= seen + 2 },
+        )
+        .await;
+        // …and the alert was stored and delivered once.
+        let all = store.alert_list(None, false).await.expect("alerts");
+        assert_eq!(stalled_alerts(&all).len(), 1, "[{}] {all:?}", db.backend);
+        let mut delivered = 0;
+        for rx in [&mut alerts_a, &mut alerts_b] {
+            while let Ok(row) = rx.try_recv() {
+                delivered += usize::from(row.kind == SUPERVISOR_STALLED);
+            }
+        }
+        assert_eq!(delivered, 1, "[{}] deliveries", db.backend);
+
+        // Sweeps resume: the alert resolves itself.
+        gate.open();
+        eventually(
+            Duration::from_secs(15),
+            "the stall alert to resolve",
+            || async {
+                let open = store.alert_list(None, true).await.expect("alerts");
+                stalled_alerts(&open).is_empty()
+            },
+        )
+        .await;
+        let all = store.alert_list(None, false).await.expect("alerts");
+        assert_eq!(stalled_alerts(&all).len(), 1, "[{}] {all:?}", db.backend);
+
+        a.shutdown().await;
+        b.shutdown().await;
     }
 }
