@@ -163,34 +163,34 @@ async fn bad_input_input_of_the_wrong_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_oversized_input() {
     for db in backends().await {
-        let rig = order_rig(&db, 2_000, 3).await;
-        // The neighbours' engine keeps the default limit; this one takes at most 1 KiB.
-        let wf = sagaflow_workflows::order::order_saga(
-            sagaflow_workflows::order::OrderApis::from(&rig.services),
-            crate::fixtures::order_settings(2_000, 3),
-        )
-        .expect("saga");
-        let small = fast_builder(&db)
-            .with_workflow(wf)
-            .with_max_input_bytes(1024)
-            .with_workers(false)
-            .start()
-            .await
-            .expect("start");
-        let mut order = sagaflow_workflows::order::Order::sample(900);
-        order.address = "x".repeat(4096);
-        let e = small
-            .start(ORDER_WORKFLOW, &order)
-            .await
-            .expect_err("oversized");
-        assert!(
-            matches!(&e, Error::PayloadTooLarge { limit: 1024, size, .. } if *size > 4096),
-            "[{}] {e}",
-            db.backend
-        );
-        small.shutdown().await;
-        rig.engine.shutdown().await;
-        neighbours_finish(&db, async |_| {}).await;
+        neighbours_finish(&db, async |n| {
+            // A client of the same database that takes inputs of at most 1 KiB.
+            let wf = sagaflow_workflows::order::order_saga(
+                sagaflow_workflows::order::OrderApis::from(&n.rig.services),
+                crate::fixtures::order_settings(2_000, 3),
+            )
+            .expect("saga");
+            let small = fast_builder(&db)
+                .with_workflow(wf)
+                .with_max_input_bytes(1024)
+                .with_workers(false)
+                .start()
+                .await
+                .expect("start");
+            let mut order = sagaflow_workflows::order::Order::sample(900);
+            order.address = "x".repeat(4096);
+            let e = small
+                .start(ORDER_WORKFLOW, &order)
+                .await
+                .expect_err("oversized");
+            assert!(
+                matches!(&e, Error::PayloadTooLarge { limit: 1024, size, .. } if *size > 4096),
+                "[{}] {e}",
+                db.backend
+            );
+            small.shutdown().await;
+        })
+        .await;
     }
 }
 
@@ -329,6 +329,8 @@ async fn bad_input_sqlite_file_deleted_mid_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_sqlite_file_replaced_mid_run() {
+    let neighbours_db = sqlite_db();
+    let n = neighbours(&neighbours_db, 0).await;
     let victim_db = sqlite_db();
     let victim = order_rig(&victim_db, 2_000, 3).await;
     let path = victim_db
@@ -349,6 +351,8 @@ async fn bad_input_sqlite_file_replaced_mid_run() {
         "{fatal}"
     );
     victim.engine.shutdown().await;
+    n.finished_normally().await;
+    n.stop().await;
 }
 
 /// Runs `sql` with `$1` bound to `run` on the database, as an operator's (or an accident's)
