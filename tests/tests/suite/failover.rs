@@ -13,21 +13,18 @@
 //! 5. a leader frozen inside a fenced transaction does not block the next election (LE-3).
 
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sagaflow::advanced::SupervisorConfig;
 use sagaflow::advanced::store::LeaderFence;
 use sagaflow::sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
 use sagaflow::{Engine, Error, RunState, StartOptions, Store};
-use sagaflow_tests::{backends, eventually, fast_builder, postgres_db};
+use sagaflow_tests::{ChildTest, backends, eventually, fast_builder, postgres_db};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
     FaultPlan, HttpServices, Operation, Scripted, ServicePlans, Services, serve,
 };
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -46,98 +43,62 @@ fn lease_name() -> String {
 /// A child engine process and everything it printed.
 struct ChildEngine {
     id: String,
-    child: Child,
-    stdin: ChildStdin,
-    lines: Arc<Mutex<Vec<String>>>,
+    proc: ChildTest,
 }
 
 impl ChildEngine {
     /// Starts a child engine and waits until it has started.
     async fn spawn(db_url: &str, services_url: &str, id: &str, deadline_ms: u64) -> Self {
-        let exe = std::env::current_exe().expect("test binary path");
-        let mut child = Command::new(exe)
-            .args([
-                "failover::child_engine",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("SAGAFLOW_FAILOVER_CHILD", "1")
-            .env("SAGAFLOW_FAILOVER_DB", db_url)
-            .env("SAGAFLOW_FAILOVER_SERVICES", services_url)
-            .env("SAGAFLOW_FAILOVER_ID", id)
-            .env("SAGAFLOW_FAILOVER_DEADLINE_MS", deadline_ms.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn child engine");
-        let stdin = child.stdin.take().expect("child stdin");
-        let stdout = child.stdout.take().expect("child stdout");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                sink.lock().expect("lines").push(line);
-            }
-        });
+        let proc = ChildTest::spawn(
+            "failover::child_engine",
+            &[
+                ("SAGAFLOW_FAILOVER_CHILD", "1".into()),
+                ("SAGAFLOW_FAILOVER_DB", db_url.into()),
+                ("SAGAFLOW_FAILOVER_SERVICES", services_url.into()),
+                ("SAGAFLOW_FAILOVER_ID", id.into()),
+                ("SAGAFLOW_FAILOVER_DEADLINE_MS", deadline_ms.to_string()),
+            ],
+        );
         let me = Self {
             id: id.to_owned(),
-            child,
-            stdin,
-            lines,
+            proc,
         };
         let what = format!("child {id} to start its engine");
         eventually(Duration::from_secs(30), &what, || async {
-            me.printed("READY")
+            me.proc.printed("READY")
         })
         .await;
         me
     }
 
-    fn printed(&self, prefix: &str) -> bool {
-        self.lines
-            .lock()
-            .expect("lines")
-            .iter()
-            .any(|l| l.starts_with(prefix))
-    }
-
     fn log_line(&self, needle: &str) -> Option<String> {
-        let lines = self.lines.lock().expect("lines");
+        let lines = self.proc.lines();
         lines.iter().find(|l| l.contains(needle)).cloned()
     }
 
     /// What the child last said about its own leadership: `Some(term)` while it leads.
     fn last_status(&self) -> Option<Option<i64>> {
-        let lines = self.lines.lock().expect("lines");
+        let lines = self.proc.lines();
         let line = lines.iter().rev().find(|l| l.starts_with("STATUS "))?;
         let term = line.rsplit_once("term=")?.1;
         Some(term.parse().ok())
     }
 
     fn status_count(&self) -> usize {
-        let lines = self.lines.lock().expect("lines");
+        let lines = self.proc.lines();
         lines.iter().filter(|l| l.starts_with("STATUS ")).count()
     }
 
     /// Has the child submit orders `from..from+n`; returns their run ids.
     async fn submit(&mut self, from: usize, n: usize) -> Vec<Uuid> {
-        self.stdin
-            .write_all(format!("submit {from} {n}\n").as_bytes())
-            .await
-            .expect("write to child");
-        self.stdin.flush().await.expect("flush child stdin");
+        self.proc.send(&format!("submit {from} {n}")).await;
         let done = format!("SUBMITTED {from} {n}");
         let what = format!("child {} to submit orders {from}..{}", self.id, from + n);
         eventually(Duration::from_secs(30), &what, || async {
-            self.printed(&done)
+            self.proc.printed(&done)
         })
         .await;
-        let lines = self.lines.lock().expect("lines");
+        let lines = self.proc.lines();
         (from..from + n)
             .map(|k| {
                 let prefix = format!("RUN {k} ");
@@ -152,7 +113,12 @@ impl ChildEngine {
 
     /// Sends a signal with `kill(1)` (no unsafe code in the suite).
     fn signal(&self, sig: &str) {
-        let pid = self.child.id().expect("child still running").to_string();
+        let pid = self
+            .proc
+            .child
+            .id()
+            .expect("child still running")
+            .to_string();
         let status = std::process::Command::new("kill")
             .args([format!("-{sig}"), pid])
             .status()
@@ -315,7 +281,7 @@ async fn a_sigkilled_leader_is_replaced_within_the_lease_ttl() {
 
         // SIGKILL: no renewal, no release, no result.
         let killed = Instant::now();
-        a.child.kill().await.expect("SIGKILL A");
+        a.proc.child.kill().await.expect("SIGKILL A");
         let (fb, took) = await_leader(&store, "fo1-b", TAKEOVER_MAX).await;
         assert!(fb.term > fa.term, "[{b_}] terms increase: {fa:?} -> {fb:?}");
         eprintln!(

@@ -9,18 +9,14 @@
 //! same moment. Each child then submits and completes its own order sagas and exits through
 //! a clean shutdown.
 
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sagaflow::sea_orm::{ConnectionTrait, Statement};
 use sagaflow::{Engine, RunState, Store};
-use sagaflow_tests::{TestDb, backends, eventually, expect_state};
+use sagaflow_tests::{ChildTest, TestDb, backends, eventually, expect_state};
 use sagaflow_workflows::order::{OrderApis, order_saga};
 use sagaflow_workflows::services::Services;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::task::JoinHandle;
+use tokio::io::AsyncWriteExt;
 
 use crate::fixtures::{order_rig, order_settings, submit_order};
 
@@ -30,65 +26,21 @@ const PROCESSES: usize = 4;
 const ORDERS_EACH: usize = 3;
 
 /// A child engine process, held at the start line.
-struct Starter {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Arc<Mutex<Vec<String>>>,
-    /// Collects stdout into `lines`; ends when the child closes it.
-    reader: JoinHandle<()>,
-}
-
-impl Starter {
-    fn spawn(db_url: &str, index: usize) -> Self {
-        let exe = std::env::current_exe().expect("test binary path");
-        let mut child = Command::new(exe)
-            .args([
-                "first_start::child_engine",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("SAGAFLOW_FIRST_START_CHILD", "1")
-            .env("SAGAFLOW_FIRST_START_DB", db_url)
-            .env("SAGAFLOW_FIRST_START_INDEX", index.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn child engine");
-        let stdin = child.stdin.take().expect("child stdin");
-        let stdout = child.stdout.take().expect("child stdout");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let reader = tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                sink.lock().expect("lines").push(line);
-            }
-        });
-        Self {
-            child,
-            stdin,
-            lines,
-            reader,
-        }
-    }
-
-    fn printed(&self, prefix: &str) -> bool {
-        self.lines
-            .lock()
-            .expect("lines")
-            .iter()
-            .any(|l| l.starts_with(prefix))
-    }
+fn spawn_starter(db_url: &str, index: usize) -> ChildTest {
+    ChildTest::spawn(
+        "first_start::child_engine",
+        &[
+            ("SAGAFLOW_FIRST_START_CHILD", "1".into()),
+            ("SAGAFLOW_FIRST_START_DB", db_url.into()),
+            ("SAGAFLOW_FIRST_START_INDEX", index.to_string()),
+        ],
+    )
 }
 
 /// Starts [`PROCESSES`] engine processes on `db` at the same instant and checks that every
 /// one of them started and completed its sagas.
 async fn start_together(db: &TestDb) {
-    let mut starters: Vec<Starter> = (0..PROCESSES).map(|i| Starter::spawn(&db.url, i)).collect();
+    let mut starters: Vec<ChildTest> = (0..PROCESSES).map(|i| spawn_starter(&db.url, i)).collect();
     eventually(
         Duration::from_secs(60),
         "every child process to wait at the start line",
@@ -102,24 +54,17 @@ async fn start_together(db: &TestDb) {
     for s in &mut starters {
         s.stdin.flush().await.expect("flush child stdin");
     }
-    for (i, mut s) in starters.into_iter().enumerate() {
-        let status = tokio::time::timeout(Duration::from_secs(120), s.child.wait())
-            .await
-            .unwrap_or_else(|_| panic!("[{}] child {i} did not exit within 120 s", db.backend))
-            .expect("child status");
-        // Everything it printed, up to the end of its stdout.
-        tokio::time::timeout(Duration::from_secs(10), &mut s.reader)
-            .await
-            .unwrap_or_else(|_| panic!("[{}] child {i} kept its stdout open", db.backend))
-            .expect("stdout reader");
-        let said = s.lines.lock().expect("lines").join("\n");
+    for (i, s) in starters.into_iter().enumerate() {
+        let done = s.printed("DONE");
+        let (status, said) = s.finish(Duration::from_secs(120)).await;
+        let done = done || said.lines().any(|l| l.starts_with("DONE"));
         assert!(
             status.success(),
             "[{}] child {i} exited with {status} (its stderr is above); stdout:\n{said}",
             db.backend
         );
         assert!(
-            s.printed("DONE"),
+            done,
             "[{}] child {i} exited without completing its runs; stdout:\n{said}",
             db.backend
         );
