@@ -515,87 +515,6 @@ impl Gated {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_step_state_edited_to_an_unknown_value() {
-    for db in backends().await {
-        let g = gated_runs(&db).await;
-        edit(
-            &db,
-            "UPDATE sagaflow_steps SET state = 'bogus' WHERE run_id = $1 AND name = 'c'",
-            g.victim,
-        )
-        .await;
-        g.open();
-        g.set_aside_alone(db.backend, &["sagaflow_steps", "column `state`", "`bogus`"])
-            .await;
-        // Releasing before the repair is refused with the damage named.
-        let e = g
-            .engine
-            .operator()
-            .release(g.victim)
-            .await
-            .expect_err("still damaged");
-        assert!(
-            matches!(&e, Error::CorruptRow { .. }),
-            "[{}] {e}",
-            db.backend
-        );
-        edit(
-            &db,
-            "UPDATE sagaflow_steps SET state = 'not_started' WHERE run_id = $1 AND name = 'c'",
-            g.victim,
-        )
-        .await;
-        g.released_completes(db.backend).await;
-        g.engine.shutdown().await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_run_input_edited_to_the_wrong_shape() {
-    for db in backends().await {
-        let g = gated_runs(&db).await;
-        edit(
-            &db,
-            r#"UPDATE sagaflow_runs SET input = '{"n":"not a number"}' WHERE id = $1"#,
-            g.victim,
-        )
-        .await;
-        g.open();
-        g.set_aside_alone(
-            db.backend,
-            &["sagaflow_runs", "column `input`", "not a number"],
-        )
-        .await;
-        edit(
-            &db,
-            r#"UPDATE sagaflow_runs SET input = '{"n":7}' WHERE id = $1"#,
-            g.victim,
-        )
-        .await;
-        g.released_completes(db.backend).await;
-        g.engine.shutdown().await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_run_state_edited_to_an_unknown_value() {
-    for db in backends().await {
-        let g = gated_runs(&db).await;
-        edit(
-            &db,
-            "UPDATE sagaflow_runs SET state = 'bogus' WHERE id = $1",
-            g.victim,
-        )
-        .await;
-        g.open();
-        g.set_aside_alone(db.backend, &["sagaflow_runs", "column `state`", "`bogus`"])
-            .await;
-        g.released_completes(db.backend).await;
-        g.engine.shutdown().await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_unknown_version() {
     for db in backends().await {
         // A client that knows versions 1 and 2 starts a run of version 2; the workers know
@@ -648,33 +567,6 @@ async fn bad_input_unknown_version() {
         worker.shutdown().await;
         client.shutdown().await;
         n.stop().await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_step_row_names_an_unknown_step() {
-    for db in backends().await {
-        let g = gated_runs(&db).await;
-        edit(
-            &db,
-            "UPDATE sagaflow_steps SET name = 'ghost' WHERE run_id = $1 AND name = 'c'",
-            g.victim,
-        )
-        .await;
-        g.open();
-        g.set_aside_alone(
-            db.backend,
-            &["sagaflow_steps", "`ghost`", "not in workflow"],
-        )
-        .await;
-        edit(
-            &db,
-            "UPDATE sagaflow_steps SET name = 'c' WHERE run_id = $1 AND name = 'ghost'",
-            g.victim,
-        )
-        .await;
-        g.released_completes(db.backend).await;
-        g.engine.shutdown().await;
     }
 }
 
@@ -733,4 +625,78 @@ async fn bad_input_database_errors_are_typed() {
         })
         .await;
     }
+}
+
+/// The damage scenario: while every run's first step waits at the gate, `damage` edits the
+/// victim's row; the gate opens; the victim alone is set aside with an alert naming `names`,
+/// the others complete. Releasing before the repair of an undecodable step row is refused,
+/// naming the damage; after `repair` (if any), `release` lets the victim complete, never
+/// compensated.
+async fn damaged_then_released(damage: &str, names: &[&str], repair: Option<&str>) {
+    for db in backends().await {
+        let g = gated_runs(&db).await;
+        edit(&db, damage, g.victim).await;
+        g.open();
+        g.set_aside_alone(db.backend, names).await;
+        if let Some(repair) = repair {
+            // A step row that does not decode is named to an operator who releases too early.
+            if damage.starts_with("UPDATE sagaflow_steps SET state") {
+                let e = g
+                    .engine
+                    .operator()
+                    .release(g.victim)
+                    .await
+                    .expect_err("still damaged");
+                assert!(
+                    matches!(&e, Error::CorruptRow { .. }),
+                    "[{}] {e}",
+                    db.backend
+                );
+            }
+            edit(&db, repair, g.victim).await;
+        }
+        g.released_completes(db.backend).await;
+        g.engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_step_state_edited_to_an_unknown_value() {
+    damaged_then_released(
+        "UPDATE sagaflow_steps SET state = 'bogus' WHERE run_id = $1 AND name = 'c'",
+        &["sagaflow_steps", "column `state`", "`bogus`"],
+        Some("UPDATE sagaflow_steps SET state = 'not_started' WHERE run_id = $1 AND name = 'c'"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_run_input_edited_to_the_wrong_shape() {
+    damaged_then_released(
+        r#"UPDATE sagaflow_runs SET input = '{"n":"not a number"}' WHERE id = $1"#,
+        &["sagaflow_runs", "column `input`", "not a number"],
+        Some(r#"UPDATE sagaflow_runs SET input = '{"n":7}' WHERE id = $1"#),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_run_state_edited_to_an_unknown_value() {
+    // Setting the run aside overwrites the bad state: nothing is left to repair.
+    damaged_then_released(
+        "UPDATE sagaflow_runs SET state = 'bogus' WHERE id = $1",
+        &["sagaflow_runs", "column `state`", "`bogus`"],
+        None,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_step_row_names_an_unknown_step() {
+    damaged_then_released(
+        "UPDATE sagaflow_steps SET name = 'ghost' WHERE run_id = $1 AND name = 'c'",
+        &["sagaflow_steps", "`ghost`", "not in workflow"],
+        Some("UPDATE sagaflow_steps SET name = 'c' WHERE run_id = $1 AND name = 'ghost'"),
+    )
+    .await;
 }
