@@ -210,7 +210,7 @@ impl EngineBuilder {
     /// How long the supervisor leader may go without completing a sweep before it gives up
     /// its lease so that another instance leads (LE-3). Default:
     /// [`SWEEP_STALL_SWEEPS_DEFAULT`](sagaflow_supervisor::SWEEP_STALL_SWEEPS_DEFAULT) sweep
-    /// intervals (15 s). Followers raise a `supervisor_stalled` alert when no leader has
+    /// intervals, at least 5 s (5 s with the default sweep interval). Followers raise a `supervisor_stalled` alert when no leader has
     /// swept for twice as long. Must be at least two sweep intervals, otherwise
     /// [`EngineBuilder::start`] fails with [`Error::Config`].
     pub fn with_sweep_stall_after(mut self, d: Duration) -> Self {

@@ -16,12 +16,15 @@ pub const RENEW_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
 /// enough to be cheap).
 pub const SWEEP_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// How many sweep intervals may pass without a completed sweep before the leader gives up
-/// its lease (LE-3), unless [`SupervisorConfig::sweep_stall_after`] says otherwise. With the
-/// 1 s sweep that is 15 s, the default lease lifetime: a leader that renews but no longer
-/// sweeps (a query blocked on a lock, a wedged connection) is replaced about as fast as one
-/// whose lease lapsed, while a slow but working sweep (each rescue batch counts as progress)
-/// is left alone.
-pub const SWEEP_STALL_SWEEPS_DEFAULT: u32 = 15;
+/// its lease (LE-3), unless [`SupervisorConfig::sweep_stall_after`] says otherwise; never
+/// less than [`SWEEP_STALL_MIN`]. With the 1 s sweep that is 5 s: a leader that renews but no
+/// longer sweeps (a wedged connection, a task that never returns) is replaced sooner than one
+/// whose lease lapsed, while a slow but working sweep (each rescue batch counts as progress,
+/// and every statement of it is bounded by the session limits) is left alone.
+pub const SWEEP_STALL_SWEEPS_DEFAULT: u32 = 5;
+/// The least default stall threshold: with very short sweep intervals (tests use 100 ms), a
+/// few intervals would let one slow sweep on a loaded machine cost the leadership.
+pub const SWEEP_STALL_MIN: Duration = Duration::from_secs(5);
 /// Followers raise a `supervisor_stalled` alert when no leader has completed a sweep for
 /// this many times the stall threshold: long enough that a stalled leader would have
 /// stepped down and been replaced, so the alert means leaders keep stalling term after term
@@ -87,10 +90,11 @@ impl SupervisorConfig {
     /// How long the leader may go without a completed sweep before it steps down:
     /// [`SupervisorConfig::sweep_stall_after`] or its default.
     pub fn stall_after(&self) -> Duration {
-        self.sweep_stall_after.unwrap_or(
+        self.sweep_stall_after.unwrap_or_else(|| {
             self.sweep_interval
-                .saturating_mul(SWEEP_STALL_SWEEPS_DEFAULT),
-        )
+                .saturating_mul(SWEEP_STALL_SWEEPS_DEFAULT)
+                .max(SWEEP_STALL_MIN)
+        })
     }
 
     /// How long no leader may go without a completed sweep before followers raise a
@@ -154,10 +158,12 @@ mod tests {
     #[test]
     fn the_stall_threshold_follows_the_sweep_interval_unless_set() {
         let mut c = SupervisorConfig::new("a");
-        assert_eq!(c.stall_after(), Duration::from_secs(15));
-        assert_eq!(c.stall_alert_after(), Duration::from_secs(30));
+        assert_eq!(c.stall_after(), Duration::from_secs(5));
+        assert_eq!(c.stall_alert_after(), Duration::from_secs(10));
+        c.sweep_interval = Duration::from_secs(2);
+        assert_eq!(c.stall_after(), Duration::from_secs(10));
         c.sweep_interval = Duration::from_millis(100);
-        assert_eq!(c.stall_after(), Duration::from_millis(1500));
+        assert_eq!(c.stall_after(), SWEEP_STALL_MIN, "never below the floor");
         c.sweep_stall_after = Some(Duration::from_millis(200));
         assert!(c.validate().is_ok());
         assert_eq!(c.stall_alert_after(), Duration::from_millis(400));
