@@ -95,6 +95,9 @@ const DATABASE_CHECK_EVERY: Duration = Duration::from_millis(250);
 /// fatal error from any loop, cancels every loop, so nothing more is claimed or accepted.
 async fn watch_database(store: Store, hub: Arc<Hub>, cancel: CancellationToken) {
     let check = async {
+        if !store.has_file() {
+            return std::future::pending().await;
+        }
         loop {
             if let Err(e) = store.check_file() {
                 hub.fail(e);

@@ -13,7 +13,8 @@ use sagaflow_tests::{eventually, fast_builder, postgres_db};
 
 /// The lease of `fast_builder`.
 const LEASE: Duration = Duration::from_secs(2);
-/// What the issue promises beyond the lease: the default session limits (5 s).
+/// Beyond the lease: the default `idle_in_transaction_session_timeout` (5 s), after which the
+/// server ends the frozen session and releases its locks.
 const SESSION_LIMIT: Duration = Duration::from_secs(5);
 
 fn quick() -> Workflow {

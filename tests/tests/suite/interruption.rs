@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use crate::fixtures::{order_settings, submit_sample_orders};
 
-/// The rescue bound the issue sets for default settings.
+/// The rescue bound promised for default settings (docs/operations.md).
 const RESCUE_MAX: Duration = Duration::from_secs(5);
 
 /// How a child engine is configured.
