@@ -15,6 +15,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use sagaflow::advanced::SupervisorConfig;
 use sagaflow::advanced::store::LeaderFence;
 use sagaflow::sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
@@ -111,19 +113,11 @@ impl ChildEngine {
             .collect()
     }
 
-    /// Sends a signal with `kill(1)` (no unsafe code in the suite).
-    fn signal(&self, sig: &str) {
-        let pid = self
-            .proc
-            .child
-            .id()
-            .expect("child still running")
-            .to_string();
-        let status = std::process::Command::new("kill")
-            .args([format!("-{sig}"), pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{sig} {}", self.id);
+    /// Sends `sig` to the child (SIGSTOP freezes it, SIGCONT resumes it).
+    fn signal(&self, sig: Signal) {
+        let pid = self.proc.child.id().expect("child still running");
+        let pid = Pid::from_raw(i32::try_from(pid).expect("pid fits"));
+        nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("{sig} {}: {e}", self.id));
     }
 }
 
@@ -366,7 +360,7 @@ async fn a_frozen_leader_is_fenced_and_steps_down_when_resumed() {
 
     // Freeze A while it leads and two of its steps are in flight.
     let frozen_at = store.now_ms().await.expect("db clock");
-    a.signal("STOP");
+    a.signal(Signal::SIGSTOP);
     let (fb, took) = await_leader(&store, "fo2-b", TAKEOVER_MAX).await;
     assert!(fb.term > fa.term, "terms increase: {fa:?} -> {fb:?}");
     eprintln!(
@@ -383,7 +377,7 @@ async fn a_frozen_leader_is_fenced_and_steps_down_when_resumed() {
     .await;
 
     let statuses = a.status_count();
-    a.signal("CONT");
+    a.signal(Signal::SIGCONT);
     // A wakes with its old term in memory: it must notice the loss and stand down.
     eventually(
         Duration::from_secs(5),

@@ -5,7 +5,7 @@
 //! begins) and end-to-end latency at moderate load (runs one at a time), peak RSS, and the
 //! machine and durability settings it ran on. A measurement, not a test: nothing is asserted.
 
-use sagaflow_workflows::measure::{ms, percentile};
+use sagaflow_workflows::measure::{Latencies, ms};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -29,8 +29,9 @@ struct Args {
     /// Runs in the latency phase (one at a time).
     #[arg(long, default_value_t = 100)]
     latency_runs: usize,
-    /// Concurrent submitters in the throughput phase.
-    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    /// Concurrent submitters in the throughput phase (64: the setting of the figures in
+    /// docs/benchmarks.md).
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     submitters: usize,
     /// Steps in flight at most.
     #[arg(long, default_value_t = 512)]
@@ -250,7 +251,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let total = t0.elapsed();
     let wps = args.runs as f64 / total.as_secs_f64();
-    e2e.sort();
+    let e2e = Latencies::of(e2e);
     println!("\nthroughput · {} runs × 3 steps", args.runs);
     println!(
         "  submitted in   {:.2} s ({:.0} runs/s accepted)",
@@ -262,8 +263,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  steps/s        {:.0}", wps * 3.0);
     println!(
         "  end-to-end     p50 {} · p99 {} (under full load)",
-        ms(percentile(&e2e, 50.0)),
-        ms(percentile(&e2e, 99.0))
+        ms(e2e.percentile(50.0)),
+        ms(e2e.percentile(99.0))
     );
     let rss_after_load = peak_rss_mib();
 
@@ -289,18 +290,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         e2e_lat.push(end);
     }
-    start_lat.sort();
-    e2e_lat.sort();
+    let (start_lat, e2e_lat) = (Latencies::of(start_lat), Latencies::of(e2e_lat));
     println!("\nlatency · {} runs one at a time", args.latency_runs);
     println!(
         "  start (submit → first step begins)  p50 {} · p99 {}",
-        ms(percentile(&start_lat, 50.0)),
-        ms(percentile(&start_lat, 99.0))
+        ms(start_lat.percentile(50.0)),
+        ms(start_lat.percentile(99.0))
     );
     println!(
         "  end-to-end (submit → completed)     p50 {} · p99 {}",
-        ms(percentile(&e2e_lat, 50.0)),
-        ms(percentile(&e2e_lat, 99.0))
+        ms(e2e_lat.percentile(50.0)),
+        ms(e2e_lat.percentile(99.0))
     );
     match rss_after_load {
         Some(m) => println!(
@@ -422,7 +422,7 @@ async fn multi_process(
             ));
         }
     }
-    e2e.sort();
+    let e2e = Latencies::of(e2e);
     let wps = args.runs as f64 / total.as_secs_f64();
     println!(
         "\nthroughput · {} runs × 3 steps · {} worker processes",
@@ -438,8 +438,8 @@ async fn multi_process(
     println!("  steps/s        {:.0}", wps * 3.0);
     println!(
         "  end-to-end     p50 {} · p99 {} (database clock, under full load)",
-        ms(percentile(&e2e, 50.0)),
-        ms(percentile(&e2e, 99.0))
+        ms(e2e.percentile(50.0)),
+        ms(e2e.percentile(99.0))
     );
     engine.shutdown().await;
     Ok(())

@@ -30,7 +30,9 @@ pub struct FaultPlan {
     /// `(seed, key)`, so every retry of such a key fails again. Never applied to
     /// compensations (`release`, `refund`).
     pub permanent: f64,
-    /// Seed of the random decisions and of the permanent-key hash.
+    /// Seed of the random decisions and of the permanent-key hash. A call's fate is a function
+    /// of the seed, its operation, its idempotency key and how many times that key was called
+    /// before, so a seed reproduces the same faults whatever order concurrent calls arrive in.
     pub seed: u64,
     /// Simulated processing time, slept after applying and before answering.
     pub latency: Duration,
@@ -144,7 +146,8 @@ pub(crate) enum Fault {
 }
 
 struct State {
-    rng: StdRng,
+    /// Calls so far per operation and key: the n-th call of a key rolls its own dice.
+    calls: HashMap<(Operation, String), u32>,
     scripts: HashMap<Operation, VecDeque<Scripted>>,
     counts: FaultCounts,
 }
@@ -155,7 +158,8 @@ struct Inner {
     state: Mutex<State>,
 }
 
-/// The fault injector of one service. Cheap to clone: clones share scripts, RNG and counters.
+/// The fault injector of one service. Cheap to clone: clones share scripts, call counts and
+/// counters.
 #[derive(Clone)]
 pub struct Faults {
     inner: Arc<Inner>,
@@ -177,7 +181,7 @@ impl Faults {
     /// The injector of `service`, following `plan`.
     pub fn new(service: Service, plan: FaultPlan) -> Self {
         let state = State {
-            rng: StdRng::seed_from_u64(plan.seed),
+            calls: HashMap::new(),
             scripts: HashMap::new(),
             counts: FaultCounts::default(),
         };
@@ -266,7 +270,14 @@ impl Faults {
                 Fault::Permanent(refusal(op).to_owned())
             }
             None if plan.transient > 0.0 || plan.hang > 0.0 || plan.lose_reply > 0.0 => {
-                let roll: f64 = state.rng.random();
+                // The dice of a call depend on the seed, the operation, the key and how many
+                // times that key was called: not on the order in which concurrent calls
+                // arrive, so one seed injects the same faults into the same calls every run.
+                let n = state.calls.entry((op, key.to_owned())).or_insert(0);
+                *n += 1;
+                let mut rng =
+                    StdRng::seed_from_u64(key_hash(plan.seed, &format!("{op}\u{0}{key}\u{0}{n}")));
+                let roll: f64 = rng.random();
                 if roll < plan.transient {
                     Fault::Transient(format!("{op} temporarily unavailable"))
                 } else if roll < plan.transient + plan.hang {
@@ -277,7 +288,7 @@ impl Faults {
                         LostReply::BadGateway,
                         LostReply::GatewayTimeout,
                     ];
-                    Fault::LoseReply(how[state.rng.random_range(0..how.len())])
+                    Fault::LoseReply(how[rng.random_range(0..how.len())])
                 } else {
                     Fault::None
                 }
@@ -442,6 +453,14 @@ mod tests {
         };
         let (first, counts) = run();
         assert_eq!(run().0, first);
+        // The same calls in another order meet the same faults.
+        let faults = Faults::new(Service::Shipping, plan.clone());
+        let mut reversed: Vec<Fault> = (0..500)
+            .rev()
+            .map(|i| faults.decide(Operation::Ship, &format!("k{i}")))
+            .collect();
+        reversed.reverse();
+        assert_eq!(reversed, first, "decisions do not depend on call order");
         assert!((100..200).contains(&counts.transient), "{counts:?}");
         assert!((50..150).contains(&counts.hang), "{counts:?}");
         assert_eq!(counts.permanent, 0);

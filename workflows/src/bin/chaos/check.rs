@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sagaflow::{RunState, Store};
-use sagaflow_workflows::measure::{ms, percentile};
+use sagaflow_workflows::measure::{Latencies, ms};
 use sagaflow_workflows::order::Order;
 use sagaflow_workflows::services::{OrderStatus, Services};
 use uuid::Uuid;
@@ -405,14 +405,13 @@ pub(crate) async fn verify(
         hist("timeout"),
         hist("interrupted")
     );
-    let mut rescues = stats.rescues.clone();
-    rescues.sort_unstable();
+    let rescues = Latencies::of(stats.rescues.iter().copied());
     println!(
         "  rescue      after SIGKILL: {} kills with steps in flight, released in p50 {} · p99 {} · max {} ({} kills hit an idle process)",
         rescues.len(),
-        ms(percentile(&rescues, 50.0)),
-        ms(percentile(&rescues, 99.0)),
-        ms(rescues.last().copied().unwrap_or_default()),
+        ms(rescues.percentile(50.0)),
+        ms(rescues.percentile(99.0)),
+        ms(rescues.max()),
         stats.idle_kills
     );
     let hist_line: Vec<String> = history.iter().map(|(e, n)| format!("{e} {n}")).collect();
