@@ -1,79 +1,23 @@
-//! A running engine instance.
+//! A running engine instance: its loops, its health, reading runs and alerts, waiting, and
+//! shutdown. Starting runs is in `start.rs`, operator actions in `operator.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sagaflow_agents::AgentPool;
-use sagaflow_engine::definition::millis;
 use sagaflow_engine::hub::{AlertSink, Hub, RunEvent};
 use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
-use sagaflow_engine::store::{EvalApplied, NewRun, NewStep, RunInsertOutcome};
-use sagaflow_engine::{
-    AlertRow, Error, HistoryRow, Registry, Result, RunRow, RunState, StepRow, Store, Workflow,
-    operator,
-};
+use sagaflow_engine::{AlertRow, Error, HistoryRow, Registry, Result, RunRow, StepRow, Store};
 use sagaflow_supervisor::{Supervisor, SupervisorConfig};
-use sea_orm::{ConnectionTrait, DatabaseConnection};
-use serde::Serialize;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use sea_orm::DatabaseConnection;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::builder::EngineBuilder;
+use crate::operator::Operator;
 use crate::submit::Submission;
-
-/// What to do when a retained run already holds the business key (how long a run holds its
-/// key is its workflow's [`KeyPolicy`](sagaflow_engine::KeyPolicy)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnDuplicate {
-    /// Return the existing run, its id and state ([`Started::created`] is `false`): starting
-    /// twice is safe, which is what an order service re-submitting an order needs. The
-    /// default.
-    #[default]
-    ReturnExisting,
-    /// Fail with [`Error::DuplicateKey`].
-    Reject,
-}
-
-/// Options of a run start.
-#[derive(Debug, Clone, Default)]
-pub struct StartOptions {
-    /// Business key (e.g. the order id): while a run holds it, starting the workflow with the
-    /// same key returns that run instead of creating another.
-    pub business_key: Option<String>,
-    /// What to do with a duplicate.
-    pub on_duplicate: OnDuplicate,
-}
-
-impl StartOptions {
-    /// Options with a business key and the default duplicate policy (return the existing
-    /// run).
-    pub fn keyed(key: impl Into<String>) -> Self {
-        Self {
-            business_key: Some(key.into()),
-            on_duplicate: OnDuplicate::ReturnExisting,
-        }
-    }
-
-    /// Sets the duplicate policy.
-    #[must_use]
-    pub fn on_duplicate(mut self, d: OnDuplicate) -> Self {
-        self.on_duplicate = d;
-        self
-    }
-}
-
-/// The result of a start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Started {
-    /// The run's id.
-    pub id: Uuid,
-    /// Whether a new run was created (false: the run holding the business key was returned).
-    pub created: bool,
-    /// The run's state: `Pending` for a new run, the existing run's state otherwise.
-    pub state: RunState,
-}
 
 /// The health of an engine instance (see [`Engine::health`]).
 #[derive(Debug, Clone)]
@@ -114,26 +58,26 @@ async fn watch_database(store: Store, hub: Arc<Hub>, cancel: CancellationToken) 
     cancel.cancel();
 }
 
-struct Inner {
-    store: Store,
-    registry: Arc<Registry>,
-    hub: Arc<Hub>,
-    scheduler: Arc<Scheduler>,
-    supervisor: Option<Arc<Supervisor>>,
-    tracker: TaskTracker,
-    cancel: CancellationToken,
-    max_input_bytes: usize,
-    submit: mpsc::Sender<Submission>,
+pub(crate) struct Inner {
+    pub(crate) store: Store,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) scheduler: Arc<Scheduler>,
+    pub(crate) supervisor: Option<Arc<Supervisor>>,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) max_input_bytes: usize,
+    pub(crate) submit: mpsc::Sender<Submission>,
     /// This instance's registration (worker engines): its incarnation.
-    incarnation: Option<String>,
-    stopped: std::sync::atomic::AtomicBool,
+    pub(crate) incarnation: Option<String>,
+    pub(crate) stopped: std::sync::atomic::AtomicBool,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
 /// one database. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -226,108 +170,6 @@ impl Engine {
     /// reason.
     pub async fn fatal_error(&self) -> Error {
         self.inner.hub.fatal_error().await
-    }
-
-    /// Starts a run of the newest version of `workflow`.
-    ///
-    /// # Errors
-    /// [`Error::WorkflowNotFound`], [`Error::InvalidInput`], [`Error::PayloadTooLarge`],
-    /// [`Error::Shutdown`], [`Error::Db`].
-    pub async fn start<I: Serialize>(&self, workflow: &str, input: &I) -> Result<Uuid> {
-        self.start_with(workflow, input, StartOptions::default())
-            .await
-            .map(|s| s.id)
-    }
-
-    /// Starts a run with options (business key, duplicate policy). With a business key that
-    /// a retained run holds, nothing is created and that run is returned (or, with
-    /// [`OnDuplicate::Reject`], [`Error::DuplicateKey`]): intake is idempotent for as long
-    /// as the workflow's key policy keeps the key taken.
-    ///
-    /// # Errors
-    /// As [`Engine::start`], plus [`Error::DuplicateKey`] with [`OnDuplicate::Reject`].
-    pub async fn start_with<I: Serialize>(
-        &self,
-        workflow: &str,
-        input: &I,
-        opts: StartOptions,
-    ) -> Result<Started> {
-        let run = self.prepare(workflow, input, opts.business_key.clone())?;
-        let (reply, answer) = oneshot::channel();
-        self.inner
-            .submit
-            .send(Submission { run, reply })
-            .await
-            .map_err(|_| Error::Shutdown)?;
-        let outcome = answer.await.map_err(|_| Error::Shutdown)??;
-        let started = resolve(outcome, opts, workflow)?;
-        if started.created {
-            self.inner.hub.publish(RunEvent {
-                run_id: started.id,
-                workflow: workflow.to_owned(),
-                state: RunState::Pending,
-            });
-        }
-        Ok(started)
-    }
-
-    /// Starts a run on the caller's connection or transaction: the run and its steps commit
-    /// or roll back with the caller's own writes (e.g. the order row, SAS-7). Call
-    /// [`Engine::wake`] after committing for the quickest pickup (otherwise the next poll
-    /// finds it).
-    ///
-    /// # Errors
-    /// As [`Engine::start_with`].
-    pub async fn start_in<C, I>(
-        &self,
-        conn: &C,
-        workflow: &str,
-        input: &I,
-        opts: StartOptions,
-    ) -> Result<Started>
-    where
-        C: ConnectionTrait,
-        I: Serialize,
-    {
-        let run = self.prepare(workflow, input, opts.business_key.clone())?;
-        let outcome = self.inner.store.run_insert(conn, &run).await?;
-        resolve(outcome, opts, workflow)
-    }
-
-    /// Validates a submission and builds its rows.
-    fn prepare<I: Serialize>(
-        &self,
-        workflow: &str,
-        input: &I,
-        business_key: Option<String>,
-    ) -> Result<NewRun> {
-        if let Some(fatal) = self.inner.hub.fatal() {
-            return Err(fatal);
-        }
-        if self.inner.cancel.is_cancelled() {
-            return Err(Error::Shutdown);
-        }
-        let wf = self.inner.registry.latest(workflow)?;
-        let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
-            workflow: workflow.to_owned(),
-            reason: e.to_string(),
-        })?;
-        wf.check_input(&value)?;
-        let json = value.to_string();
-        if json.len() > self.inner.max_input_bytes {
-            return Err(Error::PayloadTooLarge {
-                what: format!("input of workflow `{workflow}`"),
-                size: json.len(),
-                limit: self.inner.max_input_bytes,
-            });
-        }
-        Ok(new_run(wf, json, business_key))
-    }
-
-    /// Wakes this instance's scheduler (after committing a transaction that started runs).
-    pub fn wake(&self) {
-        self.inner.hub.claim.notify_one();
-        self.inner.hub.eval.notify_one();
     }
 
     /// A run by id.
@@ -477,135 +319,5 @@ impl Engine {
         if let Err(e) = store.instance_stop(id, incarnation).await {
             tracing::debug!(error = %e, "could not mark the instance stopped");
         }
-    }
-}
-
-/// Applies the duplicate policy to an insert outcome.
-fn resolve(outcome: RunInsertOutcome, opts: StartOptions, workflow: &str) -> Result<Started> {
-    match outcome {
-        RunInsertOutcome::Inserted(id) => Ok(Started {
-            id,
-            created: true,
-            state: RunState::Pending,
-        }),
-        RunInsertOutcome::Duplicate { existing, state } => match opts.on_duplicate {
-            OnDuplicate::ReturnExisting => Ok(Started {
-                id: existing,
-                created: false,
-                state,
-            }),
-            OnDuplicate::Reject => Err(Error::DuplicateKey {
-                workflow: workflow.to_owned(),
-                key: opts.business_key.unwrap_or_default(),
-                existing,
-                state,
-            }),
-        },
-    }
-}
-
-fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun {
-    let id = Uuid::now_v7();
-    let steps = wf
-        .steps()
-        .iter()
-        .map(|s| NewStep {
-            name: s.name().to_owned(),
-            max_failures: s.settings().retry.max_failures_stored(),
-            max_interruptions: s.settings().retry.max_interruptions_stored(),
-            deadline_ms: millis(s.settings().deadline.initial),
-            deadline_cap_ms: millis(s.settings().deadline.cap),
-            // SAS-2: stable across every retry of this step in this run.
-            idempotency_key: format!("{id}:{}", s.name()),
-            ready: s.is_root(),
-        })
-        .collect();
-    NewRun {
-        id,
-        workflow: wf.name().to_owned(),
-        version: wf.version(),
-        business_key,
-        input,
-        steps,
-    }
-}
-
-/// Operator actions on runs (each recorded in the run's history; each resolves the run's open
-/// alerts).
-#[derive(Debug, Clone, Copy)]
-pub struct Operator<'a> {
-    engine: &'a Engine,
-}
-
-impl Operator<'_> {
-    /// Retries a failed step (or failed compensation) of a run in `Error`.
-    ///
-    /// # Errors
-    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
-    pub async fn retry_step(&self, run_id: Uuid, step: &str) -> Result<RunState> {
-        let a = operator::retry_step(&self.engine.inner.store, run_id, step).await?;
-        Ok(self.after(a))
-    }
-
-    /// Requests compensation of a run that is not finished.
-    ///
-    /// # Errors
-    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
-    pub async fn compensate(&self, run_id: Uuid) -> Result<RunState> {
-        let a = operator::compensate(&self.engine.inner.store, run_id).await?;
-        Ok(self.after(a))
-    }
-
-    /// Resumes a run in `Error`, retrying the failed steps of the phase it stopped in.
-    ///
-    /// # Errors
-    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
-    pub async fn resume(&self, run_id: Uuid) -> Result<RunState> {
-        let a = operator::resume(&self.engine.inner.store, run_id).await?;
-        Ok(self.after(a))
-    }
-
-    /// Releases a run set aside for a damaged row (its error code is `corrupt_row`, and a
-    /// `corrupt_row` alert names the table, row, column and value) once the row is repaired:
-    /// the run goes back to the phase it was in, its parked steps are due again, and it is
-    /// evaluated afresh (a row still damaged sets it aside again).
-    ///
-    /// # Errors
-    /// [`Error::ActionNotAllowed`] unless the run was set aside; [`Error::CorruptRow`] while a
-    /// step row is still damaged; [`Error::RunNotFound`], [`Error::Db`].
-    pub async fn release(&self, run_id: Uuid) -> Result<RunState> {
-        let a = operator::release(&self.engine.inner.store, run_id).await?;
-        Ok(self.after(a))
-    }
-
-    /// Records that the effect of `step` was undone by hand after its compensation failed;
-    /// the run goes on compensating the remaining steps.
-    ///
-    /// # Errors
-    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
-    pub async fn mark_compensated(&self, run_id: Uuid, step: &str) -> Result<RunState> {
-        let a = operator::mark_compensated(&self.engine.inner.store, run_id, step).await?;
-        Ok(self.after(a))
-    }
-
-    /// Marks an alert resolved (e.g. an `unknown_version` alert once the version is deployed).
-    /// Returns whether an open alert was resolved.
-    ///
-    /// # Errors
-    /// [`Error::Db`].
-    pub async fn resolve_alert(&self, alert_id: i64) -> Result<bool> {
-        self.engine.inner.store.alert_resolve(alert_id).await
-    }
-
-    fn after(&self, a: EvalApplied) -> RunState {
-        let hub = &self.engine.inner.hub;
-        hub.publish(RunEvent {
-            run_id: a.before.id,
-            workflow: a.before.workflow.clone(),
-            state: a.state,
-        });
-        hub.eval.notify_one();
-        hub.claim.notify_one();
-        a.state
     }
 }

@@ -47,10 +47,13 @@
 mod builder;
 mod engine;
 mod instance;
+mod operator;
+mod start;
 mod submit;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
-pub use engine::{Engine, Health, OnDuplicate, Operator, StartOptions, Started};
+pub use engine::{Engine, Health};
+pub use operator::Operator;
 pub use sagaflow_agents::{Agent, AgentStep, agent_step};
 pub use sagaflow_engine::store::{StoreOptions, redact_url};
 pub use sagaflow_engine::{
@@ -59,6 +62,7 @@ pub use sagaflow_engine::{
     StepState, Store, TracingSink, Workflow, WorkflowBuilder,
 };
 pub use sagaflow_supervisor::{Supervisor, SupervisorStats};
+pub use start::{OnDuplicate, StartOptions, Started};
 
 /// Lower layers, for tools and tests that drive the store, planner or protocol directly.
 /// Not needed to embed sagaflow; less stable than the names above.
@@ -73,10 +77,15 @@ pub mod advanced {
 /// a direct dependency.
 pub use sea_orm;
 
+/// Re-exported so that an application names run ids and implements [`Agent`] with one line
+/// in its Cargo.toml.
+pub use async_trait::async_trait;
+pub use uuid::{self, Uuid};
+
 /// The names most applications need.
 pub mod prelude {
     pub use crate::{
         Agent, DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, RetryPolicy, RunState, StartOptions,
-        StepContext, StepError, StepState, Workflow, agent_step,
+        StepContext, StepError, StepState, Uuid, Workflow, agent_step,
     };
 }

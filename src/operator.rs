@@ -1,0 +1,90 @@
+//! Operator actions on runs (SAS-7), through the same transition rules as the engine.
+
+#[cfg(doc)]
+use sagaflow_engine::Error;
+use sagaflow_engine::hub::RunEvent;
+use sagaflow_engine::store::EvalApplied;
+use sagaflow_engine::{Result, RunState, operator};
+use uuid::Uuid;
+
+use crate::engine::Engine;
+
+/// Operator actions on runs (each recorded in the run's history; each resolves the run's open
+/// alerts).
+#[derive(Debug, Clone, Copy)]
+pub struct Operator<'a> {
+    pub(crate) engine: &'a Engine,
+}
+
+impl Operator<'_> {
+    /// Retries a failed step (or failed compensation) of a run in `Error`.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn retry_step(&self, run_id: Uuid, step: &str) -> Result<RunState> {
+        let a = operator::retry_step(&self.engine.inner.store, run_id, step).await?;
+        Ok(self.after(a))
+    }
+
+    /// Requests compensation of a run that is not finished.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn compensate(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::compensate(&self.engine.inner.store, run_id).await?;
+        Ok(self.after(a))
+    }
+
+    /// Resumes a run in `Error`, retrying the failed steps of the phase it stopped in.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn resume(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::resume(&self.engine.inner.store, run_id).await?;
+        Ok(self.after(a))
+    }
+
+    /// Releases a run set aside for a damaged row (its error code is `corrupt_row`, and a
+    /// `corrupt_row` alert names the table, row, column and value) once the row is repaired:
+    /// the run goes back to the phase it was in, its parked steps are due again, and it is
+    /// evaluated afresh (a row still damaged sets it aside again).
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`] unless the run was set aside; [`Error::CorruptRow`] while a
+    /// step row is still damaged; [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn release(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::release(&self.engine.inner.store, run_id).await?;
+        Ok(self.after(a))
+    }
+
+    /// Records that the effect of `step` was undone by hand after its compensation failed;
+    /// the run goes on compensating the remaining steps.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn mark_compensated(&self, run_id: Uuid, step: &str) -> Result<RunState> {
+        let a = operator::mark_compensated(&self.engine.inner.store, run_id, step).await?;
+        Ok(self.after(a))
+    }
+
+    /// Marks an alert resolved (e.g. an `unknown_version` alert once the version is deployed).
+    /// Returns whether an open alert was resolved.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn resolve_alert(&self, alert_id: i64) -> Result<bool> {
+        self.engine.inner.store.alert_resolve(alert_id).await
+    }
+
+    fn after(&self, a: EvalApplied) -> RunState {
+        let hub = &self.engine.inner.hub;
+        hub.publish(RunEvent {
+            run_id: a.before.id,
+            workflow: a.before.workflow.clone(),
+            state: a.state,
+        });
+        hub.eval.notify_one();
+        hub.claim.notify_one();
+        a.state
+    }
+}

@@ -1,0 +1,221 @@
+//! Starting runs: options, the duplicate policy of business keys, validation of the input,
+//! and the rows a new run is stored as (group-committed by the submitter, or written on the
+//! caller's own transaction).
+
+use sagaflow_engine::definition::millis;
+use sagaflow_engine::hub::RunEvent;
+use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome};
+use sagaflow_engine::{Error, Result, RunState, Workflow};
+use sea_orm::ConnectionTrait;
+use serde::Serialize;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::engine::Engine;
+use crate::submit::Submission;
+
+/// What to do when a retained run already holds the business key (how long a run holds its
+/// key is its workflow's [`KeyPolicy`](sagaflow_engine::KeyPolicy)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDuplicate {
+    /// Return the existing run, its id and state ([`Started::created`] is `false`): starting
+    /// twice is safe, which is what an order service re-submitting an order needs. The
+    /// default.
+    #[default]
+    ReturnExisting,
+    /// Fail with [`Error::DuplicateKey`].
+    Reject,
+}
+
+/// Options of a run start.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Business key (e.g. the order id): while a run holds it, starting the workflow with the
+    /// same key returns that run instead of creating another.
+    pub business_key: Option<String>,
+    /// What to do with a duplicate.
+    pub on_duplicate: OnDuplicate,
+}
+
+impl StartOptions {
+    /// Options with a business key and the default duplicate policy (return the existing
+    /// run).
+    pub fn keyed(key: impl Into<String>) -> Self {
+        Self {
+            business_key: Some(key.into()),
+            on_duplicate: OnDuplicate::ReturnExisting,
+        }
+    }
+
+    /// Sets the duplicate policy.
+    #[must_use]
+    pub fn on_duplicate(mut self, d: OnDuplicate) -> Self {
+        self.on_duplicate = d;
+        self
+    }
+}
+
+/// The result of a start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    /// The run's id.
+    pub id: Uuid,
+    /// Whether a new run was created (false: the run holding the business key was returned).
+    pub created: bool,
+    /// The run's state: `Pending` for a new run, the existing run's state otherwise.
+    pub state: RunState,
+}
+
+impl Engine {
+    /// Starts a run of the newest version of `workflow`.
+    ///
+    /// # Errors
+    /// [`Error::WorkflowNotFound`], [`Error::InvalidInput`], [`Error::PayloadTooLarge`],
+    /// [`Error::Shutdown`], [`Error::Db`].
+    pub async fn start<I: Serialize>(&self, workflow: &str, input: &I) -> Result<Uuid> {
+        self.start_with(workflow, input, StartOptions::default())
+            .await
+            .map(|s| s.id)
+    }
+
+    /// Starts a run with options (business key, duplicate policy). With a business key that
+    /// a retained run holds, nothing is created and that run is returned (or, with
+    /// [`OnDuplicate::Reject`], [`Error::DuplicateKey`]): intake is idempotent for as long
+    /// as the workflow's key policy keeps the key taken.
+    ///
+    /// # Errors
+    /// As [`Engine::start`], plus [`Error::DuplicateKey`] with [`OnDuplicate::Reject`].
+    pub async fn start_with<I: Serialize>(
+        &self,
+        workflow: &str,
+        input: &I,
+        opts: StartOptions,
+    ) -> Result<Started> {
+        let run = self.prepare(workflow, input, opts.business_key.clone())?;
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .submit
+            .send(Submission { run, reply })
+            .await
+            .map_err(|_| Error::Shutdown)?;
+        let outcome = answer.await.map_err(|_| Error::Shutdown)??;
+        let started = resolve(outcome, opts, workflow)?;
+        if started.created {
+            self.inner.hub.publish(RunEvent {
+                run_id: started.id,
+                workflow: workflow.to_owned(),
+                state: RunState::Pending,
+            });
+        }
+        Ok(started)
+    }
+
+    /// Starts a run on the caller's connection or transaction: the run and its steps commit
+    /// or roll back with the caller's own writes (e.g. the order row, SAS-7). Call
+    /// [`Engine::wake`] after committing for the quickest pickup (otherwise the next poll
+    /// finds it).
+    ///
+    /// # Errors
+    /// As [`Engine::start_with`].
+    pub async fn start_in<C, I>(
+        &self,
+        conn: &C,
+        workflow: &str,
+        input: &I,
+        opts: StartOptions,
+    ) -> Result<Started>
+    where
+        C: ConnectionTrait,
+        I: Serialize,
+    {
+        let run = self.prepare(workflow, input, opts.business_key.clone())?;
+        let outcome = self.inner.store.run_insert(conn, &run).await?;
+        resolve(outcome, opts, workflow)
+    }
+
+    /// Validates a submission and builds its rows.
+    fn prepare<I: Serialize>(
+        &self,
+        workflow: &str,
+        input: &I,
+        business_key: Option<String>,
+    ) -> Result<NewRun> {
+        if let Some(fatal) = self.inner.hub.fatal() {
+            return Err(fatal);
+        }
+        if self.inner.cancel.is_cancelled() {
+            return Err(Error::Shutdown);
+        }
+        let wf = self.inner.registry.latest(workflow)?;
+        let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
+            workflow: workflow.to_owned(),
+            reason: e.to_string(),
+        })?;
+        wf.check_input(&value)?;
+        let json = value.to_string();
+        if json.len() > self.inner.max_input_bytes {
+            return Err(Error::PayloadTooLarge {
+                what: format!("input of workflow `{workflow}`"),
+                size: json.len(),
+                limit: self.inner.max_input_bytes,
+            });
+        }
+        Ok(new_run(wf, json, business_key))
+    }
+
+    /// Wakes this instance's scheduler (after committing a transaction that started runs).
+    pub fn wake(&self) {
+        self.inner.hub.claim.notify_one();
+        self.inner.hub.eval.notify_one();
+    }
+}
+
+/// Applies the duplicate policy to an insert outcome.
+fn resolve(outcome: RunInsertOutcome, opts: StartOptions, workflow: &str) -> Result<Started> {
+    match outcome {
+        RunInsertOutcome::Inserted(id) => Ok(Started {
+            id,
+            created: true,
+            state: RunState::Pending,
+        }),
+        RunInsertOutcome::Duplicate { existing, state } => match opts.on_duplicate {
+            OnDuplicate::ReturnExisting => Ok(Started {
+                id: existing,
+                created: false,
+                state,
+            }),
+            OnDuplicate::Reject => Err(Error::DuplicateKey {
+                workflow: workflow.to_owned(),
+                key: opts.business_key.unwrap_or_default(),
+                existing,
+                state,
+            }),
+        },
+    }
+}
+
+fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun {
+    let id = Uuid::now_v7();
+    let steps = wf
+        .steps()
+        .iter()
+        .map(|s| NewStep {
+            name: s.name().to_owned(),
+            max_failures: s.settings().retry.max_failures_stored(),
+            max_interruptions: s.settings().retry.max_interruptions_stored(),
+            deadline_ms: millis(s.settings().deadline.initial),
+            deadline_cap_ms: millis(s.settings().deadline.cap),
+            // SAS-2: stable across every retry of this step in this run.
+            idempotency_key: format!("{id}:{}", s.name()),
+            ready: s.is_root(),
+        })
+        .collect();
+    NewRun {
+        id,
+        workflow: wf.name().to_owned(),
+        version: wf.version(),
+        business_key,
+        input,
+        steps,
+    }
+}
