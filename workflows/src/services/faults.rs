@@ -25,14 +25,16 @@ pub struct FaultPlan {
     /// connection, a 502 or a 504, in turn).
     #[serde(default)]
     pub lose_reply: f64,
-    /// Share of idempotency keys (0.0..=1.0) that fail with
+    /// Share of orders (0.0..=1.0) whose call of an operation fails with
     /// [`ServiceError::Permanent`](super::ServiceError::Permanent). Decided by a hash of
-    /// `(seed, key)`, so every retry of such a key fails again. Never applied to
+    /// `(seed, operation, order)`, so every retry of such a call fails again. Never applied to
     /// compensations (`release`, `refund`).
     pub permanent: f64,
-    /// Seed of the random decisions and of the permanent-key hash. A call's fate is a function
-    /// of the seed, its operation, its idempotency key and how many times that key was called
-    /// before, so a seed reproduces the same faults whatever order concurrent calls arrive in.
+    /// Seed of the random decisions and of the permanent-order hash. A call's fate is a function
+    /// of the seed, its operation, the order it concerns and how many times that operation was
+    /// called for that order before, so a seed reproduces the same faults in every run,
+    /// whatever order concurrent calls arrive in (idempotency keys, which embed run ids, play
+    /// no part).
     pub seed: u64,
     /// Simulated processing time, slept after applying and before answering.
     pub latency: Duration,
@@ -244,8 +246,9 @@ impl Faults {
         self.lock().counts
     }
 
-    /// Decide the fate of one call and count it.
-    pub(crate) fn decide(&self, op: Operation, key: &str) -> Fault {
+    /// Decide the fate of one call about `subject` (the order it concerns) and count it.
+    pub(crate) fn decide(&self, op: Operation, subject: &str) -> Fault {
+        let key = subject;
         let plan = &self.inner.plan;
         let mut state = self.lock();
         let scripted = state.scripts.get_mut(&op).and_then(VecDeque::pop_front);
@@ -265,7 +268,8 @@ impl Faults {
                 retry_after_ms: Some(1000),
             }),
             None if !op.is_compensation()
-                && unit_interval(key_hash(plan.seed, key)) < plan.permanent =>
+                && unit_interval(key_hash(plan.seed, &format!("{op}\u{0}{key}")))
+                    < plan.permanent =>
             {
                 Fault::Permanent(refusal(op).to_owned())
             }

@@ -36,7 +36,9 @@ impl Remote {
         if key.is_empty() {
             return Err(ServiceError::Permanent("missing idempotency key".into()));
         }
-        let result = match self.faults.decide(op, key) {
+        // Faults follow the order, not the key: keys embed run ids, which differ every run,
+        // while a seed must inject the same faults into the same orders every run.
+        let result = match self.faults.decide(op, order_id) {
             Fault::None => self
                 .ledger
                 .apply_or_replay(key, op, order_id, request, make)
