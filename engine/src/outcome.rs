@@ -155,7 +155,8 @@ impl StepError {
 
     /// The stored JSON form.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| format!("{{\"code\":\"{}\"}}", self.code))
+        serde_json::to_string(self)
+            .unwrap_or_else(|_| serde_json::json!({ "code": self.code }).to_string())
     }
 }
 
