@@ -70,7 +70,7 @@ pub mod advanced {
     pub use sagaflow_engine::{Registry, hub, operator, protocol, scheduler, store, transition};
     #[doc(hidden)]
     pub use sagaflow_supervisor::SweepGate;
-    pub use sagaflow_supervisor::{SUPERVISOR_STALLED, SupervisorConfig, decide};
+    pub use sagaflow_supervisor::{SUPERVISOR_STALLED, SupervisorConfig};
 }
 
 /// Re-exported so that applications can begin transactions for [`Engine::start_in`] without

@@ -5,14 +5,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sagaflow_engine::store::{LeaderFence, LeaderProgress, NewAlert, RescueCounts};
-use sagaflow_engine::{Error, Hub, Result, Store};
+use sagaflow_engine::{Error, Hub, Result, Store, transition};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::SupervisorConfig;
-use crate::sweep::decide;
 
 /// How often the leader applies the retention policy.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
@@ -413,7 +412,7 @@ impl Supervisor {
                 break;
             }
             let full = expired.len() >= self.config.sweep_batch as usize;
-            let rescues: Vec<_> = expired.iter().map(decide).collect();
+            let rescues: Vec<_> = expired.iter().map(transition::rescue).collect();
             let c = self.store.step_rescue(Some(fence), &rescues).await?;
             // A committed batch is progress: a long sweep through a backlog is not a stall.
             self.mark_progress();

@@ -18,7 +18,6 @@
 mod config;
 mod gate;
 mod leader;
-mod sweep;
 
 pub use config::{
     HEARTBEAT_INTERVAL_DEFAULT, INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT,
@@ -29,4 +28,3 @@ pub use config::{
 #[doc(hidden)]
 pub use gate::SweepGate;
 pub use leader::{SUPERVISOR_STALLED, Supervisor, SupervisorStats};
-pub use sweep::decide;

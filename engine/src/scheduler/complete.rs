@@ -51,7 +51,7 @@ pub(super) async fn run(
             }
             () = cancel.cancelled() => return,
         }
-        let finishes: Vec<StepFinish> = batch.drain(..).map(|r| decide(&s, r)).collect();
+        let finishes: Vec<StepFinish> = batch.drain(..).map(|r| attempt_end(&s, r)).collect();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
             let write = finish_batch_in(
@@ -200,7 +200,7 @@ fn damage(run_id: Uuid, e: &StepError) -> Damage {
 
 /// Turns an agent's answer into the decided end of its attempt: success, retry after backoff,
 /// or failure for good, with whether the effect may have happened.
-fn decide(s: &Scheduler, r: AgentResponse) -> StepFinish {
+fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
     let lease = r.lease;
     let result = r.result.and_then(|v| {
         let json = v.to_string();

@@ -22,6 +22,8 @@ mod run;
 mod step;
 
 #[cfg(test)]
+mod rescue_tests;
+#[cfg(test)]
 mod tests;
 
 pub use doc::{run_table, step_table};

@@ -85,7 +85,10 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         })
         .await;
         let expired = store.step_list_rescuable(60_000, 10).await.expect("list");
-        let rescues: Vec<_> = expired.iter().map(sagaflow::advanced::decide).collect();
+        let rescues: Vec<_> = expired
+            .iter()
+            .map(sagaflow::advanced::transition::rescue)
+            .collect();
         let counts = store
             .step_rescue(Some(&fence), &rescues)
             .await
