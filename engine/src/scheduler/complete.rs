@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use uuid::Uuid;
 
-use super::evaluate::evaluate_runs;
+use super::evaluate::plan_and_apply;
 use super::{ErrorStreak, Scheduler, pause};
 use crate::protocol::AgentResponse;
 use crate::store::{AlertRow, Damage, DeadlineGuard, EvalApplied, StepFinish, Store};
@@ -167,7 +167,7 @@ async fn finish_batch_in(
         .filter(|(i, ok)| **ok && i.change.on == Trigger::SetAside)
         .filter_map(|(i, _)| i.error.as_ref().map(|e| (i.run_id, damage(i.run_id, e))))
         .collect();
-    let out = evaluate_runs(&mut tx, registry, runs, damaged, actor).await?;
+    let out = plan_and_apply(&mut tx, registry, runs, damaged, actor).await?;
     tx.commit().await?;
     Ok(FinishOutcome {
         applied,

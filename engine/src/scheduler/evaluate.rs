@@ -98,7 +98,7 @@ async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error>
     }
     let mut tx = s.store.begin().await?;
     let runs = tx.lock_runs(ids, true).await?;
-    let out = evaluate_runs(&mut tx, &s.registry, runs, HashMap::new(), &s.config.owner).await?;
+    let out = plan_and_apply(&mut tx, &s.registry, runs, HashMap::new(), &s.config.owner).await?;
     tx.commit().await?;
     Ok(out)
 }
@@ -114,7 +114,7 @@ async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error>
 ///
 /// # Errors
 /// [`Error::Db`].
-pub async fn evaluate_runs(
+pub async fn plan_and_apply(
     tx: &mut StoreTx<'_>,
     registry: &Registry,
     runs: Vec<Result<RunRow, Damage>>,
@@ -183,7 +183,7 @@ fn plan_run(registry: &Registry, run: &RunRow, steps: &[StepRow]) -> Result<Plan
             version: run.version,
             run_id: run.id,
         })?;
-    transition::evaluate(wf, run, steps)
+    transition::plan(wf, run, steps)
 }
 
 /// Publishes what an evaluation did: wake-ups, status events, alerts. Returns whether the

@@ -23,7 +23,7 @@ mod evaluate;
 mod listen;
 
 pub use complete::{FinishOutcome, finish_batch};
-pub use evaluate::evaluate_runs;
+pub use evaluate::plan_and_apply;
 
 use std::sync::Arc;
 use std::time::Duration;

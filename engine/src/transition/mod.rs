@@ -27,9 +27,7 @@ mod rescue_tests;
 mod tests;
 
 pub use doc::{run_table, step_table};
-pub use run::{
-    OPERATOR_ACTIONS, RUN_RULES, RunRule, RunTrigger, evaluate, run_rule, set_aside_rule,
-};
+pub use run::{OPERATOR_ACTIONS, RUN_RULES, RunRule, RunTrigger, plan, run_rule, set_aside_rule};
 pub use step::{
     Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_failure,
     on_interruption, on_timeout, step_rule,

@@ -223,7 +223,7 @@ fn is_poison(r: &StepRow) -> bool {
 ///
 /// # Errors
 /// [`Error::CorruptRow`] when the stored steps do not match the definition.
-pub fn evaluate(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWrite> {
+pub fn plan(wf: &Workflow, run: &RunRow, rows: &[StepRow]) -> Result<PlanWrite> {
     let mut plan = Plan::new(wf, run, rows)?.advance()?;
     if let Some(state) = plan.run_state {
         plan.release_key = wf.key_policy().releases_key(state);

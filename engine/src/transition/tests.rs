@@ -84,7 +84,7 @@ use StepState::*;
 #[test]
 fn pending_run_readies_roots_and_starts_running() {
     let wf = saga();
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Pending),
         &rows(&[
@@ -102,7 +102,7 @@ fn pending_run_readies_roots_and_starts_running() {
 #[test]
 fn completed_dependency_readies_parallel_branches_and_join_waits_for_both() {
     let wf = saga();
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Running),
         &rows(&[
@@ -114,7 +114,7 @@ fn completed_dependency_readies_parallel_branches_and_join_waits_for_both() {
     )
     .expect("plan");
     assert_eq!(moves(&p), vec![("b".into(), Ready), ("d".into(), Ready)]);
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Running),
         &rows(&[
@@ -132,7 +132,7 @@ fn completed_dependency_readies_parallel_branches_and_join_waits_for_both() {
 #[test]
 fn all_completed_completes_the_run_with_outputs() {
     let wf = saga();
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Running),
         &rows(&[
@@ -153,7 +153,7 @@ fn all_completed_completes_the_run_with_outputs() {
 fn failure_compensates_in_reverse_topological_order() {
     let wf = saga();
     // c failed after b and d completed: b and d are undone first, a waits for both.
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Running),
         &rows(&[
@@ -173,7 +173,7 @@ fn failure_compensates_in_reverse_topological_order() {
         ]
     );
     assert!(p.run_error.is_some());
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Compensating),
         &rows(&[
@@ -185,7 +185,7 @@ fn failure_compensates_in_reverse_topological_order() {
     )
     .expect("plan");
     assert!(p.steps.is_empty());
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Compensating),
         &rows(&[
@@ -197,7 +197,7 @@ fn failure_compensates_in_reverse_topological_order() {
     )
     .expect("plan");
     assert_eq!(moves(&p), vec![("a".into(), CompensationReady)]);
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Compensating),
         &rows(&[
@@ -214,7 +214,7 @@ fn failure_compensates_in_reverse_topological_order() {
 #[test]
 fn compensation_skips_queued_steps_and_waits_for_running_ones() {
     let wf = saga();
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Running),
         &rows(&[
@@ -228,7 +228,7 @@ fn compensation_skips_queued_steps_and_waits_for_running_ones() {
     assert_eq!(p.run_state, Some(RunState::Compensating));
     assert_eq!(moves(&p), vec![("c".into(), Skipped)]);
     // d completes later: it is compensated, then a.
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Compensating),
         &rows(&[
@@ -245,7 +245,7 @@ fn compensation_skips_queued_steps_and_waits_for_running_ones() {
 #[test]
 fn compensation_failure_puts_the_run_in_error_with_an_alert() {
     let wf = saga();
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Compensating),
         &rows(&[
@@ -280,7 +280,7 @@ fn failure_after_the_pivot_is_an_error_not_a_compensation() {
         ("charge", Completed),
         ("ship", Failed),
     ]);
-    let p = evaluate(&wf, &run(RunState::Running), &r).expect("plan");
+    let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Error));
     assert!(p.steps.is_empty());
     assert!(
@@ -295,7 +295,7 @@ fn failure_after_the_pivot_is_an_error_not_a_compensation() {
         ("charge", Failed),
         ("ship", NotStarted),
     ]);
-    let p = evaluate(&wf, &run(RunState::Running), &r).expect("plan");
+    let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Compensating));
     assert_eq!(
         moves(&p),
@@ -309,7 +309,7 @@ fn failure_after_the_pivot_is_an_error_not_a_compensation() {
 #[test]
 fn nothing_to_undo_compensates_at_once() {
     let wf = saga();
-    let p = evaluate(
+    let p = plan(
         &wf,
         &run(RunState::Running),
         &rows(&[
@@ -327,7 +327,7 @@ fn nothing_to_undo_compensates_at_once() {
 fn final_and_error_runs_do_not_move() {
     let wf = saga();
     for st in [RunState::Completed, RunState::Compensated, RunState::Error] {
-        let p = evaluate(
+        let p = plan(
             &wf,
             &run(st),
             &rows(&[
@@ -346,7 +346,7 @@ fn final_and_error_runs_do_not_move() {
 fn a_step_row_unknown_to_the_definition_is_a_corrupt_row() {
     let wf = saga();
     let err =
-        evaluate(&wf, &run(RunState::Running), &rows(&[("zzz", Completed)])).expect_err("corrupt");
+        plan(&wf, &run(RunState::Running), &rows(&[("zzz", Completed)])).expect_err("corrupt");
     assert!(matches!(err, Error::CorruptRow { .. }), "{err}");
 }
 
@@ -360,7 +360,7 @@ fn a_step_that_timed_out_for_good_is_compensated_because_its_outcome_is_unknown(
         ("c", NotStarted),
     ]);
     r[1].maybe_applied = true;
-    let p = evaluate(&wf, &run(RunState::Running), &r).expect("plan");
+    let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Compensating));
     // b first (it may have applied its effect), a only after b is settled.
     assert_eq!(
@@ -374,7 +374,7 @@ fn a_step_that_timed_out_for_good_is_compensated_because_its_outcome_is_unknown(
         ("d", Skipped),
         ("c", NotStarted),
     ]);
-    let p = evaluate(&wf, &run(RunState::Running), &r).expect("plan");
+    let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
     assert_eq!(
         moves(&p),
         vec![("a".into(), CompensationReady), ("c".into(), Skipped)]
@@ -393,7 +393,7 @@ fn a_pivot_whose_outcome_is_unknown_stops_in_error_instead_of_compensating() {
         .expect("valid");
     let mut r = rows(&[("reserve", Completed), ("ship", Failed)]);
     r[1].maybe_applied = true;
-    let p = evaluate(&wf, &run(RunState::Running), &r).expect("plan");
+    let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Error));
     assert!(p.steps.is_empty(), "nothing compensated: {:?}", moves(&p));
     assert!(
