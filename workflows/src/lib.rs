@@ -1,6 +1,4 @@
 //! The order-processing saga and the simulated remote services it talks to: inventory, payments, shipping.
 
-pub mod machine;
-pub mod measure;
 pub mod order;
 pub mod services;

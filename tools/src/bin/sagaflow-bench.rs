@@ -5,7 +5,7 @@
 //! begins) and end-to-end latency at moderate load (runs one at a time), peak RSS, and the
 //! machine and durability settings it ran on. A measurement, not a test: nothing is asserted.
 
-use sagaflow_workflows::measure::{Latencies, ms};
+use sagaflow_tools::measure::{Latencies, ms};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -164,7 +164,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     println!(
         "sagaflow-bench · machine: {}",
-        sagaflow_workflows::machine::describe()
+        sagaflow_tools::machine::describe()
     );
     println!("  database: {}", durability(&engine).await);
     println!(

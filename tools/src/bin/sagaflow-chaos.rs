@@ -2,7 +2,7 @@
 //! processes and then proves nothing was lost, doubled or left half-done (SAS-10, AT-8).
 //!
 //! ```text
-//! cargo run --release -p sagaflow-workflows --bin sagaflow-chaos -- --orders 1000
+//! cargo run --release -p sagaflow-tools --bin sagaflow-chaos -- --orders 1000
 //! ```
 //!
 //! The coordinator (this process) serves the simulated remote services over loopback HTTP

@@ -161,7 +161,7 @@ pub(crate) async fn run(args: Args) -> u8 {
         pct(args.permanent),
         args.seed
     );
-    println!("  machine: {}", sagaflow_workflows::machine::describe());
+    println!("  machine: {}", sagaflow_tools::machine::describe());
 
     // PostgreSQL: the given server, or a private cluster.
     let mut own: Option<OwnCluster> = None;

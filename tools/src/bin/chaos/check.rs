@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sagaflow::{RunState, Store};
-use sagaflow_workflows::measure::{Latencies, ms};
+use sagaflow_tools::measure::{Latencies, ms};
 use sagaflow_workflows::order::Order;
 use sagaflow_workflows::services::{OrderStatus, Services};
 use uuid::Uuid;

@@ -1,0 +1,11 @@
+//! Commands that measure and torture sagaflow, apart from the workflows and the demo:
+//!
+//! - `sagaflow-bench` (`src/bin/sagaflow-bench.rs`): throughput, latency percentiles and peak
+//!   memory of the order-shaped saga, on SQLite or PostgreSQL, in one or several processes;
+//! - `sagaflow-chaos` (`src/bin/sagaflow-chaos.rs`, `src/bin/chaos/`): several engine processes
+//!   under faults, SIGKILLs and a database restart, then invariant checks.
+//!
+//! This library holds what both share.
+
+pub mod machine;
+pub mod measure;
