@@ -60,6 +60,8 @@ fn rows(states: &[(&str, StepState)]) -> Vec<StepRow> {
             complete_by: None,
             available_at: None,
             attempt: 1,
+            forward_attempts: 1,
+            compensation_attempts: 0,
             failure_count: 0,
             max_failures: 3,
             interruptions: 0,

@@ -7,7 +7,7 @@ use sagaflow::{RunState, StepState};
 use sagaflow_tests::{backends, engine, expect_state};
 use sagaflow_workflows::services::{Operation, OrderStatus, Scripted};
 
-use crate::fixtures::{Behave, Log, chain, order_rig, submit_order};
+use crate::fixtures::{Behave, Log, chain, failing_undo, order_rig, submit_order};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retryable_failures_are_retried_with_the_same_idempotency_key() {
@@ -237,15 +237,7 @@ async fn a_terminal_failure_compensates_what_completed() {
 async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
     for db in backends().await {
         let log = Log::default();
-        let wf = chain(
-            &log,
-            "stuck",
-            2000,
-            3,
-            |_| Behave::Ok(2.into()),
-            |_| Behave::Terminal,
-            |_| Behave::Retryable,
-        );
+        let wf = failing_undo(&log, "stuck");
         let engine = engine(&db, vec![wf]).await;
         let mut alerts = engine.subscribe_alerts();
         let id = engine.start("stuck", &()).await.expect("start");
@@ -278,6 +270,12 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
         let steps = engine.steps(id).await.expect("steps");
         let b = steps.iter().find(|s| s.name == "b").expect("b");
         assert_eq!(b.state, StepState::CompensationFailed);
+        assert_eq!(
+            (b.forward_attempts, b.compensation_attempts, b.attempt),
+            (1, 3, 4),
+            "[{}] phase counters apart; the fencing token counts every claim",
+            db.backend
+        );
         engine.shutdown().await;
     }
 }
