@@ -259,8 +259,9 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
         assert!(a.reason.contains("compensation"), "{}", a.reason);
         assert!(a.actions.iter().any(|x| x == "retry_step"));
         assert_eq!(
-            a.attempts, 4,
-            "attempt counter covers forward and compensation attempts"
+            a.attempts, 3,
+            "[{}] the alert counts the attempts of the compensation that failed",
+            db.backend
         );
         let delivered = tokio::time::timeout(Duration::from_secs(5), alerts.recv())
             .await
@@ -276,6 +277,49 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
             "[{}] phase counters apart; the fencing token counts every claim",
             db.backend
         );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_counts_its_own_attempts_from_one() {
+    for db in backends().await {
+        let log = Log::default();
+        // b completes at its first attempt; c refuses, so b is compensated: its compensation
+        // fails twice, then succeeds.
+        let wf = chain(
+            &log,
+            "undo_thrice",
+            2000,
+            5,
+            |_| Behave::Ok(2.into()),
+            |_| Behave::Terminal,
+            |attempt| {
+                if attempt < 3 {
+                    Behave::Retryable
+                } else {
+                    Behave::Ok(serde_json::Value::Null)
+                }
+            },
+        );
+        let engine = engine(&db, vec![wf]).await;
+        let id = engine.start("undo_thrice", &()).await.expect("start");
+        expect_state(&engine, id, RunState::Compensated, db.backend).await;
+        let seen = |step: &str| -> Vec<String> {
+            log.entries()
+                .into_iter()
+                .filter(|e| e.starts_with(&format!("{step}:")))
+                .map(|e| e.split(':').nth(1).expect("attempt").to_owned())
+                .collect()
+        };
+        assert_eq!(seen("b"), ["1"], "[{}] forward attempts of b", db.backend);
+        assert_eq!(
+            seen("undo_b"),
+            ["1", "2", "3"],
+            "[{}] compensation attempts of b count from 1",
+            db.backend
+        );
+        assert!(engine.open_alerts().await.expect("alerts").is_empty());
         engine.shutdown().await;
     }
 }
