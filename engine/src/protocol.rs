@@ -28,7 +28,8 @@ pub struct StepLease {
     pub step: String,
     /// `Running` (forward) or `Compensating`.
     pub state: StepState,
-    /// Attempt number.
+    /// The fencing token: the step's `attempt`, its claims of both phases (the step itself
+    /// sees its attempt within the phase, [`StepContext::attempt`]).
     pub attempt: i32,
     /// The step's counters and limits when claimed (failures, interruptions, deadline).
     pub counters: Counters,

@@ -42,6 +42,7 @@ mod m0001_initial;
 mod m0002_hot_path;
 mod m0003_outcomes_and_instances;
 mod m0004_leader_progress;
+mod m0005_attempts_apart;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -68,6 +69,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0002_hot_path::Migration),
             Box::new(m0003_outcomes_and_instances::Migration),
             Box::new(m0004_leader_progress::Migration),
+            Box::new(m0005_attempts_apart::Migration),
         ]
     }
 
@@ -143,6 +145,19 @@ async fn run_all(
     let conn = manager.get_connection();
     for sql in stmts {
         conn.execute_unprepared(sql).await?;
+    }
+    Ok(())
+}
+
+/// Adds each `(column, definition)` to a table unless it is there already (see
+/// [`add_column_if_missing`]).
+async fn add_columns_if_missing(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    columns: &[(&str, &str)],
+) -> Result<(), DbErr> {
+    for (column, definition) in columns {
+        add_column_if_missing(manager, table, column, definition).await?;
     }
     Ok(())
 }

@@ -11,7 +11,7 @@
 
 use sea_orm_migration::prelude::*;
 
-use super::{add_column_if_missing, run_all};
+use super::{add_columns_if_missing, run_all};
 
 /// The migration.
 #[derive(DeriveMigrationName)]
@@ -40,9 +40,7 @@ const BOTH: &[&str] = &[
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for (column, definition) in STEP_COLUMNS {
-            add_column_if_missing(manager, "sagaflow_steps", column, definition).await?;
-        }
+        add_columns_if_missing(manager, "sagaflow_steps", STEP_COLUMNS).await?;
         run_all(manager, BOTH, BOTH).await
     }
 

@@ -72,7 +72,8 @@ impl fmt::Debug for StepContext {
 }
 
 impl StepContext {
-    /// Builds a context; used by the scheduler and by tests of step bodies.
+    /// Builds a context; used by the scheduler and by tests of step bodies. `attempt` is the
+    /// 1-based attempt number within the phase (see [`StepContext::attempt`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         run_id: Uuid,
@@ -110,7 +111,10 @@ impl StepContext {
         &self.step
     }
 
-    /// 1-based attempt number (across errors, timeouts and restarts).
+    /// 1-based number of this attempt within its phase: a step's forward attempts count
+    /// 1, 2, … and its compensation's count again from 1. It counts every attempt of the
+    /// phase (failures, timeouts, interruptions, and those before an operator's retry), so it
+    /// only grows within a phase.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }

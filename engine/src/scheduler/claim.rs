@@ -267,7 +267,7 @@ fn request(
     let context = StepContext::new(
         c.run_id,
         &c.name,
-        u32::try_from(c.attempt).unwrap_or(0),
+        u32::try_from(c.phase_attempt()).unwrap_or(0),
         &key,
         claimed_at + remaining,
         cancel.child_token(),

@@ -18,7 +18,8 @@ pub struct NewAlert {
     pub kind: String,
     /// What happened.
     pub reason: String,
-    /// Attempts made.
+    /// Attempts the step made in the phase that failed (forward or compensation); 0 when the
+    /// alert names no step.
     pub attempts: i32,
     /// What the operator can do.
     pub actions: Vec<String>,
@@ -39,7 +40,8 @@ pub struct AlertRow {
     pub kind: String,
     /// What happened.
     pub reason: String,
-    /// Attempts made.
+    /// Attempts the step made in the phase that failed (forward or compensation); 0 when the
+    /// alert names no step.
     pub attempts: i32,
     /// What the operator can do.
     pub actions: Vec<String>,

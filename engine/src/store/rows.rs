@@ -156,8 +156,14 @@ pub struct StepRow {
     pub complete_by: Option<i64>,
     /// Due time while queued.
     pub available_at: Option<i64>,
-    /// Attempts so far (the fencing token).
+    /// Claims so far, forward and compensation together: with `locked_by`, the fencing token
+    /// of the attempt in flight. Only grows; not an attempt number to show (see
+    /// [`StepRow::phase_attempts`]).
     pub attempt: i32,
+    /// Forward attempts so far (claims of the step while `ready`).
+    pub forward_attempts: i32,
+    /// Compensation attempts so far (claims while `compensation_ready`).
+    pub compensation_attempts: i32,
     /// Failed attempts in the current phase (`FailureCount`).
     pub failure_count: i32,
     /// Failure threshold.
@@ -182,10 +188,21 @@ pub struct StepRow {
 }
 
 pub(super) const STEP_COLS: &str = "id, run_id, name, state, locked_by, complete_by, available_at, attempt, \
-     failure_count, max_failures, interruptions, max_interruptions, maybe_applied, deadline_ms, \
+     forward_attempts, compensation_attempts, failure_count, max_failures, interruptions, max_interruptions, maybe_applied, deadline_ms, \
      idempotency_key, output, error";
 
 impl StepRow {
+    /// The attempts of the phase the step is in: its compensation attempts once the run undoes
+    /// it (`compensation_ready`, `compensating`, `compensated`, `compensation_failed`), its
+    /// forward attempts before.
+    pub fn phase_attempts(&self) -> i32 {
+        phase_attempts(
+            self.state,
+            self.forward_attempts,
+            self.compensation_attempts,
+        )
+    }
+
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
         columns("sagaflow_steps", id, || Self::decode_columns(r, id))
@@ -202,6 +219,8 @@ impl StepRow {
             complete_by: r.try_get("", "complete_by")?,
             available_at: r.try_get("", "available_at")?,
             attempt: r.try_get("", "attempt")?,
+            forward_attempts: r.try_get("", "forward_attempts")?,
+            compensation_attempts: r.try_get("", "compensation_attempts")?,
             failure_count: r.try_get("", "failure_count")?,
             max_failures: r.try_get("", "max_failures")?,
             interruptions: r.try_get("", "interruptions")?,
@@ -228,8 +247,12 @@ pub struct ClaimedStep {
     pub name: String,
     /// `Running` or `Compensating`.
     pub state: StepState,
-    /// This attempt's number.
+    /// The fencing token of this attempt: the step's claims so far, of both phases.
     pub attempt: i32,
+    /// Forward attempts so far, this one included when `Running`.
+    pub forward_attempts: i32,
+    /// Compensation attempts so far, this one included when `Compensating`.
+    pub compensation_attempts: i32,
     /// Failures, interruptions and deadline so far, with their limits.
     pub counters: Counters,
     /// Deadline (epoch ms, DB clock).
@@ -243,6 +266,16 @@ pub struct ClaimedStep {
 }
 
 impl ClaimedStep {
+    /// This attempt's 1-based number within its phase: the forward attempts of a `Running`
+    /// step, the compensation attempts of a `Compensating` one.
+    pub fn phase_attempt(&self) -> i32 {
+        phase_attempts(
+            self.state,
+            self.forward_attempts,
+            self.compensation_attempts,
+        )
+    }
+
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
         let state: String = r.try_get("", "state")?;
@@ -253,12 +286,23 @@ impl ClaimedStep {
             name: r.try_get("", "name")?,
             state: state_of("sagaflow_steps", id, &state)?,
             attempt: r.try_get("", "attempt")?,
+            forward_attempts: r.try_get("", "forward_attempts")?,
+            compensation_attempts: r.try_get("", "compensation_attempts")?,
             counters: counters(r)?,
             complete_by: r.try_get("", "complete_by")?,
             db_now: r.try_get("", "db_now")?,
             idempotency_key: r.try_get("", "idempotency_key")?,
             output: r.try_get("", "output")?,
         })
+    }
+}
+
+/// The attempt counter of the phase `state` belongs to.
+const fn phase_attempts(state: StepState, forward: i32, compensation: i32) -> i32 {
+    if state.is_compensation() {
+        compensation
+    } else {
+        forward
     }
 }
 
@@ -274,7 +318,7 @@ pub struct ExpiredStep {
     pub name: String,
     /// `Running` or `Compensating`.
     pub state: StepState,
-    /// The attempt in flight.
+    /// The fencing token of the attempt in flight.
     pub attempt: i32,
     /// Its owner (`LockedBy`).
     pub locked_by: String,
@@ -333,7 +377,7 @@ pub struct HistoryRow {
     pub from_state: Option<String>,
     /// State after.
     pub to_state: Option<String>,
-    /// Attempt concerned.
+    /// The fencing token (`attempt`, claims of both phases) of the attempt concerned.
     pub attempt: Option<i32>,
     /// Who: a scheduler owner id, `supervisor:<holder>#<term>`, or `operator`.
     pub actor: String,

@@ -60,7 +60,7 @@ pub struct StepFinish {
     pub run_id: Uuid,
     /// Step name.
     pub name: String,
-    /// The attempt of the lease.
+    /// The fencing token of the lease.
     pub attempt: i32,
     /// The lease owner (`LockedBy`).
     pub owner: String,
@@ -228,8 +228,9 @@ impl StoreTx<'_> {
 
 impl Store {
     /// Claims up to `limit` due steps for `owner` in one atomic statement (AT-3, SAS-7):
-    /// sets `LockedBy`, `CompleteBy = now + deadline`, state `Running` (or `Compensating`)
-    /// and `attempt + 1`. Only steps of the given workflow keys are taken.
+    /// sets `LockedBy`, `CompleteBy = now + deadline`, state `Running` (or `Compensating`),
+    /// `attempt + 1` (the fencing token, whatever the phase) and `forward_attempts + 1` (or
+    /// `compensation_attempts + 1`). Only steps of the given workflow keys are taken.
     ///
     /// # Errors
     /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
@@ -245,13 +246,16 @@ impl Store {
         let sql = format!(
             "UPDATE sagaflow_steps SET \
                state = CASE WHEN state = '{ready}' THEN '{running}' ELSE '{compensating}' END, \
-               locked_by = $1, attempt = attempt + 1, complete_by = {{now}} + deadline_ms, \
-               available_at = NULL, updated_at = {{now}} \
+               locked_by = $1, attempt = attempt + 1, \
+               forward_attempts = forward_attempts + CASE WHEN state = '{ready}' THEN 1 ELSE 0 END, \
+               compensation_attempts = compensation_attempts + CASE WHEN state = '{ready}' THEN 0 ELSE 1 END, \
+               complete_by = {{now}} + deadline_ms, available_at = NULL, updated_at = {{now}} \
              WHERE id IN ( \
                SELECT id FROM sagaflow_steps \
                WHERE state IN ('ready', 'compensation_ready') AND available_at <= {{now}} AND workflow_key IN ({keys}) \
                ORDER BY available_at LIMIT $2 {lock}) \
-             RETURNING id, run_id, workflow_key, name, state, attempt, failure_count, max_failures, \
+             RETURNING id, run_id, workflow_key, name, state, attempt, forward_attempts, \
+               compensation_attempts, failure_count, max_failures, \
                interruptions, max_interruptions, deadline_ms, deadline_cap_ms, complete_by, \
                idempotency_key, output, {{now}} AS db_now",
             keys = placeholders(3, workflow_keys.len()),

@@ -465,7 +465,7 @@ fn run_alert(run: &RunRow, kind: &str, step: &str, row: &StepRow, reason: String
         step: Some(step.to_owned()),
         kind: kind.into(),
         reason: format!("{reason}; last error: {last_error}"),
-        attempts: row.attempt,
+        attempts: row.phase_attempts(),
         actions: OPERATOR_ACTIONS.iter().map(|a| (*a).to_owned()).collect(),
         open_key: Some(format!("run_error:{}", run.id)),
     }

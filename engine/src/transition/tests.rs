@@ -60,6 +60,8 @@ fn rows(states: &[(&str, StepState)]) -> Vec<StepRow> {
             complete_by: None,
             available_at: None,
             attempt: 1,
+            forward_attempts: 1,
+            compensation_attempts: 0,
             failure_count: 0,
             max_failures: 3,
             interruptions: 0,
@@ -71,6 +73,13 @@ fn rows(states: &[(&str, StepState)]) -> Vec<StepRow> {
             error: (*state == StepState::Failed).then(|| "{\"code\":\"x\"}".to_string()),
         })
         .collect()
+}
+
+/// Sets a row's counters: `forward` and `compensation` attempts, claims their sum.
+fn tried(row: &mut StepRow, forward: i32, compensation: i32) {
+    row.forward_attempts = forward;
+    row.compensation_attempts = compensation;
+    row.attempt = forward + compensation;
 }
 
 fn moves(p: &PlanWrite) -> Vec<(String, StepState)> {
@@ -245,21 +254,20 @@ fn compensation_skips_queued_steps_and_waits_for_running_ones() {
 #[test]
 fn compensation_failure_puts_the_run_in_error_with_an_alert() {
     let wf = saga();
-    let p = plan(
-        &wf,
-        &run(RunState::Compensating),
-        &rows(&[
-            ("a", Completed),
-            ("b", CompensationFailed),
-            ("d", Compensated),
-            ("c", Failed),
-        ]),
-    )
-    .expect("plan");
+    let mut r = rows(&[
+        ("a", Completed),
+        ("b", CompensationFailed),
+        ("d", Compensated),
+        ("c", Failed),
+    ]);
+    // b ran forward twice, then its compensation failed at its third attempt.
+    tried(&mut r[1], 2, 3);
+    let p = plan(&wf, &run(RunState::Compensating), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Error));
     let alert = p.alert.expect("alert");
     assert_eq!(alert.step.as_deref(), Some("b"));
     assert!(alert.actions.contains(&"retry_step".to_string()));
+    assert_eq!(alert.attempts, 3, "the compensation's attempts");
 }
 
 #[test]
@@ -275,20 +283,18 @@ fn failure_after_the_pivot_is_an_error_not_a_compensation() {
         .retriable()
         .build()
         .expect("valid");
-    let r = rows(&[
+    let mut r = rows(&[
         ("reserve", Completed),
         ("charge", Completed),
         ("ship", Failed),
     ]);
+    tried(&mut r[2], 4, 0);
     let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Error));
     assert!(p.steps.is_empty());
-    assert!(
-        p.alert
-            .expect("alert")
-            .reason
-            .contains("point of no return")
-    );
+    let alert = p.alert.expect("alert");
+    assert!(alert.reason.contains("point of no return"));
+    assert_eq!(alert.attempts, 4, "the forward attempts");
     // The pivot itself failing still compensates what came before.
     let r = rows(&[
         ("reserve", Completed),

@@ -7,7 +7,7 @@ use sagaflow::{RunState, StepState};
 use sagaflow_tests::{backends, engine, expect_state};
 use sagaflow_workflows::services::{Operation, OrderStatus, Scripted};
 
-use crate::fixtures::{Behave, Log, chain, order_rig, submit_order};
+use crate::fixtures::{Behave, Log, chain, failing_undo, order_rig, submit_order};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retryable_failures_are_retried_with_the_same_idempotency_key() {
@@ -237,15 +237,7 @@ async fn a_terminal_failure_compensates_what_completed() {
 async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
     for db in backends().await {
         let log = Log::default();
-        let wf = chain(
-            &log,
-            "stuck",
-            2000,
-            3,
-            |_| Behave::Ok(2.into()),
-            |_| Behave::Terminal,
-            |_| Behave::Retryable,
-        );
+        let wf = failing_undo(&log, "stuck");
         let engine = engine(&db, vec![wf]).await;
         let mut alerts = engine.subscribe_alerts();
         let id = engine.start("stuck", &()).await.expect("start");
@@ -267,8 +259,9 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
         assert!(a.reason.contains("compensation"), "{}", a.reason);
         assert!(a.actions.iter().any(|x| x == "retry_step"));
         assert_eq!(
-            a.attempts, 4,
-            "attempt counter covers forward and compensation attempts"
+            a.attempts, 3,
+            "[{}] the alert counts the attempts of the compensation that failed",
+            db.backend
         );
         let delivered = tokio::time::timeout(Duration::from_secs(5), alerts.recv())
             .await
@@ -278,6 +271,55 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
         let steps = engine.steps(id).await.expect("steps");
         let b = steps.iter().find(|s| s.name == "b").expect("b");
         assert_eq!(b.state, StepState::CompensationFailed);
+        assert_eq!(
+            (b.forward_attempts, b.compensation_attempts, b.attempt),
+            (1, 3, 4),
+            "[{}] phase counters apart; the fencing token counts every claim",
+            db.backend
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_counts_its_own_attempts_from_one() {
+    for db in backends().await {
+        let log = Log::default();
+        // b completes at its first attempt; c refuses, so b is compensated: its compensation
+        // fails twice, then succeeds.
+        let wf = chain(
+            &log,
+            "undo_thrice",
+            2000,
+            5,
+            |_| Behave::Ok(2.into()),
+            |_| Behave::Terminal,
+            |attempt| {
+                if attempt < 3 {
+                    Behave::Retryable
+                } else {
+                    Behave::Ok(serde_json::Value::Null)
+                }
+            },
+        );
+        let engine = engine(&db, vec![wf]).await;
+        let id = engine.start("undo_thrice", &()).await.expect("start");
+        expect_state(&engine, id, RunState::Compensated, db.backend).await;
+        let seen = |step: &str| -> Vec<String> {
+            log.entries()
+                .into_iter()
+                .filter(|e| e.starts_with(&format!("{step}:")))
+                .map(|e| e.split(':').nth(1).expect("attempt").to_owned())
+                .collect()
+        };
+        assert_eq!(seen("b"), ["1"], "[{}] forward attempts of b", db.backend);
+        assert_eq!(
+            seen("undo_b"),
+            ["1", "2", "3"],
+            "[{}] compensation attempts of b count from 1",
+            db.backend
+        );
+        assert!(engine.open_alerts().await.expect("alerts").is_empty());
         engine.shutdown().await;
     }
 }

@@ -18,7 +18,7 @@ use sagaflow_workflows::order::{OrderApis, order_saga};
 use sagaflow_workflows::services::Services;
 use tokio::io::AsyncWriteExt;
 
-use crate::fixtures::{order_rig, order_settings, submit_order};
+use crate::fixtures::{Log, failing_undo, order_rig, order_settings, submit_order};
 
 /// Engine processes started at once.
 const PROCESSES: usize = 4;
@@ -125,6 +125,58 @@ async fn a_start_over_an_unrecorded_schema_reapplies_every_migration() {
         let (id, _) = submit_order(&rig.engine, 0).await;
         expect_state(&rig.engine, id, RunState::Completed, db.backend).await;
         rig.engine.shutdown().await;
+    }
+}
+
+/// Steps claimed before the attempt counters existed get them from their history when the
+/// migration adds them: a step whose compensation failed three times has one forward and three
+/// compensation attempts, out of four claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_counters_of_earlier_steps_are_taken_from_their_history() {
+    for db in backends().await {
+        let log = Log::default();
+        let wf = failing_undo(&log, "older");
+        let engine = sagaflow_tests::engine(&db, vec![wf]).await;
+        let id = engine.start("older", &()).await.expect("start");
+        expect_state(&engine, id, RunState::Error, db.backend).await;
+        engine.shutdown().await;
+
+        // The schema as the migration finds it: columns of defaults, the migration unrecorded.
+        let store = Store::connect(&db.url, Some(2)).await.expect("store");
+        for sql in [
+            "UPDATE sagaflow_steps SET forward_attempts = 0, compensation_attempts = 0",
+            "DELETE FROM sagaflow_migrations WHERE version = 'm0005_attempts_apart'",
+        ] {
+            store
+                .connection()
+                .execute_unprepared(sql)
+                .await
+                .expect("roll the counters back");
+        }
+        drop(store);
+
+        let store = Store::connect(&db.url, Some(2)).await.expect("migrate");
+        let mut counters: Vec<_> = store
+            .run_steps(id)
+            .await
+            .expect("steps")
+            .into_iter()
+            .map(|s| {
+                (
+                    s.name,
+                    s.forward_attempts,
+                    s.compensation_attempts,
+                    s.attempt,
+                )
+            })
+            .collect();
+        counters.sort();
+        let expected = [
+            ("a".to_owned(), 1, 0, 1),
+            ("b".to_owned(), 1, 3, 4),
+            ("c".to_owned(), 1, 0, 1),
+        ];
+        assert_eq!(counters, expected, "[{}]", db.backend);
     }
 }
 

@@ -140,6 +140,20 @@ pub(crate) enum Behave {
     Panic,
 }
 
+/// A [`chain`] whose run ends in `error`: `b` completes, `c` refuses, and `b`'s compensation
+/// fails at each of its 3 attempts (the threshold).
+pub(crate) fn failing_undo(log: &Log, name: &str) -> Workflow {
+    chain(
+        log,
+        name,
+        2000,
+        3,
+        |_| Behave::Ok(2.into()),
+        |_| Behave::Terminal,
+        |_| Behave::Retryable,
+    )
+}
+
 /// `a → b → c`, each with a logged compensation; deadline and threshold as given.
 pub(crate) fn chain(
     log: &Log,

@@ -129,6 +129,12 @@ async fn resume_retries_a_failed_compensation_until_the_run_is_compensated() {
             1,
             "a undone once b's compensation succeeded"
         );
+        assert!(
+            log.entries().iter().any(|e| e.starts_with("undo_b:3:")),
+            "[{}] the compensation's attempts go on counting after the operator's retry: {:?}",
+            db.backend,
+            log.entries()
+        );
         // A finished run accepts no more actions.
         let err = engine
             .operator()

@@ -1,6 +1,8 @@
 //! Reading a run's history: which business operation undoes a step, which events are
 //! finished compensations, and the readable timeline of one run (its story).
 
+use std::collections::HashMap;
+
 use sagaflow::HistoryRow;
 
 use super::text::step_error_text;
@@ -22,18 +24,29 @@ pub(crate) fn is_compensation_done(h: &HistoryRow) -> bool {
 /// A compact, readable timeline of one run's history.
 pub(crate) fn story(history: &[HistoryRow]) -> Vec<String> {
     let t0 = history.first().map_or(0, |h| h.at);
+    // History records each attempt's fencing token, which grows across both phases; a reader
+    // counts forward attempts and undo attempts apart, from 1, as the step itself saw them.
+    let mut seen: HashMap<(&str, bool), Vec<i32>> = HashMap::new();
     history
         .iter()
         .map(|h| {
             let at = format!("{:>7.2} s", (h.at - t0) as f64 / 1000.0);
             let step = h.step.as_deref().unwrap_or("run");
-            format!("{at}  {step:<14} {}", event_text(h, step))
+            let undoing = h.from_state.as_deref() == Some("compensating");
+            let attempt = h.attempt.map_or(0, |token| {
+                let tokens = seen.entry((step, undoing)).or_default();
+                if !tokens.contains(&token) {
+                    tokens.push(token);
+                }
+                tokens.iter().position(|t| *t == token).map_or(0, |i| i + 1)
+            });
+            format!("{at}  {step:<14} {}", event_text(h, step, attempt))
         })
         .collect()
 }
 
 /// What one history event means, in words.
-fn event_text(h: &HistoryRow, step: &str) -> String {
+fn event_text(h: &HistoryRow, step: &str, attempt: usize) -> String {
     let err = h
         .detail
         .as_deref()
@@ -43,7 +56,6 @@ fn event_text(h: &HistoryRow, step: &str) -> String {
     let from = h.from_state.as_deref().unwrap_or("");
     let to = h.to_state.as_deref().unwrap_or("");
     let undo = undo_of(step);
-    let attempt = h.attempt.unwrap_or(0);
     match (h.event.as_str(), to) {
         ("submitted", _) => "submitted".to_owned(),
         ("state", _) if h.step.is_none() => format!("→ {to}"),
