@@ -4,7 +4,7 @@
 //! The services record every effect by idempotency key, so the ledger proves what happened.
 
 use sagaflow::{Engine, RunState, StartOptions};
-use sagaflow_tests::{TestDb, backends, expect_state};
+use sagaflow_testkit::{TestDb, backends, expect_state};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
     HttpServices, Operation, Scripted, ServerHandle, Services, serve,
@@ -29,7 +29,7 @@ async fn rig(db: &TestDb) -> Rig {
         .expect("serve");
     let http = HttpServices::new(server.base_url());
     let wf = order_saga(OrderApis::from(&http), order_settings(2_000, THRESHOLD)).expect("saga");
-    let engine = sagaflow_tests::engine(db, vec![wf]).await;
+    let engine = sagaflow_testkit::engine(db, vec![wf]).await;
     Rig {
         services,
         server,

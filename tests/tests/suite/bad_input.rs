@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 
 use sagaflow::sea_orm::{ConnectionTrait, Database, Statement};
 use sagaflow::{Engine, Error, Health, RunState, StepContext, StepError, Workflow};
-use sagaflow_tests::{
+use sagaflow_testkit::{
     TestDb, backends, eventually, eventually_some, expect_state, fast_builder, sqlite_db,
 };
 use sagaflow_workflows::order::ORDER_WORKFLOW;
@@ -433,7 +433,7 @@ struct Gated {
 async fn gated_runs(db: &TestDb) -> Gated {
     let gate = Arc::new(Semaphore::new(0));
     let log = Log::default();
-    let engine = sagaflow_tests::engine(db, vec![gated(gate.clone(), log.clone())]).await;
+    let engine = sagaflow_testkit::engine(db, vec![gated(gate.clone(), log.clone())]).await;
     let mut ids = Vec::new();
     for n in 0..=NEIGHBOURS as u32 {
         ids.push(engine.start("gated", &Job { n }).await.expect("start"));
@@ -572,7 +572,7 @@ async fn bad_input_unknown_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_read_only_postgres() {
-    let Some(db) = sagaflow_tests::postgres_db().await else {
+    let Some(db) = sagaflow_testkit::postgres_db().await else {
         return;
     };
     neighbours_finish(&db, async |_| {

@@ -7,7 +7,7 @@ use sagaflow::sea_orm::{ConnectionTrait, Statement, TransactionTrait};
 use sagaflow::{
     Engine, Error, KeyPolicy, OnDuplicate, RunState, StartOptions, StepContext, StepError, Workflow,
 };
-use sagaflow_tests::{TestDb, backends, eventually, expect_state, fast_builder};
+use sagaflow_testkit::{TestDb, backends, eventually, expect_state, fast_builder};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -61,7 +61,7 @@ async fn runs_with_key(engine: &Engine, key: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn business_key_resubmitted_after_the_run_finished_returns_that_run() {
     for db in backends().await {
-        let engine = sagaflow_tests::engine(&db, vec![job(KeyPolicy::default())]).await;
+        let engine = sagaflow_testkit::engine(&db, vec![job(KeyPolicy::default())]).await;
         let first = finish(&engine, "o-1", false, db.backend).await;
         let again = engine
             .start_with("job", &Job { fail: false }, StartOptions::keyed("o-1"))
@@ -133,7 +133,7 @@ async fn two_engines(db: &TestDb) -> (Engine, Engine) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn business_key_concurrent_starts_on_two_instances_create_one_run() {
     for db in backends().await {
-        sagaflow_tests::init_logging();
+        sagaflow_testkit::init_logging();
         let (a, b) = two_engines(&db).await;
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..32 {
@@ -171,7 +171,7 @@ async fn business_key_concurrent_starts_on_two_instances_create_one_run() {
 async fn business_key_policies_decide_when_a_key_is_free_again() {
     for db in backends().await {
         // Taken while active only: a finished run frees its key.
-        let engine = sagaflow_tests::engine(&db, vec![job(KeyPolicy::WhileActive)]).await;
+        let engine = sagaflow_testkit::engine(&db, vec![job(KeyPolicy::WhileActive)]).await;
         let first = finish(&engine, "k", false, db.backend).await;
         let second = finish(&engine, "k", false, db.backend).await;
         assert!(second.created && second.id != first.id, "[{}]", db.backend);
@@ -181,7 +181,7 @@ async fn business_key_policies_decide_when_a_key_is_free_again() {
     }
     for db in backends().await {
         // A run that failed (compensated) frees its key; a completed one does not.
-        let engine = sagaflow_tests::engine(&db, vec![job(KeyPolicy::AllowAfterFailure)]).await;
+        let engine = sagaflow_testkit::engine(&db, vec![job(KeyPolicy::AllowAfterFailure)]).await;
         let failed = finish(&engine, "k", true, db.backend).await;
         let retried = finish(&engine, "k", false, db.backend).await;
         assert!(
@@ -206,7 +206,7 @@ async fn business_key_policies_decide_when_a_key_is_free_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn business_key_is_freed_when_its_run_is_purged() {
     for db in backends().await {
-        let engine = sagaflow_tests::engine(&db, vec![job(KeyPolicy::WhileRetained)]).await;
+        let engine = sagaflow_testkit::engine(&db, vec![job(KeyPolicy::WhileRetained)]).await;
         let first = finish(&engine, "p", false, db.backend).await;
         // Retention with a zero age: purged as soon as the database clock moved on.
         eventually(
@@ -237,7 +237,7 @@ async fn business_key_is_freed_when_its_run_is_purged() {
 async fn business_key_overlapping_batches_on_two_instances_all_succeed() {
     const KEYS: usize = 16;
     for db in backends().await {
-        sagaflow_tests::init_logging();
+        sagaflow_testkit::init_logging();
         let (a, b) = two_engines(&db).await;
         let mut tasks = tokio::task::JoinSet::new();
         // Each instance group-commits its starts; the two walk the keys in opposite orders,

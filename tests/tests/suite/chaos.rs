@@ -17,10 +17,10 @@ use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
-    let Some(db) = sagaflow_tests::postgres_db().await else {
+    let Some(db) = sagaflow_testkit::postgres_db().await else {
         return;
     };
-    let bin = sagaflow_tests::workspace_binary("sagaflow-chaos");
+    let bin = sagaflow_testkit::workspace_binary("sagaflow-chaos");
     let child = Command::new(&bin)
         .args([
             "--database-url",

@@ -12,7 +12,7 @@ use std::time::Duration;
 use sagaflow::Store;
 use sagaflow::advanced::store;
 use sagaflow::sea_orm::TransactionTrait;
-use sagaflow_tests::{TestDb, backends};
+use sagaflow_testkit::{TestDb, backends};
 use uuid::Uuid;
 
 const KEY: &str = "claim@1";
@@ -158,7 +158,7 @@ async fn ten_thousand_steps_fifty_claimers_each_step_claimed_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_size_claim_on_postgres_100k_steps_100_workers_over_4_processes() {
-    let Some(db) = sagaflow_tests::postgres_db().await else {
+    let Some(db) = sagaflow_testkit::postgres_db().await else {
         return;
     };
     let store = Store::connect(&db.url, Some(4)).await.expect("connect");
@@ -171,14 +171,14 @@ async fn full_size_claim_on_postgres_100k_steps_100_workers_over_4_processes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_size_claim_on_sqlite_in_one_process_and_in_two_processes_on_one_file() {
-    let db = sagaflow_tests::sqlite_db();
+    let db = sagaflow_testkit::sqlite_db();
     let store = Store::connect(&db.url, None).await.expect("connect");
     seed(&store, 100_000).await;
     let logs = claim_until_empty(&store, 100, "one").await;
     check(&logs, 100_000, "sqlite, 1 process");
     drop(store);
 
-    let db = sagaflow_tests::sqlite_db();
+    let db = sagaflow_testkit::sqlite_db();
     let store = Store::connect(&db.url, None).await.expect("connect");
     seed(&store, 100_000).await;
     let logs = claim_in_processes(&db, 2, 50).await;

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use sagaflow::{RunState, Store};
-use sagaflow_tests::{backends, eventually};
+use sagaflow_testkit::{backends, eventually};
 use sagaflow_workflows::order::{Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{HttpServices, Operation, Scripted, Services, serve};
 use tokio::process::{Child, Command};

@@ -12,7 +12,7 @@ async fn bad_input_demo_exits_non_zero_when_its_database_file_is_deleted() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("demo.db");
     // Slow calls keep the demo busy long enough to pull the file from under it.
-    let mut child = Command::new(sagaflow_tests::workspace_binary("sagaflow-demo"))
+    let mut child = Command::new(sagaflow_testkit::workspace_binary("sagaflow-demo"))
         .args(["--orders", "400", "--latency-ms", "200", "--quiet-logs"])
         .arg("--database-url")
         .arg(format!("sqlite://{}?mode=rwc", file.display()))
@@ -23,7 +23,7 @@ async fn bad_input_demo_exits_non_zero_when_its_database_file_is_deleted() {
         .expect("start the demo");
     // The engine is up once the file is in WAL mode (its write-ahead log exists).
     let wal = dir.path().join("demo.db-wal");
-    sagaflow_tests::eventually(Duration::from_secs(30), "the demo's engine started", || {
+    sagaflow_testkit::eventually(Duration::from_secs(30), "the demo's engine started", || {
         let wal = wal.clone();
         async move { wal.exists() }
     })

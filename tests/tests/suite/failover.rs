@@ -12,7 +12,6 @@
 //! 4. a private PostgreSQL cluster is restarted with `pg_ctl restart -m immediate` mid-run;
 //! 5. a leader frozen inside a fenced transaction does not block the next election (LE-3).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -21,12 +20,11 @@ use sagaflow::advanced::SupervisorConfig;
 use sagaflow::advanced::store::LeaderFence;
 use sagaflow::sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
 use sagaflow::{Engine, Error, RunState, StartOptions, Store};
-use sagaflow_tests::{ChildTest, backends, eventually, fast_builder, postgres_db};
+use sagaflow_testkit::{ChildTest, PgCluster, backends, eventually, fast_builder, postgres_db};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
     FaultPlan, HttpServices, Operation, Scripted, ServicePlans, Services, serve,
 };
-use tokio::process::Command;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -441,9 +439,9 @@ async fn slow_order_engine(url: &str) -> (Services, Engine) {
         ..FaultPlan::seeded(7)
     }));
     let wf = order_saga(OrderApis::from(&services), order_settings(1000, 12)).expect("saga");
-    sagaflow_tests::init_logging();
+    sagaflow_testkit::init_logging();
     // The harness's fast settings, on any URL (a TestDb's other fields are private).
-    let mut db = sagaflow_tests::sqlite_db();
+    let mut db = sagaflow_testkit::sqlite_db();
     (db.backend, db.url) = ("postgres", url.to_owned());
     let engine = fast_builder(&db)
         .with_workflow(wf)
@@ -574,76 +572,6 @@ async fn killed_database_connections_mid_run_are_survived() {
     let _ = admin.close().await;
 }
 
-/// A throwaway PostgreSQL cluster of this test alone (`scripts/pg.sh`), stopped on drop.
-struct PrivatePg {
-    script: PathBuf,
-    dir: String,
-    bin: String,
-    url: String,
-}
-
-impl PrivatePg {
-    async fn start() -> Self {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg.sh");
-        // The script is `$1`: with it as `$0`, pg.sh would believe it was executed.
-        let out = Command::new("bash")
-            .arg("-c")
-            .arg(
-                r#"source "$1" && pg_start && printf '%s|%s|%s\n' "$SAGAFLOW_PG_URL" "$SAGAFLOW_PG_DIR" "$SAGAFLOW_PG_BIN""#,
-            )
-            .arg("pg-private")
-            .arg(&script)
-            .output()
-            .await
-            .expect("run pg.sh");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().last().unwrap_or("");
-        let parts: Vec<&str> = line.split('|').collect();
-        assert!(
-            out.status.success() && parts.len() == 3,
-            "private cluster did not start: {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        eprintln!("[postgres] private cluster {} at {}", parts[1], parts[0]);
-        Self {
-            script,
-            url: parts[0].to_owned(),
-            dir: parts[1].to_owned(),
-            bin: parts[2].to_owned(),
-        }
-    }
-
-    /// `pg_ctl restart -m immediate`: every backend is killed without a checkpoint and the
-    /// server goes through crash recovery. Runs as the cluster's owner (pg.sh's helper).
-    async fn restart_immediate(&self) {
-        let status = Command::new("bash")
-            .arg("-c")
-            .arg(
-                r#"source "$1" && cd "$2" && pg__as_owner "$3/pg_ctl" -D "$2/data" -l "$2/server.log" -m immediate -w -t 30 restart >/dev/null"#,
-            )
-            .arg("pg-private")
-            .arg(&self.script)
-            .arg(&self.dir)
-            .arg(&self.bin)
-            .status()
-            .await
-            .expect("run pg_ctl");
-        assert!(status.success(), "pg_ctl restart failed");
-    }
-}
-
-impl Drop for PrivatePg {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("bash")
-            .arg("-c")
-            .arg(r#"source "$1" && pg_stop "$2""#)
-            .arg("pg-private")
-            .arg(&self.script)
-            .arg(&self.dir)
-            .status();
-    }
-}
-
 /// Scenario 4 (AT-8, SAS-5): the database server restarts (immediate mode: no clean
 /// shutdown, crash recovery) while ~50 order sagas run; every run still completes once.
 /// Uses a private cluster so that no other test sees the restart.
@@ -660,7 +588,15 @@ async fn bad_input_postgres_restarted_mid_run() {
         eprintln!("note: SAGAFLOW_PG_URL not set; skipping the PostgreSQL restart scenario");
         return;
     }
-    let pg = PrivatePg::start().await;
+    let pg = tokio::task::spawn_blocking(PgCluster::start_private)
+        .await
+        .expect("start task")
+        .expect("private PostgreSQL cluster");
+    eprintln!(
+        "[postgres] private cluster {} at {}",
+        pg.dir.display(),
+        pg.url
+    );
     // The throwaway cluster runs with synchronous_commit = off, which may lose commits
     // acknowledged in the last few hundred milliseconds on an immediate shutdown; this test is
     // about the engine, not about that setting, so make commits durable first.
@@ -692,7 +628,12 @@ async fn bad_input_postgres_restarted_mid_run() {
     .await;
     let unfinished = unfinished_runs(&store).await;
     let restart = Instant::now();
-    pg.restart_immediate().await;
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.restart().expect("pg_ctl restart");
+        pg
+    })
+    .await
+    .expect("restart task");
     eprintln!(
         "[postgres] restarted (immediate) in {:?} with {unfinished:?} runs unfinished",
         restart.elapsed()
@@ -845,7 +786,7 @@ async fn a_leader_frozen_inside_a_fenced_transaction_does_not_block_the_election
 
     let services = Services::default();
     let wf = order_saga(OrderApis::from(&services), order_settings(1000, 5)).expect("saga");
-    let mut other = sagaflow_tests::sqlite_db();
+    let mut other = sagaflow_testkit::sqlite_db();
     (other.backend, other.url) = ("postgres", db.url.clone());
     let engine = fast_builder(&other)
         .with_instance_id("fo5-b")

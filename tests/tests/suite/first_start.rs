@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use sagaflow::sea_orm::{ConnectionTrait, Statement};
 use sagaflow::{Engine, RunState, Store};
-use sagaflow_tests::{ChildTest, TestDb, backends, eventually, expect_state};
+use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, expect_state};
 use sagaflow_workflows::order::{OrderApis, order_saga};
 use sagaflow_workflows::services::Services;
 use tokio::io::AsyncWriteExt;
@@ -136,7 +136,7 @@ async fn the_attempt_counters_of_earlier_steps_are_taken_from_their_history() {
     for db in backends().await {
         let log = Log::default();
         let wf = failing_undo(&log, "older");
-        let engine = sagaflow_tests::engine(&db, vec![wf]).await;
+        let engine = sagaflow_testkit::engine(&db, vec![wf]).await;
         let id = engine.start("older", &()).await.expect("start");
         expect_state(&engine, id, RunState::Error, db.backend).await;
         engine.shutdown().await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sagaflow::{
     DeadlinePolicy, Engine, RetryPolicy, StartOptions, StepContext, StepError, Workflow,
 };
-use sagaflow_tests::TestDb;
+use sagaflow_testkit::TestDb;
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, OrderSettings, order_saga};
 use sagaflow_workflows::services::Services;
 use uuid::Uuid;
@@ -38,7 +38,7 @@ pub(crate) async fn order_rig(db: &TestDb, deadline_ms: u64, max_failures: u32) 
         order_settings(deadline_ms, max_failures),
     )
     .expect("order saga");
-    let engine = sagaflow_tests::engine(db, vec![wf]).await;
+    let engine = sagaflow_testkit::engine(db, vec![wf]).await;
     OrderRig { services, engine }
 }
 

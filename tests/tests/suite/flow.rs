@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use sagaflow::{RunState, StepContext, StepError, Workflow};
-use sagaflow_tests::{backends, engine, expect_state};
+use sagaflow_testkit::{backends, engine, expect_state};
 use sagaflow_workflows::services::OrderStatus;
 
 use crate::fixtures::{order_rig, submit_order};
@@ -35,7 +35,7 @@ fn diamond() -> Workflow {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_branches_pass_outputs_along_edges() {
-    sagaflow_tests::init_logging();
+    sagaflow_testkit::init_logging();
     for db in backends().await {
         let engine = engine(&db, vec![diamond()]).await;
         let id = engine.start("diamond", &1).await.expect("start");
@@ -135,16 +135,16 @@ async fn order_sagas_complete_and_apply_each_effect_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_submitted_elsewhere_is_picked_up_by_notification_not_polling() {
     // PostgreSQL only: SQLite has one process writing at a time.
-    let Some(db) = sagaflow_tests::postgres_db().await else {
+    let Some(db) = sagaflow_testkit::postgres_db().await else {
         return;
     };
-    let worker = sagaflow_tests::fast_builder(&db)
+    let worker = sagaflow_testkit::fast_builder(&db)
         .with_workflow(diamond())
         .with_poll_interval(Duration::from_secs(60))
         .start()
         .await
         .expect("worker");
-    let client = sagaflow_tests::fast_builder(&db)
+    let client = sagaflow_testkit::fast_builder(&db)
         .with_workflow(diamond())
         .with_workers(false)
         .start()

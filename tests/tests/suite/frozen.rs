@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use sagaflow::advanced::scheduler::Freeze;
 use sagaflow::{DeadlinePolicy, RunState, StepContext, StepError, Workflow};
-use sagaflow_tests::{eventually, fast_builder, postgres_db};
+use sagaflow_testkit::{eventually, fast_builder, postgres_db};
 
 /// The lease of `fast_builder`.
 const LEASE: Duration = Duration::from_secs(2);
@@ -33,7 +33,7 @@ fn quick() -> Workflow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_frozen_in_a_transaction_holds_nobody_hostage() {
     const RUNS: usize = 8;
-    sagaflow_tests::init_logging();
+    sagaflow_testkit::init_logging();
     let Some(db) = postgres_db().await else {
         return;
     };

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use sagaflow::advanced::SupervisorConfig;
 use sagaflow::{RetryPolicy, RunState, StartOptions, StepContext, StepError, Store, Workflow};
-use sagaflow_tests::{TestDb, backends, eventually, eventually_some};
+use sagaflow_testkit::{TestDb, backends, eventually, eventually_some};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
     HttpServices, Operation, Scripted, ServerHandle, Service, Services, serve,

@@ -1,5 +1,5 @@
 //! sagaflow's integration suite. A scenario runs on SQLite and on PostgreSQL (see
-//! `sagaflow_tests::backends`), except the few that test what exists on one backend only;
+//! `sagaflow_testkit::backends`), except the few that test what exists on one backend only;
 //! docs/architecture.md lists them and says why. Requirement IDs are explained in
 //! `docs/requirements.md`.
 

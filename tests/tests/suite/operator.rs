@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sagaflow::{Error, RetryPolicy, RunState, StepContext, StepError, Workflow};
-use sagaflow_tests::{backends, engine, expect_state};
+use sagaflow_testkit::{backends, engine, expect_state};
 
 use crate::fixtures::{Behave, Log, chain};
 
@@ -161,7 +161,7 @@ async fn an_operator_can_ask_a_running_run_to_compensate() {
         );
         let engine = engine(&db, vec![wf]).await;
         let id = engine.start("cancel", &()).await.expect("start");
-        sagaflow_tests::eventually(Duration::from_secs(20), "c to start", || {
+        sagaflow_testkit::eventually(Duration::from_secs(20), "c to start", || {
             let log = log.clone();
             async move { log.count("c:") == 1 }
         })

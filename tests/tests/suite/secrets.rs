@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sagaflow::{Engine, RunState, StepContext, StepError, Workflow};
-use sagaflow_tests::postgres_db;
+use sagaflow_testkit::postgres_db;
 
 const PASSWORD: &str = "s3cret-Pw0rd";
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sagaflow::{
     DeadlinePolicy, RetryPolicy, RunState, StepContext, StepError, StepState, Workflow,
 };
-use sagaflow_tests::{backends, eventually, expect_state};
+use sagaflow_testkit::{backends, eventually, expect_state};
 
 /// One step that hangs on its first attempt and succeeds afterwards; a single failure would
 /// fail it for good.
@@ -36,7 +36,7 @@ fn hang_once(calls: Arc<AtomicU32>) -> Workflow {
 async fn a_graceful_shutdown_mid_step_is_an_interruption_not_a_failure() {
     for db in backends().await {
         let calls = Arc::new(AtomicU32::new(0));
-        let first = sagaflow_tests::engine(&db, vec![hang_once(calls.clone())]).await;
+        let first = sagaflow_testkit::engine(&db, vec![hang_once(calls.clone())]).await;
         let id = first.start("deploy", &()).await.expect("start");
         eventually(
             Duration::from_secs(10),
@@ -69,7 +69,7 @@ async fn a_graceful_shutdown_mid_step_is_an_interruption_not_a_failure() {
 
         // The next instance (as after a rolling deploy) finishes the run, although the
         // failure threshold is 1.
-        let second = sagaflow_tests::engine(&db, vec![hang_once(calls.clone())]).await;
+        let second = sagaflow_testkit::engine(&db, vec![hang_once(calls.clone())]).await;
         expect_state(&second, id, RunState::Completed, db.backend).await;
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         second.shutdown().await;

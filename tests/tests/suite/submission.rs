@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sagaflow::sea_orm::TransactionTrait;
 use sagaflow::{Error, OnDuplicate, RunState, StartOptions, StepContext, StepError, Workflow};
-use sagaflow_tests::{backends, engine, expect_state};
+use sagaflow_testkit::{backends, engine, expect_state};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
@@ -27,7 +27,7 @@ fn typed() -> Workflow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_submissions_get_typed_errors_and_write_nothing() {
     for db in backends().await {
-        let engine = sagaflow_tests::fast_builder(&db)
+        let engine = sagaflow_testkit::fast_builder(&db)
             .with_workflow(typed())
             .with_max_input_bytes(1024)
             .start()

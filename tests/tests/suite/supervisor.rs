@@ -9,7 +9,7 @@ use sagaflow::advanced::{SUPERVISOR_STALLED, SweepGate, store, transition};
 use sagaflow::{
     AlertRow, Engine, Error, RunState, StepContext, StepError, StepState, Store, Workflow,
 };
-use sagaflow_tests::{TestDb, backends, eventually, eventually_some, fast_builder};
+use sagaflow_testkit::{TestDb, backends, eventually, eventually_some, fast_builder};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -256,7 +256,7 @@ async fn of_two_supervisors_only_the_leader_acts_and_the_other_takes_over() {
         );
         // Runs finish whichever engine claims them.
         let id = follower.start("pair", &()).await.expect("start");
-        sagaflow_tests::expect_state(&follower, id, RunState::Completed, db.backend).await;
+        sagaflow_testkit::expect_state(&follower, id, RunState::Completed, db.backend).await;
         // LE-2: the leader shuts down and releases its lease; the follower takes over.
         let old_term = leader
             .supervisor()
@@ -362,7 +362,7 @@ fn hang_first_attempt() -> Workflow {
 }
 
 async fn stall_engine(db: &TestDb, id: &str, gate: &SweepGate) -> Engine {
-    sagaflow_tests::init_logging();
+    sagaflow_testkit::init_logging();
     fast_builder(db)
         .with_workflow(hang_first_attempt())
         .with_instance_id(id)
@@ -426,7 +426,7 @@ async fn a_leader_whose_sweeps_hang_steps_down_and_the_next_leader_rescues_its_s
         );
 
         // The new leader rescues the step the hung one left: the run completes.
-        sagaflow_tests::expect_state(next, id, RunState::Completed, db.backend).await;
+        sagaflow_testkit::expect_state(next, id, RunState::Completed, db.backend).await;
         let history = next.history(id).await.expect("history");
         let timeout = history
             .iter()

@@ -25,7 +25,9 @@ use uuid::Uuid;
 use super::check::{self, ChaosStats, Restart};
 use super::cli::Args;
 use super::fleet::{self, Fleet, WorkerSpec};
-use super::postgres::{self, ChaosDb, OwnCluster};
+use sagaflow_testkit::{self as postgres, PgCluster};
+
+use super::postgres::ChaosDb;
 use super::worker;
 
 /// Concurrent submitters.
@@ -164,12 +166,12 @@ pub(crate) async fn run(args: Args) -> u8 {
     println!("  machine: {}", sagaflow_tools::machine::describe());
 
     // PostgreSQL: the given server, or a private cluster.
-    let mut own: Option<OwnCluster> = None;
+    let mut own: Option<PgCluster> = None;
     let admin_url = match &args.database_url {
         Some(url) => url.clone(),
         None => {
             let script = postgres::script_path(args.pg_script.as_deref());
-            match tokio::task::spawn_blocking(move || OwnCluster::start(&script)).await {
+            match tokio::task::spawn_blocking(move || PgCluster::start(&script)).await {
                 Ok(Ok(mut c)) => {
                     c.keep = args.keep_db;
                     let url = c.url.clone();

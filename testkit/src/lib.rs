@@ -1,0 +1,41 @@
+//! Test sagas the way sagaflow tests its own: against a real SQLite file and a real
+//! PostgreSQL database, with real processes to kill.
+//!
+//! - [`backends`] gives a fresh database per test on each backend (a temporary SQLite file,
+//!   and a new PostgreSQL database on the server named by `SAGAFLOW_PG_URL`), so parallel
+//!   tests never see each other's runs;
+//! - [`engine`] and [`fast_builder`] start engines with short intervals;
+//! - [`eventually`], [`eventually_some`] and [`expect_state`] wait on conditions with a bound;
+//! - [`ChildTest`] re-runs the test binary as a child engine process, to SIGKILL or SIGSTOP;
+//! - [`PgCluster`] starts a private throwaway PostgreSQL cluster (to restart it mid-run
+//!   without disturbing other tests).
+//!
+//! ```no_run
+//! use sagaflow::{RunState, StepContext, StepError, Workflow};
+//! use sagaflow_testkit::{backends, engine, expect_state};
+//!
+//! # async fn example() {
+//! for db in backends().await {
+//!     let wf = Workflow::builder("hello", 1)
+//!         .step("greet", |_: StepContext| async { Ok::<_, StepError>("hi") })
+//!         .build()
+//!         .expect("valid");
+//!     let engine = engine(&db, vec![wf]).await;
+//!     let id = engine.start("hello", &()).await.expect("start");
+//!     expect_state(&engine, id, RunState::Completed, db.backend).await;
+//!     engine.shutdown().await;
+//! }
+//! # }
+//! ```
+
+mod cluster;
+mod db;
+mod engine;
+mod process;
+mod wait;
+
+pub use cluster::{PgCluster, make_durable, pg_bin, restart_immediate, script_path};
+pub use db::{TestDb, backends, postgres_db, sqlite_db};
+pub use engine::{engine, fast_builder, init_logging};
+pub use process::{ChildTest, workspace_binary};
+pub use wait::{eventually, eventually_some, expect_state};
