@@ -28,7 +28,7 @@ pub struct FaultPlan {
     /// Share of idempotency keys (0.0..=1.0) that fail with
     /// [`ServiceError::Permanent`](super::ServiceError::Permanent). Decided by a hash of
     /// `(seed, key)`, so every retry of such a key fails again. Never applied to
-    /// compensations (`release`, `refund`).
+    /// compensations (`release`, `refund`, `cancel_flight`, `cancel_hotel`).
     pub permanent: f64,
     /// Seed of the random decisions and of the permanent-key hash.
     pub seed: u64,
@@ -304,6 +304,10 @@ fn refusal(op: Operation) -> &'static str {
         Operation::Charge => "card declined",
         Operation::Refund => "refund refused",
         Operation::Ship => "address undeliverable",
+        Operation::BookFlight => "flight full",
+        Operation::BookHotel => "hotel sold out",
+        Operation::CancelFlight | Operation::CancelHotel => "cancellation refused",
+        Operation::SendItinerary => "mailbox rejected the itinerary",
     }
 }
 
