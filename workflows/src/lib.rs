@@ -3,4 +3,5 @@
 pub mod machine;
 pub mod measure;
 pub mod order;
+mod remote_step;
 pub mod services;
