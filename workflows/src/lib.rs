@@ -1,6 +1,7 @@
 //! The example sagas and the simulated remote services they talk to: the order saga
 //! (inventory, payments, shipping) and the travel saga (flights, hotels, payments, mailer).
 
+pub mod database;
 pub mod machine;
 pub mod measure;
 pub mod order;
