@@ -52,15 +52,24 @@ fn services(seed: u64) -> Services {
         latency: Duration::from_millis(10),
         ..FaultPlan::seeded(seed)
     }));
-    let nth = |n: usize, outcome: Scripted| {
-        let mut v = vec![Scripted::Ok; n - 1];
-        v.push(outcome);
-        v
+    // The n-th call of an operation (retries included) meets the outcome given for n.
+    let calls = |faults: &[(usize, Scripted)]| -> Vec<Scripted> {
+        let last = faults.iter().map(|(n, _)| *n).max().unwrap_or(0);
+        (1..=last)
+            .map(|i| {
+                faults
+                    .iter()
+                    .find(|(n, _)| *n == i)
+                    .map_or(Scripted::Ok, |f| f.1)
+            })
+            .collect()
     };
-    services.script("book_flight", nth(2, Scripted::ResetAfterApply));
-    services.script("book_hotel", nth(3, Scripted::Permanent));
-    services.script("book_flight", nth(7, Scripted::Permanent));
-    services.script("charge", nth(9, Scripted::Permanent));
+    services.script(
+        "book_flight",
+        calls(&[(2, Scripted::ResetAfterApply), (7, Scripted::Permanent)]),
+    );
+    services.script("book_hotel", calls(&[(3, Scripted::Permanent)]));
+    services.script("charge", calls(&[(9, Scripted::Permanent)]));
     services
 }
 
@@ -120,11 +129,9 @@ async fn main() -> ExitCode {
         args.trips
     );
     println!("  database  {}", db.label);
+    println!("  faults    5% transient errors on every call · flight request 2 loses its reply");
     println!(
-        "  faults    5% transient errors on every call · the 2nd flight booking loses its reply"
-    );
-    println!(
-        "            the 3rd hotel booking: sold out · the 7th flight: full · the 9th card: declined"
+        "            hotel request 3: sold out · flight request 7: full · payment 9: declined"
     );
     println!(
         "            {FLAKY_TRIP}'s itinerary mail bounces {FLAKY_TIMES} times (the threshold is 4 failures)"
