@@ -10,13 +10,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sagaflow::{DeadlinePolicy, RetryPolicy, StepContext, StepError, Workflow};
+use sagaflow::{DeadlinePolicy, RetryPolicy, StepContext, Workflow};
 use serde::{Deserialize, Serialize};
 
+use crate::remote_step::{forward_output, step_error};
 use crate::services::{Charge, Shipment};
 use crate::services::{
     ChargeRequest, HttpServices, InventoryApi, PaymentsApi, RefundRequest, ReleaseRequest,
-    Reservation, ReserveRequest, ServiceError, Services, ShipRequest, ShippingApi,
+    Reservation, ReserveRequest, Services, ShipRequest, ShippingApi,
 };
 
 /// The workflow's name.
@@ -46,6 +47,23 @@ impl Order {
             qty: u32::try_from(n % 3 + 1).unwrap_or(1),
             amount_cents: 1999 + (n as u64 % 5) * 500,
             address: format!("{} Saga Street", n % 100 + 1),
+        }
+    }
+
+    /// The stock reservation `reserve_stock` asks for.
+    fn reserve_request(self) -> ReserveRequest {
+        ReserveRequest {
+            order_id: self.order_id,
+            sku: self.sku,
+            qty: self.qty,
+        }
+    }
+
+    /// The charge `charge_card` asks for.
+    fn charge_request(self) -> ChargeRequest {
+        ChargeRequest {
+            order_id: self.order_id,
+            amount_cents: self.amount_cents,
         }
     }
 }
@@ -104,30 +122,6 @@ impl Default for OrderSettings {
     }
 }
 
-/// A remote failure as a step outcome. The simulated services document that a refusal
-/// (HTTP 4xx), a 429 and a 503 are answered before anything is applied: those are *not
-/// applied*. A call without a usable answer (a reset, a 502 or 504, a timeout) may hide an
-/// applied effect: its outcome stays unknown, so the step's compensation runs if the saga
-/// unwinds. A `Retry-After` travels in the error's details.
-fn step_error(e: ServiceError) -> StepError {
-    let message = e.to_string();
-    match e {
-        ServiceError::Transient(_) => StepError::retryable("transient", message).not_applied(),
-        ServiceError::Busy { retry_after_ms, .. } => {
-            let err = StepError::retryable("busy", message).not_applied();
-            match retry_after_ms {
-                Some(ms) => err.with_details(serde_json::json!({ "retry_after_ms": ms })),
-                None => err,
-            }
-        }
-        ServiceError::Permanent(_) => StepError::refused("permanent", message),
-        ServiceError::Conflict(_) => StepError::refused("conflict", message),
-        ServiceError::Transport(_) | ServiceError::LostReply(_) => {
-            StepError::retryable("transport", message)
-        }
-    }
-}
-
 /// Builds the order saga over `apis`.
 ///
 /// # Errors
@@ -145,40 +139,18 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
             let inv = inv.clone();
             async move {
                 let o: Order = ctx.input()?;
-                let req = ReserveRequest {
-                    order_id: o.order_id,
-                    sku: o.sku,
-                    qty: o.qty,
-                };
-                inv.reserve(ctx.idempotency_key(), req)
+                inv.reserve(ctx.idempotency_key(), o.reserve_request())
                     .await
                     .map_err(step_error)
             }
         })
         .compensate(move |ctx: StepContext| {
-            let inv = inv2.clone();
+            let (inv, again) = (inv2.clone(), inv2.clone());
             async move {
-                let r: Reservation = match ctx.output() {
-                    Ok(r) => r,
-                    // Outcome unknown (an attempt timed out): replaying the reservation under
-                    // its own key returns what was reserved, if anything, without reserving
-                    // twice.
-                    Err(_) => {
-                        let o: Order = ctx.input()?;
-                        let req = ReserveRequest {
-                            order_id: o.order_id,
-                            sku: o.sku,
-                            qty: o.qty,
-                        };
-                        match inv.reserve(ctx.forward_idempotency_key(), req).await {
-                            Ok(r) => r,
-                            // Refused before acting: nothing was applied, nothing to undo.
-                            Err(e) if !e.may_have_applied() && !e.is_retryable() => {
-                                return Ok(None);
-                            }
-                            Err(e) => return Err(step_error(e)),
-                        }
-                    }
+                let req = ctx.input::<Order>()?.reserve_request();
+                let replay = |key: String| async move { again.reserve(&key, req).await };
+                let Some(r) = forward_output::<Reservation, _, _>(&ctx, replay).await? else {
+                    return Ok(None);
                 };
                 let req = ReleaseRequest {
                     order_id: r.order_id,
@@ -195,37 +167,19 @@ pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<
             async move {
                 let o: Order = ctx.input()?;
                 let _reserved: Reservation = ctx.dep("reserve_stock")?;
-                let req = ChargeRequest {
-                    order_id: o.order_id,
-                    amount_cents: o.amount_cents,
-                };
-                pay.charge(ctx.idempotency_key(), req)
+                pay.charge(ctx.idempotency_key(), o.charge_request())
                     .await
                     .map_err(step_error)
             }
         })
         .after(["reserve_stock"])
         .compensate(move |ctx: StepContext| {
-            let pay = pay2.clone();
+            let (pay, again) = (pay2.clone(), pay2.clone());
             async move {
-                let c: Charge = match ctx.output() {
-                    Ok(c) => c,
-                    // Outcome unknown: replay the charge under its key to learn it.
-                    Err(_) => {
-                        let o: Order = ctx.input()?;
-                        let req = ChargeRequest {
-                            order_id: o.order_id,
-                            amount_cents: o.amount_cents,
-                        };
-                        match pay.charge(ctx.forward_idempotency_key(), req).await {
-                            Ok(c) => c,
-                            // Refused before acting: nothing was applied, nothing to undo.
-                            Err(e) if !e.may_have_applied() && !e.is_retryable() => {
-                                return Ok(None);
-                            }
-                            Err(e) => return Err(step_error(e)),
-                        }
-                    }
+                let req = ctx.input::<Order>()?.charge_request();
+                let replay = |key: String| async move { again.charge(&key, req).await };
+                let Some(c) = forward_output::<Charge, _, _>(&ctx, replay).await? else {
+                    return Ok(None);
                 };
                 let req = RefundRequest {
                     order_id: c.order_id,

@@ -23,3 +23,4 @@ mod secrets;
 mod shutdown;
 mod submission;
 mod supervisor;
+mod travel;

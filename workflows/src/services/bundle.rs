@@ -1,4 +1,4 @@
-//! The three in-process services sharing one ledger.
+//! The in-process services sharing one ledger.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use super::ledger::Ledger;
 use super::operation::{Operation, Service};
 use super::payments::{Payments, PaymentsApi};
 use super::shipping::{Shipping, ShippingApi};
+use super::travel::{BookingApi, Bookings, Mailer, MailerApi};
 
 /// One [`FaultPlan`] per service. `Default` injects nothing anywhere.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -21,10 +22,19 @@ pub struct ServicePlans {
     pub payments: FaultPlan,
     /// Plan of the shipping service.
     pub shipping: FaultPlan,
+    /// Plan of the flights service.
+    #[serde(default)]
+    pub flights: FaultPlan,
+    /// Plan of the hotels service.
+    #[serde(default)]
+    pub hotels: FaultPlan,
+    /// Plan of the itinerary mailer.
+    #[serde(default)]
+    pub mailer: FaultPlan,
 }
 
 impl ServicePlans {
-    /// The same rates and latency for every service; seeds `plan.seed`, `+1`, `+2`
+    /// The same rates and latency for every service; seeds `plan.seed`, `+1`, `+2`, …
     /// so the services do not fail in lockstep.
     pub fn uniform(plan: FaultPlan) -> Self {
         let with_seed = |offset: u64| FaultPlan {
@@ -35,11 +45,16 @@ impl ServicePlans {
             inventory: with_seed(0),
             payments: with_seed(1),
             shipping: with_seed(2),
+            flights: with_seed(3),
+            hotels: with_seed(4),
+            mailer: with_seed(5),
         }
     }
 }
 
-/// Inventory, payments and shipping, in-process, recording into one shared [`Ledger`].
+/// Every simulated service, in-process, recording into one shared [`Ledger`]: inventory,
+/// payments and shipping for the order saga; flights, hotels, payments and the mailer for
+/// the travel saga.
 ///
 /// Cheap to clone: clones share the ledger, fault injectors and scripts (so a test can
 /// keep a clone for scripting and checking while another clone is being served).
@@ -49,6 +64,9 @@ pub struct Services {
     inventory: Arc<Inventory>,
     payments: Arc<Payments>,
     shipping: Arc<Shipping>,
+    flights: Arc<Bookings>,
+    hotels: Arc<Bookings>,
+    mailer: Arc<Mailer>,
 }
 
 impl Default for Services {
@@ -65,6 +83,9 @@ impl Services {
             inventory: Arc::new(Inventory::new(ledger.clone(), plans.inventory)),
             payments: Arc::new(Payments::new(ledger.clone(), plans.payments)),
             shipping: Arc::new(Shipping::new(ledger.clone(), plans.shipping)),
+            flights: Arc::new(Bookings::flights(ledger.clone(), plans.flights)),
+            hotels: Arc::new(Bookings::hotels(ledger.clone(), plans.hotels)),
+            mailer: Arc::new(Mailer::new(ledger.clone(), plans.mailer)),
             ledger,
         }
     }
@@ -84,6 +105,21 @@ impl Services {
         self.shipping.clone()
     }
 
+    /// The flights service.
+    pub fn flights(&self) -> Arc<dyn BookingApi> {
+        self.flights.clone()
+    }
+
+    /// The hotels service.
+    pub fn hotels(&self) -> Arc<dyn BookingApi> {
+        self.hotels.clone()
+    }
+
+    /// The itinerary mailer.
+    pub fn mailer(&self) -> Arc<dyn MailerApi> {
+        self.mailer.clone()
+    }
+
     /// The shared ledger.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
@@ -95,6 +131,9 @@ impl Services {
             Service::Inventory => self.inventory.faults(),
             Service::Payments => self.payments.faults(),
             Service::Shipping => self.shipping.faults(),
+            Service::Flights => &self.flights.remote.faults,
+            Service::Hotels => &self.hotels.remote.faults,
+            Service::Mailer => &self.mailer.remote.faults,
         }
     }
 

@@ -28,7 +28,7 @@ pub struct FaultPlan {
     /// Share of orders (0.0..=1.0) whose call of an operation fails with
     /// [`ServiceError::Permanent`](super::ServiceError::Permanent). Decided by a hash of
     /// `(seed, operation, order)`, so every retry of such a call fails again. Never applied to
-    /// compensations (`release`, `refund`).
+    /// compensations (`release`, `refund`, `cancel_flight`, `cancel_hotel`).
     pub permanent: f64,
     /// Seed of the random decisions and of the permanent-order hash. A call's fate is a function
     /// of the seed, its operation, the order it concerns and how many times that operation was
@@ -319,6 +319,10 @@ fn refusal(op: Operation) -> &'static str {
         Operation::Charge => "card declined",
         Operation::Refund => "refund refused",
         Operation::Ship => "address undeliverable",
+        Operation::BookFlight => "flight full",
+        Operation::BookHotel => "hotel sold out",
+        Operation::CancelFlight | Operation::CancelHotel => "cancellation refused",
+        Operation::SendItinerary => "mailbox rejected the itinerary",
     }
 }
 

@@ -72,9 +72,8 @@ pub struct Inventory {
 impl Inventory {
     /// An inventory service recording into `ledger` and injecting faults per `plan`.
     pub fn new(ledger: Ledger, plan: FaultPlan) -> Self {
-        let faults = Faults::new(Service::Inventory, plan);
         Self {
-            remote: Remote { ledger, faults },
+            remote: Remote::new(Service::Inventory, ledger, plan),
         }
     }
 

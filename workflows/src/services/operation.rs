@@ -5,7 +5,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// One of the three simulated remote services.
+/// One of the simulated remote services: the order saga's (inventory, payments, shipping)
+/// and the travel saga's (flights, hotels, payments, mailer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Service {
@@ -15,18 +16,35 @@ pub enum Service {
     Payments,
     /// Parcel dispatch.
     Shipping,
+    /// Flight bookings and cancellations.
+    Flights,
+    /// Hotel bookings and cancellations.
+    Hotels,
+    /// Itinerary e-mails.
+    Mailer,
 }
 
 impl Service {
     /// All services, in a stable order.
-    pub const ALL: [Service; 3] = [Service::Inventory, Service::Payments, Service::Shipping];
+    pub const ALL: [Service; 6] = [
+        Service::Inventory,
+        Service::Payments,
+        Service::Shipping,
+        Service::Flights,
+        Service::Hotels,
+        Service::Mailer,
+    ];
 
-    /// The lowercase name: `"inventory"`, `"payments"` or `"shipping"`.
+    /// The lowercase name: `"inventory"`, `"payments"`, `"shipping"`, `"flights"`,
+    /// `"hotels"` or `"mailer"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Inventory => "inventory",
             Self::Payments => "payments",
             Self::Shipping => "shipping",
+            Self::Flights => "flights",
+            Self::Hotels => "hotels",
+            Self::Mailer => "mailer",
         }
     }
 }
@@ -51,11 +69,35 @@ pub enum Operation {
     Refund,
     /// Shipping: dispatch the order.
     Ship,
+    /// Flights: book a seat for a trip.
+    BookFlight,
+    /// Flights: cancel a flight booking (compensates `BookFlight`).
+    CancelFlight,
+    /// Hotels: book a room for a trip.
+    BookHotel,
+    /// Hotels: cancel a hotel booking (compensates `BookHotel`).
+    CancelHotel,
+    /// Mailer: send a trip's itinerary to the traveller.
+    SendItinerary,
 }
 
 impl Operation {
     /// All operations, in a stable order.
-    pub const ALL: [Operation; 5] = [
+    pub const ALL: [Operation; 10] = [
+        Operation::Reserve,
+        Operation::Release,
+        Operation::Charge,
+        Operation::Refund,
+        Operation::Ship,
+        Operation::BookFlight,
+        Operation::CancelFlight,
+        Operation::BookHotel,
+        Operation::CancelHotel,
+        Operation::SendItinerary,
+    ];
+
+    /// The operations of the order saga's services (inventory, payments, shipping).
+    pub const ORDER: [Operation; 5] = [
         Operation::Reserve,
         Operation::Release,
         Operation::Charge,
@@ -63,7 +105,19 @@ impl Operation {
         Operation::Ship,
     ];
 
-    /// The lowercase name: `"reserve"`, `"release"`, `"charge"`, `"refund"` or `"ship"`.
+    /// The operations the travel saga calls (a payment is a `charge`).
+    pub const TRAVEL: [Operation; 6] = [
+        Operation::BookFlight,
+        Operation::CancelFlight,
+        Operation::BookHotel,
+        Operation::CancelHotel,
+        Operation::Charge,
+        Operation::SendItinerary,
+    ];
+
+    /// The snake-case name: `"reserve"`, `"release"`, `"charge"`, `"refund"`, `"ship"`,
+    /// `"book_flight"`, `"cancel_flight"`, `"book_hotel"`, `"cancel_hotel"` or
+    /// `"send_itinerary"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Reserve => "reserve",
@@ -71,6 +125,11 @@ impl Operation {
             Self::Charge => "charge",
             Self::Refund => "refund",
             Self::Ship => "ship",
+            Self::BookFlight => "book_flight",
+            Self::CancelFlight => "cancel_flight",
+            Self::BookHotel => "book_hotel",
+            Self::CancelHotel => "cancel_hotel",
+            Self::SendItinerary => "send_itinerary",
         }
     }
 
@@ -80,15 +139,22 @@ impl Operation {
             Self::Reserve | Self::Release => Service::Inventory,
             Self::Charge | Self::Refund => Service::Payments,
             Self::Ship => Service::Shipping,
+            Self::BookFlight | Self::CancelFlight => Service::Flights,
+            Self::BookHotel | Self::CancelHotel => Service::Hotels,
+            Self::SendItinerary => Service::Mailer,
         }
     }
 
-    /// Whether this operation undoes another one (`release`, `refund`).
+    /// Whether this operation undoes another one (`release`, `refund`, `cancel_flight`,
+    /// `cancel_hotel`).
     ///
     /// Compensations get no random permanent faults: a realistic remote rarely refuses
     /// a refund. Tests can still script one.
     pub fn is_compensation(self) -> bool {
-        matches!(self, Self::Release | Self::Refund)
+        matches!(
+            self,
+            Self::Release | Self::Refund | Self::CancelFlight | Self::CancelHotel
+        )
     }
 }
 
@@ -106,7 +172,9 @@ impl AsRef<str> for Operation {
 
 /// The string did not name an [`Operation`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown operation {0:?} (expected reserve, release, charge, refund or ship)")]
+#[error(
+    "unknown operation {0:?} (expected one of reserve, release, charge, refund, ship, book_flight, cancel_flight, book_hotel, cancel_hotel, send_itinerary)"
+)]
 pub struct UnknownOperation(pub String);
 
 impl FromStr for Operation {

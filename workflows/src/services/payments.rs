@@ -70,9 +70,8 @@ pub struct Payments {
 impl Payments {
     /// A payments service recording into `ledger` and injecting faults per `plan`.
     pub fn new(ledger: Ledger, plan: FaultPlan) -> Self {
-        let faults = Faults::new(Service::Payments, plan);
         Self {
-            remote: Remote { ledger, faults },
+            remote: Remote::new(Service::Payments, ledger, plan),
         }
     }
 

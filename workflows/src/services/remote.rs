@@ -4,9 +4,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::ServiceError;
+use super::faults::FaultPlan;
 use super::faults::{Fault, Faults};
 use super::ledger::{Delivery, Ledger};
-use super::operation::Operation;
+use super::operation::{Operation, Service};
 
 /// The shared parts of every in-process service.
 #[derive(Debug, Clone)]
@@ -16,6 +17,12 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
+    /// The parts of `service`, recording into `ledger` and injecting faults per `plan`.
+    pub(crate) fn new(service: Service, ledger: Ledger, plan: FaultPlan) -> Self {
+        let faults = Faults::new(service, plan);
+        Self { ledger, faults }
+    }
+
     /// Perform `op` under `key`. `make` builds the response from the ledger sequence
     /// number; it only runs when the effect is applied for the first time.
     ///

@@ -21,29 +21,47 @@ pub struct OperationCounts {
     pub refund: u64,
     /// Shipments dispatched.
     pub ship: u64,
+    /// Flights booked.
+    #[serde(default)]
+    pub book_flight: u64,
+    /// Flight bookings cancelled.
+    #[serde(default)]
+    pub cancel_flight: u64,
+    /// Hotels booked.
+    #[serde(default)]
+    pub book_hotel: u64,
+    /// Hotel bookings cancelled.
+    #[serde(default)]
+    pub cancel_hotel: u64,
+    /// Itineraries sent.
+    #[serde(default)]
+    pub send_itinerary: u64,
 }
 
 impl OperationCounts {
     /// The count for one operation.
     pub fn get(&self, operation: Operation) -> u64 {
-        match operation {
-            Operation::Reserve => self.reserve,
-            Operation::Release => self.release,
-            Operation::Charge => self.charge,
-            Operation::Refund => self.refund,
-            Operation::Ship => self.ship,
-        }
+        let mut counts = *self;
+        *counts.slot(operation)
     }
 
     fn bump(&mut self, operation: Operation) {
-        let slot = match operation {
+        *self.slot(operation) += 1;
+    }
+
+    fn slot(&mut self, operation: Operation) -> &mut u64 {
+        match operation {
             Operation::Reserve => &mut self.reserve,
             Operation::Release => &mut self.release,
             Operation::Charge => &mut self.charge,
             Operation::Refund => &mut self.refund,
             Operation::Ship => &mut self.ship,
-        };
-        *slot += 1;
+            Operation::BookFlight => &mut self.book_flight,
+            Operation::CancelFlight => &mut self.cancel_flight,
+            Operation::BookHotel => &mut self.book_hotel,
+            Operation::CancelHotel => &mut self.cancel_hotel,
+            Operation::SendItinerary => &mut self.send_itinerary,
+        }
     }
 }
 
@@ -287,7 +305,7 @@ mod tests {
             Operation::Release => (json!({"reservation_id": format!("rsv-{order}")}), json!({})),
             Operation::Charge => (json!({}), json!({"charge_id": format!("ch-{order}")})),
             Operation::Refund => (json!({"charge_id": format!("ch-{order}")}), json!({})),
-            Operation::Ship => (json!({}), json!({})),
+            _ => (json!({}), json!({})),
         };
         EffectRecord {
             seq,

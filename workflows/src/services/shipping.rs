@@ -49,9 +49,8 @@ pub struct Shipping {
 impl Shipping {
     /// A shipping service recording into `ledger` and injecting faults per `plan`.
     pub fn new(ledger: Ledger, plan: FaultPlan) -> Self {
-        let faults = Faults::new(Service::Shipping, plan);
         Self {
-            remote: Remote { ledger, faults },
+            remote: Remote::new(Service::Shipping, ledger, plan),
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use sagaflow::{RunState, Store};
 use sagaflow_tools::measure::{Latencies, ms};
 use sagaflow_workflows::order::Order;
-use sagaflow_workflows::services::{OrderStatus, Services};
+use sagaflow_workflows::services::{Operation, OrderStatus, Services};
 use uuid::Uuid;
 
 use super::coordinator::{Ending, Submitted};
@@ -362,6 +362,8 @@ pub(crate) async fn verify(
     let by_service: Vec<String> = services
         .fault_counts_by_service()
         .iter()
+        // The order saga's services only (the travel saga's are idle here).
+        .filter(|(s, _)| Operation::ORDER.iter().any(|op| op.service() == **s))
         .map(|(s, c)| format!("{s} {}/{}/{}", c.transient, c.hang, c.permanent))
         .collect();
     let a = &all_report.applied;

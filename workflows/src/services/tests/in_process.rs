@@ -55,7 +55,7 @@ async fn every_operation_applies_once_per_key() -> TestResult {
         assert_eq!(s.order_id, "o2");
     }
     let ledger = services.ledger();
-    for op in Operation::ALL {
+    for op in Operation::ORDER {
         assert_eq!(ledger.applied_count(op), 1, "{op}");
     }
     assert!(ledger.records().iter().all(|r| r.replays == 2));
