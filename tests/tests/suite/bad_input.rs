@@ -66,6 +66,21 @@ async fn neighbours_finish(db: &TestDb, check: impl AsyncFnOnce(&Neighbours)) {
     n.stop().await;
 }
 
+/// Starts an engine (one trivial workflow) on `url` and returns why it could not start.
+async fn start_fails(url: impl Into<String>, why: &str) -> Error {
+    Engine::builder()
+        .with_database_url(url)
+        .with_workflow(
+            Workflow::builder("w", 1)
+                .step("a", noop())
+                .build()
+                .expect("wf"),
+        )
+        .start()
+        .await
+        .expect_err(why)
+}
+
 fn noop()
 -> impl Fn(StepContext) -> std::future::Ready<Result<(), StepError>> + Send + Sync + 'static {
     |_| std::future::ready(Ok(()))
@@ -203,17 +218,7 @@ async fn bad_input_malformed_url() {
                 "postgres://user:secret@[::1/db",
                 "postgres://user:secret@host:notaport/db",
             ] {
-                let e = Engine::builder()
-                    .with_database_url(url)
-                    .with_workflow(
-                        Workflow::builder("w", 1)
-                            .step("a", noop())
-                            .build()
-                            .expect("wf"),
-                    )
-                    .start()
-                    .await
-                    .expect_err("malformed URL");
+                let e = start_fails(url, "malformed URL").await;
                 let text = e.to_string();
                 assert!(matches!(e, Error::Config(_)), "{url}: {text}");
                 assert!(!text.contains("secret"), "the password leaked: {text}");
@@ -234,17 +239,7 @@ async fn bad_input_unreachable_postgres() {
         neighbours_finish(&db, async |_| {
             let url = format!("postgres://sagaflow:hunter2@127.0.0.1:{port}/nowhere");
             let began = Instant::now();
-            let e = Engine::builder()
-                .with_database_url(url)
-                .with_workflow(
-                    Workflow::builder("w", 1)
-                        .step("a", noop())
-                        .build()
-                        .expect("wf"),
-                )
-                .start()
-                .await
-                .expect_err("unreachable");
+            let e = start_fails(url, "unreachable").await;
             let took = began.elapsed();
             let text = e.to_string();
             assert!(matches!(e, Error::Connect { .. }), "{text}");
@@ -270,17 +265,7 @@ async fn bad_input_read_only_sqlite() {
     // The neighbours write the file; a second engine opens it read-only.
     neighbours_finish(&db, async |_| {
         let url = db.url.replace("mode=rwc", "mode=ro");
-        let e = fast_builder(&db)
-            .with_database_url(url)
-            .with_workflow(
-                Workflow::builder("w", 1)
-                    .step("a", noop())
-                    .build()
-                    .expect("wf"),
-            )
-            .start()
-            .await
-            .expect_err("read-only");
+        let e = start_fails(url, "read-only").await;
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
         assert_eq!(e.sqlite_code().map(|c| c & 0xff), Some(8), "{e}");
     })
@@ -578,17 +563,7 @@ async fn bad_input_read_only_postgres() {
     neighbours_finish(&db, async |_| {
         // Every transaction of this session is read-only, as on a hot standby.
         let url = format!("{}?options=-c%20default_transaction_read_only%3Don", db.url);
-        let e = fast_builder(&db)
-            .with_database_url(url)
-            .with_workflow(
-                Workflow::builder("w", 1)
-                    .step("a", noop())
-                    .build()
-                    .expect("wf"),
-            )
-            .start()
-            .await
-            .expect_err("read-only");
+        let e = start_fails(url, "read-only").await;
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
         assert_eq!(e.sqlstate().as_deref(), Some("25006"), "{e}");
     })
