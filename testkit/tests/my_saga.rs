@@ -1,23 +1,18 @@
 //! The example of docs/testing.md: a user's saga tested on both backends.
 use sagaflow::{RunState, StepContext, StepError, Workflow};
 use sagaflow_testkit::{backends, engine, expect_state};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flaky_remote_is_retried_until_the_booking_completes() {
     for db in backends().await {
-        let calls = Arc::new(AtomicU32::new(0));
+        let calls = std::sync::Arc::new(AtomicU32::new(0));
         let remote = calls.clone();
         let wf = Workflow::builder("book", 1)
             .step("reserve", move |_: StepContext| {
-                let n = remote.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    match n {
-                        0 => Err(StepError::retryable("busy", "try again")), // fails once
-                        _ => Ok("seat-12"),
-                    }
-                }
+                let first = remote.fetch_add(1, Ordering::SeqCst) == 0;
+                let busy = StepError::retryable("busy", "try again"); // the remote fails once
+                async move { if first { Err(busy) } else { Ok("seat-12") } }
             })
             .build()
             .expect("valid workflow");
