@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sagaflow::{DeadlinePolicy, RetryPolicy, StepContext, Workflow};
+use sagaflow::{DeadlinePolicy, RetryPolicy, Workflow};
 use serde::{Deserialize, Serialize};
 
 use crate::remote_step::{forward_output, step_error};
@@ -128,84 +128,77 @@ impl Default for OrderSettings {
 /// Never for these settings unless they are inconsistent (e.g. a zero deadline):
 /// [`sagaflow::Error::InvalidDefinition`].
 pub fn order_saga(apis: OrderApis, settings: OrderSettings) -> sagaflow::Result<Workflow> {
-    let (inv, inv2) = (apis.inventory.clone(), apis.inventory);
-    let (pay, pay2) = (apis.payments.clone(), apis.payments);
-    let ship = apis.shipping;
+    let OrderApis {
+        inventory,
+        payments,
+        shipping,
+    } = apis;
     Workflow::builder(ORDER_WORKFLOW, settings.version)
         .input::<Order>()
         .default_retry(settings.retry)
         .default_deadline(settings.deadline)
-        .step("reserve_stock", move |ctx: StepContext| {
-            let inv = inv.clone();
-            async move {
-                let o: Order = ctx.input()?;
-                inv.reserve(ctx.idempotency_key(), o.reserve_request())
-                    .await
-                    .map_err(step_error)
-            }
+        .step_using("reserve_stock", inventory.clone(), |inv, ctx| async move {
+            let o: Order = ctx.input()?;
+            inv.reserve(ctx.idempotency_key(), o.reserve_request())
+                .await
+                .map_err(step_error)
         })
-        .compensate(move |ctx: StepContext| {
-            let (inv, again) = (inv2.clone(), inv2.clone());
-            async move {
-                let req = ctx.input::<Order>()?.reserve_request();
-                let replay = |key: String| async move { again.reserve(&key, req).await };
-                let Some(r) = forward_output::<Reservation, _, _>(&ctx, replay).await? else {
-                    return Ok(None);
-                };
-                let req = ReleaseRequest {
-                    order_id: r.order_id,
-                    reservation_id: r.reservation_id,
-                };
-                inv.release(ctx.idempotency_key(), req)
-                    .await
-                    .map(Some)
-                    .map_err(step_error)
-            }
+        .compensate_using(inventory, |inv, ctx| async move {
+            let req = ctx.input::<Order>()?.reserve_request();
+            let replay = |key: String| {
+                let inv = inv.clone();
+                async move { inv.reserve(&key, req).await }
+            };
+            let Some(r) = forward_output::<Reservation, _, _>(&ctx, replay).await? else {
+                return Ok(None);
+            };
+            let req = ReleaseRequest {
+                order_id: r.order_id,
+                reservation_id: r.reservation_id,
+            };
+            inv.release(ctx.idempotency_key(), req)
+                .await
+                .map(Some)
+                .map_err(step_error)
         })
-        .step("charge_card", move |ctx: StepContext| {
-            let pay = pay.clone();
-            async move {
-                let o: Order = ctx.input()?;
-                let _reserved: Reservation = ctx.dep("reserve_stock")?;
-                pay.charge(ctx.idempotency_key(), o.charge_request())
-                    .await
-                    .map_err(step_error)
-            }
+        .step_using("charge_card", payments.clone(), |pay, ctx| async move {
+            let o: Order = ctx.input()?;
+            let _reserved: Reservation = ctx.dep("reserve_stock")?;
+            pay.charge(ctx.idempotency_key(), o.charge_request())
+                .await
+                .map_err(step_error)
         })
         .after(["reserve_stock"])
-        .compensate(move |ctx: StepContext| {
-            let (pay, again) = (pay2.clone(), pay2.clone());
-            async move {
-                let req = ctx.input::<Order>()?.charge_request();
-                let replay = |key: String| async move { again.charge(&key, req).await };
-                let Some(c) = forward_output::<Charge, _, _>(&ctx, replay).await? else {
-                    return Ok(None);
-                };
-                let req = RefundRequest {
-                    order_id: c.order_id,
-                    charge_id: c.charge_id,
-                };
-                pay.refund(ctx.idempotency_key(), req)
-                    .await
-                    .map(Some)
-                    .map_err(step_error)
-            }
+        .compensate_using(payments, |pay, ctx| async move {
+            let req = ctx.input::<Order>()?.charge_request();
+            let replay = |key: String| {
+                let pay = pay.clone();
+                async move { pay.charge(&key, req).await }
+            };
+            let Some(c) = forward_output::<Charge, _, _>(&ctx, replay).await? else {
+                return Ok(None);
+            };
+            let req = RefundRequest {
+                order_id: c.order_id,
+                charge_id: c.charge_id,
+            };
+            pay.refund(ctx.idempotency_key(), req)
+                .await
+                .map(Some)
+                .map_err(step_error)
         })
-        .step("ship", move |ctx: StepContext| {
-            let ship = ship.clone();
-            async move {
-                let o: Order = ctx.input()?;
-                let _charged: Charge = ctx.dep("charge_card")?;
-                let req = ShipRequest {
-                    order_id: o.order_id,
-                    address: o.address,
-                };
-                let s: Shipment = ship
-                    .ship(ctx.idempotency_key(), req)
-                    .await
-                    .map_err(step_error)?;
-                Ok(s)
-            }
+        .step_using("ship", shipping, |ship, ctx| async move {
+            let o: Order = ctx.input()?;
+            let _charged: Charge = ctx.dep("charge_card")?;
+            let req = ShipRequest {
+                order_id: o.order_id,
+                address: o.address,
+            };
+            let s: Shipment = ship
+                .ship(ctx.idempotency_key(), req)
+                .await
+                .map_err(step_error)?;
+            Ok(s)
         })
         .after(["charge_card"])
         .pivot()

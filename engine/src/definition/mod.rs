@@ -301,6 +301,38 @@ impl WorkflowBuilder {
         self.step_with(name, FnAction(f))
     }
 
+    /// Adds a step whose body receives shared state (its clients, say) with the context: `state`
+    /// is cloned for each attempt, so the body needs no clone of its own.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use sagaflow_engine::{StepContext, StepError, Workflow};
+    /// struct Inventory;
+    /// impl Inventory {
+    ///     async fn reserve(&self, _key: &str) -> Result<String, StepError> { Ok("r-1".into()) }
+    ///     async fn release(&self, _key: &str) -> Result<(), StepError> { Ok(()) }
+    /// }
+    /// let inventory = Arc::new(Inventory);
+    /// let wf = Workflow::builder("order", 1)
+    ///     .step_using("reserve", inventory.clone(), |inv, ctx| async move {
+    ///         inv.reserve(ctx.idempotency_key()).await
+    ///     })
+    ///     .compensate_using(inventory, |inv, ctx| async move {
+    ///         inv.release(ctx.idempotency_key()).await
+    ///     })
+    ///     .build();
+    /// assert!(wf.is_ok());
+    /// ```
+    pub fn step_using<S, F, Fut, O>(self, name: impl Into<String>, state: S, f: F) -> Self
+    where
+        S: Clone + Send + Sync + 'static,
+        F: Fn(S, StepContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, StepError>> + Send + 'static,
+        O: Serialize + Send + 'static,
+    {
+        self.step(name, move |ctx| f(state.clone(), ctx))
+    }
+
     /// Adds a step whose body is a [`StepAction`] (e.g. an agent adapter).
     pub fn step_with(mut self, name: impl Into<String>, action: impl StepAction) -> Self {
         self.drafts.push(Draft {
@@ -343,6 +375,18 @@ impl WorkflowBuilder {
         O: Serialize + Send + 'static,
     {
         self.compensate_with(FnAction(f))
+    }
+
+    /// Gives the last step a compensation that receives shared state with the context (see
+    /// [`WorkflowBuilder::step_using`]).
+    pub fn compensate_using<S, F, Fut, O>(self, state: S, f: F) -> Self
+    where
+        S: Clone + Send + Sync + 'static,
+        F: Fn(S, StepContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, StepError>> + Send + 'static,
+        O: Serialize + Send + 'static,
+    {
+        self.compensate(move |ctx| f(state.clone(), ctx))
     }
 
     /// Gives the last step a compensation ([`StepAction`]).
