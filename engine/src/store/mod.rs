@@ -13,6 +13,7 @@ mod instances;
 mod intake;
 mod leases;
 mod open;
+mod plans;
 mod postgres;
 mod rows;
 mod runs;
@@ -33,10 +34,11 @@ pub use open::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
     LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, StoreOptions, redact_url,
 };
+pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
 pub use rows::{ClaimedStep, Damage, ExpiredStep, HistoryRow, RunRow, StepRow, quote};
 pub use steps::{DeadlineGuard, RescueCounts, StepFinish, StepInputs};
-pub use tx::{EvalApplied, PlanWrite, RunSteps, StepWrite, StoreTx};
+pub use tx::{RunSteps, StoreTx};
 
 use crate::{Error, Result};
 

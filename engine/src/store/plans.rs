@@ -1,0 +1,289 @@
+//! Writing decided plans: the step transitions, run states, payloads, alerts and history that
+//! the transition module decided for many runs, as a few bulk statements of the unit of work.
+
+use std::collections::{BTreeMap, HashSet};
+
+use sea_orm::{ConnectionTrait, Value};
+use uuid::Uuid;
+
+use super::alerts::{AlertRow, NewAlert, insert_alert};
+use super::tx::{CHUNK, HistoryEntry, mark_dirty};
+use super::{RunRow, StoreTx};
+use crate::transition::{Due, Effects, RunTrigger};
+use crate::{Result, RunState, StepState};
+
+/// A step transition decided by the evaluator or an operator action (guarded by `from`).
+#[derive(Debug, Clone)]
+pub struct StepWrite {
+    /// Row id.
+    pub id: i64,
+    /// Step name (for history).
+    pub name: String,
+    /// Expected current state: the write is guarded by it.
+    pub from: StepState,
+    /// New state.
+    pub to: StepState,
+    /// What else changes, as the transition table says.
+    pub effects: Effects,
+}
+
+/// Everything one evaluation or operator action writes for a run.
+#[derive(Debug, Clone, Default)]
+pub struct PlanWrite {
+    /// Step transitions.
+    pub steps: Vec<StepWrite>,
+    /// New run state.
+    pub run_state: Option<RunState>,
+    /// Run output JSON (when completing).
+    pub run_output: Option<String>,
+    /// Run error JSON (when compensating or failing).
+    pub run_error: Option<String>,
+    /// Alert to raise in the same transaction.
+    pub alert: Option<NewAlert>,
+    /// Resolve the run's open alerts (operator actions).
+    pub resolve_alerts: bool,
+    /// Free the run's business key (it reached a final state its workflow's key policy
+    /// releases).
+    pub release_key: bool,
+    /// The run-table trigger that decided `run_state`.
+    pub trigger: Option<RunTrigger>,
+    /// History event name for the run transition (`state` when empty).
+    pub event: &'static str,
+    /// Detail recorded with the run transition.
+    pub detail: Option<String>,
+}
+
+/// What an evaluation or operator action did.
+#[derive(Debug, Clone)]
+pub struct EvalApplied {
+    /// The run before.
+    pub before: RunRow,
+    /// The run's state after.
+    pub state: RunState,
+    /// Steps made ready (forward or compensation) by this write.
+    pub ready: usize,
+    /// Guarded step writes that found the step moved on: the run was marked for another look.
+    pub stale: usize,
+    /// Alert raised, if any.
+    pub alert: Option<AlertRow>,
+}
+
+/// A run's new state with its payload, for one bulk update.
+struct RunPayload {
+    id: Uuid,
+    state: RunState,
+    output: Option<String>,
+    error: Option<String>,
+    release_key: bool,
+}
+
+impl StoreTx<'_> {
+    /// Writes decided plans of many runs (all locked by this transaction).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn apply(
+        &mut self,
+        plans: Vec<(RunRow, PlanWrite)>,
+        actor: &str,
+    ) -> Result<Vec<EvalApplied>> {
+        let s = self.store;
+        // 1. Step transitions, grouped by (from, to, effects); RETURNING tells which guards held.
+        let mut groups: BTreeMap<(StepState, StepState, bool, bool), Vec<i64>> = BTreeMap::new();
+        for (_, p) in &plans {
+            for w in &p.steps {
+                let due_now = w.effects.due != Due::Never;
+                groups
+                    .entry((w.from, w.to, w.effects.reset, due_now))
+                    .or_default()
+                    .push(w.id);
+            }
+        }
+        let mut moved: HashSet<i64> = HashSet::new();
+        for ((from, to, reset, due_now), ids) in &groups {
+            let extra = format!(
+                "{}{}",
+                if *due_now {
+                    ", available_at = {now}"
+                } else {
+                    ", available_at = NULL"
+                },
+                if *reset {
+                    ", failure_count = 0, interruptions = 0, deadline_ms = initial_deadline_ms"
+                } else {
+                    ""
+                },
+            );
+            for chunk in ids.chunks(CHUNK) {
+                let (cond, ids) = s.in_list("id", 3, chunk)?;
+                let sql = format!(
+                    "UPDATE sagaflow_steps SET state = $1, updated_at = {{now}}{extra} \
+                     WHERE state = $2 AND {cond} RETURNING id"
+                );
+                let mut values: Vec<Value> = vec![to.as_str().into(), from.as_str().into()];
+                values.extend(ids);
+                for r in self.txn.query_all_raw(s.stmt(&sql, values)).await? {
+                    moved.insert(r.try_get::<i64>("", "id")?);
+                }
+            }
+        }
+
+        // 2. Per run: what moved, the run's new state, history.
+        let mut out = Vec::with_capacity(plans.len());
+        let mut same_state: BTreeMap<(RunState, bool), Vec<Uuid>> = BTreeMap::new();
+        let mut finished: Vec<Uuid> = Vec::new();
+        let mut stale_runs: Vec<Uuid> = Vec::new();
+        let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
+        let mut resolve: Vec<Uuid> = Vec::new();
+        let mut with_payload: Vec<RunPayload> = Vec::new();
+        for (before, write) in plans {
+            let id = before.id;
+            let (mut ready, mut stale) = (0, 0);
+            for w in &write.steps {
+                if !moved.contains(&w.id) {
+                    stale += 1;
+                    continue;
+                }
+                if w.effects.due != Due::Never {
+                    ready += 1;
+                }
+                self.history.push(HistoryEntry {
+                    run_id: id,
+                    step: Some(w.name.clone()),
+                    event: "state".into(),
+                    from: Some(w.from.as_str().into()),
+                    to: Some(w.to.as_str().into()),
+                    attempt: None,
+                    actor: actor.into(),
+                    detail: None,
+                });
+            }
+            let state = write.run_state.unwrap_or(before.state);
+            let release_key = write.release_key && state.is_final();
+            if write.run_output.is_some() || write.run_error.is_some() {
+                with_payload.push(RunPayload {
+                    id,
+                    state,
+                    output: write.run_output.clone(),
+                    error: write.run_error.clone(),
+                    release_key,
+                });
+            } else if state != before.state {
+                same_state.entry((state, release_key)).or_default().push(id);
+            }
+            if state.is_final() && state != before.state {
+                finished.push(id);
+            }
+            if state != before.state || write.event.starts_with("operator") {
+                let event = if write.event.is_empty() {
+                    "state"
+                } else {
+                    write.event
+                };
+                self.history.push(HistoryEntry {
+                    run_id: id,
+                    step: None,
+                    event: event.into(),
+                    from: Some(before.state.as_str().into()),
+                    to: Some(state.as_str().into()),
+                    attempt: None,
+                    actor: actor.into(),
+                    detail: write.detail.clone(),
+                });
+            }
+            if stale > 0 {
+                stale_runs.push(id);
+            }
+            if write.resolve_alerts {
+                resolve.push(id);
+            }
+            if let Some(a) = write.alert {
+                alerts.push((out.len(), a));
+            }
+            out.push(EvalApplied {
+                before,
+                state,
+                ready,
+                stale,
+                alert: None,
+            });
+        }
+        for id in resolve {
+            s.alert_resolve_run(&self.txn, id).await?;
+        }
+        self.runs_set_payload(&with_payload).await?;
+        for ((state, release_key), ids) in &same_state {
+            for chunk in ids.chunks(CHUNK) {
+                let (cond, ids) = s.in_list("id", 2, chunk)?;
+                let sql = format!(
+                    "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{}{} WHERE {cond}",
+                    if state.is_final() {
+                        ", finished_at = {now}"
+                    } else {
+                        ""
+                    },
+                    if *release_key {
+                        ", active_key = NULL"
+                    } else {
+                        ""
+                    },
+                );
+                let mut values: Vec<Value> = vec![state.as_str().into()];
+                values.extend(ids);
+                self.txn.execute_raw(s.stmt(&sql, values)).await?;
+            }
+        }
+        // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
+        for chunk in finished.chunks(CHUNK) {
+            let (cond, values) = s.in_list("run_id", 1, chunk)?;
+            let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
+            self.txn.execute_raw(s.stmt(&sql, values)).await?;
+        }
+        mark_dirty(s, &self.txn, &stale_runs).await?;
+        for (i, a) in alerts {
+            out[i].alert = insert_alert(s, &self.txn, &a).await?;
+        }
+        if out.iter().any(|a| a.ready > 0) {
+            self.notify = true;
+        }
+        Ok(out)
+    }
+
+    /// Sets state, output and error of many runs in one statement per chunk.
+    async fn runs_set_payload(&self, runs: &[RunPayload]) -> Result<()> {
+        const COLS: [(&str, &str); 6] = [
+            ("vid", "uuid"),
+            ("state", "text"),
+            ("output", "text"),
+            ("error", "text"),
+            ("fin", "boolean"),
+            ("rel", "boolean"),
+        ];
+        let s = self.store;
+        for chunk in runs.chunks(CHUNK) {
+            let rows = chunk
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.id.into(),
+                        r.state.as_str().into(),
+                        r.output.clone().into(),
+                        r.error.clone().into(),
+                        r.state.is_final().into(),
+                        r.release_key.into(),
+                    ]
+                })
+                .collect();
+            let (source, values) = s.rows_source(1, &COLS, rows)?;
+            let sql = format!(
+                "UPDATE sagaflow_runs AS r SET state = v.state, output = COALESCE(v.output, r.output), \
+                   error = COALESCE(v.error, r.error), updated_at = {{now}}, \
+                   finished_at = CASE WHEN v.fin THEN {{now}} ELSE r.finished_at END, \
+                   active_key = CASE WHEN v.rel THEN NULL ELSE r.active_key END \
+                 FROM {source} WHERE r.id = v.vid"
+            );
+            self.txn.execute_raw(s.stmt(&sql, values)).await?;
+        }
+        Ok(())
+    }
+}
