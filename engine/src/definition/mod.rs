@@ -4,6 +4,7 @@
 //! graph and names the offending step in its error. A run is pinned to the `(name, version)`
 //! that started it.
 
+mod builder;
 mod policy;
 mod registry;
 mod step;
@@ -11,13 +12,9 @@ mod validate;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
+pub use builder::WorkflowBuilder;
 pub use policy::millis;
 pub use policy::{
     DEADLINE_CAP_DEFAULT, DEADLINE_DEFAULT, DeadlinePolicy, INITIAL_BACKOFF_DEFAULT,
@@ -27,8 +24,7 @@ pub use policy::{
 pub use registry::Registry;
 pub use step::{StepAction, StepContext};
 
-use crate::{Error, StepError};
-use step::FnAction;
+use crate::Error;
 
 /// The saga role of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,15 +160,7 @@ impl Workflow {
     /// assert_eq!(wf.steps().len(), 2);
     /// ```
     pub fn builder(name: impl Into<String>, version: i32) -> WorkflowBuilder {
-        WorkflowBuilder {
-            name: name.into(),
-            version,
-            defaults: StepSettings::default(),
-            drafts: Vec::new(),
-            misuse: Vec::new(),
-            input_check: None,
-            key_policy: KeyPolicy::default(),
-        }
+        WorkflowBuilder::new(name.into(), version)
     }
 
     /// The workflow's name.
@@ -229,289 +217,4 @@ impl Workflow {
 /// `name@version`.
 pub fn workflow_key(name: &str, version: i32) -> String {
     format!("{name}@{version}")
-}
-
-struct Draft {
-    name: String,
-    kind: StepKind,
-    after: Vec<String>,
-    action: Arc<dyn StepAction>,
-    compensation: Option<Arc<dyn StepAction>>,
-    retry: Option<RetryPolicy>,
-    deadline: Option<DeadlinePolicy>,
-}
-
-/// Builds a [`Workflow`]. Step-level methods (`after`, `compensate`, `pivot`, …) apply to the
-/// step added last.
-#[must_use]
-pub struct WorkflowBuilder {
-    name: String,
-    version: i32,
-    defaults: StepSettings,
-    drafts: Vec<Draft>,
-    misuse: Vec<String>,
-    input_check: Option<InputCheck>,
-    key_policy: KeyPolicy,
-}
-
-impl fmt::Debug for WorkflowBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WorkflowBuilder")
-            .field("name", &self.name)
-            .field("version", &self.version)
-            .finish()
-    }
-}
-
-impl WorkflowBuilder {
-    /// Declares the input type: submissions whose input does not deserialise into `T` are
-    /// rejected with [`Error::InvalidInput`].
-    pub fn input<T: DeserializeOwned + 'static>(mut self) -> Self {
-        self.input_check = Some(Arc::new(|v: &serde_json::Value| {
-            T::deserialize(v).map(|_| ()).map_err(|e| e.to_string())
-        }));
-        self
-    }
-
-    /// How long a run's business key stays taken (default: [`KeyPolicy::WhileRetained`]).
-    pub fn business_keys(mut self, policy: KeyPolicy) -> Self {
-        self.key_policy = policy;
-        self
-    }
-
-    /// Workflow-wide default retry policy.
-    pub fn default_retry(mut self, retry: RetryPolicy) -> Self {
-        self.defaults.retry = retry;
-        self
-    }
-
-    /// Workflow-wide default deadline policy.
-    pub fn default_deadline(mut self, deadline: DeadlinePolicy) -> Self {
-        self.defaults.deadline = deadline;
-        self
-    }
-
-    /// Adds a step whose body is an async closure.
-    pub fn step<F, Fut, O>(self, name: impl Into<String>, f: F) -> Self
-    where
-        F: Fn(StepContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<O, StepError>> + Send + 'static,
-        O: Serialize + Send + 'static,
-    {
-        self.step_with(name, FnAction(f))
-    }
-
-    /// Adds a step whose body receives shared state (its clients, say) with the context: `state`
-    /// is cloned for each attempt, so the body needs no clone of its own.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use sagaflow_engine::{StepContext, StepError, Workflow};
-    /// struct Inventory;
-    /// impl Inventory {
-    ///     async fn reserve(&self, _key: &str) -> Result<String, StepError> { Ok("r-1".into()) }
-    ///     async fn release(&self, _key: &str) -> Result<(), StepError> { Ok(()) }
-    /// }
-    /// let inventory = Arc::new(Inventory);
-    /// let wf = Workflow::builder("order", 1)
-    ///     .step_using("reserve", inventory.clone(), |inv, ctx| async move {
-    ///         inv.reserve(ctx.idempotency_key()).await
-    ///     })
-    ///     .compensate_using(inventory, |inv, ctx| async move {
-    ///         inv.release(ctx.idempotency_key()).await
-    ///     })
-    ///     .build();
-    /// assert!(wf.is_ok());
-    /// ```
-    pub fn step_using<S, F, Fut, O>(self, name: impl Into<String>, state: S, f: F) -> Self
-    where
-        S: Clone + Send + Sync + 'static,
-        F: Fn(S, StepContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<O, StepError>> + Send + 'static,
-        O: Serialize + Send + 'static,
-    {
-        self.step(name, move |ctx| f(state.clone(), ctx))
-    }
-
-    /// Adds a step whose body is a [`StepAction`] (e.g. an agent adapter).
-    pub fn step_with(mut self, name: impl Into<String>, action: impl StepAction) -> Self {
-        self.drafts.push(Draft {
-            name: name.into(),
-            kind: StepKind::Compensatable,
-            after: Vec::new(),
-            action: Arc::new(action),
-            compensation: None,
-            retry: None,
-            deadline: None,
-        });
-        self
-    }
-
-    fn last(&mut self, what: &str) -> Option<&mut Draft> {
-        if self.drafts.is_empty() {
-            self.misuse
-                .push(format!("`{what}` called before any step was added"));
-        }
-        self.drafts.last_mut()
-    }
-
-    /// The last step runs after these steps and receives their outputs.
-    pub fn after<I, S>(mut self, deps: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        if let Some(d) = self.last("after") {
-            d.after.extend(deps.into_iter().map(Into::into));
-        }
-        self
-    }
-
-    /// Gives the last step a compensation (async closure).
-    pub fn compensate<F, Fut, O>(self, f: F) -> Self
-    where
-        F: Fn(StepContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<O, StepError>> + Send + 'static,
-        O: Serialize + Send + 'static,
-    {
-        self.compensate_with(FnAction(f))
-    }
-
-    /// Gives the last step a compensation that receives shared state with the context (see
-    /// [`WorkflowBuilder::step_using`]).
-    pub fn compensate_using<S, F, Fut, O>(self, state: S, f: F) -> Self
-    where
-        S: Clone + Send + Sync + 'static,
-        F: Fn(S, StepContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<O, StepError>> + Send + 'static,
-        O: Serialize + Send + 'static,
-    {
-        self.compensate(move |ctx| f(state.clone(), ctx))
-    }
-
-    /// Gives the last step a compensation ([`StepAction`]).
-    pub fn compensate_with(mut self, action: impl StepAction) -> Self {
-        if let Some(d) = self.last("compensate") {
-            if d.compensation.is_some() {
-                let msg = format!("step `{}` has two compensations", d.name);
-                self.misuse.push(msg);
-            } else {
-                d.compensation = Some(Arc::new(action));
-            }
-        }
-        self
-    }
-
-    /// Marks the last step as the pivot: the point of no return.
-    pub fn pivot(mut self) -> Self {
-        if let Some(d) = self.last("pivot") {
-            d.kind = StepKind::Pivot;
-        }
-        self
-    }
-
-    /// Marks the last step as retriable: retried until it succeeds, never compensated. Its
-    /// retry policy defaults to unlimited failures.
-    pub fn retriable(mut self) -> Self {
-        if let Some(d) = self.last("retriable") {
-            d.kind = StepKind::Retriable;
-        }
-        self
-    }
-
-    /// Overrides the retry policy of the last step.
-    pub fn retry(mut self, retry: RetryPolicy) -> Self {
-        if let Some(d) = self.last("retry") {
-            d.retry = Some(retry);
-        }
-        self
-    }
-
-    /// Overrides the first deadline of the last step (the cap stays the workflow default,
-    /// raised to this deadline if lower).
-    pub fn deadline(mut self, initial: Duration) -> Self {
-        let cap = self.defaults.deadline.cap;
-        if let Some(d) = self.last("deadline") {
-            d.deadline = Some(DeadlinePolicy::new(initial, cap.max(initial)));
-        }
-        self
-    }
-
-    /// Overrides the whole deadline policy of the last step.
-    pub fn deadline_policy(mut self, policy: DeadlinePolicy) -> Self {
-        if let Some(d) = self.last("deadline_policy") {
-            d.deadline = Some(policy);
-        }
-        self
-    }
-
-    /// Validates the graph.
-    ///
-    /// # Errors
-    /// [`Error::InvalidDefinition`] naming the offending step: an empty graph, a duplicate or
-    /// malformed name, an unknown dependency, a cycle, a compensation on a pivot or retriable
-    /// step, a compensatable step after a pivot or retriable step, more than one pivot, or a
-    /// bad policy.
-    pub fn build(self) -> Result<Workflow, Error> {
-        let invalid = |reason: String| Error::InvalidDefinition {
-            workflow: self.name.clone(),
-            reason,
-        };
-        if let Some(m) = self.misuse.first() {
-            return Err(invalid(m.clone()));
-        }
-        let mut index = HashMap::new();
-        for (i, d) in self.drafts.iter().enumerate() {
-            validate::check_name(&d.name).map_err(&invalid)?;
-            if index.insert(d.name.clone(), i).is_some() {
-                return Err(invalid(format!("duplicate step name `{}`", d.name)));
-            }
-        }
-        let mut steps = Vec::with_capacity(self.drafts.len());
-        for d in &self.drafts {
-            let mut deps = Vec::new();
-            for dep in &d.after {
-                let &j = index.get(dep).ok_or_else(|| {
-                    invalid(format!("step `{}` depends on unknown step `{dep}`", d.name))
-                })?;
-                if !deps.contains(&j) {
-                    deps.push(j);
-                }
-            }
-            let mut settings = self.defaults;
-            if d.kind == StepKind::Retriable {
-                settings.retry = settings.retry.with_unlimited_failures();
-            }
-            if let Some(r) = d.retry {
-                settings.retry = r;
-            }
-            if let Some(dl) = d.deadline {
-                settings.deadline = dl;
-            }
-            steps.push(StepDef {
-                name: d.name.clone(),
-                kind: d.kind,
-                deps,
-                dependents: Vec::new(),
-                action: d.action.clone(),
-                compensation: d.compensation.clone(),
-                settings,
-            });
-        }
-        for i in 0..steps.len() {
-            for k in 0..steps[i].deps.len() {
-                let j = steps[i].deps[k];
-                steps[j].dependents.push(i);
-            }
-        }
-        validate::check_graph(&steps).map_err(&invalid)?;
-        Ok(Workflow {
-            name: self.name,
-            version: self.version,
-            steps,
-            index,
-            input_check: self.input_check,
-            key_policy: self.key_policy,
-        })
-    }
 }
