@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sagaflow_engine::store::{LeaderFence, LeaderProgress, NewAlert, RescueCounts};
+use sagaflow_engine::store::{LeaderFence, RescueCounts};
 use sagaflow_engine::{Error, Hub, Result, Store, transition};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -12,12 +12,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::SupervisorConfig;
+use crate::stall::StallWatch;
 
 /// How often the leader applies the retention policy.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
-
-/// Alert kind raised by followers when no leader completes sweeps (LE-3).
-pub const SUPERVISOR_STALLED: &str = "supervisor_stalled";
 
 /// Why a term ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,9 +48,9 @@ pub struct SupervisorStats {
 /// A supervisor instance; at most one per lease name leads at a time.
 #[derive(Debug)]
 pub struct Supervisor {
-    store: Store,
-    hub: Arc<Hub>,
-    config: SupervisorConfig,
+    pub(crate) store: Store,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) config: SupervisorConfig,
     fence: Mutex<Option<LeaderFence>>,
     sweep_now: Notify,
     requeued: AtomicU64,
@@ -182,50 +180,6 @@ impl Supervisor {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
                 () = cancel.cancelled() => return,
-            }
-        }
-    }
-
-    /// A follower's check on the leader (LE-3): raises a `supervisor_stalled` alert when no
-    /// leader has completed a sweep for [`SupervisorConfig::stall_alert_after`], and resolves
-    /// it once sweeps are recorded again.
-    async fn watch_leader(&self, watch: &mut StallWatch) {
-        let progress = match self.store.leader_progress(&self.config.lease_name).await {
-            Ok(Some(p)) => p,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, "could not read the leader's progress");
-                return;
-            }
-        };
-        let limit = self.config.stall_alert_after();
-        let key = format!("{SUPERVISOR_STALLED}:{}", self.config.lease_name);
-        if progress.since_sweep_ms > millis(limit) {
-            // One insert per alert threshold at most; the open key makes it one alert in all.
-            if watch.raised_at.is_some_and(|t| t.elapsed() < limit) {
-                return;
-            }
-            watch.raised_at = Some(Instant::now());
-            let alert = stalled_alert(&self.config.lease_name, &progress, limit, key);
-            match self.store.alert_insert(&alert).await {
-                Ok(Some(row)) => self.hub.alert(&row),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, reason = %alert.reason, "could not store an alert");
-                }
-            }
-        } else if watch.raised_at.is_some() {
-            match self.store.alert_resolve_key(&key).await {
-                Ok(resolved) => {
-                    watch.raised_at = None;
-                    if resolved {
-                        tracing::info!(
-                            lease = %self.config.lease_name,
-                            "supervisor sweeps resumed; resolved the supervisor_stalled alert"
-                        );
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "could not resolve the stall alert"),
             }
         }
     }
@@ -363,27 +317,6 @@ impl Supervisor {
         }
     }
 
-    /// Records the completed sweep in the lease row, for followers to see (LE-3). The first
-    /// record of a term also resolves an open `supervisor_stalled` alert: sweeps resumed.
-    async fn record_sweep(&self, fence: &LeaderFence, recorded: &mut bool) {
-        match self.store.leader_record_sweep(fence).await {
-            Ok(true) if !*recorded => {
-                *recorded = true;
-                let key = format!("{SUPERVISOR_STALLED}:{}", fence.name);
-                match self.store.alert_resolve_key(&key).await {
-                    Ok(true) => tracing::info!(
-                        term = fence.term,
-                        "supervisor sweeps resumed; resolved the supervisor_stalled alert"
-                    ),
-                    Ok(false) => {}
-                    Err(e) => tracing::debug!(error = %e, "could not resolve the stall alert"),
-                }
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "could not record the completed sweep"),
-        }
-    }
-
     fn mark_progress(&self) {
         *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
@@ -443,45 +376,6 @@ impl Supervisor {
     }
 }
 
-/// What a follower remembers of the stall alert.
-#[derive(Debug, Default)]
-struct StallWatch {
-    /// When this instance last tried to raise the alert; `None` while sweeps are healthy.
-    raised_at: Option<Instant>,
-}
-
-fn stalled_alert(
-    lease: &str,
-    progress: &LeaderProgress,
-    limit: Duration,
-    open_key: String,
-) -> NewAlert {
-    let holder = match &progress.holder {
-        Some(h) => format!("held by `{h}` (term {})", progress.term),
-        None => format!("free (last term {})", progress.term),
-    };
-    NewAlert {
-        run_id: None,
-        step: None,
-        kind: SUPERVISOR_STALLED.into(),
-        reason: format!(
-            "no supervisor sweep has completed for {} ms (threshold {} ms); lease `{lease}` is \
-             {holder}. Expired steps and the work of dead instances are not being rescued",
-            progress.since_sweep_ms,
-            millis(limit)
-        ),
-        attempts: 0,
-        actions: vec![
-            "check the leader instance's logs for 'stepping down' warnings and the database for \
-             blocked or long-running supervisor queries (locks, a wedged connection)"
-                .into(),
-            "restart the instance that holds the lease if it does not step down".into(),
-            "the alert resolves itself when sweeps complete again; resolve_alert otherwise".into(),
-        ],
-        open_key: Some(open_key),
-    }
-}
-
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

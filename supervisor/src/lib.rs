@@ -18,6 +18,7 @@
 mod config;
 mod gate;
 mod leader;
+mod stall;
 
 pub use config::{
     HEARTBEAT_INTERVAL_DEFAULT, INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT,
@@ -27,4 +28,5 @@ pub use config::{
 };
 #[doc(hidden)]
 pub use gate::SweepGate;
-pub use leader::{SUPERVISOR_STALLED, Supervisor, SupervisorStats};
+pub use leader::{Supervisor, SupervisorStats};
+pub use stall::SUPERVISOR_STALLED;
