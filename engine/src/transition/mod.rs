@@ -20,6 +20,7 @@ mod doc;
 pub mod operator;
 mod run;
 mod step;
+mod step_rules;
 
 #[cfg(test)]
 mod rescue_tests;

@@ -1,0 +1,247 @@
+//! The step table: every (state, trigger) → state + effects that sagaflow makes, as data.
+//! `docs/state-machines.md` shows it rendered from this code.
+
+use super::step::{Due, Effects, Maybe, StepRule, Trigger};
+use crate::StepState;
+use crate::StepState::{
+    Compensated, Compensating, CompensationFailed, CompensationReady, Completed, Failed,
+    NotStarted, Ready, Running, Skipped,
+};
+
+const NONE: Effects = Effects {
+    count_failure: false,
+    count_interruption: false,
+    extend_deadline: false,
+    reset: false,
+    maybe: Maybe::Keep,
+    due: Due::Never,
+    store_output: false,
+};
+const QUEUE: Effects = Effects {
+    reset: true,
+    due: Due::Now,
+    ..NONE
+};
+const RETRY: Effects = Effects {
+    count_failure: true,
+    maybe: Maybe::IfUnknown,
+    due: Due::AfterBackoff,
+    ..NONE
+};
+const FAIL: Effects = Effects {
+    count_failure: true,
+    maybe: Maybe::IfUnknown,
+    ..NONE
+};
+const TIMEOUT: Effects = Effects {
+    count_failure: true,
+    extend_deadline: true,
+    maybe: Maybe::Set,
+    due: Due::Now,
+    ..NONE
+};
+const TIMEOUT_FAIL: Effects = Effects {
+    count_failure: true,
+    maybe: Maybe::Set,
+    ..NONE
+};
+const INTERRUPT: Effects = Effects {
+    count_interruption: true,
+    maybe: Maybe::Set,
+    due: Due::Now,
+    ..NONE
+};
+const INTERRUPT_FAIL: Effects = Effects {
+    count_interruption: true,
+    maybe: Maybe::Set,
+    ..NONE
+};
+const CLAIM: Effects = NONE;
+/// Due again, counters untouched.
+const RELEASE: Effects = Effects {
+    due: Due::Now,
+    ..NONE
+};
+const DONE: Effects = Effects {
+    store_output: true,
+    ..NONE
+};
+
+/// Compensation phase: the same edges, but a compensation never marks the forward step.
+const fn comp(e: Effects) -> Effects {
+    Effects {
+        maybe: Maybe::Keep,
+        store_output: false,
+        ..e
+    }
+}
+
+const fn rule(
+    from: StepState,
+    on: Trigger,
+    to: StepState,
+    by: &'static str,
+    effects: Effects,
+) -> StepRule {
+    StepRule {
+        from,
+        on,
+        to,
+        by,
+        effects,
+    }
+}
+
+/// Every step transition sagaflow makes. A (state, trigger) pair that is not listed is
+/// refused: the caller's write does not happen.
+pub const STEP_RULES: &[StepRule] = &[
+    rule(
+        NotStarted,
+        Trigger::DependenciesMet,
+        Ready,
+        "evaluator",
+        QUEUE,
+    ),
+    rule(NotStarted, Trigger::Dropped, Skipped, "evaluator", NONE),
+    rule(Ready, Trigger::Claimed, Running, "claim", CLAIM),
+    rule(Ready, Trigger::Dropped, Skipped, "evaluator", NONE),
+    rule(
+        Ready,
+        Trigger::CompensationDue,
+        CompensationReady,
+        "evaluator",
+        QUEUE,
+    ),
+    rule(Ready, Trigger::OperatorRelease, Ready, "operator", RELEASE),
+    rule(Running, Trigger::Succeeded, Completed, "completion", DONE),
+    rule(
+        Running,
+        Trigger::FailedWillRetry,
+        Ready,
+        "completion",
+        RETRY,
+    ),
+    rule(Running, Trigger::FailedForGood, Failed, "completion", FAIL),
+    rule(Running, Trigger::SetAside, Ready, "completion", NONE),
+    rule(Running, Trigger::TimedOut, Ready, "supervisor", TIMEOUT),
+    rule(
+        Running,
+        Trigger::TimedOutForGood,
+        Failed,
+        "supervisor",
+        TIMEOUT_FAIL,
+    ),
+    rule(
+        Running,
+        Trigger::Interrupted,
+        Ready,
+        "supervisor, restart, shutdown",
+        INTERRUPT,
+    ),
+    rule(
+        Running,
+        Trigger::InterruptedTooOften,
+        Failed,
+        "supervisor, restart, shutdown",
+        INTERRUPT_FAIL,
+    ),
+    rule(
+        Completed,
+        Trigger::CompensationDue,
+        CompensationReady,
+        "evaluator",
+        QUEUE,
+    ),
+    rule(
+        Failed,
+        Trigger::CompensationDue,
+        CompensationReady,
+        "evaluator",
+        QUEUE,
+    ),
+    rule(Failed, Trigger::OperatorRetry, Ready, "operator", QUEUE),
+    rule(
+        CompensationReady,
+        Trigger::Claimed,
+        Compensating,
+        "claim",
+        CLAIM,
+    ),
+    rule(
+        CompensationReady,
+        Trigger::OperatorRelease,
+        CompensationReady,
+        "operator",
+        RELEASE,
+    ),
+    rule(
+        Compensating,
+        Trigger::SetAside,
+        CompensationReady,
+        "completion",
+        comp(NONE),
+    ),
+    rule(
+        Compensating,
+        Trigger::Succeeded,
+        Compensated,
+        "completion",
+        comp(DONE),
+    ),
+    rule(
+        Compensating,
+        Trigger::FailedWillRetry,
+        CompensationReady,
+        "completion",
+        comp(RETRY),
+    ),
+    rule(
+        Compensating,
+        Trigger::FailedForGood,
+        CompensationFailed,
+        "completion",
+        comp(FAIL),
+    ),
+    rule(
+        Compensating,
+        Trigger::TimedOut,
+        CompensationReady,
+        "supervisor",
+        comp(TIMEOUT),
+    ),
+    rule(
+        Compensating,
+        Trigger::TimedOutForGood,
+        CompensationFailed,
+        "supervisor",
+        comp(TIMEOUT_FAIL),
+    ),
+    rule(
+        Compensating,
+        Trigger::Interrupted,
+        CompensationReady,
+        "supervisor, restart, shutdown",
+        comp(INTERRUPT),
+    ),
+    rule(
+        Compensating,
+        Trigger::InterruptedTooOften,
+        CompensationFailed,
+        "supervisor, restart, shutdown",
+        comp(INTERRUPT_FAIL),
+    ),
+    rule(
+        CompensationFailed,
+        Trigger::OperatorRetry,
+        CompensationReady,
+        "operator",
+        QUEUE,
+    ),
+    rule(
+        CompensationFailed,
+        Trigger::OperatorMarkCompensated,
+        Compensated,
+        "operator",
+        NONE,
+    ),
+];
