@@ -5,14 +5,13 @@
 //! re-runs itself as `claim::child_claimers`).
 
 use std::collections::HashSet;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sagaflow::Store;
 use sagaflow::advanced::store;
 use sagaflow::sea_orm::TransactionTrait;
-use sagaflow_testkit::{TestDb, backends};
+use sagaflow_testkit::{ChildTest, TestDb, backends};
 use uuid::Uuid;
 
 const KEY: &str = "claim@1";
@@ -98,35 +97,24 @@ fn check(logs: &[Vec<i64>], n: usize, backend: &str) {
 /// Runs the claim in `processes` child processes with `workers` claimers each.
 async fn claim_in_processes(db: &TestDb, processes: usize, workers: usize) -> Vec<Vec<i64>> {
     let dir = tempfile::tempdir().expect("temp dir");
-    let exe = std::env::current_exe().expect("test binary");
     let mut children = Vec::new();
     for p in 0..processes {
         let out = dir.path().join(format!("claims-{p}.log"));
-        let child = tokio::process::Command::new(&exe)
-            .args([
-                "claim::child_claimers",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("SAGAFLOW_CLAIM_CHILD", "1")
-            .env("SAGAFLOW_CLAIM_DB", &db.url)
-            .env("SAGAFLOW_CLAIM_WORKERS", workers.to_string())
-            .env("SAGAFLOW_CLAIM_TAG", format!("p{p}"))
-            .env("SAGAFLOW_CLAIM_OUT", &out)
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn claimer process");
+        let child = ChildTest::spawn(
+            "claim::child_claimers",
+            &[
+                ("SAGAFLOW_CLAIM_CHILD", "1".into()),
+                ("SAGAFLOW_CLAIM_DB", db.url.clone()),
+                ("SAGAFLOW_CLAIM_WORKERS", workers.to_string()),
+                ("SAGAFLOW_CLAIM_TAG", format!("p{p}")),
+                ("SAGAFLOW_CLAIM_OUT", out.display().to_string()),
+            ],
+        );
         children.push((child, out));
     }
     let mut logs = Vec::new();
-    for (mut child, out) in children {
-        let status = tokio::time::timeout(Duration::from_secs(300), child.wait())
-            .await
-            .expect("claimer process finishes")
-            .expect("wait");
+    for (child, out) in children {
+        let (status, _) = child.finish(Duration::from_secs(300)).await;
         assert!(
             status.success(),
             "[{}] claimer process failed: {status}",

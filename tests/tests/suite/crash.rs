@@ -5,40 +5,29 @@
 //! idempotency key. The first child is SIGKILLed while its charge calls hang after applying
 //! their effect; a second child process must finish every run with no effect applied twice.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use sagaflow::{RunState, Store};
-use sagaflow_testkit::{backends, eventually};
+use sagaflow_testkit::{ChildTest, backends, eventually};
 use sagaflow_workflows::order::{Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{HttpServices, Operation, Scripted, Services, serve};
-use tokio::process::{Child, Command};
 
 use crate::fixtures::{order_settings, submit_sample_orders};
 
 const ORDERS: usize = 3;
 const DEADLINE_MS: u64 = 1500;
 
-fn spawn_child(db_url: &str, services_url: &str, submit: usize, id: &str) -> Child {
-    let exe = std::env::current_exe().expect("test binary path");
-    Command::new(exe)
-        .args([
-            "crash::child_engine",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SAGAFLOW_CRASH_CHILD", "1")
-        .env("SAGAFLOW_CRASH_DB", db_url)
-        .env("SAGAFLOW_CRASH_SERVICES", services_url)
-        .env("SAGAFLOW_CRASH_SUBMIT", submit.to_string())
-        .env("SAGAFLOW_CRASH_ID", id)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn child engine")
+fn spawn_child(db_url: &str, services_url: &str, submit: usize, id: &str) -> ChildTest {
+    ChildTest::spawn(
+        "crash::child_engine",
+        &[
+            ("SAGAFLOW_CRASH_CHILD", "1".into()),
+            ("SAGAFLOW_CRASH_DB", db_url.into()),
+            ("SAGAFLOW_CRASH_SERVICES", services_url.into()),
+            ("SAGAFLOW_CRASH_SUBMIT", submit.to_string()),
+            ("SAGAFLOW_CRASH_ID", id.into()),
+        ],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +48,7 @@ async fn a_sigkilled_engine_mid_step_is_recovered_by_a_new_process_without_doubl
         )
         .await;
         // SIGKILL: no shutdown hook, no lease release, no result written.
-        first.kill().await.expect("SIGKILL the first child");
+        first.child.kill().await.expect("SIGKILL the first child");
 
         let store = Store::connect(&db.url, Some(2)).await.expect("connect");
         let counts = store.run_count_by_state().await.expect("counts");
@@ -83,7 +72,7 @@ async fn a_sigkilled_engine_mid_step_is_recovered_by_a_new_process_without_doubl
             },
         )
         .await;
-        second.kill().await.expect("stop the second child");
+        second.child.kill().await.expect("stop the second child");
 
         let orders: Vec<String> = (0..ORDERS).map(|n| Order::sample(n).order_id).collect();
         let report = services.ledger().check_orders(&orders);

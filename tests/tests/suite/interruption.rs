@@ -13,17 +13,15 @@
 //! 4. a single instance restarted under the same id resumes its predecessor's work and takes
 //!    back its leadership within 5 s, although its lease lasts 15 s.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use sagaflow::advanced::SupervisorConfig;
 use sagaflow::{RetryPolicy, RunState, StartOptions, StepContext, StepError, Store, Workflow};
-use sagaflow_testkit::{TestDb, backends, eventually, eventually_some};
+use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, eventually_some};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
     HttpServices, Operation, Scripted, ServerHandle, Service, Services, serve,
 };
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -54,27 +52,18 @@ impl Mode {
     }
 }
 
-fn spawn_child(db: &TestDb, services_url: &str, id: &str, mode: Mode, submit: usize) -> Child {
-    let exe = std::env::current_exe().expect("test binary path");
-    Command::new(exe)
-        .args([
-            "interruption::child_engine",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SAGAFLOW_INT_CHILD", "1")
-        .env("SAGAFLOW_INT_DB", &db.url)
-        .env("SAGAFLOW_INT_SERVICES", services_url)
-        .env("SAGAFLOW_INT_ID", id)
-        .env("SAGAFLOW_INT_MODE", mode.as_str())
-        .env("SAGAFLOW_INT_SUBMIT", submit.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn child engine")
+fn spawn_child(db: &TestDb, services_url: &str, id: &str, mode: Mode, submit: usize) -> ChildTest {
+    ChildTest::spawn(
+        "interruption::child_engine",
+        &[
+            ("SAGAFLOW_INT_CHILD", "1".into()),
+            ("SAGAFLOW_INT_DB", db.url.clone()),
+            ("SAGAFLOW_INT_SERVICES", services_url.into()),
+            ("SAGAFLOW_INT_ID", id.into()),
+            ("SAGAFLOW_INT_MODE", mode.as_str().into()),
+            ("SAGAFLOW_INT_SUBMIT", submit.to_string()),
+        ],
+    )
 }
 
 async fn services() -> (Services, ServerHandle) {
@@ -129,7 +118,7 @@ async fn interruption_five_sigkills_mid_step_do_not_fail_a_step_with_threshold_t
             })
             .await;
             // SIGKILL: no shutdown, no release, no answer.
-            child.kill().await.expect("SIGKILL");
+            child.child.kill().await.expect("SIGKILL");
             // Every other restart comes back under the same id (released at its start); the
             // others under a new id (released by the supervisor once the dead one is stale).
             let id = if k % 2 == 0 {
@@ -143,7 +132,7 @@ async fn interruption_five_sigkills_mid_step_do_not_fail_a_step_with_threshold_t
         let order = Order::sample(0);
         let id = run_of(&store, &order).await;
         await_state(&store, id, RunState::Completed, Duration::from_secs(60)).await;
-        child.kill().await.expect("stop the last child");
+        child.child.kill().await.expect("stop the last child");
 
         let history = store.run_history(id).await.expect("history");
         let charge: Vec<&str> = history
@@ -193,7 +182,7 @@ async fn interruption_a_step_that_crashes_its_process_every_time_is_poison() {
         let store = loop {
             // Each child claims the step and dies with it; the next one (same id) releases
             // it at start, as an interruption.
-            let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            let status = tokio::time::timeout(Duration::from_secs(30), child.child.wait())
                 .await
                 .expect("the child to crash")
                 .expect("wait");
@@ -214,7 +203,7 @@ async fn interruption_a_step_that_crashes_its_process_every_time_is_poison() {
                 .and_then(|a| a.run_id)
         })
         .await;
-        child.kill().await.expect("stop the last child");
+        child.child.kill().await.expect("stop the last child");
         let alerts = store.alert_list(Some(id), true).await.expect("alerts");
         let alert = alerts
             .iter()
@@ -294,7 +283,7 @@ async fn interruption_rescue_after_sigkill_of_one_of_two_instances_is_within_5s(
         })
         .await;
         let killed = Instant::now();
-        victim.kill().await.expect("SIGKILL the victim");
+        victim.child.kill().await.expect("SIGKILL the victim");
         let orders: Vec<Order> = (0..HUNG).map(Order::sample).collect();
         let took = until_replayed(&services, &orders, killed).await;
         eprintln!(
@@ -306,7 +295,7 @@ async fn interruption_rescue_after_sigkill_of_one_of_two_instances_is_within_5s(
             let id = run_of(&store, o).await;
             await_state(&store, id, RunState::Completed, Duration::from_secs(30)).await;
         }
-        survivor.kill().await.expect("stop the survivor");
+        survivor.child.kill().await.expect("stop the survivor");
         server.shutdown().await.expect("server shutdown");
     }
 }
@@ -332,7 +321,7 @@ async fn interruption_restart_under_the_same_id_resumes_and_leads_within_5s() {
         assert_eq!(before.holder, "solo");
 
         let killed = Instant::now();
-        first.kill().await.expect("SIGKILL");
+        first.child.kill().await.expect("SIGKILL");
         let mut second = spawn_child(&db, &url, "solo", Mode::Defaults, 0);
         let orders: Vec<Order> = (0..HUNG).map(Order::sample).collect();
         let took = until_replayed(&services, &orders, killed).await;
@@ -360,7 +349,7 @@ async fn interruption_restart_under_the_same_id_resumes_and_leads_within_5s() {
             "[{}] did not wait out its own 15 s lease",
             db.backend
         );
-        second.kill().await.expect("stop");
+        second.child.kill().await.expect("stop");
         server.shutdown().await.expect("server shutdown");
     }
 }
