@@ -5,7 +5,43 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sagaflow::sea_orm::{ConnectionTrait, Database};
+use sagaflow::sea_orm::{ConnectionTrait, Database, DbErr};
+
+/// What went wrong with a private cluster.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// A program could not be started.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A program ran and failed.
+    #[error("{command} failed ({status}): {stderr}")]
+    Failed {
+        /// What was run.
+        command: &'static str,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// A statement failed on the server (the URL is shown without its password).
+    #[error("{sql} on {target}: {source}")]
+    Sql {
+        /// The statement (or `connect`).
+        sql: String,
+        /// The server.
+        target: String,
+        /// The database's error.
+        #[source]
+        source: DbErr,
+    },
+}
 
 /// A cluster started by `pg_start` of `scripts/pg.sh`; stopped and deleted on drop unless
 /// kept.
@@ -24,7 +60,10 @@ pub struct PgCluster {
 
 impl PgCluster {
     /// Starts a cluster with `pg_start`.
-    pub fn start(script: &Path) -> Result<Self, String> {
+    ///
+    /// # Errors
+    /// [`ClusterError`] when `bash` cannot run or `pg_start` fails.
+    pub fn start(script: &Path) -> Result<Self, ClusterError> {
         let out = Command::new("bash")
             .arg("-c")
             .arg(
@@ -34,15 +73,18 @@ impl PgCluster {
             .arg(script)
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| format!("cannot run bash {}: {e}", script.display()))?;
+            .map_err(|source| ClusterError::Spawn {
+                program: format!("bash {}", script.display()),
+                source,
+            })?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let lines: Vec<&str> = stdout.lines().collect();
         if !out.status.success() || lines.len() < 3 {
-            return Err(format!(
-                "pg_start failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
+            return Err(ClusterError::Failed {
+                command: "pg_start",
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
         }
         Ok(Self {
             script: script.to_path_buf(),
@@ -56,8 +98,8 @@ impl PgCluster {
     /// Starts a cluster with the `scripts/pg.sh` of this source tree.
     ///
     /// # Errors
-    /// What `pg_start` printed when it failed.
-    pub fn start_private() -> Result<Self, String> {
+    /// As [`PgCluster::start`].
+    pub fn start_private() -> Result<Self, ClusterError> {
         Self::start(&script_path(None))
     }
 
@@ -70,8 +112,8 @@ impl PgCluster {
     /// start). Returns how long it took. Blocking.
     ///
     /// # Errors
-    /// What `pg_ctl` said when it failed.
-    pub fn restart(&self) -> Result<Duration, String> {
+    /// As [`restart_immediate`].
+    pub fn restart(&self) -> Result<Duration, ClusterError> {
         restart_immediate(
             Some(&self.bin),
             &self.data_dir(),
@@ -165,7 +207,7 @@ pub fn restart_immediate(
     bin: Option<&Path>,
     data_dir: &Path,
     log: Option<&Path>,
-) -> Result<Duration, String> {
+) -> Result<Duration, ClusterError> {
     let pg_ctl = bin.map_or_else(|| PathBuf::from("pg_ctl"), |b| b.join("pg_ctl"));
     let mut cmd = if is_root() {
         let mut c = Command::new("runuser");
@@ -192,26 +234,38 @@ pub fn restart_immediate(
             let t = Instant::now();
             c.wait_with_output().map(|o| (o, t.elapsed()))
         })
-        .map_err(|e| format!("cannot run {}: {e}", pg_ctl.display()))?;
+        .map_err(|source| ClusterError::Spawn {
+            program: pg_ctl.display().to_string(),
+            source,
+        })?;
     let (out, took) = out;
     if out.status.success() {
         Ok(took)
     } else {
-        Err(format!(
-            "pg_ctl restart failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(ClusterError::Failed {
+            command: "pg_ctl restart",
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
     }
 }
 
 /// Switches a throwaway cluster (started with the test settings of scripts/pg.sh, which
 /// turn durability off) to full durability: `fsync`, `synchronous_commit` and
 /// `full_page_writes` on, as a production server runs. All three take effect on reload.
-pub async fn make_durable(admin_url: &str) -> Result<(), String> {
+///
+/// # Errors
+/// [`ClusterError::Sql`] naming the statement that failed.
+pub async fn make_durable(admin_url: &str) -> Result<(), ClusterError> {
+    let target = sagaflow::redact_url(admin_url);
+    let sql_err = |sql: &str, source| ClusterError::Sql {
+        sql: sql.to_owned(),
+        target: target.clone(),
+        source,
+    };
     let conn = Database::connect(admin_url)
         .await
-        .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
+        .map_err(|e| sql_err("connect", e))?;
     for sql in [
         "ALTER SYSTEM SET fsync = on",
         "ALTER SYSTEM SET synchronous_commit = on",
@@ -220,7 +274,7 @@ pub async fn make_durable(admin_url: &str) -> Result<(), String> {
     ] {
         conn.execute_unprepared(sql)
             .await
-            .map_err(|e| format!("{sql} failed: {e}"))?;
+            .map_err(|e| sql_err(sql, e))?;
     }
     let _ = conn.close().await;
     Ok(())

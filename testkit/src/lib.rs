@@ -34,7 +34,7 @@ mod engine;
 mod process;
 mod wait;
 
-pub use cluster::{PgCluster, make_durable, pg_bin, restart_immediate, script_path};
+pub use cluster::{ClusterError, PgCluster, make_durable, pg_bin, restart_immediate, script_path};
 pub use db::{TestDb, backends, postgres_db, sqlite_db};
 pub use engine::{engine, fast_builder, init_logging};
 pub use process::{ChildTest, workspace_binary};

@@ -408,6 +408,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                         let _paused = gate.write().await;
                         tokio::task::spawn_blocking(move || {
                             postgres::restart_immediate(target.bin.as_deref(), &target.data_dir, target.log.as_deref())
+                                .map_err(|e| e.to_string())
                         })
                         .await
                         .unwrap_or_else(|e| Err(e.to_string()))
