@@ -93,7 +93,7 @@ impl Hub {
             true
         });
         if first {
-            tracing::error!(error = %error, "sagaflow engine stopped: {error}");
+            tracing::error!(error = %error, "sagaflow engine stopped: its database is lost");
         }
     }
 

@@ -346,13 +346,20 @@ impl Store {
         sagaflow_migrations::migrate(&store.db)
             .await
             .map_err(read_only)?;
-        store
-            .probe_write()
-            .await
-            .map_err(|source| Error::ReadOnly {
-                target: target.clone(),
-                source,
-            })?;
+        // A probe that fails for a lost connection is reported as such, not as read-only.
+        store.probe_write().await.map_err(|source| {
+            if Error::Db(source.clone()).is_connection_lost() {
+                Error::Connect {
+                    target: target.clone(),
+                    source,
+                }
+            } else {
+                Error::ReadOnly {
+                    target: target.clone(),
+                    source,
+                }
+            }
+        })?;
         if backend == Backend::Postgres {
             store.warn_if_commits_are_asynchronous().await;
         }

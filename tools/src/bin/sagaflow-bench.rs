@@ -250,21 +250,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.await??;
     }
     let total = t0.elapsed();
-    let wps = args.runs as f64 / total.as_secs_f64();
-    let e2e = Latencies::of(e2e);
     println!("\nthroughput · {} runs × 3 steps", args.runs);
-    println!(
-        "  submitted in   {:.2} s ({:.0} runs/s accepted)",
-        submit_done.unwrap_or(total).as_secs_f64(),
-        args.runs as f64 / submit_done.unwrap_or(total).as_secs_f64()
-    );
-    println!("  completed in   {:.2} s", total.as_secs_f64());
-    println!("  workflows/s    {wps:.0}");
-    println!("  steps/s        {:.0}", wps * 3.0);
-    println!(
-        "  end-to-end     p50 {} · p99 {} (under full load)",
-        ms(e2e.percentile(50.0)),
-        ms(e2e.percentile(99.0))
+    print_throughput(
+        args.runs,
+        submit_done.unwrap_or(total),
+        total,
+        &Latencies::of(e2e),
+        "under full load",
     );
     let rss_after_load = peak_rss_mib();
 
@@ -422,24 +414,16 @@ async fn multi_process(
             ));
         }
     }
-    let e2e = Latencies::of(e2e);
-    let wps = args.runs as f64 / total.as_secs_f64();
     println!(
         "\nthroughput · {} runs × 3 steps · {} worker processes",
         args.runs, args.processes
     );
-    println!(
-        "  submitted in   {:.2} s ({:.0} runs/s accepted)",
-        submitted.as_secs_f64(),
-        args.runs as f64 / submitted.as_secs_f64()
-    );
-    println!("  completed in   {:.2} s", total.as_secs_f64());
-    println!("  workflows/s    {wps:.0}");
-    println!("  steps/s        {:.0}", wps * 3.0);
-    println!(
-        "  end-to-end     p50 {} · p99 {} (database clock, under full load)",
-        ms(e2e.percentile(50.0)),
-        ms(e2e.percentile(99.0))
+    print_throughput(
+        args.runs,
+        submitted,
+        total,
+        &Latencies::of(e2e),
+        "database clock, under full load",
     );
     engine.shutdown().await;
     Ok(())
@@ -465,4 +449,23 @@ async fn settle(engine: &Engine) {
             println!("  (could not run `{sql}` after the prefill: {e})");
         }
     }
+}
+
+/// The throughput phase's figures: acceptance, completion, workflows and steps per second,
+/// and end-to-end latency.
+fn print_throughput(runs: usize, submitted: Duration, total: Duration, e2e: &Latencies, how: &str) {
+    let wps = runs as f64 / total.as_secs_f64();
+    println!(
+        "  submitted in   {:.2} s ({:.0} runs/s accepted)",
+        submitted.as_secs_f64(),
+        runs as f64 / submitted.as_secs_f64()
+    );
+    println!("  completed in   {:.2} s", total.as_secs_f64());
+    println!("  workflows/s    {wps:.0}");
+    println!("  steps/s        {:.0}", wps * 3.0);
+    println!(
+        "  end-to-end     p50 {} · p99 {} ({how})",
+        ms(e2e.percentile(50.0)),
+        ms(e2e.percentile(99.0))
+    );
 }
