@@ -92,18 +92,15 @@ use StepState::*;
 
 #[test]
 fn pending_run_readies_roots_and_starts_running() {
-    let wf = saga();
-    let p = plan(
-        &wf,
-        &run(RunState::Pending),
-        &rows(&[
+    let p = planned(
+        RunState::Pending,
+        &[
             ("a", NotStarted),
             ("b", NotStarted),
             ("d", NotStarted),
             ("c", NotStarted),
-        ]),
-    )
-    .expect("plan");
+        ],
+    );
     assert_eq!(moves(&p), vec![("a".into(), Ready)]);
     assert_eq!(p.run_state, Some(RunState::Running));
 }
@@ -140,18 +137,15 @@ fn completed_dependency_readies_parallel_branches_and_join_waits_for_both() {
 
 #[test]
 fn all_completed_completes_the_run_with_outputs() {
-    let wf = saga();
-    let p = plan(
-        &wf,
-        &run(RunState::Running),
-        &rows(&[
+    let p = planned(
+        RunState::Running,
+        &[
             ("a", Completed),
             ("b", Completed),
             ("d", Completed),
             ("c", Completed),
-        ]),
-    )
-    .expect("plan");
+        ],
+    );
     assert_eq!(p.run_state, Some(RunState::Completed));
     let out: serde_json::Value =
         serde_json::from_str(p.run_output.as_deref().expect("output")).expect("json");
@@ -314,18 +308,15 @@ fn failure_after_the_pivot_is_an_error_not_a_compensation() {
 
 #[test]
 fn nothing_to_undo_compensates_at_once() {
-    let wf = saga();
-    let p = plan(
-        &wf,
-        &run(RunState::Running),
-        &rows(&[
+    let p = planned(
+        RunState::Running,
+        &[
             ("a", Failed),
             ("b", NotStarted),
             ("d", NotStarted),
             ("c", NotStarted),
-        ]),
-    )
-    .expect("plan");
+        ],
+    );
     assert_eq!(p.run_state, Some(RunState::Compensated));
 }
 
@@ -408,6 +399,11 @@ fn a_pivot_whose_outcome_is_unknown_stops_in_error_instead_of_compensating() {
             .reason
             .contains("may have taken effect")
     );
+}
+
+/// The plan of the sample saga for a run in `state` with these step states.
+fn planned(state: RunState, steps: &[(&str, StepState)]) -> PlanWrite {
+    plan(&saga(), &run(state), &rows(steps)).expect("plan")
 }
 
 mod table {
