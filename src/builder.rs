@@ -18,7 +18,6 @@ pub const MAX_INPUT_DEFAULT: usize = 256 * 1024;
 #[must_use]
 pub struct EngineBuilder {
     url: Option<String>,
-    store: Option<Store>,
     store_options: StoreOptions,
     registry: Registry,
     errors: Vec<Error>,
@@ -47,7 +46,6 @@ impl Default for EngineBuilder {
         let id = format!("{}-{}", hostname(), uuid::Uuid::now_v7().simple());
         Self {
             url: None,
-            store: None,
             store_options: StoreOptions::default(),
             registry: Registry::new(),
             errors: Vec::new(),
@@ -73,12 +71,6 @@ impl EngineBuilder {
     /// The database: `sqlite://path/to/file.db?mode=rwc` or `postgres://user@host/db`.
     pub fn with_database_url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
-        self
-    }
-
-    /// An already connected (and migrated) store, instead of a URL.
-    pub fn with_store(mut self, store: Store) -> Self {
-        self.store = Some(store);
         self
     }
 
@@ -220,6 +212,7 @@ impl EngineBuilder {
 
     /// Test hook: every supervisor sweep of this instance waits while `gate` is closed, as a
     /// sweep blocked on a stuck query would. Not part of the supported API.
+    #[cfg(feature = "internals")]
     #[doc(hidden)]
     pub fn with_sweep_gate(mut self, gate: sagaflow_supervisor::SweepGate) -> Self {
         self.supervisor.sweep_gate = Some(gate);
@@ -249,6 +242,7 @@ impl EngineBuilder {
 
     /// Test hook (see `sagaflow_engine::scheduler::Freeze`): the first completion batch
     /// freezes in the middle of its transaction, and the instance claims nothing more.
+    #[cfg(feature = "internals")]
     #[doc(hidden)]
     pub fn with_freeze_in_transaction(
         mut self,
@@ -285,13 +279,10 @@ impl EngineBuilder {
                 self.heartbeat_every, self.supervisor.instance_stale_after
             )));
         }
-        let store = match (self.store.take(), self.url.take()) {
-            (Some(s), _) => s,
-            (None, Some(url)) => Store::open(&url, &self.store_options).await?,
-            (None, None) => {
-                return Err(Error::Config(
-                    "no database: call with_database_url or with_store".into(),
-                ));
+        let store = match self.url.take() {
+            Some(url) => Store::open(&url, &self.store_options).await?,
+            None => {
+                return Err(Error::Config("no database: call with_database_url".into()));
             }
         };
         let heartbeat = if self.workers {

@@ -7,8 +7,11 @@ use std::time::Duration;
 use sagaflow_agents::AgentPool;
 use sagaflow_engine::hub::{AlertSink, Hub, RunEvent};
 use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
-use sagaflow_engine::{AlertRow, Error, HistoryRow, Registry, Result, RunRow, StepRow, Store};
-use sagaflow_supervisor::{Supervisor, SupervisorConfig};
+use sagaflow_engine::{
+    Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, RunRow, Step, StepRow,
+    Store,
+};
+use sagaflow_supervisor::{Supervisor, SupervisorConfig, SupervisorStats};
 use sea_orm::DatabaseConnection;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +21,28 @@ use uuid::Uuid;
 use crate::builder::EngineBuilder;
 use crate::operator::Operator;
 use crate::submit::Submission;
+
+/// A snapshot of an instance's supervisor candidate (see [`Engine::supervisor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SupervisorStatus {
+    /// Whether it held the leader lease when asked.
+    pub leader: bool,
+    /// What it has done so far.
+    pub stats: SupervisorStats,
+}
+
+impl SupervisorStatus {
+    /// Whether it held the leader lease when asked.
+    pub fn is_leader(&self) -> bool {
+        self.leader
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> SupervisorStats {
+        self.stats
+    }
+}
 
 /// The health of an engine instance (see [`Engine::health`]).
 #[derive(Debug, Clone)]
@@ -176,8 +201,13 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
-    pub async fn run(&self, id: Uuid) -> Result<Option<RunRow>> {
-        self.inner.store.run_get(id).await
+    pub async fn run(&self, id: Uuid) -> Result<Option<Run>> {
+        self.inner
+            .store
+            .run_get(id)
+            .await?
+            .map(RunRow::into_run)
+            .transpose()
     }
 
     /// The newest retained run of `workflow` started with `business_key`, active or
@@ -185,24 +215,26 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
-    pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<RunRow>> {
-        self.inner.store.run_by_key(workflow, business_key).await
+    pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<Run>> {
+        let row = self.inner.store.run_by_key(workflow, business_key).await?;
+        row.map(RunRow::into_run).transpose()
     }
 
     /// The steps of an unfinished run (finished runs keep their history; see
     /// [`Engine::history`]).
     ///
     /// # Errors
-    /// [`Error::Db`].
-    pub async fn steps(&self, id: Uuid) -> Result<Vec<StepRow>> {
-        self.inner.store.run_steps(id).await
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn steps(&self, id: Uuid) -> Result<Vec<Step>> {
+        let rows = self.inner.store.run_steps(id).await?;
+        rows.into_iter().map(StepRow::into_step).collect()
     }
 
     /// A run's history, oldest first.
     ///
     /// # Errors
-    /// [`Error::Db`].
-    pub async fn history(&self, id: Uuid) -> Result<Vec<HistoryRow>> {
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn history(&self, id: Uuid) -> Result<Vec<HistoryEvent>> {
         self.inner.store.run_history(id).await
     }
 
@@ -212,7 +244,7 @@ impl Engine {
     }
 
     /// Subscribes to alerts raised by this instance.
-    pub fn subscribe_alerts(&self) -> broadcast::Receiver<AlertRow> {
+    pub fn subscribe_alerts(&self) -> broadcast::Receiver<Alert> {
         self.inner.hub.subscribe_alerts()
     }
 
@@ -220,7 +252,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn open_alerts(&self) -> Result<Vec<AlertRow>> {
+    pub async fn open_alerts(&self) -> Result<Vec<Alert>> {
         self.inner.store.alert_list(None, true).await
     }
 
@@ -228,7 +260,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn run_alerts(&self, id: Uuid) -> Result<Vec<AlertRow>> {
+    pub async fn run_alerts(&self, id: Uuid) -> Result<Vec<Alert>> {
         self.inner.store.alert_list(Some(id), false).await
     }
 
@@ -237,7 +269,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::WaitTimeout`], [`Error::RunNotFound`], [`Error::Db`].
-    pub async fn wait(&self, id: Uuid, timeout: Duration) -> Result<RunRow> {
+    pub async fn wait(&self, id: Uuid, timeout: Duration) -> Result<Run> {
         let mut events = self.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -262,12 +294,37 @@ impl Engine {
         Operator { engine: self }
     }
 
-    /// This instance's supervisor candidate, if enabled.
-    pub fn supervisor(&self) -> Option<&Supervisor> {
+    /// What this instance's supervisor candidate reports, if it takes part in elections.
+    pub fn supervisor(&self) -> Option<SupervisorStatus> {
+        self.inner.supervisor.as_deref().map(|s| SupervisorStatus {
+            leader: s.is_leader(),
+            stats: s.stats(),
+        })
+    }
+
+    /// The supervisor itself, for this project's own tests (the `internals` feature).
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn supervisor_internals(&self) -> Option<&Supervisor> {
         self.inner.supervisor.as_deref()
     }
 
-    /// The store (for inspection and advanced use).
+    /// How many retained runs are in each state (from every instance sharing the database).
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_counts(&self) -> Result<RunCounts> {
+        self.inner.store.run_count_by_state().await
+    }
+
+    /// Which database this engine runs on.
+    pub fn backend(&self) -> Backend {
+        self.inner.store.backend()
+    }
+
+    /// The store, for this project's own tests and tools (the `internals` feature).
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
     pub fn store(&self) -> &Store {
         &self.inner.store
     }

@@ -52,40 +52,40 @@ mod start;
 mod submit;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
-pub use engine::{Engine, Health};
+pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
-pub use sagaflow_agents::{Agent, AgentStep, agent_step};
 pub use sagaflow_engine::store::{StoreOptions, redact_url};
 pub use sagaflow_engine::{
-    AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, KeyPolicy, Outcome, Result,
-    RetryPolicy, RunEvent, RunRow, RunState, StepAction, StepContext, StepError, StepKind, StepRow,
-    StepState, Store, TracingSink, Workflow, WorkflowBuilder,
+    Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error,
+    HistoryEvent, HistoryKind, KeyPolicy, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent,
+    RunState, Step, StepAction, StepContext, StepError, StepKind, StepState, Timestamp,
+    TracingSink, Workflow, WorkflowBuilder,
 };
-pub use sagaflow_supervisor::{Supervisor, SupervisorStats};
+pub use sagaflow_supervisor::SupervisorStats;
 pub use start::{OnDuplicate, StartOptions, Started};
 
-/// Lower layers, for tools and tests that drive the store, planner or protocol directly.
-/// Not needed to embed sagaflow; less stable than the names above.
-pub mod advanced {
+/// The engine's lower layers, for this project's own tests and tools (the `internals`
+/// feature). Not part of the product's API: no stability promise, absent from its listing.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {
     pub use sagaflow_engine::{Registry, hub, operator, protocol, scheduler, store, transition};
-    #[doc(hidden)]
-    pub use sagaflow_supervisor::SweepGate;
-    pub use sagaflow_supervisor::{SUPERVISOR_STALLED, SupervisorConfig};
+    pub use sagaflow_supervisor::{SUPERVISOR_STALLED, Supervisor, SupervisorConfig, SweepGate};
 }
 
 /// Re-exported so that applications can begin transactions for [`Engine::start_in`] without
 /// a direct dependency.
 pub use sea_orm;
 
-/// Re-exported so that an application names run ids and implements [`Agent`] with one line
-/// in its Cargo.toml.
+/// Re-exported so that an application names run ids and implements step traits with one
+/// line in its Cargo.toml.
 pub use async_trait::async_trait;
 pub use uuid::{self, Uuid};
 
 /// The names most applications need.
 pub mod prelude {
     pub use crate::{
-        Agent, DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, RetryPolicy, RunState, StartOptions,
-        StepContext, StepError, StepState, Uuid, Workflow, agent_step,
+        DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, RetryPolicy, RunState, StartOptions,
+        StepContext, StepError, StepState, Uuid, Workflow,
     };
 }

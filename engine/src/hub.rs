@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::{Notify, broadcast, watch};
 use uuid::Uuid;
 
-use crate::store::AlertRow;
+use crate::model::Alert;
 use crate::{Error, RunState};
 
 const EVENT_CAPACITY: usize = 4096;
@@ -26,7 +26,7 @@ pub struct RunEvent {
 /// Receives every alert after it has been stored.
 pub trait AlertSink: Send + Sync + 'static {
     /// Delivers one alert. Must not block: hand the alert off and return.
-    fn deliver(&self, alert: &AlertRow);
+    fn deliver(&self, alert: &Alert);
 }
 
 /// Logs alerts at `error` level.
@@ -34,7 +34,7 @@ pub trait AlertSink: Send + Sync + 'static {
 pub struct TracingSink;
 
 impl AlertSink for TracingSink {
-    fn deliver(&self, a: &AlertRow) {
+    fn deliver(&self, a: &Alert) {
         tracing::error!(
             alert_id = a.id,
             run_id = ?a.run_id,
@@ -51,7 +51,7 @@ impl AlertSink for TracingSink {
 /// Shared by the scheduler, the supervisor and the public API of one engine instance.
 pub struct Hub {
     events: broadcast::Sender<RunEvent>,
-    alerts: broadcast::Sender<AlertRow>,
+    alerts: broadcast::Sender<Alert>,
     sinks: Vec<Arc<dyn AlertSink>>,
     /// Wakes the claim loop (new ready steps).
     pub claim: Notify,
@@ -118,7 +118,7 @@ impl Hub {
     }
 
     /// Subscribes to alerts.
-    pub fn subscribe_alerts(&self) -> broadcast::Receiver<AlertRow> {
+    pub fn subscribe_alerts(&self) -> broadcast::Receiver<Alert> {
         self.alerts.subscribe()
     }
 
@@ -128,7 +128,7 @@ impl Hub {
     }
 
     /// Delivers a stored alert to every sink and subscriber.
-    pub fn alert(&self, alert: &AlertRow) {
+    pub fn alert(&self, alert: &Alert) {
         for s in &self.sinks {
             s.deliver(alert);
         }

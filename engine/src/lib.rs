@@ -5,6 +5,7 @@
 //! agents and the supervisor; this crate is what those parts share.
 
 mod error;
+mod model;
 mod outcome;
 mod state;
 
@@ -22,7 +23,11 @@ pub use definition::{
 };
 pub use error::{Error, Result};
 pub use hub::{AlertSink, Hub, RunEvent, TracingSink};
+pub use model::{
+    Alert, AlertKind, Attempts, EntityState, HistoryEvent, HistoryKind, Run, RunCounts, Step,
+    Timestamp,
+};
 pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use state::{RunState, StepState};
-pub use store::{AlertRow, Backend, HistoryRow, RunRow, StepRow, Store};
+pub use store::{Backend, RunRow, StepRow, Store};

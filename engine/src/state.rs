@@ -3,13 +3,24 @@
 //! Each variant's documentation names the component that moves a row *out* of it. The full
 //! graph with every edge is drawn in `docs/state-machines.md`.
 
-use std::fmt;
-use std::str::FromStr;
-
-use crate::Error;
-
 /// Persisted state of one step of a run (SAS-1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum StepState {
     /// Waiting for its dependencies. Moved to `Ready` by the scheduler's evaluator when every
@@ -62,19 +73,8 @@ impl StepState {
     ];
 
     /// The stored spelling.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::NotStarted => "not_started",
-            Self::Ready => "ready",
-            Self::Running => "running",
-            Self::Completed => "completed",
-            Self::Failed => "failed",
-            Self::CompensationReady => "compensation_ready",
-            Self::Compensating => "compensating",
-            Self::Compensated => "compensated",
-            Self::CompensationFailed => "compensation_failed",
-            Self::Skipped => "skipped",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Whether an agent is (or may be) working on the step.
@@ -94,30 +94,24 @@ impl StepState {
     }
 }
 
-impl fmt::Display for StepState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for StepState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                Error::corrupt(
-                    "sagaflow_steps",
-                    "state",
-                    format!("unknown step state `{s}`"),
-                )
-            })
-    }
-}
-
 /// Persisted state of a run (SAS-7 `ProcessState`, extended for sagas).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RunState {
     /// Accepted: stored with its root steps already queued. Moved by its first evaluation,
@@ -150,15 +144,8 @@ impl RunState {
     ];
 
     /// The stored spelling.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Running => "running",
-            Self::Compensating => "compensating",
-            Self::Completed => "completed",
-            Self::Compensated => "compensated",
-            Self::Error => "error",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
     /// Whether the run will not move again without an operator.
@@ -169,24 +156,6 @@ impl RunState {
     /// Whether the run is finished for good (an `Error` run can still be retried).
     pub const fn is_final(self) -> bool {
         matches!(self, Self::Completed | Self::Compensated)
-    }
-}
-
-impl fmt::Display for RunState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for RunState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                Error::corrupt("sagaflow_runs", "state", format!("unknown run state `{s}`"))
-            })
     }
 }
 
@@ -202,6 +171,35 @@ mod tests {
         for s in RunState::ALL {
             assert_eq!(s.as_str().parse::<RunState>().ok(), Some(s));
         }
+        // The spellings are stored: renaming a variant must not change them.
+        let stored: Vec<&str> = StepState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            stored,
+            [
+                "not_started",
+                "ready",
+                "running",
+                "completed",
+                "failed",
+                "compensation_ready",
+                "compensating",
+                "compensated",
+                "compensation_failed",
+                "skipped"
+            ]
+        );
+        let stored: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            stored,
+            [
+                "pending",
+                "running",
+                "compensating",
+                "completed",
+                "compensated",
+                "error"
+            ]
+        );
         assert!("bogus".parse::<StepState>().is_err());
         assert!("bogus".parse::<RunState>().is_err());
     }

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sagaflow::{Engine, RunRow, RunState, Uuid};
+use sagaflow::{Engine, Run, RunState, Uuid};
 
 /// Waits until `check` is true, polling every 20 ms, at most `timeout`.
 ///
@@ -48,29 +48,14 @@ where
 ///
 /// # Panics
 /// On timeout or another terminal state.
-pub async fn expect_state(engine: &Engine, id: Uuid, state: RunState, backend: &str) -> RunRow {
+pub async fn expect_state(engine: &Engine, id: Uuid, state: RunState, backend: &str) -> Run {
     let run = engine
         .wait(id, Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| panic!("[{backend}] waiting for run {id}: {e}"));
     if run.state != state {
         let history = engine.history(id).await.unwrap_or_default();
-        let lines: Vec<String> = history
-            .iter()
-            .map(|h| {
-                format!(
-                    "  {} {} {:?} {:?}->{:?} attempt={:?} by {} {}",
-                    h.at,
-                    h.event,
-                    h.step,
-                    h.from_state,
-                    h.to_state,
-                    h.attempt,
-                    h.actor,
-                    h.detail.as_deref().unwrap_or("")
-                )
-            })
-            .collect();
+        let lines: Vec<String> = history.iter().map(|h| format!("  {h}")).collect();
         panic!(
             "[{backend}] run {id} ended {} instead of {state} (error: {:?}); history:\n{}",
             run.state,

@@ -14,8 +14,9 @@ use uuid::Uuid;
 
 use super::evaluate::plan_and_apply;
 use super::{ErrorStreak, Scheduler, pause};
+use crate::model::Alert;
 use crate::protocol::AgentResponse;
-use crate::store::{AlertRow, Damage, DeadlineGuard, EvalApplied, StepFinish, Store};
+use crate::store::{Damage, DeadlineGuard, EvalApplied, StepFinish, Store};
 use crate::transition::{self, StepChange, Trigger};
 use crate::{Error, Registry, StepError};
 
@@ -127,7 +128,7 @@ pub struct FinishOutcome {
     /// Runs whose evaluation failed (left marked for the evaluation loop).
     pub failed: Vec<(Uuid, Error)>,
     /// Alerts raised for runs set aside for a damaged row.
-    pub set_aside: Vec<AlertRow>,
+    pub set_aside: Vec<Alert>,
 }
 
 /// One completion batch as one unit of work: lock the batch's runs (in id order), write the

@@ -9,7 +9,8 @@ use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
 use crate::hub::RunEvent;
-use crate::store::{AlertRow, Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
+use crate::model::Alert;
+use crate::store::{Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
 use crate::transition;
 use crate::{Error, Registry, RunState};
 
@@ -88,7 +89,7 @@ pub struct Evaluated {
     /// engine lacks): left marked for evaluation.
     pub failed: Vec<(Uuid, Error)>,
     /// Alerts raised for runs set aside for a damaged row.
-    pub set_aside: Vec<AlertRow>,
+    pub set_aside: Vec<Alert>,
 }
 
 /// Evaluates runs marked dirty, in one unit of work (those no longer dirty are skipped).

@@ -5,6 +5,7 @@ use uuid::Uuid;
 
 use super::Store;
 use crate::Result;
+use crate::model::{Alert, AlertKind, timestamp};
 
 /// An alert to insert.
 #[derive(Debug, Clone)]
@@ -27,55 +28,33 @@ pub struct NewAlert {
     pub open_key: Option<String>,
 }
 
-/// A stored alert.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AlertRow {
-    /// Alert id.
-    pub id: i64,
-    /// Run concerned.
-    pub run_id: Option<Uuid>,
-    /// Step concerned.
-    pub step: Option<String>,
-    /// Kind.
-    pub kind: String,
-    /// What happened.
-    pub reason: String,
-    /// Attempts the step made in the phase that failed (forward or compensation); 0 when the
-    /// alert names no step.
-    pub attempts: i32,
-    /// What the operator can do.
-    pub actions: Vec<String>,
-    /// When raised (DB clock).
-    pub created_at: i64,
-    /// When resolved.
-    pub resolved_at: Option<i64>,
-}
-
 const ALERT_COLS: &str =
     "id, run_id, step, kind, reason, attempts, actions, created_at, resolved_at";
 
-impl AlertRow {
-    fn decode(r: &QueryResult) -> Result<Self> {
-        let actions: String = r.try_get("", "actions")?;
-        Ok(Self {
-            id: r.try_get("", "id")?,
-            run_id: r.try_get("", "run_id")?,
-            step: r.try_get("", "step")?,
-            kind: r.try_get("", "kind")?,
-            reason: r.try_get("", "reason")?,
-            attempts: r.try_get("", "attempts")?,
-            actions: serde_json::from_str(&actions).unwrap_or_else(|_| vec![actions]),
-            created_at: r.try_get("", "created_at")?,
-            resolved_at: r.try_get("", "resolved_at")?,
-        })
-    }
+/// Decodes one alert row.
+fn decode(r: &QueryResult) -> Result<Alert> {
+    let actions: String = r.try_get("", "actions")?;
+    let kind: String = r.try_get("", "kind")?;
+    Ok(Alert {
+        id: r.try_get("", "id")?,
+        run_id: r.try_get("", "run_id")?,
+        step: r.try_get("", "step")?,
+        kind: kind
+            .parse()
+            .unwrap_or_else(|_| AlertKind::Other(kind.clone())),
+        reason: r.try_get("", "reason")?,
+        attempts: r.try_get("", "attempts")?,
+        actions: serde_json::from_str(&actions).unwrap_or_else(|_| vec![actions]),
+        created_at: timestamp(r.try_get("", "created_at")?),
+        resolved_at: r.try_get::<Option<i64>>("", "resolved_at")?.map(timestamp),
+    })
 }
 
 pub(super) async fn insert_alert<C: ConnectionTrait>(
     store: &Store,
     conn: &C,
     a: &NewAlert,
-) -> Result<Option<AlertRow>> {
+) -> Result<Option<Alert>> {
     let sql = format!(
         "INSERT INTO sagaflow_alerts (run_id, step, kind, reason, attempts, actions, open_key, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, {{now}}) ON CONFLICT (open_key) DO NOTHING RETURNING {ALERT_COLS}"
@@ -95,7 +74,7 @@ pub(super) async fn insert_alert<C: ConnectionTrait>(
             ],
         ))
         .await?;
-    row.as_ref().map(AlertRow::decode).transpose()
+    row.as_ref().map(decode).transpose()
 }
 
 impl Store {
@@ -104,7 +83,7 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn alert_insert(&self, alert: &NewAlert) -> Result<Option<AlertRow>> {
+    pub async fn alert_insert(&self, alert: &NewAlert) -> Result<Option<Alert>> {
         insert_alert(self, &self.db, alert).await
     }
 
@@ -112,7 +91,7 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn alert_list(&self, run_id: Option<Uuid>, open_only: bool) -> Result<Vec<AlertRow>> {
+    pub async fn alert_list(&self, run_id: Option<Uuid>, open_only: bool) -> Result<Vec<Alert>> {
         let mut sql = format!("SELECT {ALERT_COLS} FROM sagaflow_alerts WHERE 1 = 1");
         let mut values: Vec<Value> = Vec::new();
         if let Some(r) = run_id {
@@ -124,7 +103,7 @@ impl Store {
         }
         sql.push_str(" ORDER BY id");
         let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
-        rows.iter().map(AlertRow::decode).collect()
+        rows.iter().map(decode).collect()
     }
 
     /// Resolves one open alert; returns whether it was open.

@@ -314,10 +314,11 @@ impl Store {
                 .await?;
             let outcome = match holder {
                 Some(r) => {
+                    let existing: Uuid = r.try_get("", "id")?;
                     let state: String = r.try_get("", "state")?;
                     Some(RunInsertOutcome::Duplicate {
-                        existing: r.try_get("", "id")?,
-                        state: state.parse()?,
+                        existing,
+                        state: super::rows::state_of("sagaflow_runs", existing, &state)?,
                     })
                 }
                 None => None,

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use sea_orm::sea_query::ArrayType;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 
-pub use alerts::{AlertRow, NewAlert};
+pub use alerts::NewAlert;
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::{LeaderFence, LeaderProgress};
@@ -36,7 +36,7 @@ pub use open::{
 };
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
-pub use rows::{ClaimedStep, Damage, ExpiredStep, HistoryRow, RunRow, StepRow, quote};
+pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, StepRow, quote};
 pub use steps::{DeadlineGuard, RescueCounts, StepFinish, StepInputs};
 pub use tx::{RunSteps, StoreTx};
 

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, HashSet};
 use sea_orm::{ConnectionTrait, Value};
 use uuid::Uuid;
 
-use super::alerts::{AlertRow, NewAlert, insert_alert};
+use super::alerts::{NewAlert, insert_alert};
 use super::tx::{CHUNK, HistoryEntry, mark_dirty};
 use super::{RunRow, StoreTx};
+use crate::model::Alert;
 use crate::transition::{Due, Effects, RunTrigger};
 use crate::{Result, RunState, StepState};
 
@@ -65,7 +66,7 @@ pub struct EvalApplied {
     /// Guarded step writes that found the step moved on: the run was marked for another look.
     pub stale: usize,
     /// Alert raised, if any.
-    pub alert: Option<AlertRow>,
+    pub alert: Option<Alert>,
 }
 
 /// A run's new state with its payload, for one bulk update.

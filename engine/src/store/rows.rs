@@ -3,6 +3,7 @@
 use sea_orm::QueryResult;
 use uuid::Uuid;
 
+use crate::model::HistoryColumns;
 use crate::transition::Counters;
 use crate::{Error, Result, RunState, StepState};
 
@@ -63,7 +64,7 @@ impl std::fmt::Display for Damage {
 }
 
 /// Decodes a state column, naming the column and quoting the value when it is not a state.
-fn state_of<T: std::str::FromStr>(
+pub(super) fn state_of<T: std::str::FromStr>(
     table: &'static str,
     id: impl ToString,
     value: &str,
@@ -364,41 +365,17 @@ fn counters(r: &QueryResult) -> Result<Counters> {
     })
 }
 
-/// One entry of a run's append-only history.
-#[derive(Debug, Clone)]
-pub struct HistoryRow {
-    /// Sequence number.
-    pub id: i64,
-    /// Step, when the event concerns one.
-    pub step: Option<String>,
-    /// What happened: `submitted`, `completed`, `retry`, `failed`, `timeout`, `state`, `operator_*`, …
-    pub event: String,
-    /// State before.
-    pub from_state: Option<String>,
-    /// State after.
-    pub to_state: Option<String>,
-    /// The fencing token (`attempt`, claims of both phases) of the attempt concerned.
-    pub attempt: Option<i32>,
-    /// Who: a scheduler owner id, `supervisor:<holder>#<term>`, or `operator`.
-    pub actor: String,
-    /// Details (error envelope, note).
-    pub detail: Option<String>,
-    /// When (DB clock).
-    pub at: i64,
-}
-
-impl HistoryRow {
-    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
-        Ok(Self {
-            id: r.try_get("", "id")?,
-            step: r.try_get("", "step")?,
-            event: r.try_get("", "event")?,
-            from_state: r.try_get("", "from_state")?,
-            to_state: r.try_get("", "to_state")?,
-            attempt: r.try_get("", "attempt")?,
-            actor: r.try_get("", "actor")?,
-            detail: r.try_get("", "detail")?,
-            at: r.try_get("", "at")?,
-        })
-    }
+/// Decodes one history row into its stored columns (typed in [`crate::model`]).
+pub(super) fn history_columns(r: &QueryResult) -> Result<HistoryColumns> {
+    Ok(HistoryColumns {
+        id: r.try_get("", "id")?,
+        step: r.try_get("", "step")?,
+        event: r.try_get("", "event")?,
+        from_state: r.try_get("", "from_state")?,
+        to_state: r.try_get("", "to_state")?,
+        attempt: r.try_get("", "attempt")?,
+        actor: r.try_get("", "actor")?,
+        detail: r.try_get("", "detail")?,
+        at: r.try_get("", "at")?,
+    })
 }

@@ -4,7 +4,8 @@ use sea_orm::{ConnectionTrait, TransactionTrait, Value};
 use uuid::Uuid;
 
 use super::rows::{RUN_COLS, STEP_COLS};
-use super::{HistoryRow, RunRow, StepRow, Store, placeholders};
+use super::{RunRow, StepRow, Store, placeholders};
+use crate::model::{HistoryEvent, RunCounts};
 use crate::{Error, Result};
 
 impl Store {
@@ -34,7 +35,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn run_history(&self, id: Uuid) -> Result<Vec<HistoryRow>> {
+    pub async fn run_history(&self, id: Uuid) -> Result<Vec<HistoryEvent>> {
         let rows = self
             .db
             .query_all_raw(self.stmt(
@@ -43,7 +44,9 @@ impl Store {
                 vec![id.into()],
             ))
             .await?;
-        rows.iter().map(HistoryRow::decode).collect()
+        rows.iter()
+            .map(|r| super::rows::history_columns(r)?.try_into())
+            .collect()
     }
 
     /// Runs marked for evaluation, oldest change first, among the given workflow keys.
@@ -93,7 +96,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn run_count_by_state(&self) -> Result<Vec<(String, i64)>> {
+    pub async fn run_count_by_state(&self) -> Result<RunCounts> {
         let rows = self
             .db
             .query_all_raw(self.stmt(
@@ -103,9 +106,11 @@ impl Store {
             .await?;
         rows.iter()
             .map(|r| {
+                let state: String = r.try_get("", "state")?;
+                let n: i64 = r.try_get("", "n")?;
                 Ok((
-                    r.try_get::<String>("", "state")?,
-                    r.try_get::<i64>("", "n")?,
+                    super::rows::state_of("sagaflow_runs", "(count)", &state)?,
+                    u64::try_from(n).unwrap_or(0),
                 ))
             })
             .collect()

@@ -16,9 +16,10 @@ use std::collections::HashMap;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, TransactionTrait};
 use uuid::Uuid;
 
-use super::alerts::{AlertRow, NewAlert, insert_alert};
+use super::alerts::{NewAlert, insert_alert};
 use super::rows::{RUN_COLS, STEP_COLS};
 use super::{Backend, Damage, RunRow, StepRow, Store};
+use crate::model::Alert;
 use crate::{Result, RunState};
 
 /// Rows per batch statement (bounds the size of one array or JSON parameter).
@@ -241,7 +242,7 @@ impl StoreTx<'_> {
         &mut self,
         runs: &[(Option<RunState>, Damage)],
         actor: &str,
-    ) -> Result<Vec<AlertRow>> {
+    ) -> Result<Vec<Alert>> {
         let s = self.store;
         let rule = crate::transition::set_aside_rule();
         let mut alerts = Vec::new();

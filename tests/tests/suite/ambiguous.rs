@@ -3,6 +3,8 @@
 //! unwinds that step is compensated; a remote that refused without applying (409) is not.
 //! The services record every effect by idempotency key, so the ledger proves what happened.
 
+use sagaflow::AlertKind;
+use sagaflow::HistoryKind;
 use sagaflow::{Engine, RunState, StartOptions};
 use sagaflow_testkit::{TestDb, backends, expect_state};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
@@ -145,9 +147,9 @@ async fn ambiguous_pivot_behind_gateway_timeouts_stops_for_an_operator() {
         expect_state(&rig.engine, id, RunState::Error, db.backend).await;
         let alerts = rig.engine.run_alerts(id).await.expect("alerts");
         assert!(
-            alerts
-                .iter()
-                .any(|a| a.kind == "run_error" && a.reason.contains("may have taken effect")),
+            alerts.iter().any(
+                |a| a.kind == AlertKind::RunError && a.reason.contains("may have taken effect")
+            ),
             "[{}] {alerts:?}",
             db.backend
         );
@@ -249,10 +251,9 @@ async fn ambiguous_busy_remote_is_retried_without_marking_the_step() {
         let history = rig.engine.history(id).await.expect("history");
         let retry = history
             .iter()
-            .find(|h| h.event == "retry" && h.step.as_deref() == Some("charge_card"))
+            .find(|h| h.kind == HistoryKind::Retry && h.step.as_deref() == Some("charge_card"))
             .expect("a retry of the charge");
-        let detail: serde_json::Value =
-            serde_json::from_str(retry.detail.as_deref().unwrap_or("{}")).expect("json");
+        let detail = retry.detail.clone().unwrap_or_default();
         assert_eq!(
             detail["outcome"], "not_applied",
             "[{}] {detail}",

@@ -3,6 +3,7 @@
 //! finished normally (a fault costs what it touches, never its neighbours). Select them with
 //! `cargo test bad_input`.
 
+use sagaflow::AlertKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -356,13 +357,13 @@ async fn edit(db: &TestDb, sql: &str, run: Uuid) {
     let _ = conn.close().await;
 }
 
-async fn wait_alert(engine: &Engine, kind: &str, run: Uuid) -> sagaflow::AlertRow {
+async fn wait_alert(engine: &Engine, kind: &str, run: Uuid) -> sagaflow::Alert {
     eventually_some(Duration::from_secs(15), "the alert", || async {
         engine
             .run_alerts(run)
             .await
             .ok()
-            .and_then(|a| a.into_iter().find(|a| a.kind == kind))
+            .and_then(|a| a.into_iter().find(|a| a.kind.as_ref() == kind))
     })
     .await
 }
@@ -464,8 +465,7 @@ impl Gated {
             );
         }
         let run = expect_state(&self.engine, self.victim, RunState::Error, backend).await;
-        let envelope: serde_json::Value =
-            serde_json::from_str(run.error.as_deref().expect("error envelope")).expect("json");
+        let envelope = run.error.expect("error envelope");
         assert_eq!(envelope["code"], "corrupt_row", "[{backend}] {envelope}");
         for id in &self.others {
             expect_state(&self.engine, *id, RunState::Completed, backend).await;
@@ -532,7 +532,7 @@ async fn bad_input_unknown_version() {
                 .open_alerts()
                 .await
                 .ok()
-                .and_then(|a| a.into_iter().find(|a| a.kind == "unknown_version"))
+                .and_then(|a| a.into_iter().find(|a| a.kind == AlertKind::UnknownVersion))
         })
         .await;
         assert!(

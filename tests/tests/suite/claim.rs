@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sagaflow::Store;
-use sagaflow::advanced::store;
+use sagaflow::internals::store;
+use sagaflow::internals::store::Store;
 use sagaflow::sea_orm::TransactionTrait;
 use sagaflow_testkit::{ChildTest, TestDb, backends};
 use uuid::Uuid;

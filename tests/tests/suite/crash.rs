@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use sagaflow::{RunState, Store};
+use sagaflow::RunState;
+use sagaflow::internals::store::Store;
 use sagaflow_testkit::{ChildTest, backends, eventually};
 use sagaflow_workflows::order::{Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{HttpServices, Operation, Scripted, Services, serve};
@@ -55,7 +56,7 @@ async fn a_sigkilled_engine_mid_step_is_recovered_by_a_new_process_without_doubl
         assert!(
             counts
                 .iter()
-                .any(|(s, n)| s == "running" && *n == ORDERS as i64),
+                .any(|(s, n)| s == RunState::Running && n == ORDERS as u64),
             "[{}] {counts:?}",
             db.backend
         );
@@ -67,7 +68,7 @@ async fn a_sigkilled_engine_mid_step_is_recovered_by_a_new_process_without_doubl
             || async {
                 store.run_count_by_state().await.is_ok_and(|c| {
                     c.iter()
-                        .any(|(s, n)| s == RunState::Completed.as_str() && *n == ORDERS as i64)
+                        .any(|(s, n)| s == RunState::Completed && n == ORDERS as u64)
                 })
             },
         )

@@ -12,14 +12,16 @@
 //! 4. a private PostgreSQL cluster is restarted with `pg_ctl restart -m immediate` mid-run;
 //! 5. a leader frozen inside a fenced transaction does not block the next election (LE-3).
 
+use sagaflow::HistoryKind;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use sagaflow::advanced::SupervisorConfig;
-use sagaflow::advanced::store::LeaderFence;
+use sagaflow::internals::SupervisorConfig;
+use sagaflow::internals::store::LeaderFence;
+use sagaflow::internals::store::Store;
 use sagaflow::sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
-use sagaflow::{Engine, Error, RunState, StartOptions, Store};
+use sagaflow::{Engine, Error, RunState, StartOptions};
 use sagaflow_testkit::{ChildTest, PgCluster, backends, eventually, fast_builder, postgres_db};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
@@ -212,7 +214,7 @@ async fn assert_completed_once(store: &Store, ids: &[Uuid]) {
         for step in ["reserve_stock", "charge_card", "ship"] {
             let n = history
                 .iter()
-                .filter(|h| h.event == "completed" && h.step.as_deref() == Some(step))
+                .filter(|h| h.kind == HistoryKind::Completed && h.step.as_deref() == Some(step))
                 .count();
             assert_eq!(n, 1, "run {id}: step {step} completed {n} times");
         }
@@ -305,11 +307,10 @@ async fn a_sigkilled_leader_is_replaced_within_the_lease_ttl() {
         for &id in &hung {
             let history = store.run_history(id).await.expect("history");
             assert!(
-                history
-                    .iter()
-                    .any(|h| (h.event == "timeout" || h.event == "interrupted")
-                        && h.step.as_deref() == Some("charge_card")
-                        && h.actor == rescuer),
+                history.iter().any(|h| (h.kind == HistoryKind::Timeout
+                    || h.kind == HistoryKind::Interrupted)
+                    && h.step.as_deref() == Some("charge_card")
+                    && h.actor == rescuer),
                 "[{b_}] run {id}: no rescue by {rescuer}"
             );
         }
@@ -411,13 +412,10 @@ async fn a_frozen_leader_is_fenced_and_steps_down_when_resumed() {
     for &id in &runs {
         for h in store.run_history(id).await.expect("history") {
             assert!(
-                !(h.actor == stale && h.at >= frozen_at),
-                "run {id}: the stale term {stale} wrote after the freeze: {} {:?} at {}",
-                h.event,
-                h.step,
-                h.at
+                !(h.actor == stale && h.at.timestamp_millis() >= frozen_at),
+                "run {id}: the stale term {stale} wrote after the freeze: {h}"
             );
-            let rescue = h.event == "timeout" || h.event == "interrupted";
+            let rescue = h.kind == HistoryKind::Timeout || h.kind == HistoryKind::Interrupted;
             rescued_by_b += usize::from(rescue && h.actor == fb.actor());
         }
     }
@@ -465,15 +463,9 @@ async fn submit_orders(engine: &Engine, orders: std::ops::Range<usize>) -> Vec<U
 }
 
 /// Runs not yet completed, or `None` when the database cannot answer right now.
-async fn unfinished_runs(store: &Store) -> Option<i64> {
+async fn unfinished_runs(store: &Store) -> Option<u64> {
     let counts = store.run_count_by_state().await.ok()?;
-    Some(
-        counts
-            .iter()
-            .filter(|(s, _)| s != RunState::Completed.as_str())
-            .map(|(_, n)| n)
-            .sum(),
-    )
+    Some(counts.total() - counts.get(RunState::Completed))
 }
 
 /// No step attempt panicked (a panic becomes a retryable `panic` failure in the history).
@@ -481,11 +473,10 @@ async fn assert_no_panics(store: &Store, ids: &[Uuid]) {
     for &id in ids {
         for h in store.run_history(id).await.expect("history") {
             assert!(
-                !h.detail.as_deref().unwrap_or("").contains("panic"),
-                "run {id}: {} {:?} {:?}",
-                h.event,
-                h.step,
-                h.detail
+                !h.detail
+                    .as_ref()
+                    .is_some_and(|d| d.to_string().contains("panic")),
+                "run {id}: {h}"
             );
         }
     }
@@ -709,8 +700,8 @@ async fn child_engine() {
         tokio::spawn(async move {
             loop {
                 let term = engine
-                    .supervisor()
-                    .and_then(sagaflow::Supervisor::fence)
+                    .supervisor_internals()
+                    .and_then(sagaflow::internals::Supervisor::fence)
                     .map_or_else(|| "-".to_owned(), |f| f.term.to_string());
                 println!("STATUS {id} term={term}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -798,10 +789,7 @@ async fn a_leader_frozen_inside_a_fenced_transaction_does_not_block_the_election
     let start = Instant::now();
     let mut took = None;
     while start.elapsed() < TAKEOVER_MAX {
-        if engine
-            .supervisor()
-            .is_some_and(sagaflow::Supervisor::is_leader)
-        {
+        if engine.supervisor().is_some_and(|s| s.leader) {
             took = Some(start.elapsed());
             break;
         }
@@ -825,10 +813,7 @@ async fn a_leader_frozen_inside_a_fenced_transaction_does_not_block_the_election
     // Let the frozen leader go before asserting, so the engine can shut down either way.
     txn.rollback().await.expect("rollback");
     let after = tokio::time::timeout(Duration::from_secs(5), async {
-        while !engine
-            .supervisor()
-            .is_some_and(sagaflow::Supervisor::is_leader)
-        {
+        while !engine.supervisor().is_some_and(|s| s.leader) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

@@ -1,6 +1,9 @@
 //! Failure handling: retries with stable keys, hung agents, thresholds, terminal failures,
 //! failing compensations, panics (SAS-2, SAS-3, SAS-4, SAS-7).
 
+use sagaflow::AlertKind;
+use sagaflow::EntityState;
+use sagaflow::HistoryKind;
 use std::time::Duration;
 
 use sagaflow::{RunState, StepState};
@@ -58,7 +61,7 @@ async fn retryable_failures_are_retried_with_the_same_idempotency_key() {
             .await
             .expect("history")
             .iter()
-            .filter(|h| h.event == "retry")
+            .filter(|h| h.kind == HistoryKind::Retry)
             .count();
         assert_eq!(retries, 2, "[{}]", db.backend);
         engine.shutdown().await;
@@ -88,11 +91,10 @@ async fn a_hung_agent_is_requeued_with_a_longer_deadline_and_its_effect_applied_
         let history = rig.engine.history(id).await.expect("history");
         let timeout = history
             .iter()
-            .find(|h| h.event == "timeout")
+            .find(|h| h.kind == HistoryKind::Timeout)
             .expect("a supervisor timeout entry");
         assert_eq!(timeout.step.as_deref(), Some("ship"));
-        let detail: serde_json::Value =
-            serde_json::from_str(timeout.detail.as_deref().expect("detail")).expect("json");
+        let detail = timeout.detail.clone().expect("detail");
         assert_eq!(
             detail["details"]["failure_count"], 1,
             "[{}] FailureCount incremented",
@@ -151,11 +153,12 @@ async fn reaching_the_threshold_compensates_in_reverse_order() {
         assert_eq!(undo, vec!["undo_c", "undo_b", "undo_a"], "[{}]", db.backend);
         assert_eq!(log.count("c:"), 2, "[{}] two attempts of c", db.backend);
         let h = engine.history(id).await.expect("history");
-        assert_eq!(h.iter().filter(|h| h.event == "timeout").count(), 2);
-        assert!(
-            h.iter()
-                .any(|h| h.event == "timeout" && h.to_state.as_deref() == Some("failed"))
+        assert_eq!(
+            h.iter().filter(|h| h.kind == HistoryKind::Timeout).count(),
+            2
         );
+        assert!(h.iter().any(|h| h.kind == HistoryKind::Timeout
+            && h.to.and_then(EntityState::step) == Some(StepState::Failed)));
         // Compensation keys differ from forward keys.
         let undo_b = log
             .entries()
@@ -176,8 +179,8 @@ async fn a_terminal_failure_compensates_what_completed() {
         let run = expect_state(&rig.engine, id, RunState::Compensated, db.backend).await;
         assert!(
             run.error
-                .as_deref()
-                .is_some_and(|e| e.contains("permanent")),
+                .as_ref()
+                .is_some_and(|e| e.to_string().contains("permanent")),
             "{:?}",
             run.error
         );
@@ -198,7 +201,7 @@ async fn a_terminal_failure_compensates_what_completed() {
         assert_eq!(report.count(OrderStatus::Compensated), 1);
         let h = rig.engine.history(id).await.expect("history");
         assert_eq!(
-            h.iter().filter(|h| h.event == "retry").count(),
+            h.iter().filter(|h| h.kind == HistoryKind::Retry).count(),
             0,
             "terminal failures are not retried"
         );
@@ -253,8 +256,8 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
         assert_eq!(stored.len(), 1, "[{}] {stored:?}", db.backend);
         let a = &stored[0];
         assert_eq!(
-            (a.kind.as_str(), a.step.as_deref()),
-            ("run_error", Some("b"))
+            (&a.kind, a.step.as_deref()),
+            (&AlertKind::RunError, Some("b"))
         );
         assert!(a.reason.contains("compensation"), "{}", a.reason);
         assert!(a.actions.iter().any(|x| x == "retry_step"));
@@ -272,9 +275,13 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
         let b = steps.iter().find(|s| s.name == "b").expect("b");
         assert_eq!(b.state, StepState::CompensationFailed);
         assert_eq!(
-            (b.forward_attempts, b.compensation_attempts, b.attempt),
-            (1, 3, 4),
-            "[{}] phase counters apart; the fencing token counts every claim",
+            (
+                b.attempts.forward,
+                b.attempts.compensation,
+                b.phase_attempts()
+            ),
+            (1, 3, 3),
+            "[{}] phase counters apart",
             db.backend
         );
         engine.shutdown().await;
@@ -349,10 +356,13 @@ async fn a_panicking_step_is_a_failed_attempt_not_a_crashed_engine() {
         let h = engine.history(id).await.expect("history");
         let retry = h
             .iter()
-            .find(|h| h.event == "retry")
+            .find(|h| h.kind == HistoryKind::Retry)
             .expect("retry after panic");
         assert!(
-            retry.detail.as_deref().is_some_and(|d| d.contains("panic")),
+            retry
+                .detail
+                .as_ref()
+                .is_some_and(|d| d.to_string().contains("panic")),
             "{:?}",
             retry.detail
         );

@@ -1,5 +1,7 @@
 //! Happy paths: parallel branches, outputs along edges, status events, the order saga.
 
+use sagaflow::HistoryKind;
+use sagaflow::StepState;
 use std::time::Duration;
 
 use sagaflow::{RunState, StepContext, StepError, Workflow};
@@ -40,8 +42,7 @@ async fn parallel_branches_pass_outputs_along_edges() {
         let engine = engine(&db, vec![diamond()]).await;
         let id = engine.start("diamond", &1).await.expect("start");
         let run = expect_state(&engine, id, RunState::Completed, db.backend).await;
-        let out: serde_json::Value =
-            serde_json::from_str(run.output.as_deref().expect("output")).expect("json");
+        let out = run.output.expect("output");
         assert_eq!(out["a"], 2, "[{}]", db.backend);
         assert_eq!(out["b"], 20);
         assert_eq!(out["c"], 102);
@@ -53,15 +54,18 @@ async fn parallel_branches_pass_outputs_along_edges() {
             db.backend
         );
         let history = engine.history(id).await.expect("history");
-        let completed = history.iter().filter(|h| h.event == "completed").count();
+        let completed = history
+            .iter()
+            .filter(|h| h.kind == HistoryKind::Completed)
+            .count();
         assert_eq!(completed, 4, "[{}] history: {history:?}", db.backend);
         // b and c were queued by the same evaluation (parallel branches).
         let b = history
             .iter()
-            .position(|h| h.step.as_deref() == Some("b") && h.to_state.as_deref() == Some("ready"));
+            .position(|h| h.step_entered("b", StepState::Ready));
         let c = history
             .iter()
-            .position(|h| h.step.as_deref() == Some("c") && h.to_state.as_deref() == Some("ready"));
+            .position(|h| h.step_entered("c", StepState::Ready));
         let (b, c) = (b.expect("b readied"), c.expect("c readied"));
         assert_eq!(
             b.abs_diff(c),

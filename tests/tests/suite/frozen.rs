@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sagaflow::advanced::scheduler::Freeze;
+use sagaflow::internals::scheduler::Freeze;
 use sagaflow::{DeadlinePolicy, RunState, StepContext, StepError, Workflow};
 use sagaflow_testkit::{eventually, fast_builder, postgres_db};
 

@@ -13,10 +13,12 @@
 //! 4. a single instance restarted under the same id resumes its predecessor's work and takes
 //!    back its leadership within 5 s, although its lease lasts 15 s.
 
+use sagaflow::AlertKind;
 use std::time::Duration;
 
-use sagaflow::advanced::SupervisorConfig;
-use sagaflow::{RetryPolicy, RunState, StartOptions, StepContext, StepError, Store, Workflow};
+use sagaflow::internals::SupervisorConfig;
+use sagaflow::internals::store::Store;
+use sagaflow::{RetryPolicy, RunState, StartOptions, StepContext, StepError, Workflow};
 use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, eventually_some};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{
@@ -138,7 +140,7 @@ async fn interruption_five_sigkills_mid_step_do_not_fail_a_step_with_threshold_t
         let charge: Vec<&str> = history
             .iter()
             .filter(|h| h.step.as_deref() == Some("charge_card"))
-            .map(|h| h.event.as_str())
+            .map(|h| h.kind.as_ref())
             .collect();
         let count = |e: &str| charge.iter().filter(|x| **x == e).count();
         assert_eq!(
@@ -199,7 +201,7 @@ async fn interruption_a_step_that_crashes_its_process_every_time_is_poison() {
                 .await
                 .ok()?
                 .into_iter()
-                .find(|a| a.kind == "poison_step")
+                .find(|a| a.kind == AlertKind::PoisonStep)
                 .and_then(|a| a.run_id)
         })
         .await;
@@ -207,7 +209,7 @@ async fn interruption_a_step_that_crashes_its_process_every_time_is_poison() {
         let alerts = store.alert_list(Some(id), true).await.expect("alerts");
         let alert = alerts
             .iter()
-            .find(|a| a.kind == "poison_step")
+            .find(|a| a.kind == AlertKind::PoisonStep)
             .expect("poison_step alert");
         assert_eq!(alert.step.as_deref(), Some("boom"), "[{}]", db.backend);
         let steps = store.run_steps(id).await.expect("steps");

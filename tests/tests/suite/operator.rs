@@ -1,5 +1,6 @@
 //! Operator actions on runs in Error (SAS-7: fix the cause, retry by hand).
 
+use sagaflow::HistoryKind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -67,7 +68,7 @@ async fn an_operator_retry_after_fixing_the_cause_finishes_the_run() {
         let h = engine.history(id).await.expect("history");
         assert!(
             h.iter()
-                .any(|h| h.event == "operator_retry_step" && h.actor == "operator"),
+                .any(|h| h.kind == HistoryKind::OperatorRetryStep && h.actor == "operator"),
             "{h:?}"
         );
         assert!(
@@ -230,7 +231,10 @@ async fn an_operator_can_record_a_compensation_done_by_hand() {
             "b's compensation was not run again"
         );
         let h = engine.history(id).await.expect("history");
-        assert!(h.iter().any(|h| h.event == "operator_mark_compensated"));
+        assert!(
+            h.iter()
+                .any(|h| h.kind == HistoryKind::OperatorMarkCompensated)
+        );
         engine.shutdown().await;
     }
 }

@@ -1,6 +1,7 @@
 //! A graceful shutdown during an attempt is an interruption, not a failure: a rolling deploy
 //! must not spend a step's failure threshold, nor stretch its deadline.
 
+use sagaflow::HistoryKind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -52,8 +53,12 @@ async fn a_graceful_shutdown_mid_step_is_an_interruption_not_a_failure() {
         let slow = &steps[0];
         assert_eq!(slow.state, StepState::Ready, "[{}]", db.backend);
         assert_eq!(
-            (slow.failure_count, slow.interruptions, slow.deadline_ms),
-            (0, 1, 60_000),
+            (
+                slow.attempts.failures,
+                slow.attempts.interruptions,
+                slow.deadline
+            ),
+            (0, 1, Duration::from_secs(60)),
             "[{}] an interruption is not a failure",
             db.backend
         );
@@ -62,7 +67,7 @@ async fn a_graceful_shutdown_mid_step_is_an_interruption_not_a_failure() {
         assert!(
             history
                 .iter()
-                .any(|h| h.event == "interrupted" && h.step.as_deref() == Some("slow")),
+                .any(|h| h.kind == HistoryKind::Interrupted && h.step.as_deref() == Some("slow")),
             "[{}] the history names the interruption",
             db.backend
         );

@@ -2,13 +2,14 @@
 //! SAS-6, LE-1..3), a leader whose sweeps hang gives up its lease (LE-3), and versions an
 //! engine does not have (SAS-5).
 
+use sagaflow::AlertKind;
+use sagaflow::HistoryKind;
+use sagaflow::internals::store::Store;
 use std::time::Duration;
 
-use sagaflow::advanced::scheduler::finish_batch;
-use sagaflow::advanced::{SUPERVISOR_STALLED, SweepGate, store, transition};
-use sagaflow::{
-    AlertRow, Engine, Error, RunState, StepContext, StepError, StepState, Store, Workflow,
-};
+use sagaflow::internals::scheduler::finish_batch;
+use sagaflow::internals::{SweepGate, store, transition};
+use sagaflow::{Alert, Engine, Error, RunState, StepContext, StepError, StepState, Workflow};
 use sagaflow_testkit::{TestDb, backends, eventually, eventually_some, fast_builder};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -59,7 +60,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         let wf = one_step("fence", 1, Duration::from_millis(100));
         let store = Store::connect(&db.url, Some(4)).await.expect("connect");
         let run_id = ready_run(&store, &wf).await;
-        let mut registry = sagaflow::advanced::Registry::new();
+        let mut registry = sagaflow::internals::Registry::new();
         registry.register(wf.clone()).expect("register");
         let keys = vec![wf.key()];
         let first = store.step_claim("ghost-1", &keys, 10).await.expect("claim");
@@ -87,7 +88,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         let expired = store.step_list_rescuable(60_000, 10).await.expect("list");
         let rescues: Vec<_> = expired
             .iter()
-            .map(sagaflow::advanced::transition::rescue)
+            .map(sagaflow::internals::transition::rescue)
             .collect();
         let counts = store
             .step_rescue(Some(&fence), &rescues)
@@ -239,7 +240,7 @@ async fn of_two_supervisors_only_the_leader_acts_and_the_other_takes_over() {
         } else {
             (b, a)
         };
-        let fs = follower.supervisor().expect("supervisor");
+        let fs = follower.supervisor_internals().expect("supervisor");
         assert!(!fs.is_leader(), "[{}] both lead", db.backend);
         assert!(
             fs.sweep_once().await.expect("sweep").is_none(),
@@ -247,7 +248,7 @@ async fn of_two_supervisors_only_the_leader_acts_and_the_other_takes_over() {
         );
         assert!(
             leader
-                .supervisor()
+                .supervisor_internals()
                 .expect("s")
                 .sweep_once()
                 .await
@@ -259,7 +260,7 @@ async fn of_two_supervisors_only_the_leader_acts_and_the_other_takes_over() {
         sagaflow_testkit::expect_state(&follower, id, RunState::Completed, db.backend).await;
         // LE-2: the leader shuts down and releases its lease; the follower takes over.
         let old_term = leader
-            .supervisor()
+            .supervisor_internals()
             .and_then(|s| s.fence())
             .expect("fence")
             .term;
@@ -316,7 +317,7 @@ async fn a_run_of_an_unknown_version_is_left_alone_and_alerted() {
                     .await
                     .expect("alerts")
                     .iter()
-                    .any(|a| a.kind == "unknown_version" && a.reason.contains("ver@1"))
+                    .any(|a| a.kind == AlertKind::UnknownVersion && a.reason.contains("ver@1"))
             },
         )
         .await;
@@ -392,7 +393,7 @@ async fn a_leader_whose_sweeps_hang_steps_down_and_the_next_leader_rescues_its_s
         } else {
             (&b, &gate_b, &a)
         };
-        let hung_sup = hung.supervisor().expect("supervisor");
+        let hung_sup = hung.supervisor_internals().expect("supervisor");
         let old_term = hung_sup.fence().expect("fence").term;
 
         // The leader's sweeps block from now on (as on a stuck query) while its lease
@@ -404,7 +405,7 @@ async fn a_leader_whose_sweeps_hang_steps_down_and_the_next_leader_rescues_its_s
         let new_fence = eventually_some(
             STALL_TAKEOVER_MAX,
             "the other instance to take over from the hung leader",
-            || async { next.supervisor().and_then(|s| s.fence()) },
+            || async { next.supervisor_internals().and_then(|s| s.fence()) },
         )
         .await;
         let took = blocked_at.elapsed();
@@ -430,7 +431,7 @@ async fn a_leader_whose_sweeps_hang_steps_down_and_the_next_leader_rescues_its_s
         let history = next.history(id).await.expect("history");
         let timeout = history
             .iter()
-            .find(|h| h.event == "timeout")
+            .find(|h| h.kind == HistoryKind::Timeout)
             .unwrap_or_else(|| panic!("[{}] no timeout in {history:?}", db.backend));
         assert_eq!(timeout.actor, new_fence.actor(), "[{}]", db.backend);
 
@@ -440,9 +441,9 @@ async fn a_leader_whose_sweeps_hang_steps_down_and_the_next_leader_rescues_its_s
     }
 }
 
-fn stalled_alerts(rows: &[AlertRow]) -> Vec<&AlertRow> {
+fn stalled_alerts(rows: &[Alert]) -> Vec<&Alert> {
     rows.iter()
-        .filter(|a| a.kind == SUPERVISOR_STALLED)
+        .filter(|a| a.kind == AlertKind::SupervisorStalled)
         .collect()
 }
 
@@ -492,7 +493,7 @@ async fn followers_raise_one_supervisor_stalled_alert_while_no_leader_sweeps() {
         let mut delivered = 0;
         for rx in [&mut alerts_a, &mut alerts_b] {
             while let Ok(row) = rx.try_recv() {
-                delivered += usize::from(row.kind == SUPERVISOR_STALLED);
+                delivered += usize::from(row.kind == AlertKind::SupervisorStalled);
             }
         }
         assert_eq!(delivered, 1, "[{}] deliveries", db.backend);

@@ -3,6 +3,9 @@
 //! nothing is paid; a flaky mailer is retried past the failure threshold without undoing
 //! anything (SAS-2, SAS-4).
 
+use sagaflow::EntityState;
+use sagaflow::HistoryKind;
+use sagaflow::StepState;
 use std::convert::identity;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -151,24 +154,24 @@ async fn a_sold_out_hotel_cancels_the_flight_and_nothing_is_paid() {
         expect_state(&engine, id, RunState::Compensated, db.backend).await;
 
         let history = engine.history(id).await.expect("history");
-        let events = |step: &str| -> Vec<(String, Option<String>)> {
+        let events = |step: &str| -> Vec<(HistoryKind, Option<StepState>)> {
             history
                 .iter()
                 .filter(|h| h.step.as_deref() == Some(step))
-                .map(|h| (h.event.clone(), h.to_state.clone()))
+                .map(|h| (h.kind.clone(), h.to.and_then(EntityState::step)))
                 .collect()
         };
         let hotel = events("book_hotel");
         assert_eq!(
             hotel,
-            [("failed".to_owned(), Some("failed".to_owned()))],
+            [(HistoryKind::Failed, Some(StepState::Failed))],
             "[{}] refused once: not retried, nothing to undo",
             db.backend
         );
         assert!(
             events("book_flight")
                 .iter()
-                .any(|(_, to)| to.as_deref() == Some("compensated")),
+                .any(|(_, to)| *to == Some(StepState::Compensated)),
             "[{}] the flight was compensated",
             db.backend
         );
@@ -215,12 +218,14 @@ async fn a_flaky_mailer_is_retried_past_the_threshold_and_nothing_is_undone() {
         let history = engine.history(id).await.expect("history");
         let retries = history
             .iter()
-            .filter(|h| h.event == "retry" && h.step.as_deref() == Some("send_itinerary"))
+            .filter(|h| h.kind == HistoryKind::Retry && h.step.as_deref() == Some("send_itinerary"))
             .count();
         assert_eq!(retries, 5, "[{}] every failure was retried", db.backend);
         let sent = history
             .iter()
-            .find(|h| h.event == "completed" && h.step.as_deref() == Some("send_itinerary"))
+            .find(|h| {
+                h.kind == HistoryKind::Completed && h.step.as_deref() == Some("send_itinerary")
+            })
             .expect("send_itinerary completed");
         assert_eq!(sent.attempt, Some(6), "[{}]", db.backend);
 

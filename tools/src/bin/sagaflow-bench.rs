@@ -115,7 +115,7 @@ async fn durability(engine: &Engine) -> String {
         })
         .unwrap_or_else(|| "?".into())
     };
-    match engine.store().backend() {
+    match engine.backend() {
         Backend::Postgres => format!(
             "PostgreSQL {} · fsync={} · synchronous_commit={}",
             q("SHOW server_version").await,
@@ -155,7 +155,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_claim_batch(args.claim_batch)
         .with_completion_writers(
             args.completion_writers
-                .unwrap_or(sagaflow::advanced::scheduler::COMPLETION_WRITERS_DEFAULT),
+                .unwrap_or(sagaflow::internals::scheduler::COMPLETION_WRITERS_DEFAULT),
         )
         .with_pool_size(16)
         .with_retention(None)
@@ -305,17 +305,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn count_completed(engine: &Engine) -> usize {
-    engine
-        .store()
-        .run_count_by_state()
-        .await
-        .map(|c| {
-            c.iter()
-                .filter(|(s, _)| s == "completed")
-                .map(|(_, n)| usize::try_from(*n).unwrap_or(0))
-                .sum()
-        })
-        .unwrap_or(0)
+    engine.run_counts().await.map_or(0, |c| {
+        usize::try_from(c.get(sagaflow::RunState::Completed)).unwrap_or(0)
+    })
 }
 
 /// A worker process: an engine running the bench workflow until killed.
@@ -332,7 +324,7 @@ async fn worker(args: &Args, id: &str) -> Result<(), Box<dyn std::error::Error>>
         .with_claim_batch(args.claim_batch)
         .with_completion_writers(
             args.completion_writers
-                .unwrap_or(sagaflow::advanced::scheduler::COMPLETION_WRITERS_DEFAULT),
+                .unwrap_or(sagaflow::internals::scheduler::COMPLETION_WRITERS_DEFAULT),
         )
         .with_pool_size(8)
         .with_retention(None)
@@ -409,9 +401,7 @@ async fn multi_process(
         if let Some(r) = engine.run(id).await?
             && let Some(f) = r.finished_at
         {
-            e2e.push(Duration::from_millis(
-                u64::try_from(f - r.created_at).unwrap_or(0),
-            ));
+            e2e.push((f - r.created_at).to_std().unwrap_or_default());
         }
     }
     println!(

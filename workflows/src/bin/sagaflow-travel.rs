@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Parser;
-use sagaflow::{Engine, RunRow, RunState, StartOptions};
+use sagaflow::{Engine, HistoryKind, Run, RunState, StartOptions};
 use sagaflow_workflows::database::{Database, prepare};
 use sagaflow_workflows::services::{
     EffectRecord, FaultPlan, ItineraryRequest, ItinerarySent, MailerApi, Operation, Scripted,
@@ -261,7 +261,7 @@ async fn retries(engine: &Engine, id: Uuid) -> Result<Vec<(String, usize)>, Stri
     let mut counts: Vec<(String, usize)> = Vec::new();
     for step in history
         .iter()
-        .filter(|h| h.event == "retry")
+        .filter(|h| h.kind == HistoryKind::Retry)
         .filter_map(|h| h.step.clone())
     {
         match counts.iter_mut().find(|(s, _)| *s == step) {
@@ -274,7 +274,7 @@ async fn retries(engine: &Engine, id: Uuid) -> Result<Vec<(String, usize)>, Stri
 
 /// What happened to one trip: what was booked (and cancelled), paid and sent, why it
 /// unwound if it did, and which steps needed retries.
-fn story(run: &RunRow, records: &[EffectRecord], retried: &[(String, usize)]) -> String {
+fn story(run: &Run, records: &[EffectRecord], retried: &[(String, usize)]) -> String {
     let done = |op: Operation| records.iter().any(|r| r.operation == op);
     let mut parts = Vec::new();
     for r in records {
@@ -300,7 +300,7 @@ fn story(run: &RunRow, records: &[EffectRecord], retried: &[(String, usize)]) ->
         ));
     }
     if run.state == RunState::Compensated {
-        if let Some(why) = run.error.as_deref().and_then(reason) {
+        if let Some(why) = run.error.as_ref().and_then(reason) {
             parts.push(format!("✗ {why}"));
         }
         if !done(Operation::Charge) {
@@ -315,9 +315,8 @@ fn story(run: &RunRow, records: &[EffectRecord], retried: &[(String, usize)]) ->
 
 /// The business reason in a stored step error: `"permanent remote failure: hotel sold out
 /// (scripted)"` → `"hotel sold out (scripted)"`.
-fn reason(error: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(error).ok()?;
-    let message = v.get("message")?.as_str()?;
+fn reason(error: &serde_json::Value) -> Option<String> {
+    let message = error.get("message")?.as_str()?;
     Some(message.rsplit(": ").next().unwrap_or(message).to_owned())
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use sagaflow::{AlertRow, Engine, HistoryRow, RunState};
+use sagaflow::{Alert, Engine, HistoryEvent, RunState};
 use sagaflow_workflows::services::{Operation, Service, Services};
 use uuid::Uuid;
 
@@ -25,7 +25,7 @@ pub(crate) async fn operator_act(
 ) -> AnyResult<()> {
     println!();
     println!("{}", rule("Operator"));
-    let mine: Vec<AlertRow> = engine
+    let mine: Vec<Alert> = engine
         .open_alerts()
         .await?
         .into_iter()
@@ -103,7 +103,7 @@ async fn resume(
     tracker: &mut Tracker,
     id: Uuid,
     wait_for: Duration,
-) -> AnyResult<Option<Vec<HistoryRow>>> {
+) -> AnyResult<Option<Vec<HistoryEvent>>> {
     let name = tracker.name(id);
     let started = Instant::now();
     let history_len = engine.history(id).await?.len();

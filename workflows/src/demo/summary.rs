@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sagaflow::{Engine, RunState};
+use sagaflow::{Engine, HistoryKind, RunState};
 use sagaflow_workflows::services::Services;
 use uuid::Uuid;
 
@@ -52,14 +52,14 @@ pub(crate) async fn gather(engine: &Engine, tracker: &Tracker) -> AnyResult<Figu
             f.not_terminal.push((order.order_id.clone(), *id, state));
         }
         for h in engine.history(*id).await? {
-            match h.event.as_str() {
-                "retry" => f.retries += 1,
-                "timeout" => f.timeouts += 1,
+            match &h.kind {
+                HistoryKind::Retry => f.retries += 1,
+                HistoryKind::Timeout => f.timeouts += 1,
                 _ if is_compensation_done(&h) => {
                     let op = h.step.as_deref().map_or("?", undo_of).to_owned();
                     *f.compensations.entry(op).or_default() += 1;
                 }
-                e if e.starts_with("operator_") => f.operator_actions += 1,
+                k if k.as_ref().starts_with("operator_") => f.operator_actions += 1,
                 _ => {}
             }
         }
@@ -140,7 +140,7 @@ fn print_summary(
         );
     }
     t.row("Retries", f.retries, "failed attempts retried with backoff");
-    match engine.supervisor().map(sagaflow::Supervisor::stats) {
+    match engine.supervisor().map(|s| s.stats) {
         Some(s) => t.row(
             "Supervisor rescues",
             s.requeued + s.failed,

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use sagaflow::StepError;
+use serde::Deserialize;
 use uuid::Uuid;
 
 /// `0.1` → `10%`; keeps the decimals a share needs.
@@ -57,8 +58,8 @@ pub(crate) fn short_id(id: Uuid) -> String {
 
 /// A step error stored as JSON, as `code: message` (the code not repeated when the message
 /// already starts with it); `None` when `json` is not a step error.
-pub(crate) fn step_error_text(json: &str) -> Option<String> {
-    let e = serde_json::from_str::<StepError>(json).ok()?;
+pub(crate) fn step_error_text(json: &serde_json::Value) -> Option<String> {
+    let e = StepError::deserialize(json).ok()?;
     Some(if e.message.starts_with(&e.code) {
         e.message
     } else {

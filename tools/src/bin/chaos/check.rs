@@ -19,7 +19,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sagaflow::{RunState, Store};
+use sagaflow::internals::store::Store;
+use sagaflow::{HistoryKind, RunState};
 use sagaflow_tools::measure::{Latencies, ms};
 use sagaflow_workflows::order::Order;
 use sagaflow_workflows::services::{Operation, OrderStatus, Services};
@@ -102,7 +103,13 @@ struct RunFacts {
 }
 
 /// Events that record the result of one step attempt.
-const OUTCOMES: [&str; 5] = ["completed", "retry", "failed", "timeout", "interrupted"];
+const OUTCOMES: [HistoryKind; 5] = [
+    HistoryKind::Completed,
+    HistoryKind::Retry,
+    HistoryKind::Failed,
+    HistoryKind::Timeout,
+    HistoryKind::Interrupted,
+];
 
 async fn run_facts(store: &Store, id: Uuid) -> RunFacts {
     // PostgreSQL may have been restarted a moment ago: retry a little.
@@ -128,19 +135,16 @@ async fn run_facts(store: &Store, id: Uuid) -> RunFacts {
     }
     // One result per attempt: forward attempts leave `running`, compensations `compensating`.
     let mut per_attempt: BTreeMap<(String, String, i32), Vec<String>> = BTreeMap::new();
-    for h in history
-        .iter()
-        .filter(|h| OUTCOMES.contains(&h.event.as_str()))
-    {
+    for h in history.iter().filter(|h| OUTCOMES.contains(&h.kind)) {
         facts.outcomes += 1;
         per_attempt
             .entry((
                 h.step.clone().unwrap_or_default(),
-                h.from_state.clone().unwrap_or_default(),
+                h.from.map(|s| s.to_string()).unwrap_or_default(),
                 h.attempt.unwrap_or(-1),
             ))
             .or_default()
-            .push(format!("{} by {}", h.event, h.actor));
+            .push(format!("{} by {}", h.kind, h.actor));
     }
     for ((step, from, attempt), events) in per_attempt {
         if events.len() > 1 {
@@ -230,8 +234,7 @@ pub(crate) async fn verify(
     let rows_total: i64 = store
         .run_count_by_state()
         .await
-        .map(|c| c.iter().map(|(_, n)| *n).sum())
-        .unwrap_or(-1);
+        .map_or(-1, |c| i64::try_from(c.total()).unwrap_or(i64::MAX));
     let history = store.history_event_counts().await.unwrap_or_default();
 
     // Ledger.

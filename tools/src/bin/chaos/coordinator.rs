@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sagaflow::internals::store::Store;
 use sagaflow::sea_orm::{ConnectionTrait, Statement};
-use sagaflow::{Engine, OnDuplicate, RunState, StartOptions, Store};
+use sagaflow::{Engine, OnDuplicate, RunState, StartOptions};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use sagaflow_workflows::services::{FaultPlan, HttpServices, ServicePlans, Services, serve};
 use tokio::task::JoinHandle;
@@ -374,11 +375,9 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                         continue;
                     }
                 };
-                let count = |s: RunState| {
-                    counts.iter().filter(|(n, _)| n == s.as_str()).map(|(_, c)| *c).sum::<i64>()
-                };
+                let count = |s: RunState| i64::try_from(counts.get(s)).unwrap_or(i64::MAX);
                 let terminal = count(RunState::Completed) + count(RunState::Compensated) + count(RunState::Error);
-                let total: i64 = counts.iter().map(|(_, c)| *c).sum();
+                let total = i64::try_from(counts.total()).unwrap_or(i64::MAX);
                 let expected = submitted.as_ref().map(|s| s.ids.iter().flatten().count());
                 // Kills follow progress: the k-th when k / (kills + 1) of the orders ended.
                 let due = u64::try_from(terminal).unwrap_or(0) * (args.kills + 1)
