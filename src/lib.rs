@@ -54,7 +54,6 @@ mod submit;
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health};
 pub use operator::Operator;
-pub use sagaflow_agents::{Agent, AgentStep, agent_step};
 pub use sagaflow_engine::store::{StoreOptions, redact_url};
 pub use sagaflow_engine::{
     AlertRow, AlertSink, Backend, DeadlinePolicy, Error, HistoryRow, KeyPolicy, Outcome, Result,
@@ -85,7 +84,7 @@ pub use uuid::{self, Uuid};
 /// The names most applications need.
 pub mod prelude {
     pub use crate::{
-        Agent, DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, RetryPolicy, RunState, StartOptions,
-        StepContext, StepError, StepState, Uuid, Workflow, agent_step,
+        DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, RetryPolicy, RunState, StartOptions,
+        StepContext, StepError, StepState, Uuid, Workflow,
     };
 }
