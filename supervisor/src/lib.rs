@@ -1,24 +1,39 @@
-//! The supervisor (SAS-4, SAS-6, LE-1..3).
+//! The supervisor (SAS-4, SAS-6, LE-1..3): a leader loop and the maintenance services it runs.
 //!
-//! One instance at a time holds the leader lease; only the leader sweeps. A sweep lists steps
-//! still `Running`/`Compensating` past their `CompleteBy` (a hung agent, SAS-3) or held by an
-//! instance whose heartbeat went stale (a crashed, frozen or stopped one). The transition
-//! module decides: a timeout increments `FailureCount` and re-queues with a longer deadline
-//! or, at the threshold, fails the step; an interruption re-queues without counting a
-//! failure, up to the step's interruption cap. The scheduler then compensates the run or
-//! raises an alert. The supervisor knows no business logic and never compensates itself;
-//! it detects and requests. Every write is fenced by the lease term, and the leader's work is
-//! cancelled the moment a renewal fails.
+//! One instance at a time holds the leader lease, an explicit term fencing every write. The
+//! leader loop ([`Supervisor`], `leader.rs`) elects, renews, and steps down when it cannot
+//! renew in time; while, and only while, it holds the lease it runs a list of maintenance
+//! services, each in its own task, each ticking, paging through what it owns, writing in
+//! bulk fenced by the term, returning counts and logging only when something changed. The
+//! services (`services/`, one file each, listed in `services/mod.rs`):
 //!
-//! The lease is renewed only while the sweep loop makes progress: a leader whose sweep hangs
-//! gives the lease up after [`SupervisorConfig::stall_after`], and followers raise a
+//! - **rescue** (`services/rescue.rs`): steps still `Running`/`Compensating` past their
+//!   `CompleteBy` (a hung agent, SAS-3) or held by an instance whose heartbeat went stale (a
+//!   crashed, frozen or stopped one). The transition module decides: a timeout increments
+//!   `FailureCount` and re-queues with a longer deadline or, at the threshold, fails the step;
+//!   an interruption re-queues without counting a failure, up to the step's interruption cap.
+//!   The scheduler then compensates the run or raises an alert.
+//! - **retention** (`services/retention.rs`, AT-5): deletes finished runs and silent
+//!   instances past [`SupervisorConfig::retention`].
+//!
+//! Adding a service is one file in `services/` implementing the crate's `MaintenanceService`
+//! trait (`service.rs`) and one line in `services/mod.rs`. The supervisor knows no business
+//! logic and never compensates itself; it detects and requests. The services are cancelled
+//! the moment a renewal fails (LE-2).
+//!
+//! Stall detection (LE-3, `stall.rs`) watches the rescue service: the lease is renewed only
+//! while sweeps make progress, so a leader whose sweep hangs gives the lease up after
+//! [`SupervisorConfig::stall_after`]; followers, outside any term, raise a
 //! `supervisor_stalled` alert ([`SUPERVISOR_STALLED`]) when no leader has completed a sweep
-//! for [`SupervisorConfig::stall_alert_after`] (LE-3).
+//! for [`SupervisorConfig::stall_alert_after`].
 
 mod config;
 mod gate;
 mod leader;
+mod service;
+mod services;
 mod stall;
+mod stats;
 
 pub use config::{
     HEARTBEAT_INTERVAL_DEFAULT, INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT,
@@ -28,5 +43,6 @@ pub use config::{
 };
 #[doc(hidden)]
 pub use gate::SweepGate;
-pub use leader::{Supervisor, SupervisorStats};
+pub use leader::Supervisor;
 pub use stall::SUPERVISOR_STALLED;
+pub use stats::SupervisorStats;

@@ -1,13 +1,20 @@
 //! Watching the supervisor itself (LE-3): the leader records each completed sweep on the
 //! lease row, and followers raise one `supervisor_stalled` alert when no leader has swept for
 //! too long, resolved when sweeps resume.
+//!
+//! This is not a maintenance service: the alert is raised by the instances that do *not*
+//! hold the lease (a stalled leader cannot report itself), so the election loop runs the
+//! check between its attempts. The leader's own half, stepping down when no sweep makes
+//! progress, is part of the renewal in [`crate::leader`].
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use sagaflow_engine::store::{LeaderFence, LeaderProgress, NewAlert};
+use sagaflow_engine::store::{LeaderProgress, NewAlert};
 use tokio::time::Instant;
 
-use crate::leader::{Supervisor, millis};
+use crate::leader::Supervisor;
+use crate::service::{LeaderContext, millis};
 
 /// Alert kind raised by followers when no leader completes sweeps (LE-3).
 pub const SUPERVISOR_STALLED: &str = "supervisor_stalled";
@@ -16,6 +23,8 @@ impl Supervisor {
     /// A follower's check on the leader (LE-3): raises a `supervisor_stalled` alert when no
     /// leader has completed a sweep for [`SupervisorConfig::stall_alert_after`], and resolves
     /// it once sweeps are recorded again.
+    ///
+    /// [`SupervisorConfig::stall_alert_after`]: crate::SupervisorConfig::stall_alert_after
     pub(crate) async fn watch_leader(&self, watch: &mut StallWatch) {
         let progress = match self.store.leader_progress(&self.config.lease_name).await {
             Ok(Some(p)) => p,
@@ -26,7 +35,7 @@ impl Supervisor {
             }
         };
         let limit = self.config.stall_alert_after();
-        let key = format!("{SUPERVISOR_STALLED}:{}", self.config.lease_name);
+        let key = stalled_key(&self.config.lease_name);
         if progress.since_sweep_ms > millis(limit) {
             // One insert per alert threshold at most; the open key makes it one alert in all.
             if watch.raised_at.is_some_and(|t| t.elapsed() < limit) {
@@ -56,17 +65,21 @@ impl Supervisor {
             }
         }
     }
+}
 
+impl LeaderContext {
     /// Records the completed sweep in the lease row, for followers to see (LE-3). The first
     /// record of a term also resolves an open `supervisor_stalled` alert: sweeps resumed.
-    pub(crate) async fn record_sweep(&self, fence: &LeaderFence, recorded: &mut bool) {
-        match self.store.leader_record_sweep(fence).await {
-            Ok(true) if !*recorded => {
-                *recorded = true;
-                let key = format!("{SUPERVISOR_STALLED}:{}", fence.name);
-                match self.store.alert_resolve_key(&key).await {
+    pub(crate) async fn record_sweep(&self) {
+        match self.store.leader_record_sweep(&self.fence).await {
+            Ok(true) if !self.sweep_recorded.swap(true, Ordering::Relaxed) => {
+                match self
+                    .store
+                    .alert_resolve_key(&stalled_key(&self.fence.name))
+                    .await
+                {
                     Ok(true) => tracing::info!(
-                        term = fence.term,
+                        term = self.fence.term,
                         "supervisor sweeps resumed; resolved the supervisor_stalled alert"
                     ),
                     Ok(false) => {}
@@ -84,6 +97,11 @@ impl Supervisor {
 pub(crate) struct StallWatch {
     /// When this instance last tried to raise the alert; `None` while sweeps are healthy.
     raised_at: Option<Instant>,
+}
+
+/// The open key of the stall alert of lease `lease`: one such alert at a time.
+fn stalled_key(lease: &str) -> String {
+    format!("{SUPERVISOR_STALLED}:{lease}")
 }
 
 fn stalled_alert(

@@ -1,17 +1,19 @@
-//! Steps: the batch claim, the inputs of claimed steps, fenced writes of decided attempt
-//! ends (results, timeouts, interruptions), and the listing of steps to rescue.
+//! Steps: the batch claim, the inputs of claimed steps, and the listing and rescue of
+//! expired or orphaned steps. The fenced attempt-end writes a rescue uses are in
+//! `attempts.rs`.
 
 use std::collections::HashMap;
 
 use sea_orm::{ConnectionTrait, Value};
 use uuid::Uuid;
 
+use super::attempts::{RescueCounts, StepFinish};
 use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
-use super::tx::{HistoryEntry, StoreTx, mark_dirty};
+use super::tx::mark_dirty;
 use super::{Store, placeholders};
-use crate::transition::{StepChange, Trigger, step_rule};
-use crate::{Result, StepError, StepState};
+use crate::transition::{Trigger, step_rule};
+use crate::{Result, StepState};
 
 /// The state a claim moves a queued step to, from the transition table.
 fn claimed(from: StepState) -> StepState {
@@ -25,205 +27,6 @@ pub struct StepInputs {
     pub inputs: HashMap<Uuid, String>,
     /// Output JSON per (run, completed step).
     pub outputs: HashMap<(Uuid, String), String>,
-}
-
-/// Which deadline condition fences an attempt-end write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadlineGuard {
-    /// The attempt's answer: only before `complete_by` (SAS-3: a late answer is a failure).
-    Live,
-    /// The supervisor's timeout: only after `complete_by`, so for one attempt either the
-    /// answer or the timeout wins, never both.
-    Expired,
-    /// An interruption (the owner is gone): whatever the deadline.
-    Any,
-}
-
-impl DeadlineGuard {
-    /// The condition on the step row.
-    const fn sql(self) -> &'static str {
-        match self {
-            Self::Live => " AND s.complete_by > {now}",
-            Self::Expired => " AND s.complete_by < {now}",
-            Self::Any => "",
-        }
-    }
-}
-
-/// The decided end of one attempt of a claimed step, fenced by `(id, from, attempt, owner)`
-/// and the deadline guard.
-#[derive(Debug, Clone)]
-pub struct StepFinish {
-    /// Row id.
-    pub id: i64,
-    /// Run id.
-    pub run_id: Uuid,
-    /// Step name.
-    pub name: String,
-    /// The fencing token of the lease.
-    pub attempt: i32,
-    /// The lease owner (`LockedBy`).
-    pub owner: String,
-    /// What the transition table decided.
-    pub change: StepChange,
-    /// Output JSON (when the change stores it).
-    pub output: Option<String>,
-    /// The failure, for history and the step's `error`.
-    pub error: Option<StepError>,
-    /// The deadline condition.
-    pub guard: DeadlineGuard,
-}
-
-impl StepFinish {
-    /// The history event name of the change.
-    pub fn event(&self) -> &'static str {
-        match self.change.on {
-            Trigger::Succeeded => "completed",
-            Trigger::FailedWillRetry => "retry",
-            Trigger::TimedOut | Trigger::TimedOutForGood => "timeout",
-            Trigger::Interrupted | Trigger::InterruptedTooOften => "interrupted",
-            Trigger::SetAside => "set_aside",
-            _ => "failed",
-        }
-    }
-}
-
-/// What a rescue pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RescueCounts {
-    /// Timed-out steps put back in the queue with an extended deadline.
-    pub requeued: u64,
-    /// Steps failed at their threshold or past their interruption cap.
-    pub failed: u64,
-    /// Steps of dead or stopped instances put back in the queue (interruptions).
-    pub interrupted: u64,
-    /// Steps that moved on before the write (finished meanwhile): left alone.
-    pub skipped: u64,
-}
-
-/// Rows per bulk attempt-end write.
-const FINISH_CHUNK: usize = 200;
-
-impl StoreTx<'_> {
-    /// Writes decided attempt ends as one `UPDATE … FROM` per chunk (one round trip instead
-    /// of one per step), each fenced by `(id, state, attempt, locked_by)` and its deadline
-    /// guard, and, with `fence`, by the leader lease. Returns, per item, whether its fence
-    /// held; a history row is recorded for each that did, by the lease owner (an attempt's
-    /// answer, an instance releasing its own steps) or the supervisor's term.
-    ///
-    /// # Errors
-    /// [`crate::Error::Db`].
-    pub async fn write_attempts(
-        &mut self,
-        items: &[StepFinish],
-        fence: Option<&LeaderFence>,
-    ) -> Result<Vec<bool>> {
-        let mut done = std::collections::HashSet::with_capacity(items.len());
-        // One statement per deadline guard (a completion batch has one, a rescue at most
-        // two) and per chunk.
-        for guard in [
-            DeadlineGuard::Live,
-            DeadlineGuard::Expired,
-            DeadlineGuard::Any,
-        ] {
-            let of_guard: Vec<&StepFinish> = items.iter().filter(|it| it.guard == guard).collect();
-            for chunk in of_guard.chunks(FINISH_CHUNK) {
-                done.extend(self.write_chunk(chunk, guard, fence).await?);
-            }
-        }
-        // One history row per applied write, even if a batch carried the same attempt twice.
-        let mut recorded = std::collections::HashSet::with_capacity(items.len());
-        for it in items {
-            if !done.contains(&it.id) || !recorded.insert(it.id) {
-                continue;
-            }
-            self.history.push(HistoryEntry {
-                run_id: it.run_id,
-                step: Some(it.name.clone()),
-                event: it.event().into(),
-                from: Some(it.change.from.as_str().into()),
-                to: Some(it.change.to.as_str().into()),
-                attempt: Some(it.attempt),
-                actor: fence.map_or_else(|| it.owner.clone(), LeaderFence::actor),
-                detail: it.error.as_ref().map(StepError::to_json),
-            });
-        }
-        Ok(items.iter().map(|it| done.contains(&it.id)).collect())
-    }
-
-    /// One fenced write of attempt ends sharing a deadline guard; returns the ids whose
-    /// fence held.
-    async fn write_chunk(
-        &self,
-        chunk: &[&StepFinish],
-        guard: DeadlineGuard,
-        fence: Option<&LeaderFence>,
-    ) -> Result<Vec<i64>> {
-        const COLS: [(&str, &str); 12] = [
-            ("vid", "bigint"),
-            ("from_state", "text"),
-            ("attempt", "integer"),
-            ("owner", "text"),
-            ("to_state", "text"),
-            ("output", "text"),
-            ("error", "text"),
-            ("failures", "integer"),
-            ("interruptions", "integer"),
-            ("deadline_ms", "bigint"),
-            ("due_ms", "bigint"),
-            ("maybe", "boolean"),
-        ];
-        let s = self.store;
-        let rows = chunk
-            .iter()
-            .map(|it| {
-                let c = &it.change;
-                vec![
-                    it.id.into(),
-                    c.from.as_str().into(),
-                    it.attempt.into(),
-                    it.owner.clone().into(),
-                    c.to.as_str().into(),
-                    it.output.clone().filter(|_| c.store_output).into(),
-                    it.error.as_ref().map(StepError::to_json).into(),
-                    c.failure_count.into(),
-                    c.interruptions.into(),
-                    c.deadline_ms.into(),
-                    c.due_in_ms.into(),
-                    c.maybe_applied.into(),
-                ]
-            })
-            .collect();
-        let (source, mut values) = s.rows_source(1, &COLS, rows)?;
-        let lease = match fence {
-            Some(f) => {
-                values.extend([
-                    Value::from(f.name.clone()),
-                    f.holder.clone().into(),
-                    f.term.into(),
-                ]);
-                " AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $2 AND holder = $3 \
-                   AND term = $4 AND expires_at > {now})"
-            }
-            None => "",
-        };
-        let sql = format!(
-            "UPDATE sagaflow_steps AS s SET state = v.to_state, locked_by = NULL, complete_by = NULL, \
-               updated_at = {{now}}, output = COALESCE(v.output, s.output), error = v.error, \
-               failure_count = v.failures, interruptions = v.interruptions, deadline_ms = v.deadline_ms, \
-               available_at = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \
-               maybe_applied = (s.maybe_applied OR v.maybe) \
-             FROM {source} \
-             WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \
-               AND s.locked_by = v.owner{deadline}{lease} \
-             RETURNING id",
-            deadline = guard.sql(),
-        );
-        let rows = self.txn.query_all_raw(s.stmt(&sql, values)).await?;
-        rows.iter()
-            .map(|r| r.try_get::<i64>("", "id").map_err(Into::into))
-            .collect()
-    }
 }
 
 impl Store {

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::run::RUN_RULES;
+use super::run_rules::RUN_RULES;
 use super::step::{Due, Effects, Maybe, STEP_RULES};
 
 fn effects_text(e: &Effects) -> String {

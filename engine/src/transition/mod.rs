@@ -19,6 +19,7 @@ use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
 mod doc;
 pub mod operator;
 mod run;
+mod run_rules;
 mod step;
 mod step_rules;
 
@@ -28,7 +29,8 @@ mod rescue_tests;
 mod tests;
 
 pub use doc::{run_table, step_table};
-pub use run::{OPERATOR_ACTIONS, RUN_RULES, RunRule, RunTrigger, plan, run_rule, set_aside_rule};
+pub use run::plan;
+pub use run_rules::{OPERATOR_ACTIONS, RUN_RULES, RunRule, RunTrigger, run_rule, set_aside_rule};
 pub use step::{
     Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_failure,
     on_interruption, on_timeout, step_rule,

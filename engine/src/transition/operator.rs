@@ -1,7 +1,8 @@
 //! Operator actions as transitions (SAS-7: "the operator can fix the cause and retry the step
 //! by hand"): each checks its preconditions on the locked run and returns the writes.
 
-use super::run::{RunTrigger, move_run, step_write};
+use super::run::{move_run, step_write};
+use super::run_rules::RunTrigger;
 use super::step::Trigger;
 use crate::store::{PlanWrite, RunRow, StepRow, StepWrite};
 use crate::{Error, Result, RunState, StepState};

@@ -1,4 +1,5 @@
-//! The run table and the evaluator: given a run and its steps, decide what moves next.
+//! The evaluator: given a run and its steps, decide what moves next, through the run table
+//! of `run_rules.rs`.
 //!
 //! Forward: a `NotStarted` step becomes `Ready` when all its dependencies are `Completed`;
 //! the run completes when every step has.
@@ -18,176 +19,12 @@
 //! Running steps are waited for. The run is `Compensated` when nothing is left to undo, or
 //! `Error` when a compensation failed for good.
 
+use super::run_rules::{OPERATOR_ACTIONS, RunTrigger, run_rule};
 use super::step::{Trigger, step_rule};
 use crate::RunState::{Compensated, Compensating, Completed, Error as RunError, Pending, Running};
 use crate::definition::{StepKind, Workflow};
 use crate::store::{NewAlert, PlanWrite, RunRow, StepRow, StepWrite};
 use crate::{Error, Result, RunState, StepState};
-
-/// Actions an operator can take on a run in `Error`, as listed in alerts.
-pub const OPERATOR_ACTIONS: [&str; 4] = ["retry_step", "compensate", "resume", "mark_compensated"];
-
-/// What happened to a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RunTrigger {
-    /// Its first evaluation found work going on.
-    Progressed,
-    /// Every step completed.
-    AllCompleted,
-    /// A step failed before the pivot completed: undo what was done.
-    StepFailed,
-    /// Nothing (more) needs undoing.
-    NothingLeftToUndo,
-    /// A step failed after the pivot completed: nothing can be undone.
-    FailedAfterPivot,
-    /// A retriable step failed for good (retriable steps are never compensated).
-    RetriableFailed,
-    /// The pivot failed with an unknown outcome: it may have taken effect.
-    PivotMaybeApplied,
-    /// A step was interrupted more often than its cap allows.
-    PoisonStep,
-    /// A compensation failed for good.
-    CompensationFailed,
-    /// An operator retried a failed forward step, or resumed the forward phase.
-    OperatorRetryForward,
-    /// An operator retried a failed compensation, resumed the compensation phase, or marked
-    /// a step compensated by hand.
-    OperatorRetryCompensation,
-    /// An operator asked for compensation.
-    OperatorCompensate,
-    /// A row of the run could not be decoded: the run is set aside for an operator, never
-    /// compensated as if its business had failed.
-    DamagedRow,
-}
-
-impl RunTrigger {
-    /// The name used in docs.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Progressed => "progressed",
-            Self::AllCompleted => "all_completed",
-            Self::StepFailed => "step_failed",
-            Self::NothingLeftToUndo => "nothing_left_to_undo",
-            Self::FailedAfterPivot => "failed_after_pivot",
-            Self::RetriableFailed => "retriable_failed",
-            Self::PivotMaybeApplied => "pivot_maybe_applied",
-            Self::PoisonStep => "poison_step",
-            Self::CompensationFailed => "compensation_failed",
-            Self::OperatorRetryForward => "operator_retry_forward",
-            Self::OperatorRetryCompensation => "operator_retry_compensation",
-            Self::OperatorCompensate => "operator_compensate",
-            Self::DamagedRow => "damaged_row",
-        }
-    }
-}
-
-/// One row of the run table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunRule {
-    /// States it applies in.
-    pub from: &'static [RunState],
-    /// What happened.
-    pub on: RunTrigger,
-    /// State after.
-    pub to: RunState,
-    /// The alert raised with it, if any.
-    pub alert: Option<&'static str>,
-}
-
-const ACTIVE: &[RunState] = &[Pending, Running];
-
-const fn rule(
-    from: &'static [RunState],
-    on: RunTrigger,
-    to: RunState,
-    alert: Option<&'static str>,
-) -> RunRule {
-    RunRule {
-        from,
-        on,
-        to,
-        alert,
-    }
-}
-
-/// Every run transition sagaflow makes.
-pub const RUN_RULES: &[RunRule] = &[
-    rule(&[Pending], RunTrigger::Progressed, Running, None),
-    rule(ACTIVE, RunTrigger::AllCompleted, Completed, None),
-    rule(ACTIVE, RunTrigger::StepFailed, Compensating, None),
-    rule(
-        &[Pending, Running, Compensating],
-        RunTrigger::NothingLeftToUndo,
-        Compensated,
-        None,
-    ),
-    rule(
-        ACTIVE,
-        RunTrigger::FailedAfterPivot,
-        RunError,
-        Some("run_error"),
-    ),
-    rule(
-        ACTIVE,
-        RunTrigger::RetriableFailed,
-        RunError,
-        Some("run_error"),
-    ),
-    rule(
-        ACTIVE,
-        RunTrigger::PivotMaybeApplied,
-        RunError,
-        Some("run_error"),
-    ),
-    rule(
-        &[Pending, Running, Compensating],
-        RunTrigger::PoisonStep,
-        RunError,
-        Some("poison_step"),
-    ),
-    rule(
-        &[Compensating],
-        RunTrigger::CompensationFailed,
-        RunError,
-        Some("run_error"),
-    ),
-    rule(
-        &[Pending, Running, Compensating, RunError],
-        RunTrigger::DamagedRow,
-        RunError,
-        Some("corrupt_row"),
-    ),
-    rule(&[RunError], RunTrigger::OperatorRetryForward, Running, None),
-    rule(
-        &[RunError],
-        RunTrigger::OperatorRetryCompensation,
-        Compensating,
-        None,
-    ),
-    rule(
-        &[Pending, Running, Compensating, RunError],
-        RunTrigger::OperatorCompensate,
-        Compensating,
-        None,
-    ),
-];
-
-/// The rule for a run in `from` on `on`, if the table has one.
-pub fn run_rule(from: RunState, on: RunTrigger) -> Option<&'static RunRule> {
-    RUN_RULES
-        .iter()
-        .find(|r| r.on == on && r.from.contains(&from))
-}
-
-/// Where a run with a damaged row goes, and the alert kind it raises: the run table's
-/// [`RunTrigger::DamagedRow`] rule. (A run whose own state cannot be decoded goes there
-/// too.)
-pub fn set_aside_rule() -> &'static RunRule {
-    RUN_RULES
-        .iter()
-        .find(|r| r.on == RunTrigger::DamagedRow)
-        .unwrap_or(&RUN_RULES[0])
-}
 
 /// A step write through the table: `None` when the edge does not exist.
 pub(crate) fn step_write(row: &StepRow, on: Trigger) -> Option<StepWrite> {

@@ -1,0 +1,23 @@
+//! The leader's maintenance services, one file each. To add one: write a type implementing
+//! [`MaintenanceService`] in a new file here and push it in [`maintenance_services`].
+
+use std::sync::Arc;
+
+use crate::config::SupervisorConfig;
+use crate::service::MaintenanceService;
+
+pub(crate) mod rescue;
+pub(crate) mod retention;
+
+pub(crate) use rescue::Rescue;
+
+/// The services the leader starts at the beginning of each term, in this order. `rescue` is
+/// passed in because the supervisor also drives it directly (`sweep_once`, `request_sweep`).
+pub(crate) fn maintenance_services(
+    config: &SupervisorConfig,
+    rescue: Arc<Rescue>,
+) -> Vec<Arc<dyn MaintenanceService>> {
+    let mut services: Vec<Arc<dyn MaintenanceService>> = vec![rescue];
+    services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
+    services
+}

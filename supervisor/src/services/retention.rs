@@ -1,0 +1,60 @@
+//! The retention service (AT-5): owns finished runs older than
+//! [`SupervisorConfig::retention`] and the rows of instances silent for as long. Each pass
+//! deletes them in bounded statements; it is not listed when retention is off.
+
+use std::time::Duration;
+
+use sagaflow_engine::Result;
+
+use crate::config::SupervisorConfig;
+use crate::service::{LeaderContext, MaintenanceService, ServiceReport, millis};
+
+/// How often the leader applies the retention policy.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Finished runs deleted per statement.
+const RETENTION_BATCH: u32 = 1000;
+
+/// Deletes finished runs and silent instances past the retention age.
+#[derive(Debug)]
+pub(crate) struct Retention {
+    /// Age in milliseconds past which rows go.
+    age_ms: i64,
+}
+
+impl Retention {
+    /// The service for `config`, or `None` when finished runs are kept forever.
+    pub(crate) fn from_config(config: &SupervisorConfig) -> Option<Self> {
+        config.retention.map(|age| Self {
+            age_ms: millis(age),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl MaintenanceService for Retention {
+    fn name(&self) -> &'static str {
+        "retention"
+    }
+
+    fn interval(&self, _config: &SupervisorConfig) -> Duration {
+        RETENTION_INTERVAL
+    }
+
+    async fn run_once(&self, ctx: &LeaderContext) -> Result<ServiceReport> {
+        // Silent instances first: a failure there must not hold back the run purge.
+        let instances = match ctx.store.instance_purge(self.age_ms).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "purging silent instances failed");
+                0
+            }
+        };
+        let runs = ctx
+            .store
+            .run_purge_finished(self.age_ms, RETENTION_BATCH)
+            .await?;
+        Ok(ServiceReport::default()
+            .with("runs_purged", runs)
+            .with("instances_purged", instances))
+    }
+}
