@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use sagaflow::{RunState, StepContext, StepError, Workflow};
+use sagaflow_testkit::services::OrderStatus;
 use sagaflow_testkit::{backends, engine, expect_state};
-use sagaflow_workflows::services::OrderStatus;
 
 use crate::fixtures::{order_rig, submit_order};
 

@@ -20,9 +20,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sagaflow::{RunState, Store};
+use sagaflow_testkit::services::{Operation, OrderStatus, Services};
 use sagaflow_tools::measure::{Latencies, ms};
 use sagaflow_workflows::order::Order;
-use sagaflow_workflows::services::{Operation, OrderStatus, Services};
 use uuid::Uuid;
 
 use super::coordinator::{Ending, Submitted};
