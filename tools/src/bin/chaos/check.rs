@@ -25,7 +25,8 @@ use sagaflow_tools::measure::{Latencies, ms};
 use sagaflow_workflows::order::Order;
 use uuid::Uuid;
 
-use super::coordinator::{Ending, Submitted};
+use super::coordinator::Ending;
+use super::submit::Submitted;
 
 /// The mid-run PostgreSQL restart.
 #[derive(Debug)]
@@ -33,7 +34,7 @@ pub(crate) struct Restart {
     /// When it was started, since the beginning of the run.
     pub(crate) at: Duration,
     /// How long `pg_ctl restart` took, or why it failed.
-    pub(crate) result: Result<Duration, String>,
+    pub(crate) result: Result<Duration, sagaflow_tools::Error>,
 }
 
 /// What the coordinator did to the fleet.
