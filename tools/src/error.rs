@@ -57,10 +57,10 @@ pub enum Error {
         /// Its final state.
         state: sagaflow::RunState,
     },
-    /// The report could not be written as JSON.
-    #[error("cannot write the report to {}: {source}", path.display())]
+    /// A report could not be written or read as JSON.
+    #[error("report {}: {source}", path.display())]
     Report {
-        /// Where it was to go.
+        /// Its file.
         path: PathBuf,
         /// Why it failed.
         #[source]

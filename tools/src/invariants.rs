@@ -3,8 +3,11 @@
 //! writes it as JSON for tests to read back.
 
 use std::fmt;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
 
 /// Violations printed per failed invariant; the report keeps them all.
 const DETAILS_SHOWN: usize = 10;
@@ -302,6 +305,36 @@ impl InvariantReport {
     /// Whether every invariant held.
     pub fn passed(&self) -> bool {
         self.failed().next().is_none()
+    }
+
+    /// Writes the report as JSON to `path` (what `sagaflow-chaos --report-json` does).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be created, [`Error::Report`] when it cannot be
+    /// written.
+    pub fn write_json(&self, path: &Path) -> Result<()> {
+        let file = std::fs::File::create(path)
+            .map_err(Error::io(format!("cannot create {}", path.display())))?;
+        serde_json::to_writer_pretty(std::io::BufWriter::new(file), self).map_err(|source| {
+            Error::Report {
+                path: path.to_owned(),
+                source,
+            }
+        })
+    }
+
+    /// Reads a report written by [`InvariantReport::write_json`].
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be read, [`Error::Report`] when it is not such a
+    /// report.
+    pub fn read_json(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(Error::io(format!("cannot read {}", path.display())))?;
+        serde_json::from_str(&text).map_err(|source| Error::Report {
+            path: path.to_owned(),
+            source,
+        })
     }
 
     /// Pass, fail, or interrupted (whatever the invariants say).

@@ -61,6 +61,10 @@ pub(crate) struct Args {
     /// Keep the chaos database (and a private cluster) at the end, for inspection.
     #[arg(long)]
     pub(crate) keep_db: bool,
+    /// Also write the verdict (every invariant with its counts and violations, and the
+    /// chaos tally) as JSON to this file.
+    #[arg(long)]
+    pub(crate) report_json: Option<PathBuf>,
     /// Where the engine processes write their logs (default: a new temp directory).
     #[arg(long)]
     pub(crate) log_dir: Option<PathBuf>,

@@ -20,12 +20,13 @@ use sagaflow_tools::Error;
 use sagaflow_workflows::order::{OrderApis, order_saga};
 use tokio::task::JoinHandle;
 
-use super::check::{self, ChaosStats, Restart};
+use super::check;
 use super::cli::Args;
 use super::fleet::{self, Fleet, WorkerSpec};
 use super::postgres::ChaosDb;
 use super::rescue::rescue_time;
 use super::stage::{self, RestartTarget, durability, init_logging, pct};
+use super::stats::{ChaosStats, Restart};
 use super::submit::{Intake, Submitted, submit_all};
 use super::worker;
 
@@ -345,8 +346,12 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         s.errors.push("the submission did not finish".into());
         s
     });
-    let passed = check::verify(&store, &services, &submitted, &stats).await;
+    let report = check::verify(&store, &services, &submitted, &stats).await;
     let _ = server.shutdown().await;
+    if let Some(path) = &args.report_json {
+        report.write_json(path)?;
+    }
+    let passed = report.passed();
     if passed && logs_are_ours {
         // Nothing to look at: do not leave temp files behind.
         let _ = std::fs::remove_dir_all(&logs_at);

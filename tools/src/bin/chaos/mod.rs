@@ -5,9 +5,13 @@
 pub(crate) mod check;
 pub(crate) mod cli;
 pub(crate) mod coordinator;
+pub(crate) mod facts;
 pub(crate) mod fleet;
+pub(crate) mod gather;
 pub(crate) mod postgres;
 pub(crate) mod rescue;
 pub(crate) mod stage;
+pub(crate) mod stats;
 pub(crate) mod submit;
+pub(crate) mod summary;
 pub(crate) mod worker;
