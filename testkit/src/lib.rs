@@ -8,7 +8,11 @@
 //! - [`eventually`], [`eventually_some`] and [`expect_state`] wait on conditions with a bound;
 //! - [`ChildTest`] re-runs the test binary as a child engine process, to SIGKILL or SIGSTOP;
 //! - [`PgCluster`] starts a private throwaway PostgreSQL cluster (to restart it mid-run
-//!   without disturbing other tests).
+//!   without disturbing other tests);
+//! - [`services`] simulates the remote services the example sagas call (inventory, payments,
+//!   shipping, flights, hotels, mailer), in-process or over loopback HTTP: a ledger records
+//!   every effect by idempotency key, faults are injected on purpose, and the ledger checks
+//!   prove effects exactly-once and sagas net-consistent.
 //!
 //! ```no_run
 //! use sagaflow::{RunState, StepContext, StepError, Workflow};
@@ -32,6 +36,7 @@ mod cluster;
 mod db;
 mod engine;
 mod process;
+pub mod services;
 mod wait;
 
 pub use cluster::{ClusterError, PgCluster, make_durable, pg_bin, restart_immediate, script_path};

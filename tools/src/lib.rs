@@ -5,7 +5,12 @@
 //! - `sagaflow-chaos` (`src/bin/sagaflow-chaos.rs`, `src/bin/chaos/`): several engine processes
 //!   under faults, SIGKILLs and a database restart, then invariant checks.
 //!
-//! This library holds what both share.
+//! This library holds what both share: the [`Error`] of both commands, the chaos run's typed
+//! verdict ([`invariants::InvariantReport`]), latency figures and the machine description.
 
+mod error;
+pub mod invariants;
 pub mod machine;
 pub mod measure;
+
+pub use error::{Error, Result};

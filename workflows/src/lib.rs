@@ -1,8 +1,8 @@
-//! The example sagas and the simulated remote services they talk to: the order saga
-//! (inventory, payments, shipping) and the travel saga (flights, hotels, payments, mailer).
+//! The example sagas: the order saga (inventory, payments, shipping) and the travel saga
+//! (flights, hotels, payments, mailer). The simulated remote services they talk to live in
+//! the test kit ([`sagaflow_testkit::services`]).
 
 pub mod database;
 pub mod order;
 mod remote_step;
-pub mod services;
 pub mod travel;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use sagaflow::Engine;
+use sagaflow_testkit::services::Services;
 use sagaflow_workflows::order::{Order, OrderApis, order_saga};
-use sagaflow_workflows::services::Services;
 
 use demo::AnyResult;
 use demo::cli::Args;

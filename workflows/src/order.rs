@@ -14,8 +14,8 @@ use sagaflow::{DeadlinePolicy, RetryPolicy, Workflow};
 use serde::{Deserialize, Serialize};
 
 use crate::remote_step::{forward_output, step_error};
-use crate::services::{Charge, Shipment};
-use crate::services::{
+use sagaflow_testkit::services::{Charge, Shipment};
+use sagaflow_testkit::services::{
     ChargeRequest, HttpServices, InventoryApi, PaymentsApi, RefundRequest, ReleaseRequest,
     Reservation, ReserveRequest, Services, ShipRequest, ShippingApi,
 };

@@ -6,7 +6,7 @@ use std::future::Future;
 use sagaflow::{StepContext, StepError};
 use serde::de::DeserializeOwned;
 
-use crate::services::ServiceError;
+use sagaflow_testkit::services::ServiceError;
 
 /// A remote failure as a step outcome. The simulated services document that a refusal
 /// (HTTP 4xx), a 429 and a 503 are answered before anything is applied: those are *not

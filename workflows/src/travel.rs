@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::order::OrderSettings;
 use crate::remote_step::{forward_output, step_error};
-use crate::services::{
+use sagaflow_testkit::services::{
     BookRequest, Booking, BookingApi, Charge, ChargeRequest, ItineraryRequest, MailerApi,
     PaymentsApi, Services,
 };

@@ -6,11 +6,11 @@
 use sagaflow::AlertKind;
 use sagaflow::HistoryKind;
 use sagaflow::{Engine, RunState, StartOptions};
-use sagaflow_testkit::{TestDb, backends, expect_state};
-use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
-use sagaflow_workflows::services::{
+use sagaflow_testkit::services::{
     HttpServices, Operation, Scripted, ServerHandle, Services, serve,
 };
+use sagaflow_testkit::{TestDb, backends, expect_state};
+use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use uuid::Uuid;
 
 use crate::fixtures::order_settings;

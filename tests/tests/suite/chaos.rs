@@ -6,6 +6,9 @@
 //! (`--no-pg-restart`); the full command, with the restart and 25 kills, is described in
 //! docs/operations.md ("Chaos runs").
 //!
+//! The command writes its verdict as JSON (`--report-json`); the test reads it back as the
+//! typed `InvariantReport` of `sagaflow-tools` and asserts on it, not on the printed text.
+//!
 //! The binary belongs to another package, so Cargo does not hand us its path
 //! (`CARGO_BIN_EXE_*` exists only for bins of the same package); it is looked up next to
 //! this test binary, in `target/<profile>/`.
@@ -13,6 +16,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use sagaflow_tools::invariants::{Finding, InvariantKind, InvariantReport, Outcome};
 use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,6 +25,8 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
         return;
     };
     let bin = sagaflow_testkit::workspace_binary("sagaflow-chaos");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report_path = dir.path().join("report.json");
     let child = Command::new(&bin)
         .args([
             "--database-url",
@@ -43,6 +49,8 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
             "--timeout-secs",
             "45",
         ])
+        .arg("--report-json")
+        .arg(&report_path)
         .env_remove("DATABASE_URL")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -65,29 +73,61 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
         "sagaflow-chaos exited with {}\n{report}",
         out.status
     );
-    for line in [
-        "[ok]   every run terminal: 1000/1000",
-        "[ok]   no lost runs: 1000 accepted, 1000 rows found, 1000 runs in the database",
-        "[ok]   exactly once:",
-        "[ok]   fenced results:",
-        "[ok]   net consistency:",
-        "[ok]   alerts:",
-        "[ok]   chaos as planned:",
-        "result: PASS",
-    ] {
-        assert!(stdout.contains(line), "missing `{line}`\n{report}");
-    }
-    assert!(!stdout.contains("[FAIL]"), "{report}");
-    // The chaos actually happened: every planned SIGKILL, and the rescue times were measured.
-    let kills: u64 = stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("chaos       kills "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no kill count in the summary\n{report}"));
-    assert!(
-        kills >= 8,
-        "only {kills} engine processes were killed\n{report}"
+    let verdict = InvariantReport::read_json(&report_path)
+        .unwrap_or_else(|e| panic!("no readable verdict: {e}\n{report}"));
+    assert_eq!(verdict.outcome(), Outcome::Pass, "{report}");
+    let kinds: Vec<InvariantKind> = verdict.invariants.iter().map(|i| i.kind()).collect();
+    assert_eq!(
+        kinds,
+        InvariantKind::ALL,
+        "every invariant checked, in order"
     );
-    assert!(stdout.contains("rescue      after SIGKILL:"), "{report}");
+    for invariant in &verdict.invariants {
+        assert!(
+            invariant.passed && invariant.details.is_empty(),
+            "{:?} failed: {:?}\n{report}",
+            invariant.kind(),
+            invariant.details
+        );
+    }
+    let terminal = verdict
+        .get(InvariantKind::EveryRunTerminal)
+        .map(|i| &i.finding);
+    let Some(&Finding::EveryRunTerminal {
+        orders,
+        completed,
+        compensated,
+        error,
+    }) = terminal
+    else {
+        panic!("no terminal-run count\n{report}");
+    };
+    assert_eq!(
+        (orders, completed + compensated + error),
+        (1000, 1000),
+        "{report}"
+    );
+    let lost = verdict.get(InvariantKind::NoLostRuns).map(|i| &i.finding);
+    assert_eq!(
+        lost,
+        Some(&Finding::NoLostRuns {
+            accepted: 1000,
+            rows_found: 1000,
+            rows_total: 1000
+        }),
+        "{report}"
+    );
+    // The chaos actually happened: every planned SIGKILL, and each kill's rescue was timed
+    // (or found the process idle).
+    let chaos = verdict.chaos;
+    assert!(
+        chaos.kills >= 8,
+        "only {} engine processes were killed\n{report}",
+        chaos.kills
+    );
+    assert_eq!(
+        chaos.rescues_measured as u64 + chaos.idle_kills,
+        chaos.kills,
+        "{report}"
+    );
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use sagaflow::RunState;
 use sagaflow::internals::store::Store;
+use sagaflow_testkit::services::{HttpServices, Operation, Scripted, Services, serve};
 use sagaflow_testkit::{ChildTest, backends, eventually};
 use sagaflow_workflows::order::{Order, OrderApis, order_saga};
-use sagaflow_workflows::services::{HttpServices, Operation, Scripted, Services, serve};
 
 use crate::fixtures::{order_settings, submit_sample_orders};
 

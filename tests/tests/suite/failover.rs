@@ -22,11 +22,11 @@ use sagaflow::internals::store::LeaderFence;
 use sagaflow::internals::store::Store;
 use sagaflow::sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
 use sagaflow::{Engine, Error, RunState, StartOptions};
-use sagaflow_testkit::{ChildTest, PgCluster, backends, eventually, fast_builder, postgres_db};
-use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
-use sagaflow_workflows::services::{
+use sagaflow_testkit::services::{
     FaultPlan, HttpServices, Operation, Scripted, ServicePlans, Services, serve,
 };
+use sagaflow_testkit::{ChildTest, PgCluster, backends, eventually, fast_builder, postgres_db};
+use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -221,9 +221,7 @@ async fn assert_completed_once(store: &Store, ids: &[Uuid]) {
     }
 }
 
-async fn serve_services(
-    services: &Services,
-) -> (sagaflow_workflows::services::ServerHandle, String) {
+async fn serve_services(services: &Services) -> (sagaflow_testkit::services::ServerHandle, String) {
     let server = serve(services.clone(), "127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("serve");

@@ -7,8 +7,8 @@ use sagaflow::HistoryKind;
 use std::time::Duration;
 
 use sagaflow::{RunState, StepState};
+use sagaflow_testkit::services::{Operation, OrderStatus, Scripted};
 use sagaflow_testkit::{backends, engine, expect_state};
-use sagaflow_workflows::services::{Operation, OrderStatus, Scripted};
 
 use crate::fixtures::{Behave, Log, chain, failing_undo, order_rig, submit_order};
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 use sagaflow::internals::store::Store;
 use sagaflow::sea_orm::{ConnectionTrait, Statement};
 use sagaflow::{Engine, RunState};
+use sagaflow_testkit::services::Services;
 use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, expect_state};
 use sagaflow_workflows::order::{OrderApis, order_saga};
-use sagaflow_workflows::services::Services;
 use tokio::io::AsyncWriteExt;
 
 use crate::fixtures::{Log, failing_undo, order_rig, order_settings, submit_order};

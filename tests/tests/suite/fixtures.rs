@@ -7,8 +7,8 @@ use sagaflow::{
     DeadlinePolicy, Engine, RetryPolicy, StartOptions, StepContext, StepError, Workflow,
 };
 use sagaflow_testkit::TestDb;
+use sagaflow_testkit::services::Services;
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, OrderSettings, order_saga};
-use sagaflow_workflows::services::Services;
 use uuid::Uuid;
 
 /// Order saga settings for tests: short deadline, quick backoff.

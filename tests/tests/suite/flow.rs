@@ -5,8 +5,8 @@ use sagaflow::StepState;
 use std::time::Duration;
 
 use sagaflow::{RunState, StepContext, StepError, Workflow};
+use sagaflow_testkit::services::OrderStatus;
 use sagaflow_testkit::{backends, engine, expect_state};
-use sagaflow_workflows::services::OrderStatus;
 
 use crate::fixtures::{order_rig, submit_order};
 

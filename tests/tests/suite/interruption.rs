@@ -19,11 +19,11 @@ use std::time::Duration;
 use sagaflow::internals::SupervisorConfig;
 use sagaflow::internals::store::Store;
 use sagaflow::{RetryPolicy, RunState, StartOptions, StepContext, StepError, Workflow};
-use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, eventually_some};
-use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
-use sagaflow_workflows::services::{
+use sagaflow_testkit::services::{
     HttpServices, Operation, Scripted, ServerHandle, Service, Services, serve,
 };
+use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, eventually_some};
+use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
 use tokio::time::Instant;
 use uuid::Uuid;
 

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sagaflow::{Engine, RunState, StartOptions};
-use sagaflow_testkit::{TestDb, backends, expect_state};
-use sagaflow_workflows::services::{
+use sagaflow_testkit::services::{
     BookRequest, Booking, BookingApi, CancelRequest, Cancelled, Operation, Scripted, ServiceError,
     Services, TripStatus,
 };
+use sagaflow_testkit::{TestDb, backends, expect_state};
 use sagaflow_workflows::travel::{TRAVEL_WORKFLOW, TravelApis, Trip, travel_saga};
 use tokio::sync::Barrier;
 use uuid::Uuid;

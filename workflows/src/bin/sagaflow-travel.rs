@@ -16,11 +16,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clap::Parser;
 use sagaflow::{Engine, HistoryKind, Run, RunState, StartOptions};
-use sagaflow_workflows::database::{Database, prepare};
-use sagaflow_workflows::services::{
+use sagaflow_testkit::services::{
     EffectRecord, FaultPlan, ItineraryRequest, ItinerarySent, MailerApi, Operation, Scripted,
     ServiceError, ServicePlans, Services, TripStatus,
 };
+use sagaflow_workflows::database::{Database, prepare};
 use sagaflow_workflows::travel::{TRAVEL_WORKFLOW, TravelApis, TravelSettings, Trip, travel_saga};
 use uuid::Uuid;
 

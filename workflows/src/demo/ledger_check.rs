@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use sagaflow::RunState;
-use sagaflow_workflows::services::{LedgerReport, OrderStatus, Services};
+use sagaflow_testkit::services::{LedgerReport, OrderStatus, Services};
 use uuid::Uuid;
 
 use super::table::Table;

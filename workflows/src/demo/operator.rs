@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use sagaflow::{Alert, Engine, HistoryEvent, RunState};
-use sagaflow_workflows::services::{Operation, Service, Services};
+use sagaflow_testkit::services::{Operation, Service, Services};
 use uuid::Uuid;
 
 use super::AnyResult;

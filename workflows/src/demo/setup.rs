@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use sagaflow::{DeadlinePolicy, Engine, Workflow};
+use sagaflow_testkit::services::{FaultPlan, Scripted, ServicePlans, Services};
 use sagaflow_workflows::order::OrderSettings;
-use sagaflow_workflows::services::{FaultPlan, Scripted, ServicePlans, Services};
 
 use super::cli::Args;
 use super::database::Database;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sagaflow::{Engine, HistoryKind, RunState};
-use sagaflow_workflows::services::Services;
+use sagaflow_testkit::services::Services;
 use uuid::Uuid;
 
 use super::AnyResult;

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use sagaflow_tools::Error;
 
 /// Crash engine processes and PostgreSQL under a fault-injecting workload, then check that
 /// no run was lost and no effect applied twice.
@@ -60,6 +61,10 @@ pub(crate) struct Args {
     /// Keep the chaos database (and a private cluster) at the end, for inspection.
     #[arg(long)]
     pub(crate) keep_db: bool,
+    /// Also write the verdict (every invariant with its counts and violations, and the
+    /// chaos tally) as JSON to this file.
+    #[arg(long)]
+    pub(crate) report_json: Option<PathBuf>,
     /// Where the engine processes write their logs (default: a new temp directory).
     #[arg(long)]
     pub(crate) log_dir: Option<PathBuf>,
@@ -87,7 +92,7 @@ pub(crate) struct Args {
 
 impl Args {
     /// Rejects flag combinations that cannot work.
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
         for (name, v) in [
             ("--transient", self.transient),
             ("--hang", self.hang),
@@ -95,22 +100,28 @@ impl Args {
             ("--permanent", self.permanent),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{name} must be between 0 and 1, got {v}"));
+                return Err(Error::Usage(format!(
+                    "{name} must be between 0 and 1, got {v}"
+                )));
             }
         }
         if self.transient + self.hang + self.lose_reply > 1.0 {
-            return Err(
+            return Err(Error::Usage(
                 "--transient, --hang and --lose-reply must not add up to more than 1".into(),
-            );
+            ));
         }
         if self.processes == 0 || self.orders == 0 {
-            return Err("--processes and --orders must be at least 1".into());
+            return Err(Error::Usage(
+                "--processes and --orders must be at least 1".into(),
+            ));
         }
         if self.kills >= self.orders as u64 {
-            return Err("--kills must be below --orders (kills are spread over the runs)".into());
+            return Err(Error::Usage(
+                "--kills must be below --orders (kills are spread over the runs)".into(),
+            ));
         }
         if self.timeout_secs == 0 {
-            return Err("--timeout-secs must be positive".into());
+            return Err(Error::Usage("--timeout-secs must be positive".into()));
         }
         Ok(())
     }

@@ -8,95 +8,33 @@
 //! The client registers the same order saga, to resolve and check the input of the
 //! workflow it starts.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sagaflow::internals::store::Store;
-use sagaflow::sea_orm::{ConnectionTrait, Statement};
-use sagaflow::{Engine, OnDuplicate, RunState, StartOptions};
-use sagaflow_workflows::order::{ORDER_WORKFLOW, Order, OrderApis, order_saga};
-use sagaflow_workflows::services::{FaultPlan, HttpServices, ServicePlans, Services, serve};
+use sagaflow::{Engine, RunState};
+use sagaflow_testkit::services::{FaultPlan, HttpServices, ServicePlans, Services, serve};
+use sagaflow_tools::Error;
+use sagaflow_workflows::order::{OrderApis, order_saga};
 use tokio::task::JoinHandle;
-use tracing_subscriber::EnvFilter;
-use uuid::Uuid;
 
-use super::check::{self, ChaosStats, Restart};
+use super::check;
 use super::cli::Args;
 use super::fleet::{self, Fleet, WorkerSpec};
-use sagaflow_testkit::{self as postgres, PgCluster};
-
 use super::postgres::ChaosDb;
+use super::rescue::rescue_time;
+use super::stage::{self, RestartTarget, durability, init_logging, pct};
+use super::stats::{ChaosStats, Restart};
+use super::submit::{Intake, Submitted, submit_all};
 use super::worker;
 
-/// Concurrent submitters.
-const SUBMITTERS: usize = 16;
-/// Attempts per submission before it counts as failed.
-const SUBMIT_ATTEMPTS: u32 = 20;
 /// How often the coordinator looks at the run counts (and decides whether a kill is due).
 const POLL: Duration = Duration::from_millis(100);
-/// How often a rescue watcher looks at the steps a killed process held.
-const RESCUE_POLL: Duration = Duration::from_millis(50);
-/// How long a rescue watcher waits before it reports the steps as never rescued.
-const RESCUE_GIVE_UP: Duration = Duration::from_secs(120);
 /// How often it prints a progress line.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-
-/// Where and how to restart PostgreSQL mid-run.
-#[derive(Debug, Clone)]
-struct RestartTarget {
-    bin: Option<std::path::PathBuf>,
-    data_dir: std::path::PathBuf,
-    log: Option<std::path::PathBuf>,
-}
-
-/// The submission's progress, shared with the submitting tasks (readable even when they
-/// are stopped half-way by the timeout).
-#[derive(Debug)]
-struct Intake {
-    ids: Mutex<Vec<Option<Uuid>>>,
-    errors: Mutex<Vec<String>>,
-    accepted: AtomicUsize,
-}
-
-impl Intake {
-    fn new(orders: usize) -> Self {
-        Self {
-            ids: Mutex::new(vec![None; orders]),
-            errors: Mutex::new(Vec::new()),
-            accepted: AtomicUsize::new(0),
-        }
-    }
-
-    fn snapshot(&self, took: Duration) -> Submitted {
-        Submitted {
-            ids: self
-                .ids
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-            errors: self
-                .errors
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-            took,
-        }
-    }
-}
-
-/// What the submission produced.
-#[derive(Debug, Default)]
-pub(crate) struct Submitted {
-    /// The run id of each order (by order number), `None` when it could not be submitted.
-    pub(crate) ids: Vec<Option<Uuid>>,
-    /// Why submissions failed (first few).
-    pub(crate) errors: Vec<String>,
-    /// How long it took.
-    pub(crate) took: Duration,
-}
 
 /// Why the main loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,43 +45,6 @@ pub(crate) enum Ending {
     TimedOut,
     /// Ctrl-C.
     Interrupted,
-}
-
-fn init_logging() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("error,sagaflow_engine::hub=off")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
-/// `fsync` and `synchronous_commit` as the engine's sessions see them.
-async fn durability(store: &Store) -> String {
-    let show = |what: &'static str| async move {
-        store
-            .connection()
-            .query_one_raw(Statement::from_string(
-                store.connection().get_database_backend(),
-                format!("SHOW {what}"),
-            ))
-            .await
-            .ok()
-            .flatten()
-            .and_then(|r| r.try_get_by_index::<String>(0).ok())
-            .unwrap_or_else(|| "?".into())
-    };
-    format!(
-        "fsync={} · synchronous_commit={} · full_page_writes={}",
-        show("fsync").await,
-        show("synchronous_commit").await,
-        show("full_page_writes").await
-    )
-}
-
-fn pct(x: f64) -> String {
-    format!("{}%", (x * 1000.0).round() / 10.0)
 }
 
 /// The coordinator's main: returns the exit code (0 pass, 1 an invariant failed, 2 the run
@@ -167,60 +68,14 @@ pub(crate) async fn run(args: Args) -> u8 {
     println!("  machine: {}", sagaflow_tools::machine::describe());
 
     // PostgreSQL: the given server, or a private cluster.
-    let mut own: Option<PgCluster> = None;
-    let admin_url = match &args.database_url {
-        Some(url) => url.clone(),
-        None => {
-            let script = postgres::script_path(args.pg_script.as_deref());
-            match tokio::task::spawn_blocking(move || PgCluster::start(&script)).await {
-                Ok(Ok(mut c)) => {
-                    c.keep = args.keep_db;
-                    let url = c.url.clone();
-                    if !args.fast_unsafe
-                        && let Err(e) = postgres::make_durable(&url).await
-                    {
-                        eprintln!("error: cannot switch the cluster to full durability: {e}");
-                        return 2;
-                    }
-                    println!(
-                        "  postgres: private throwaway cluster in {}",
-                        c.dir.display()
-                    );
-                    own = Some(c);
-                    url
-                }
-                Ok(Err(e)) => {
-                    eprintln!("error: cannot start a PostgreSQL cluster: {e}");
-                    return 2;
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return 2;
-                }
-            }
+    let (admin_url, own) = match stage::postgres(&args).await {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("error: cannot prepare PostgreSQL: {e}");
+            return 2;
         }
     };
-    let restart = if args.no_pg_restart {
-        println!("  postgres restart: off (--no-pg-restart)");
-        None
-    } else if let Some(c) = &own {
-        Some(RestartTarget {
-            bin: Some(c.bin.clone()),
-            data_dir: c.data_dir(),
-            log: Some(c.dir.join("server.log")),
-        })
-    } else if let Some(d) = &args.pg_ctl_data_dir {
-        Some(RestartTarget {
-            bin: postgres::pg_bin(args.pg_bin.as_deref()),
-            data_dir: d.clone(),
-            log: None,
-        })
-    } else {
-        println!(
-            "  postgres restart: skipped (the server is not ours; pass --pg-ctl-data-dir to restart it)"
-        );
-        None
-    };
+    let restart = stage::restart_target(&args, own.as_ref());
 
     let db = match ChaosDb::create(&admin_url, !args.server_commit_mode).await {
         Ok(db) => db,
@@ -248,12 +103,10 @@ pub(crate) async fn run(args: Args) -> u8 {
 }
 
 /// Everything between creating the database and dropping it.
-async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Result<u8, String> {
+async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Result<u8, Error> {
     let started = Instant::now();
     // Connecting migrates the schema once, before the fleet starts.
-    let store = Store::connect(&db.url, Some(4))
-        .await
-        .map_err(|e| format!("cannot open {}: {e}", db.url))?;
+    let store = Store::connect(&db.url, Some(4)).await?;
     println!("  durability: {}", durability(&store).await);
 
     let services = Services::new(ServicePlans::uniform(FaultPlan {
@@ -265,11 +118,11 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     }));
     let server = serve(services.clone(), ([127, 0, 0, 1], 0).into())
         .await
-        .map_err(|e| format!("cannot serve the simulated services: {e}"))?;
+        .map_err(Error::io("cannot serve the simulated services"))?;
     let services_url = server.base_url();
 
     let log_dir = fleet::log_dir(args.log_dir.as_deref())
-        .map_err(|e| format!("cannot create the log directory: {e}"))?;
+        .map_err(Error::io("cannot create the log directory"))?;
     println!(
         "  services: {services_url} · engine logs: {}",
         log_dir.display()
@@ -287,7 +140,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     );
     let logs_are_ours = args.log_dir.is_none();
     let logs_at = log_dir.clone();
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let exe = std::env::current_exe().map_err(Error::io("cannot find this binary"))?;
     let mut fleet = Fleet::start(
         WorkerSpec {
             exe,
@@ -297,7 +150,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         },
         args.processes,
     )
-    .map_err(|e| format!("cannot start the engine processes: {e}"))?;
+    .map_err(Error::io("cannot start the engine processes"))?;
 
     let submitter = Engine::builder()
         .with_database_url(db.url.clone())
@@ -310,8 +163,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         .with_pool_size(8)
         .with_retention(None)
         .start()
-        .await
-        .map_err(|e| format!("cannot start the submitting engine: {e}"))?;
+        .await?;
     let intake = Arc::new(Intake::new(args.orders));
     // Submissions pause while PostgreSQL restarts (see `submit_all`).
     let gate = Arc::new(tokio::sync::RwLock::new(()));
@@ -328,7 +180,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     let mut rescues = tokio::task::JoinSet::new();
     let mut poll_tick = tokio::time::interval(POLL);
     let mut last_progress = Instant::now();
-    let mut restarting: Option<(Duration, JoinHandle<Result<Duration, String>>)> = None;
+    let mut restarting: Option<(Duration, JoinHandle<Result<Duration, Error>>)> = None;
     let mut monitor_errors = 0u64;
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let ctrl_c = tokio::signal::ctrl_c();
@@ -340,10 +192,10 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                 if Instant::now() >= deadline {
                     break Ending::TimedOut;
                 }
-                fleet.reap().map_err(|e| format!("cannot restart an engine process: {e}"))?;
+                fleet.reap().map_err(Error::io("cannot restart an engine process"))?;
                 if submitted.is_none() && submission.as_ref().is_some_and(JoinHandle::is_finished) {
                     if let Some(task) = submission.take() {
-                        let took = task.await.map_err(|e| format!("submission task: {e}"))?;
+                        let took = task.await.map_err(Error::task("submission"))?;
                         let s = intake.snapshot(took);
                         println!(
                             "  submitted {}/{} orders in {:.1} s",
@@ -356,7 +208,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     submitter.shutdown().await;
                 }
                 if let Some((at, task)) = restarting.take_if(|(_, t)| t.is_finished()) {
-                    let result = task.await.map_err(|e| format!("restart task: {e}"))?;
+                    let result = task.await.map_err(Error::task("postgres restart"))?;
                     match &result {
                         Ok(took) => println!(
                             "  [{:>4.0}s] postgres restarted (pg_ctl restart -m immediate), back after {:.1} s",
@@ -386,7 +238,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     let slot = rng.random_range(0..fleet.len());
                     let victim = fleet
                         .kill_and_restart(slot)
-                        .map_err(|e| format!("cannot restart engine process {slot}: {e}"))?;
+                        .map_err(Error::io(format!("cannot restart engine process {slot}")))?;
                     rescues.spawn(rescue_time(store.clone(), victim, Instant::now()));
                 }
                 // Restart PostgreSQL once, when a third of the orders are done: the fleet is
@@ -405,12 +257,9 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     );
                     restarting = Some((at, tokio::spawn(async move {
                         let _paused = gate.write().await;
-                        tokio::task::spawn_blocking(move || {
-                            postgres::restart_immediate(target.bin.as_deref(), &target.data_dir, target.log.as_deref())
-                                .map_err(|e| e.to_string())
-                        })
-                        .await
-                        .unwrap_or_else(|e| Err(e.to_string()))
+                        tokio::task::spawn_blocking(move || target.restart())
+                            .await
+                            .unwrap_or_else(|e| Err(Error::task("postgres restart")(e)))
                     })));
                 }
                 // The chaos must happen, however quick the run: one kill and the restart.
@@ -479,7 +328,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         match r {
             Ok(Some(took)) => stats.rescues.push(took),
             Ok(None) => stats.idle_kills += 1,
-            Err(e) => return Err(format!("rescue watcher: {e}")),
+            Err(e) => return Err(Error::task("rescue watcher")(e)),
         }
     }
     stats.kills = fleet.kills;
@@ -496,8 +345,12 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         s.errors.push("the submission did not finish".into());
         s
     });
-    let passed = check::verify(&store, &services, &submitted, &stats).await;
+    let report = check::verify(&store, &services, &submitted, &stats).await;
     let _ = server.shutdown().await;
+    if let Some(path) = &args.report_json {
+        report.write_json(path)?;
+    }
+    let passed = report.passed();
     if passed && logs_are_ours {
         // Nothing to look at: do not leave temp files behind.
         let _ = std::fs::remove_dir_all(&logs_at);
@@ -509,97 +362,4 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         _ if passed => 0,
         _ => 1,
     })
-}
-
-/// Submits orders `0..orders` from `SUBMITTERS` concurrent tasks; each submission is retried
-/// (returning the existing run if an earlier attempt got through).
-///
-/// Each attempt holds a read guard of `gate`; the PostgreSQL restart holds the write guard,
-/// so intake pauses during the restart. Otherwise a commit whose answer was lost in the
-/// crash would be retried, and if the run had already finished (which frees its business
-/// key) the retry would start a second run for the order: correct engine behaviour, but it
-/// would blur the "one run per order" check.
-async fn submit_all(
-    engine: Engine,
-    orders: usize,
-    intake: Arc<Intake>,
-    gate: Arc<tokio::sync::RwLock<()>>,
-) -> Duration {
-    let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..SUBMITTERS.min(orders) {
-        let (engine, next, intake, gate) =
-            (engine.clone(), next.clone(), intake.clone(), gate.clone());
-        tasks.spawn(async move {
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= orders {
-                    return;
-                }
-                let order = Order::sample(n);
-                let opts = StartOptions::keyed(order.order_id.clone())
-                    .on_duplicate(OnDuplicate::ReturnExisting);
-                let mut last = None;
-                for _ in 0..SUBMIT_ATTEMPTS {
-                    let open = gate.read().await;
-                    let result = engine
-                        .start_with(ORDER_WORKFLOW, &order, opts.clone())
-                        .await;
-                    drop(open);
-                    match result {
-                        Ok(s) => {
-                            intake.ids.lock().unwrap_or_else(PoisonError::into_inner)[n] =
-                                Some(s.id);
-                            intake.accepted.fetch_add(1, Ordering::Relaxed);
-                            last = None;
-                            break;
-                        }
-                        Err(e) => {
-                            last = Some(e.to_string());
-                            tokio::time::sleep(Duration::from_millis(250)).await;
-                        }
-                    }
-                }
-                if let Some(e) = last {
-                    let mut errors = intake.errors.lock().unwrap_or_else(PoisonError::into_inner);
-                    if errors.len() < 5 {
-                        errors.push(format!("{}: {e}", order.order_id));
-                    }
-                }
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    started.elapsed()
-}
-
-/// How long after the SIGKILL of `victim` (at `killed`) every step it held was released to
-/// the queue, or `None` when it held nothing. The released steps are claimed by a live
-/// process at once (they are queued and, on PostgreSQL, announced by NOTIFY).
-async fn rescue_time(store: Store, victim: String, killed: Instant) -> Option<Duration> {
-    let held = loop {
-        match store.step_list_owned(&victim, 10_000).await {
-            Ok(steps) => break steps,
-            // PostgreSQL may be restarting.
-            Err(_) if killed.elapsed() < RESCUE_GIVE_UP => {
-                tokio::time::sleep(RESCUE_POLL).await;
-            }
-            Err(_) => return None,
-        }
-    };
-    if held.is_empty() {
-        return None;
-    }
-    while killed.elapsed() < RESCUE_GIVE_UP {
-        if store
-            .step_list_owned(&victim, 1)
-            .await
-            .is_ok_and(|s| s.is_empty())
-        {
-            return Some(killed.elapsed());
-        }
-        tokio::time::sleep(RESCUE_POLL).await;
-    }
-    Some(RESCUE_GIVE_UP)
 }

@@ -2,6 +2,7 @@
 //! the server given.
 
 use sagaflow::sea_orm::{ConnectionTrait, Database};
+use sagaflow_tools::Error;
 
 /// A database created for one chaos run.
 #[derive(Debug)]
@@ -20,7 +21,7 @@ impl ChaosDb {
     /// written when `synchronous_commit` is `off` (as on scripts/pg.sh clusters), and an
     /// engine that acted on a lost commit (dispatched the next step) cannot be consistent.
     /// `fsync = off` does no harm here: the written WAL survives in the OS page cache.
-    pub(crate) async fn create(admin_url: &str, sync_commit: bool) -> Result<Self, String> {
+    pub(crate) async fn create(admin_url: &str, sync_commit: bool) -> Result<Self, Error> {
         let name = format!(
             "sagaflow_chaos_{}",
             &uuid::Uuid::now_v7().simple().to_string()[20..]
@@ -30,9 +31,10 @@ impl ChaosDb {
             None => (admin_url, None),
         };
         let Some((server, _)) = base.rsplit_once('/').filter(|(s, _)| s.contains("://")) else {
-            return Err(format!(
-                "database URL {admin_url} must name a database: postgres://user@host:port/db"
-            ));
+            return Err(Error::Usage(format!(
+                "database URL {} must name a database: postgres://user@host:port/db",
+                sagaflow::redact_url(admin_url)
+            )));
         };
         let url = match query {
             Some(q) => format!("{server}/{name}?{q}"),
@@ -40,12 +42,12 @@ impl ChaosDb {
         };
         let conn = Database::connect(admin_url)
             .await
-            .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
+            .map_err(Error::sql("connect", admin_url))?;
         let mut created = conn
             .execute_unprepared(&format!("CREATE DATABASE {name}"))
             .await
             .map(|_| ())
-            .map_err(|e| format!("CREATE DATABASE {name} failed: {e}"));
+            .map_err(Error::sql(format!("CREATE DATABASE {name}"), admin_url));
         if created.is_ok() && sync_commit {
             created = conn
                 .execute_unprepared(&format!(
@@ -53,7 +55,10 @@ impl ChaosDb {
                 ))
                 .await
                 .map(|_| ())
-                .map_err(|e| format!("ALTER DATABASE {name} SET synchronous_commit failed: {e}"));
+                .map_err(Error::sql(
+                    format!("ALTER DATABASE {name} SET synchronous_commit"),
+                    admin_url,
+                ));
         }
         let _ = conn.close().await;
         created?;
@@ -65,10 +70,10 @@ impl ChaosDb {
     }
 
     /// Drops the database (every connection to it must be gone, or is forced off).
-    pub(crate) async fn drop_db(&self) -> Result<(), String> {
+    pub(crate) async fn drop_db(&self) -> Result<(), Error> {
         let conn = Database::connect(self.admin_url.as_str())
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", self.admin_url))?;
+            .map_err(Error::sql("connect", &self.admin_url))?;
         let mut res = conn
             .execute_unprepared(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
@@ -82,7 +87,9 @@ impl ChaosDb {
                 .await;
         }
         let _ = conn.close().await;
-        res.map(|_| ())
-            .map_err(|e| format!("DROP DATABASE {} failed: {e}", self.name))
+        res.map(|_| ()).map_err(Error::sql(
+            format!("DROP DATABASE {}", self.name),
+            &self.admin_url,
+        ))
     }
 }

@@ -7,8 +7,8 @@ use std::io::Read as _;
 use std::time::{Duration, Instant};
 
 use sagaflow::{DeadlinePolicy, Engine, RetryPolicy};
+use sagaflow_testkit::services::HttpServices;
 use sagaflow_workflows::order::{OrderApis, OrderSettings, order_saga};
-use sagaflow_workflows::services::HttpServices;
 use tracing_subscriber::EnvFilter;
 
 use super::cli::Args;

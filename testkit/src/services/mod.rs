@@ -15,12 +15,14 @@
 
 mod bundle;
 mod error;
+mod fault_plan;
 mod faults;
 mod http_client;
 mod http_server;
 mod inventory;
 mod ledger;
 mod operation;
+mod order_checks;
 mod payments;
 mod remote;
 mod report;
@@ -33,7 +35,8 @@ mod tests;
 
 pub use bundle::{ServicePlans, Services};
 pub use error::{LostReply, ServiceError};
-pub use faults::{FaultCounts, FaultPlan, Faults, Scripted};
+pub use fault_plan::{FaultCounts, FaultPlan, Scripted};
+pub use faults::Faults;
 pub use http_client::{HttpInventory, HttpPayments, HttpServices, HttpShipping};
 pub use http_server::{IDEMPOTENCY_KEY_HEADER, ServerHandle, serve};
 pub use inventory::{

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::error::ServiceError;
-use super::faults::FaultPlan;
+use super::fault_plan::FaultPlan;
 use super::ledger::Ledger;
 use super::operation::{Operation, Service};
 use super::remote::Remote;

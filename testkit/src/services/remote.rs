@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::ServiceError;
-use super::faults::FaultPlan;
+use super::fault_plan::FaultPlan;
 use super::faults::{Fault, Faults};
 use super::ledger::{Delivery, Ledger};
 use super::operation::{Operation, Service};

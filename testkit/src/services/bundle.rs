@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::faults::{FaultCounts, FaultPlan, Faults, Scripted};
+use super::fault_plan::{FaultCounts, FaultPlan, Scripted};
+use super::faults::Faults;
 use super::inventory::{Inventory, InventoryApi};
 use super::ledger::Ledger;
 use super::operation::{Operation, Service};

@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::error::ServiceError;
-use super::faults::{FaultPlan, Faults};
+use super::fault_plan::FaultPlan;
+use super::faults::Faults;
 use super::ledger::Ledger;
 use super::operation::{Operation, Service};
 use super::remote::Remote;

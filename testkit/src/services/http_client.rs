@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::ServiceError;
-use super::faults::FaultCounts;
+use super::fault_plan::FaultCounts;
 use super::http_server::IDEMPOTENCY_KEY_HEADER;
 use super::inventory::{InventoryApi, ReleaseRequest, Released, Reservation, ReserveRequest};
 use super::ledger::EffectRecord;

@@ -1,0 +1,43 @@
+//! Command-line flags of `sagaflow-bench`.
+
+use clap::Parser;
+
+/// What to measure, on which database, with how many engine processes.
+#[derive(Parser, Debug)]
+#[command(about = "Measure sagaflow: workflows/s, start and end-to-end latency, peak RSS")]
+pub(crate) struct Args {
+    /// Database URL; default: a fresh SQLite file under ./.sagaflow/.
+    #[arg(long, env = "DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
+    /// Runs in the throughput phase.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) runs: usize,
+    /// Runs in the latency phase (one at a time).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) latency_runs: usize,
+    /// Concurrent submitters in the throughput phase (64: the setting of the figures in
+    /// docs/benchmarks.md).
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(crate) submitters: usize,
+    /// Steps in flight at most.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) max_in_flight: usize,
+    /// Steps per claim statement.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) claim_batch: u32,
+    /// Result batches each engine writes concurrently; default: the engine's.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(crate) completion_writers: Option<usize>,
+    /// Engine processes running the steps. With more than one, this process only submits
+    /// (a client-only engine) and the workers are copies of this command; latencies then come
+    /// from the runs' database timestamps, and the start latency is not measured.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) processes: usize,
+    /// Finished runs (with history) to insert before measuring: throughput must not depend
+    /// on how much history the database holds (AT-5).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) prefill_finished: u64,
+    /// Internal: run as a worker process until killed.
+    #[arg(long, hide = true)]
+    pub(crate) worker: Option<String>,
+}

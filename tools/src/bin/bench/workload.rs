@@ -1,0 +1,45 @@
+//! The measured saga: the order saga's shape (reserve → charge → ship) with no-op steps.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sagaflow::{DeadlinePolicy, RetryPolicy, StepContext, StepError, Workflow};
+use uuid::Uuid;
+
+/// When each run's first step began, by run id.
+pub(crate) type Starts = Arc<Mutex<HashMap<Uuid, Instant>>>;
+
+/// The measured saga: three no-op steps in a row, the first noting when it began.
+pub(crate) fn workflow(starts: Starts) -> sagaflow::Result<Workflow> {
+    let noop = |name: &'static str| {
+        move |_ctx: StepContext| async move {
+            Ok::<_, StepError>(serde_json::json!({ "step": name, "ok": true }))
+        }
+    };
+    Workflow::builder("bench", 1)
+        .default_retry(
+            RetryPolicy::default()
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(100)),
+        )
+        .default_deadline(DeadlinePolicy::new(
+            Duration::from_secs(30),
+            Duration::from_secs(120),
+        ))
+        .step("reserve", move |ctx: StepContext| {
+            let starts = starts.clone();
+            async move {
+                starts
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(ctx.run_id())
+                    .or_insert_with(Instant::now);
+                Ok::<_, StepError>(serde_json::json!({ "step": "reserve", "ok": true }))
+            }
+        })
+        .step("charge", noop("charge"))
+        .after(["reserve"])
+        .step("ship", noop("ship"))
+        .after(["charge"])
+        .build()
+}

@@ -1,0 +1,42 @@
+//! What the coordinator did to the fleet during a chaos run, for the summary and the checks.
+
+use std::time::Duration;
+
+use super::coordinator::Ending;
+
+/// The mid-run PostgreSQL restart.
+#[derive(Debug)]
+pub(crate) struct Restart {
+    /// When it was started, since the beginning of the run.
+    pub(crate) at: Duration,
+    /// How long `pg_ctl restart` took, or why it failed.
+    pub(crate) result: Result<Duration, sagaflow_tools::Error>,
+}
+
+/// What the coordinator did to the fleet.
+#[derive(Debug, Default)]
+pub(crate) struct ChaosStats {
+    /// SIGKILLs.
+    pub(crate) kills: u64,
+    /// For each SIGKILL that hit a process with steps in flight: the time until all of them
+    /// were released to the queue.
+    pub(crate) rescues: Vec<Duration>,
+    /// SIGKILLs of a process that held no step at that moment.
+    pub(crate) idle_kills: u64,
+    /// Engine processes started again.
+    pub(crate) restarts: u64,
+    /// Engine processes that exited on their own.
+    pub(crate) unexpected_exits: Vec<String>,
+    /// Engine processes that did not stop within the grace period at the end.
+    pub(crate) forced_stops: usize,
+    /// Progress polls that failed (PostgreSQL down).
+    pub(crate) monitor_errors: u64,
+    /// Whether a PostgreSQL restart was asked for.
+    pub(crate) pg_restart_expected: bool,
+    /// The PostgreSQL restart, if it happened.
+    pub(crate) pg_restart: Option<Restart>,
+    /// Time from the start of the chaos to the end of the main loop.
+    pub(crate) elapsed: Duration,
+    /// Why the main loop ended.
+    pub(crate) ending: Option<Ending>,
+}

@@ -1,0 +1,98 @@
+//! The `results` block a chaos run prints before its invariants: runs, chaos, faults,
+//! supervisor work, rescue times, history, effects and the runs left in error.
+
+use sagaflow_testkit::services::{Operation, OrderStatus, Services};
+use sagaflow_tools::measure::{Latencies, ms};
+
+use super::gather::Findings;
+use super::stats::ChaosStats;
+
+/// Prints the summary of `f`, the services' fault counts and `stats`.
+pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
+    let faults = services.fault_counts();
+    let by_service: Vec<String> = services
+        .fault_counts_by_service()
+        .iter()
+        // The order saga's services only (the travel saga's are idle here).
+        .filter(|(s, _)| Operation::ORDER.iter().any(|op| op.service() == **s))
+        .map(|(s, c)| format!("{s} {}/{}/{}", c.transient, c.hang, c.permanent))
+        .collect();
+    let a = &f.all_report.applied;
+    let hist = |e: &str| {
+        f.history
+            .iter()
+            .find(|(n, _)| n == e)
+            .map_or(0, |(_, c)| *c)
+    };
+    let secs = stats.elapsed.as_secs_f64();
+    println!("\nresults ({secs:.1} s)");
+    println!(
+        "  runs        completed {} · compensated {} · error {} · not terminal {} · {:.0} runs/s",
+        f.completed.len(),
+        f.compensated.len(),
+        f.error.len(),
+        f.stuck,
+        (f.completed.len() + f.compensated.len() + f.error.len()) as f64 / secs.max(0.001)
+    );
+    let pg = match (&stats.pg_restart, stats.pg_restart_expected) {
+        (Some(r), _) => match &r.result {
+            Ok(took) => format!(
+                "postgres restarted at {:.0} s (back in {:.1} s)",
+                r.at.as_secs_f64(),
+                took.as_secs_f64()
+            ),
+            Err(_) => "postgres restart failed".to_owned(),
+        },
+        (None, true) => "postgres restart did not happen".to_owned(),
+        (None, false) => "no postgres restart".to_owned(),
+    };
+    println!(
+        "  chaos       kills {} · restarts {} · {pg} · failed progress polls {}",
+        stats.kills, stats.restarts, stats.monitor_errors
+    );
+    println!(
+        "  faults      transient {} · hang {} · lost replies {} · terminal {} (per service t/h/p: {})",
+        faults.transient,
+        faults.hang,
+        faults.lost_reply,
+        faults.permanent,
+        by_service.join(", ")
+    );
+    println!(
+        "  supervisor  timeouts handled {} (re-queued or failed at the threshold) · interruptions {} (attempts lost with a killed process)",
+        hist("timeout"),
+        hist("interrupted")
+    );
+    let rescues = Latencies::of(stats.rescues.iter().copied());
+    println!(
+        "  rescue      after SIGKILL: {} kills with steps in flight, released in p50 {} · p99 {} · max {} ({} kills hit an idle process)",
+        rescues.len(),
+        ms(rescues.percentile(50.0)),
+        ms(rescues.percentile(99.0)),
+        ms(rescues.max()),
+        stats.idle_kills
+    );
+    let hist_line: Vec<String> = f.history.iter().map(|(e, n)| format!("{e} {n}")).collect();
+    println!("  history     {}", hist_line.join(" · "));
+    println!(
+        "  effects     reserve {} · release {} · charge {} · refund {} · ship {} · replays {}",
+        a.reserve, a.release, a.charge, a.refund, a.ship, f.all_report.replays
+    );
+    if f.error.is_empty() {
+        return;
+    }
+    for (k, n) in &f.error_kinds {
+        println!("  error runs  {n}× {k}");
+    }
+    let e = &f.error_report;
+    println!(
+        "              their ledger: {} settled, {} half-way (allowed: they wait for an operator)",
+        e.count(OrderStatus::Shipped)
+            + e.count(OrderStatus::Compensated)
+            + e.count(OrderStatus::Untouched),
+        e.count(OrderStatus::Inconsistent)
+    );
+    for e in &f.error_examples {
+        println!("              e.g. {e}");
+    }
+}
