@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole sagaflow test suite: the one command to type.
 #
-#   bash scripts/test.sh                    # fmt check, clippy, all tests
+#   bash scripts/test.sh                    # fmt, clippy, doc, API listing, all tests
 #   bash scripts/test.sh -- --nocapture     # extra args go to `cargo test`
 #   bash scripts/test.sh some_test_filter
 #   SAGAFLOW_SKIP_LINT=1 bash scripts/test.sh   # skip fmt, clippy and doc (quick local runs)
@@ -23,6 +23,9 @@ cd "$repo_root"
 
 # shellcheck source=scripts/pg.sh
 source "$repo_root/scripts/pg.sh"
+
+# The version of cargo-public-api whose listing format docs/public-api.txt is written in.
+CARGO_PUBLIC_API_VERSION=0.52.0
 
 banner() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -63,6 +66,15 @@ if [[ "${SAGAFLOW_SKIP_LINT:-0}" != "1" ]]; then
 
     banner "cargo doc --workspace --no-deps --locked (warnings denied)"
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+    # The public API listing (docs/public-api.txt) must match the code, so that every
+    # change of the API shows in review. cargo-public-api reads rustdoc's JSON output.
+    if ! cargo public-api --version >/dev/null 2>&1; then
+        banner "installing cargo-public-api ${CARGO_PUBLIC_API_VERSION}"
+        cargo install --locked --quiet cargo-public-api --version "${CARGO_PUBLIC_API_VERSION}"
+    fi
+    banner "public API listing (docs/public-api.txt)"
+    cargo run --quiet --locked -p sagaflow-tools --bin sagaflow-public-api -- --check
 else
     banner "SAGAFLOW_SKIP_LINT=1: skipping cargo fmt and cargo clippy"
 fi

@@ -317,6 +317,16 @@ impl Engine {
         self.inner.store.run_count_by_state().await
     }
 
+    /// Steps waiting to run (`ready` and `compensation_ready`), across every instance: the
+    /// backlog.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn queue_depth(&self) -> Result<u64> {
+        let n = self.inner.store.step_queue_depth().await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Which database this engine runs on.
     pub fn backend(&self) -> Backend {
         self.inner.store.backend()
