@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sagaflow_agents::AgentPool;
-use sagaflow_engine::hub::{AlertSink, Hub, RunEvent};
 use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
+use sagaflow_engine::signals::{AlertSink, RunEvent, Signals};
 use sagaflow_engine::{
     Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, RunRow, Step, StepRow,
     Store,
@@ -62,14 +62,14 @@ const DATABASE_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// Stops the engine when its database is lost: watches the SQLite file's identity and, on a
 /// fatal error from any loop, cancels every loop, so nothing more is claimed or accepted.
-async fn watch_database(store: Store, hub: Arc<Hub>, cancel: CancellationToken) {
+async fn watch_database(store: Store, signals: Arc<Signals>, cancel: CancellationToken) {
     let check = async {
         if !store.has_file() {
             return std::future::pending().await;
         }
         loop {
             if let Err(e) = store.check_file() {
-                hub.fail(e);
+                signals.fail(e);
                 return;
             }
             tokio::time::sleep(DATABASE_CHECK_EVERY).await;
@@ -77,7 +77,7 @@ async fn watch_database(store: Store, hub: Arc<Hub>, cancel: CancellationToken) 
     };
     tokio::select! {
         () = check => {}
-        _ = hub.fatal_error() => {}
+        _ = signals.fatal_error() => {}
         () = cancel.cancelled() => return,
     }
     cancel.cancel();
@@ -86,7 +86,7 @@ async fn watch_database(store: Store, hub: Arc<Hub>, cancel: CancellationToken) 
 pub(crate) struct Inner {
     pub(crate) store: Store,
     pub(crate) registry: Arc<Registry>,
-    pub(crate) hub: Arc<Hub>,
+    pub(crate) signals: Arc<Signals>,
     pub(crate) scheduler: Arc<Scheduler>,
     pub(crate) supervisor: Option<Arc<Supervisor>>,
     pub(crate) tracker: TaskTracker,
@@ -130,18 +130,22 @@ impl Engine {
         workers: bool,
         max_input_bytes: usize,
     ) -> Result<Self> {
-        let hub = Arc::new(Hub::new(sinks));
+        let signals = Arc::new(Signals::new(sinks));
         let tracker = TaskTracker::new();
         let cancel = CancellationToken::new();
         let in_flight = scheduler.max_in_flight;
         let scheduler = Arc::new(Scheduler::new(
             store.clone(),
             registry.clone(),
-            hub.clone(),
+            signals.clone(),
             scheduler,
         )?);
         let supervisor = match supervisor {
-            Some(c) => Some(Arc::new(Supervisor::new(store.clone(), hub.clone(), c)?)),
+            Some(c) => Some(Arc::new(Supervisor::new(
+                store.clone(),
+                signals.clone(),
+                c,
+            )?)),
             None => None,
         };
         if workers {
@@ -161,13 +165,17 @@ impl Engine {
                 cancel.clone(),
             ));
         }
-        let submit = crate::submit::spawn(store.clone(), hub.clone(), &tracker, cancel.clone());
-        tracker.spawn(watch_database(store.clone(), hub.clone(), cancel.clone()));
+        let submit = crate::submit::spawn(store.clone(), signals.clone(), &tracker, cancel.clone());
+        tracker.spawn(watch_database(
+            store.clone(),
+            signals.clone(),
+            cancel.clone(),
+        ));
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
                 registry,
-                hub,
+                signals,
                 scheduler,
                 supervisor,
                 tracker,
@@ -182,7 +190,7 @@ impl Engine {
 
     /// Whether this instance is running, was shut down, or stopped on a fatal error.
     pub fn health(&self) -> Health {
-        match self.inner.hub.fatal() {
+        match self.inner.signals.fatal() {
             Some(e) => Health::Failed(e),
             None if self.inner.cancel.is_cancelled() => Health::Stopped,
             None => Health::Running,
@@ -194,7 +202,7 @@ impl Engine {
     /// An embedding program selects on it beside its own work to exit, or alert, with the
     /// reason.
     pub async fn fatal_error(&self) -> Error {
-        self.inner.hub.fatal_error().await
+        self.inner.signals.fatal_error().await
     }
 
     /// A run by id.
@@ -240,12 +248,12 @@ impl Engine {
 
     /// Subscribes to status events of runs moved by this instance (SAS-8).
     pub fn subscribe(&self) -> broadcast::Receiver<RunEvent> {
-        self.inner.hub.subscribe_events()
+        self.inner.signals.subscribe_events()
     }
 
     /// Subscribes to alerts raised by this instance.
     pub fn subscribe_alerts(&self) -> broadcast::Receiver<Alert> {
-        self.inner.hub.subscribe_alerts()
+        self.inner.signals.subscribe_alerts()
     }
 
     /// Open alerts (from every instance sharing the database).

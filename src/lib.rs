@@ -69,7 +69,9 @@ pub use start::{OnDuplicate, StartOptions, Started};
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
-    pub use sagaflow_engine::{Registry, hub, operator, protocol, scheduler, store, transition};
+    pub use sagaflow_engine::{
+        Registry, operator, protocol, scheduler, signals, store, transition,
+    };
     pub use sagaflow_supervisor::{SUPERVISOR_STALLED, Supervisor, SupervisorConfig, SweepGate};
 }
 

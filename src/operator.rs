@@ -2,7 +2,7 @@
 
 #[cfg(doc)]
 use sagaflow_engine::Error;
-use sagaflow_engine::hub::RunEvent;
+use sagaflow_engine::signals::RunEvent;
 use sagaflow_engine::store::EvalApplied;
 use sagaflow_engine::{Result, RunState, operator};
 use uuid::Uuid;
@@ -77,14 +77,14 @@ impl Operator<'_> {
     }
 
     fn after(&self, a: EvalApplied) -> RunState {
-        let hub = &self.engine.inner.hub;
-        hub.publish(RunEvent {
+        let signals = &self.engine.inner.signals;
+        signals.publish(RunEvent {
             run_id: a.before.id,
             workflow: a.before.workflow.clone(),
             state: a.state,
         });
-        hub.eval.notify_one();
-        hub.claim.notify_one();
+        signals.wake_evaluator();
+        signals.wake_claimer();
         a.state
     }
 }

@@ -3,7 +3,7 @@
 //! caller's own transaction).
 
 use sagaflow_engine::definition::millis;
-use sagaflow_engine::hub::RunEvent;
+use sagaflow_engine::signals::RunEvent;
 use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome};
 use sagaflow_engine::{Error, Result, RunState, Workflow};
 use sea_orm::ConnectionTrait;
@@ -101,7 +101,7 @@ impl Engine {
         let outcome = answer.await.map_err(|_| Error::Shutdown)??;
         let started = resolve(outcome, opts, workflow)?;
         if started.created {
-            self.inner.hub.publish(RunEvent {
+            self.inner.signals.publish(RunEvent {
                 run_id: started.id,
                 workflow: workflow.to_owned(),
                 state: RunState::Pending,
@@ -140,7 +140,7 @@ impl Engine {
         input: &I,
         business_key: Option<String>,
     ) -> Result<NewRun> {
-        if let Some(fatal) = self.inner.hub.fatal() {
+        if let Some(fatal) = self.inner.signals.fatal() {
             return Err(fatal);
         }
         if self.inner.cancel.is_cancelled() {
@@ -165,8 +165,8 @@ impl Engine {
 
     /// Wakes this instance's scheduler (after committing a transaction that started runs).
     pub fn wake(&self) {
-        self.inner.hub.claim.notify_one();
-        self.inner.hub.eval.notify_one();
+        self.inner.signals.wake_claimer();
+        self.inner.signals.wake_evaluator();
     }
 }
 

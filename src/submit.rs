@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use sagaflow_engine::hub::Hub;
+use sagaflow_engine::signals::Signals;
 use sagaflow_engine::store::{Backend, NewRun, RunInsertOutcome};
 use sagaflow_engine::{Result, Store};
 use sea_orm::TransactionTrait;
@@ -26,7 +26,7 @@ pub(crate) struct Submission {
 /// Spawns the submitter; returns the queue to send submissions to.
 pub(crate) fn spawn(
     store: Store,
-    hub: Arc<Hub>,
+    signals: Arc<Signals>,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) -> mpsc::Sender<Submission> {
@@ -44,7 +44,7 @@ pub(crate) fn spawn(
                     for (s, o) in batch.drain(..).zip(outcomes) {
                         let _ = s.reply.send(Ok(o));
                     }
-                    hub.claim.notify_one();
+                    signals.wake_claimer();
                 }
                 Err(e) => {
                     // One transaction, one fate: every run of the batch was rolled back, and

@@ -10,10 +10,10 @@ mod outcome;
 mod state;
 
 pub mod definition;
-pub mod hub;
 pub mod operator;
 pub mod protocol;
 pub mod scheduler;
+pub mod signals;
 pub mod store;
 pub mod transition;
 
@@ -22,12 +22,12 @@ pub use definition::{
     StepSettings, Workflow, WorkflowBuilder, workflow_key,
 };
 pub use error::{Error, Result};
-pub use hub::{AlertSink, Hub, RunEvent, TracingSink};
 pub use model::{
     Alert, AlertKind, Attempts, EntityState, HistoryEvent, HistoryKind, Run, RunCounts, Step,
     Timestamp,
 };
 pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};
+pub use signals::{AlertSink, RunEvent, Signals, TracingSink};
 pub use state::{RunState, StepState};
 pub use store::{Backend, RunRow, StepRow, Store};

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use sagaflow_engine::store::{LeaderFence, RescueCounts};
-use sagaflow_engine::{Hub, Result, Store};
+use sagaflow_engine::{Result, Signals, Store};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -31,7 +31,7 @@ enum TermEnd {
 #[derive(Debug)]
 pub struct Supervisor {
     pub(crate) store: Store,
-    pub(crate) hub: Arc<Hub>,
+    pub(crate) signals: Arc<Signals>,
     pub(crate) config: SupervisorConfig,
     /// The current term, while this instance leads.
     term: Mutex<Option<Arc<LeaderContext>>>,
@@ -47,13 +47,13 @@ impl Supervisor {
     ///
     /// # Errors
     /// [`Error::Config`](sagaflow_engine::Error::Config).
-    pub fn new(store: Store, hub: Arc<Hub>, config: SupervisorConfig) -> Result<Self> {
+    pub fn new(store: Store, signals: Arc<Signals>, config: SupervisorConfig) -> Result<Self> {
         config.validate()?;
         let rescue = Arc::new(Rescue::default());
         let services = maintenance_services(&config, rescue.clone());
         Ok(Self {
             store,
-            hub,
+            signals,
             config,
             term: Mutex::new(None),
             rescue,
@@ -169,7 +169,7 @@ impl Supervisor {
         let ctx = Arc::new(LeaderContext::new(
             fence.clone(),
             self.store.clone(),
-            self.hub.clone(),
+            self.signals.clone(),
             self.config.clone(),
             self.stats.clone(),
         ));

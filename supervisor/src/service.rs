@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sagaflow_engine::store::LeaderFence;
-use sagaflow_engine::{Error, Hub, Result, Store};
+use sagaflow_engine::{Error, Result, Signals, Store};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -77,13 +77,13 @@ impl fmt::Display for ServiceReport {
 }
 
 /// Everything a service needs during one term: the fence its writes quote, the store, the
-/// hub to wake the scheduler, the settings, the instance's counters, and the progress clock
+/// signals to wake the scheduler, the settings, the instance's counters, and the progress clock
 /// the renewal loop reads (LE-3).
 #[derive(Debug)]
 pub(crate) struct LeaderContext {
     pub(crate) fence: LeaderFence,
     pub(crate) store: Store,
-    pub(crate) hub: Arc<Hub>,
+    pub(crate) signals: Arc<Signals>,
     pub(crate) config: SupervisorConfig,
     pub(crate) stats: Arc<Counters>,
     /// When the rescue service last made progress (a sweep returned or a batch committed).
@@ -97,14 +97,14 @@ impl LeaderContext {
     pub(crate) fn new(
         fence: LeaderFence,
         store: Store,
-        hub: Arc<Hub>,
+        signals: Arc<Signals>,
         config: SupervisorConfig,
         stats: Arc<Counters>,
     ) -> Self {
         Self {
             fence,
             store,
-            hub,
+            signals,
             config,
             stats,
             progress: Mutex::new(Instant::now()),

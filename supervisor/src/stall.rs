@@ -44,7 +44,7 @@ impl Supervisor {
             watch.raised_at = Some(Instant::now());
             let alert = stalled_alert(&self.config.lease_name, &progress, limit, key);
             match self.store.alert_insert(&alert).await {
-                Ok(Some(row)) => self.hub.alert(&row),
+                Ok(Some(row)) => self.signals.alert(&row),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::error!(error = %e, reason = %alert.reason, "could not store an alert");

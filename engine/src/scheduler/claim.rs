@@ -45,7 +45,7 @@ pub(super) async fn run(
         // A deleted or replaced SQLite file would take every claim and result into a file
         // nobody reads: stop here and say why (one stat per claim batch).
         if let Err(e) = s.store.check_file() {
-            s.hub.fail(e);
+            s.signals.fail(e);
             return;
         }
         let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
@@ -67,7 +67,7 @@ pub(super) async fn run(
         if claimed.is_empty() {
             drop(permits);
             tokio::select! {
-                () = s.hub.claim.notified() => {}
+                () = s.signals.claimer_woken() => {}
                 () = tokio::time::sleep(s.config.empty_poll_pause) => {}
                 () = cancel.cancelled() => return,
             }

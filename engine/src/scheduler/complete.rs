@@ -47,7 +47,7 @@ pub(super) async fn run(
                 while retries.peek().is_some_and(|Reverse(t)| *t <= now) {
                     retries.pop();
                 }
-                s.hub.claim.notify_one();
+                s.signals.wake_claimer();
                 continue;
             }
             () = cancel.cancelled() => return,
@@ -75,11 +75,11 @@ pub(super) async fn run(
                         super::evaluate::after_eval(&s, a);
                     }
                     for a in &outcome.set_aside {
-                        s.hub.alert(a);
+                        s.signals.alert(a);
                     }
                     if !outcome.failed.is_empty() {
                         // Left marked: the evaluation loop retries them and raises alerts.
-                        s.hub.eval.notify_one();
+                        s.signals.wake_evaluator();
                     }
                     streak.succeeded("writing step results");
                     // The row's `available_at` was computed by the database during the write,

@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
-use crate::hub::RunEvent;
 use crate::model::Alert;
+use crate::signals::RunEvent;
 use crate::store::{Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
 use crate::transition;
 use crate::{Error, Registry, RunState};
@@ -60,7 +60,7 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
                     progressed |= after_eval(&s, a);
                 }
                 for a in &out.set_aside {
-                    s.hub.alert(a);
+                    s.signals.alert(a);
                 }
                 for (id, e) in out.failed {
                     poisoned.insert(id, tokio::time::Instant::now());
@@ -73,7 +73,7 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
             continue;
         }
         tokio::select! {
-            () = s.hub.eval.notified() => {}
+            () = s.signals.evaluator_woken() => {}
             () = tokio::time::sleep(s.config.empty_poll_pause) => {}
             () = cancel.cancelled() => return,
         }
@@ -191,21 +191,21 @@ fn plan_run(registry: &Registry, run: &RunRow, steps: &[StepRow]) -> Result<Plan
 /// run moved.
 pub(super) fn after_eval(s: &Scheduler, a: &EvalApplied) -> bool {
     if a.ready > 0 {
-        s.hub.claim.notify_one();
+        s.signals.wake_claimer();
     }
     if a.stale > 0 {
-        s.hub.eval.notify_one();
+        s.signals.wake_evaluator();
     }
     if a.state != a.before.state {
         tracing::debug!(run_id = %a.before.id, from = %a.before.state, to = %a.state, "run moved");
-        s.hub.publish(RunEvent {
+        s.signals.publish(RunEvent {
             run_id: a.before.id,
             workflow: a.before.workflow.clone(),
             state: a.state,
         });
     }
     if let Some(alert) = &a.alert {
-        s.hub.alert(alert);
+        s.signals.alert(alert);
     }
     a.ready > 0 || a.stale > 0 || a.state != a.before.state
 }
@@ -263,7 +263,7 @@ fn unevaluable_alert(id: Uuid, e: &Error) -> NewAlert {
 
 async fn raise(s: &Scheduler, alert: NewAlert) {
     match s.store.alert_insert(&alert).await {
-        Ok(Some(row)) => s.hub.alert(&row),
+        Ok(Some(row)) => s.signals.alert(&row),
         Ok(None) => {}
         Err(e) => tracing::error!(error = %e, reason = %alert.reason, "could not store an alert"),
     }

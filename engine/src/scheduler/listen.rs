@@ -44,20 +44,20 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
             failures = 0;
         }
         // Catch up on anything queued while not listening.
-        s.hub.claim.notify_one();
-        s.hub.eval.notify_one();
+        s.signals.wake_claimer();
+        s.signals.wake_evaluator();
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
                     Ok(Some(_)) => {
-                        s.hub.claim.notify_one();
-                        s.hub.eval.notify_one();
+                        s.signals.wake_claimer();
+                        s.signals.wake_evaluator();
                     }
                     // The connection dropped: the listener reconnects on the next receive;
                     // wake the loops, since notifications may have been missed meanwhile.
                     Ok(None) => {
-                        s.hub.claim.notify_one();
-                        s.hub.eval.notify_one();
+                        s.signals.wake_claimer();
+                        s.signals.wake_evaluator();
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "wake-up listener failed; reconnecting");

@@ -33,8 +33,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::definition::Registry;
-use crate::hub::Hub;
 use crate::protocol::{AgentResponse, Dispatch};
+use crate::signals::Signals;
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -155,7 +155,7 @@ impl SchedulerConfig {
 pub struct Scheduler {
     store: Store,
     registry: Arc<Registry>,
-    hub: Arc<Hub>,
+    signals: Arc<Signals>,
     config: SchedulerConfig,
     slots: Arc<Semaphore>,
     keys: Vec<String>,
@@ -169,7 +169,7 @@ impl Scheduler {
     pub fn new(
         store: Store,
         registry: Arc<Registry>,
-        hub: Arc<Hub>,
+        signals: Arc<Signals>,
         config: SchedulerConfig,
     ) -> Result<Self> {
         config.validate()?;
@@ -178,7 +178,7 @@ impl Scheduler {
             slots: Arc::new(Semaphore::new(config.max_in_flight)),
             store,
             registry,
-            hub,
+            signals,
             config,
             keys,
         })

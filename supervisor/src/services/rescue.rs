@@ -62,8 +62,8 @@ impl Rescue {
             Counters::add(&ctx.stats.requeued, total.requeued);
             Counters::add(&ctx.stats.interrupted, total.interrupted);
             Counters::add(&ctx.stats.failed, total.failed);
-            ctx.hub.claim.notify_one();
-            ctx.hub.eval.notify_one();
+            ctx.signals.wake_claimer();
+            ctx.signals.wake_evaluator();
         }
         Ok(total)
     }

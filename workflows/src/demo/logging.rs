@@ -75,7 +75,7 @@ pub(crate) fn init_logging(args: &Args, writer: LogWriter) {
         EnvFilter::new("off")
     } else {
         EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| EnvFilter::new("warn,sagaflow_engine::hub=off"))
+            .unwrap_or_else(|_| EnvFilter::new("warn,sagaflow_engine::signals=off"))
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)

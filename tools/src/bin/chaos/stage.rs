@@ -81,7 +81,7 @@ pub(crate) fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("error,sagaflow_engine::hub=off")),
+                .unwrap_or_else(|_| EnvFilter::new("error,sagaflow_engine::signals=off")),
         )
         .with_writer(std::io::stderr)
         .try_init();

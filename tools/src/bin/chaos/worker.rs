@@ -43,7 +43,7 @@ pub(crate) async fn worker_main(args: &Args) -> u8 {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("warn,sagaflow_engine::hub=off")),
+                .unwrap_or_else(|_| EnvFilter::new("warn,sagaflow_engine::signals=off")),
         )
         .with_ansi(false)
         .with_writer(std::io::stderr)

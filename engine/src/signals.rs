@@ -48,29 +48,30 @@ impl AlertSink for TracingSink {
     }
 }
 
-/// Shared by the scheduler, the supervisor and the public API of one engine instance.
-pub struct Hub {
+/// The in-process signals of one engine instance, shared by its scheduler, supervisor and
+/// public API: run events, alerts, wake-ups between loops, and the fatal error.
+pub struct Signals {
     events: broadcast::Sender<RunEvent>,
     alerts: broadcast::Sender<Alert>,
     sinks: Vec<Arc<dyn AlertSink>>,
     /// Wakes the claim loop (new ready steps).
-    pub claim: Notify,
+    claim: Notify,
     /// Wakes the evaluation loop (runs marked dirty).
-    pub eval: Notify,
+    eval: Notify,
     /// The error that stopped the engine for good, once there is one.
     fatal: watch::Sender<Option<Error>>,
 }
 
-impl fmt::Debug for Hub {
+impl fmt::Debug for Signals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hub")
+        f.debug_struct("Signals")
             .field("sinks", &self.sinks.len())
             .finish_non_exhaustive()
     }
 }
 
-impl Hub {
-    /// A hub delivering alerts to `sinks` (plus in-process subscribers).
+impl Signals {
+    /// A signals delivering alerts to `sinks` (plus in-process subscribers).
     pub fn new(sinks: Vec<Arc<dyn AlertSink>>) -> Self {
         Self {
             events: broadcast::channel(EVENT_CAPACITY).0,
@@ -80,6 +81,27 @@ impl Hub {
             eval: Notify::new(),
             fatal: watch::channel(None).0,
         }
+    }
+
+    /// Wakes the claim loop: steps became due. A wake-up with nobody waiting is kept for
+    /// the next wait, so none is lost.
+    pub fn wake_claimer(&self) {
+        self.claim.notify_one();
+    }
+
+    /// Wakes the evaluation loop: runs were marked for evaluation.
+    pub fn wake_evaluator(&self) {
+        self.eval.notify_one();
+    }
+
+    /// Waits for [`Signals::wake_claimer`] (or a wake-up given while nobody waited).
+    pub async fn claimer_woken(&self) {
+        self.claim.notified().await;
+    }
+
+    /// Waits for [`Signals::wake_evaluator`].
+    pub async fn evaluator_woken(&self) {
+        self.eval.notified().await;
     }
 
     /// Records the error that stops this engine instance for good (its database is lost).
@@ -107,7 +129,7 @@ impl Hub {
         let mut rx = self.fatal.subscribe();
         match rx.wait_for(Option::is_some).await {
             Ok(f) => f.clone().unwrap_or(Error::Shutdown),
-            // The hub outlives every waiter that holds a reference to it.
+            // The signals outlives every waiter that holds a reference to it.
             Err(_) => Error::Shutdown,
         }
     }
