@@ -327,7 +327,7 @@ impl std::fmt::Display for HistoryEvent {
 }
 
 /// The stored columns of one history row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sea_orm::FromQueryResult)]
 pub(crate) struct HistoryColumns {
     pub(crate) id: i64,
     pub(crate) step: Option<String>,

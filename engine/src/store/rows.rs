@@ -1,6 +1,6 @@
 //! Rows read from the store, decoded with typed errors (a corrupt row is an error, not a panic).
 
-use sea_orm::QueryResult;
+use sea_orm::{ColIdx, DbErr, FromQueryResult, QueryResult, TryGetError, TryGetable};
 use uuid::Uuid;
 
 use crate::model::HistoryColumns;
@@ -81,16 +81,57 @@ pub(super) fn state_of<T: std::str::FromStr>(
     })
 }
 
-/// Decodes a row, reporting any column that does not decode as a corrupt row of `table`.
-fn columns<T>(table: &'static str, id: impl ToString, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    f().map_err(|e| match e {
-        Error::CorruptRow { .. } => e,
-        other => Error::corrupt(table, id.to_string(), other.to_string()),
+/// A state column through its stored spelling; a value that is not a state is a type error
+/// naming the column and quoting the value.
+fn state_column<T: std::str::FromStr, I: ColIdx>(
+    res: &QueryResult,
+    index: I,
+) -> std::result::Result<T, TryGetError> {
+    let value = String::try_get_by(res, index)?;
+    value.parse().map_err(|_| {
+        TryGetError::DbErr(DbErr::Type(format!(
+            "column `state` holds {}, which is not a state",
+            quote(&value)
+        )))
+    })
+}
+
+impl TryGetable for StepState {
+    fn try_get_by<I: ColIdx>(
+        res: &QueryResult,
+        index: I,
+    ) -> std::result::Result<Self, TryGetError> {
+        state_column(res, index)
+    }
+}
+
+impl TryGetable for RunState {
+    fn try_get_by<I: ColIdx>(
+        res: &QueryResult,
+        index: I,
+    ) -> std::result::Result<Self, TryGetError> {
+        state_column(res, index)
+    }
+}
+
+/// Decodes a row of `table` whose id is already known, reporting any column that does not
+/// decode as damage of that row.
+fn decode_row<T: FromQueryResult>(
+    table: &'static str,
+    id: impl ToString,
+    r: &QueryResult,
+) -> Result<T> {
+    T::from_query_result(r, "").map_err(|e| {
+        let reason = match e {
+            DbErr::Type(reason) => reason,
+            other => other.to_string(),
+        };
+        Error::corrupt(table, id.to_string(), reason)
     })
 }
 
 /// One run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, FromQueryResult)]
 pub struct RunRow {
     /// Run id.
     pub id: Uuid,
@@ -121,27 +162,12 @@ pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, i
 impl RunRow {
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: Uuid = r.try_get("", "id")?;
-        columns("sagaflow_runs", id, || {
-            let state: String = r.try_get("", "state")?;
-            Ok(Self {
-                id,
-                workflow: r.try_get("", "workflow")?,
-                version: r.try_get("", "version")?,
-                business_key: r.try_get("", "business_key")?,
-                state: state_of("sagaflow_runs", id, &state)?,
-                input: r.try_get("", "input")?,
-                output: r.try_get("", "output")?,
-                error: r.try_get("", "error")?,
-                created_at: r.try_get("", "created_at")?,
-                updated_at: r.try_get("", "updated_at")?,
-                finished_at: r.try_get("", "finished_at")?,
-            })
-        })
+        decode_row("sagaflow_runs", id, r)
     }
 }
 
 /// One step of an unfinished run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, FromQueryResult)]
 pub struct StepRow {
     /// Row id.
     pub id: i64,
@@ -206,37 +232,12 @@ impl StepRow {
 
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
-        columns("sagaflow_steps", id, || Self::decode_columns(r, id))
-    }
-
-    fn decode_columns(r: &QueryResult, id: i64) -> Result<Self> {
-        let state: String = r.try_get("", "state")?;
-        Ok(Self {
-            id,
-            run_id: r.try_get("", "run_id")?,
-            name: r.try_get("", "name")?,
-            state: state_of("sagaflow_steps", id, &state)?,
-            locked_by: r.try_get("", "locked_by")?,
-            complete_by: r.try_get("", "complete_by")?,
-            available_at: r.try_get("", "available_at")?,
-            attempt: r.try_get("", "attempt")?,
-            forward_attempts: r.try_get("", "forward_attempts")?,
-            compensation_attempts: r.try_get("", "compensation_attempts")?,
-            failure_count: r.try_get("", "failure_count")?,
-            max_failures: r.try_get("", "max_failures")?,
-            interruptions: r.try_get("", "interruptions")?,
-            max_interruptions: r.try_get("", "max_interruptions")?,
-            maybe_applied: r.try_get("", "maybe_applied")?,
-            deadline_ms: r.try_get("", "deadline_ms")?,
-            idempotency_key: r.try_get("", "idempotency_key")?,
-            output: r.try_get("", "output")?,
-            error: r.try_get("", "error")?,
-        })
+        decode_row("sagaflow_steps", id, r)
     }
 }
 
 /// A step just claimed: the lease that fences every later write of this attempt.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, FromQueryResult)]
 pub struct ClaimedStep {
     /// Row id.
     pub id: i64,
@@ -255,6 +256,7 @@ pub struct ClaimedStep {
     /// Compensation attempts so far, this one included when `Compensating`.
     pub compensation_attempts: i32,
     /// Failures, interruptions and deadline so far, with their limits.
+    #[sea_orm(nested)]
     pub counters: Counters,
     /// Deadline (epoch ms, DB clock).
     pub complete_by: i64,
@@ -279,22 +281,7 @@ impl ClaimedStep {
 
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
-        let state: String = r.try_get("", "state")?;
-        Ok(Self {
-            id,
-            run_id: r.try_get("", "run_id")?,
-            workflow_key: r.try_get("", "workflow_key")?,
-            name: r.try_get("", "name")?,
-            state: state_of("sagaflow_steps", id, &state)?,
-            attempt: r.try_get("", "attempt")?,
-            forward_attempts: r.try_get("", "forward_attempts")?,
-            compensation_attempts: r.try_get("", "compensation_attempts")?,
-            counters: counters(r)?,
-            complete_by: r.try_get("", "complete_by")?,
-            db_now: r.try_get("", "db_now")?,
-            idempotency_key: r.try_get("", "idempotency_key")?,
-            output: r.try_get("", "output")?,
-        })
+        decode_row("sagaflow_steps", id, r)
     }
 }
 
@@ -335,17 +322,17 @@ impl ExpiredStep {
 
     pub(super) fn decode(r: &QueryResult) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
-        let state: String = r.try_get("", "state")?;
+        let state = decode_row("sagaflow_steps", id, r).map(|StateOnly { state }| state)?;
         Ok(Self {
             id,
             run_id: r.try_get("", "run_id")?,
             name: r.try_get("", "name")?,
-            state: state_of("sagaflow_steps", id, &state)?,
+            state,
             attempt: r.try_get("", "attempt")?,
             locked_by: r
                 .try_get::<Option<String>>("", "locked_by")?
                 .unwrap_or_default(),
-            counters: counters(r)?,
+            counters: Counters::from_query_result(r, "")?,
             owner_dead: r
                 .try_get::<Option<bool>>("", "owner_dead")?
                 .unwrap_or(false),
@@ -353,29 +340,28 @@ impl ExpiredStep {
     }
 }
 
-/// The counters of a claimed or running step, as the transition table decides on them.
-fn counters(r: &QueryResult) -> Result<Counters> {
-    Ok(Counters {
-        failure_count: r.try_get("", "failure_count")?,
-        max_failures: r.try_get("", "max_failures")?,
-        interruptions: r.try_get("", "interruptions")?,
-        max_interruptions: r.try_get("", "max_interruptions")?,
-        deadline_ms: r.try_get("", "deadline_ms")?,
-        deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
-    })
+/// The state column alone (of a row decoded field by field).
+#[derive(FromQueryResult)]
+struct StateOnly {
+    state: StepState,
+}
+
+/// The counters of a claimed or running step, as the transition table decides on them (the
+/// type lives with the decisions, which know nothing of rows).
+impl FromQueryResult for Counters {
+    fn from_query_result(r: &QueryResult, pre: &str) -> std::result::Result<Self, DbErr> {
+        Ok(Self {
+            failure_count: r.try_get(pre, "failure_count")?,
+            max_failures: r.try_get(pre, "max_failures")?,
+            interruptions: r.try_get(pre, "interruptions")?,
+            max_interruptions: r.try_get(pre, "max_interruptions")?,
+            deadline_ms: r.try_get(pre, "deadline_ms")?,
+            deadline_cap_ms: r.try_get(pre, "deadline_cap_ms")?,
+        })
+    }
 }
 
 /// Decodes one history row into its stored columns (typed in [`crate::model`]).
 pub(super) fn history_columns(r: &QueryResult) -> Result<HistoryColumns> {
-    Ok(HistoryColumns {
-        id: r.try_get("", "id")?,
-        step: r.try_get("", "step")?,
-        event: r.try_get("", "event")?,
-        from_state: r.try_get("", "from_state")?,
-        to_state: r.try_get("", "to_state")?,
-        attempt: r.try_get("", "attempt")?,
-        actor: r.try_get("", "actor")?,
-        detail: r.try_get("", "detail")?,
-        at: r.try_get("", "at")?,
-    })
+    Ok(HistoryColumns::from_query_result(r, "")?)
 }
