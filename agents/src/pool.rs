@@ -72,7 +72,7 @@ async fn execute(d: Dispatch, shutdown: CancellationToken) {
         Ok(r) => r,
         Err(e) if e.is_panic() => {
             let msg = panic_message(e.into_panic());
-            tracing::warn!(run_id = %lease.run_id, step = %lease.step, "step panicked: {msg}");
+            tracing::warn!(run_id = %lease.run_id, step = %lease.step, panic = %msg, "step panicked");
             Err(StepError::retryable(
                 "panic",
                 format!("the step panicked: {msg}"),

@@ -142,7 +142,7 @@ pub async fn plan_and_apply(
     }
     for (run, d) in &damaged {
         // An attempt reported damage for a run whose row is gone: its step stays parked.
-        tracing::warn!(run_id = %run, "a step of a missing run was parked: {d}");
+        tracing::warn!(run_id = %run, damage = %d, "a step of a missing run was parked");
     }
     let ids: Vec<Uuid> = healthy.iter().map(|r| r.id).collect();
     let mut steps = tx.steps_of(&ids).await?;

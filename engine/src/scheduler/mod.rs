@@ -234,15 +234,15 @@ impl ErrorStreak {
     pub(crate) fn failed(&mut self, what: &str, e: &Error) {
         self.failures += 1;
         if self.failures == 1 {
-            tracing::warn!(error = %e, "{what} failed; retrying with backoff");
+            tracing::warn!(error = %e, task = what, "failed; retrying with backoff");
         } else if self.failures.is_power_of_two() {
-            tracing::warn!(error = %e, failures = self.failures, "{what} still failing");
+            tracing::warn!(error = %e, task = what, failures = self.failures, "still failing");
         }
     }
 
     pub(crate) fn succeeded(&mut self, what: &str) {
         if self.failures > 0 {
-            tracing::info!(failures = self.failures, "{what} recovered");
+            tracing::info!(task = what, failures = self.failures, "recovered");
             self.failures = 0;
         }
     }

@@ -273,7 +273,7 @@ impl StoreTx<'_> {
                 actor: actor.to_owned(),
                 detail: Some(d.to_string()),
             });
-            tracing::warn!(run_id = %d.run_id, table = d.table, row = %d.row, "run set aside for a damaged row: {}", d.reason);
+            tracing::warn!(run_id = %d.run_id, table = d.table, row = %d.row, reason = %d.reason, "run set aside for a damaged row");
             let alert = NewAlert {
                 run_id: Some(d.run_id),
                 step: None,

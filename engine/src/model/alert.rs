@@ -1,0 +1,73 @@
+//! Operator alerts as applications receive them: a typed kind, the reason in words, the
+//! attempts of the failed phase and the actions an operator can take.
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Timestamp;
+
+/// What an alert is about.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, Serialize, strum::EnumString, strum::AsRefStr, strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AlertKind {
+    /// A run stopped in `Error`: a compensation failed, a step failed after the pivot, a
+    /// retriable step failed for good, or the pivot may have taken effect.
+    RunError,
+    /// A step was interrupted more often than its cap allows (it may crash its process).
+    PoisonStep,
+    /// Runs of a workflow version no engine instance registers are waiting.
+    UnknownVersion,
+    /// A row could not be decoded; its run is set aside until an operator repairs it.
+    CorruptRow,
+    /// No supervisor has completed a sweep for too long.
+    SupervisorStalled,
+    /// A kind this version does not know (raised by a newer one).
+    #[strum(default)]
+    Other(String),
+}
+
+/// An operator alert, stored before it is delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Alert {
+    /// Alert id.
+    pub id: i64,
+    /// The run concerned, if any.
+    pub run_id: Option<Uuid>,
+    /// The step concerned, if any.
+    pub step: Option<String>,
+    /// What it is about.
+    pub kind: AlertKind,
+    /// What happened, in words.
+    pub reason: String,
+    /// Attempts the step made in the phase that failed (forward or compensation); 0 when the
+    /// alert names no step.
+    pub attempts: i32,
+    /// What the operator can do.
+    pub actions: Vec<String>,
+    /// When it was raised (database clock).
+    pub created_at: Timestamp,
+    /// When it was resolved.
+    pub resolved_at: Option<Timestamp>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_are_stored_in_snake_case_and_unknown_ones_are_kept() {
+        assert_eq!(
+            AlertKind::SupervisorStalled.to_string(),
+            "supervisor_stalled"
+        );
+        assert_eq!(
+            "from_the_future".parse::<AlertKind>().ok(),
+            Some(AlertKind::Other("from_the_future".into()))
+        );
+    }
+}

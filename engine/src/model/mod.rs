@@ -1,0 +1,241 @@
+//! What the engine shows an application: runs, steps, history events and alerts as typed
+//! values — states as enums, payloads as `serde_json::Value`, times as UTC timestamps —
+//! decoded from the store's rows at the edge, so no caller parses JSON strings or matches
+//! event names.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::store::{RunRow, StepRow};
+use crate::{Error, Result, RunState, StepState};
+
+mod alert;
+mod history;
+
+pub use alert::{Alert, AlertKind};
+pub(crate) use history::HistoryColumns;
+pub use history::{EntityState, HistoryEvent, HistoryKind};
+
+/// A point in time on the database's clock.
+pub type Timestamp = DateTime<Utc>;
+
+/// Epoch milliseconds (the stored form) as a timestamp. Out-of-range values (no clock ever
+/// wrote one) saturate rather than fail a read.
+pub(crate) fn timestamp(ms: i64) -> Timestamp {
+    DateTime::from_timestamp_millis(ms).unwrap_or(if ms < 0 {
+        DateTime::<Utc>::MIN_UTC
+    } else {
+        DateTime::<Utc>::MAX_UTC
+    })
+}
+
+/// Parses a stored JSON column; a value that is not JSON is a damaged row.
+fn json(table: &'static str, row: impl ToString, column: &str, text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|e| {
+        Error::corrupt(
+            table,
+            row.to_string(),
+            format!("column `{column}` is not JSON: {e}"),
+        )
+    })
+}
+
+fn json_opt(
+    table: &'static str,
+    row: impl ToString,
+    column: &str,
+    text: Option<&str>,
+) -> Result<Option<Value>> {
+    text.map(|t| json(table, row, column, t)).transpose()
+}
+
+/// One run of a workflow.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Run {
+    /// Run id.
+    pub id: Uuid,
+    /// Workflow name.
+    pub workflow: String,
+    /// The workflow version the run is pinned to.
+    pub version: i32,
+    /// Business key, if the run was started with one.
+    pub business_key: Option<String>,
+    /// State.
+    pub state: RunState,
+    /// The input it was started with.
+    pub input: Value,
+    /// Once completed: an object with each step's output under the step's name.
+    pub output: Option<Value>,
+    /// The error envelope (`code`, `message`, …) of the failure that stopped or unwound it.
+    pub error: Option<Value>,
+    /// When it was accepted.
+    pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+    /// When it finished (`Completed` or `Compensated`).
+    pub finished_at: Option<Timestamp>,
+}
+
+impl RunRow {
+    /// The run as applications see it.
+    ///
+    /// # Errors
+    /// [`Error::CorruptRow`] when a JSON column does not hold JSON.
+    pub fn into_run(self) -> Result<Run> {
+        const T: &str = "sagaflow_runs";
+        let r = self;
+        Ok(Run {
+            input: json(T, r.id, "input", &r.input)?,
+            output: json_opt(T, r.id, "output", r.output.as_deref())?,
+            error: json_opt(T, r.id, "error", r.error.as_deref())?,
+            id: r.id,
+            workflow: r.workflow,
+            version: r.version,
+            business_key: r.business_key,
+            state: r.state,
+            created_at: timestamp(r.created_at),
+            updated_at: timestamp(r.updated_at),
+            finished_at: r.finished_at.map(timestamp),
+        })
+    }
+}
+
+/// Attempts of one step, counted per phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[non_exhaustive]
+pub struct Attempts {
+    /// Attempts of the forward step so far.
+    pub forward: i32,
+    /// Attempts of its compensation so far.
+    pub compensation: i32,
+    /// Failed attempts in the current phase.
+    pub failures: i32,
+    /// Failures the current phase tolerates before the step fails for good.
+    pub max_failures: i32,
+    /// Attempts lost with their engine instance in the current phase (never failures).
+    pub interruptions: i32,
+    /// Interruptions tolerated before the run stops with a `poison_step` alert.
+    pub max_interruptions: i32,
+}
+
+/// One step of an unfinished run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Step {
+    /// The run it belongs to.
+    pub run_id: Uuid,
+    /// Step name.
+    pub name: String,
+    /// State.
+    pub state: StepState,
+    /// Attempt counters.
+    pub attempts: Attempts,
+    /// Whether a forward attempt may have taken effect without the engine learning its
+    /// result (it failed with an unknown outcome, timed out, or was interrupted). Sticky.
+    pub maybe_applied: bool,
+    /// The engine instance running it, while it runs.
+    pub locked_by: Option<String>,
+    /// The deadline of the attempt in flight (`CompleteBy`).
+    pub complete_by: Option<Timestamp>,
+    /// When it is due, while queued.
+    pub available_at: Option<Timestamp>,
+    /// The current length of an attempt's deadline.
+    pub deadline: Duration,
+    /// The idempotency key its forward attempts send.
+    pub idempotency_key: String,
+    /// Its output once completed.
+    pub output: Option<Value>,
+    /// The error envelope of its last failure.
+    pub error: Option<Value>,
+}
+
+impl Step {
+    /// The attempts of the phase the step is in: compensation attempts once the run undoes
+    /// it, forward attempts before.
+    pub fn phase_attempts(&self) -> i32 {
+        if self.state.is_compensation() {
+            self.attempts.compensation
+        } else {
+            self.attempts.forward
+        }
+    }
+}
+
+impl StepRow {
+    /// The step as applications see it.
+    ///
+    /// # Errors
+    /// [`Error::CorruptRow`] when a JSON column does not hold JSON.
+    pub fn into_step(self) -> Result<Step> {
+        const T: &str = "sagaflow_steps";
+        let r = self;
+        Ok(Step {
+            output: json_opt(T, r.id, "output", r.output.as_deref())?,
+            error: json_opt(T, r.id, "error", r.error.as_deref())?,
+            run_id: r.run_id,
+            name: r.name,
+            state: r.state,
+            attempts: Attempts {
+                forward: r.forward_attempts,
+                compensation: r.compensation_attempts,
+                failures: r.failure_count,
+                max_failures: r.max_failures,
+                interruptions: r.interruptions,
+                max_interruptions: r.max_interruptions,
+            },
+            maybe_applied: r.maybe_applied,
+            locked_by: r.locked_by,
+            complete_by: r.complete_by.map(timestamp),
+            available_at: r.available_at.map(timestamp),
+            deadline: Duration::from_millis(u64::try_from(r.deadline_ms).unwrap_or(0)),
+            idempotency_key: r.idempotency_key,
+        })
+    }
+}
+
+/// How many retained runs are in each state (a monitoring snapshot).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RunCounts(std::collections::BTreeMap<RunState, u64>);
+
+impl RunCounts {
+    /// Runs in `state`.
+    pub fn get(&self, state: RunState) -> u64 {
+        self.0.get(&state).copied().unwrap_or(0)
+    }
+
+    /// Every retained run.
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// The states with at least one run, with their counts.
+    pub fn iter(&self) -> impl Iterator<Item = (RunState, u64)> + '_ {
+        self.0.iter().map(|(s, n)| (*s, *n))
+    }
+}
+
+impl FromIterator<(RunState, u64)> for RunCounts {
+    fn from_iter<I: IntoIterator<Item = (RunState, u64)>>(iter: I) -> Self {
+        let mut m = std::collections::BTreeMap::new();
+        for (s, n) in iter {
+            *m.entry(s).or_insert(0) += n;
+        }
+        Self(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_saturate() {
+        assert_eq!(timestamp(i64::MAX), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(timestamp(0).timestamp_millis(), 0);
+    }
+}
