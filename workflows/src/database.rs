@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::Error;
+
 /// Where the engine stores its runs.
 #[derive(Debug)]
 pub struct Database {
@@ -19,7 +21,7 @@ pub struct Database {
 ///
 /// # Errors
 /// When the directory cannot be created or an old file cannot be deleted.
-pub fn prepare(arg: Option<&str>, command: &str) -> Result<Database, String> {
+pub fn prepare(arg: Option<&str>, command: &str) -> Result<Database, Error> {
     if let Some(url) = arg.filter(|u| !u.trim().is_empty()) {
         let kind = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             "PostgreSQL"
@@ -38,9 +40,17 @@ pub fn prepare(arg: Option<&str>, command: &str) -> Result<Database, String> {
         });
     }
     let dir = std::env::current_dir()
-        .map_err(|e| format!("no current directory: {e}"))?
+        .map_err(|source| Error::File {
+            action: "find the current directory",
+            path: PathBuf::from("."),
+            source,
+        })?
         .join(".sagaflow");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|source| Error::File {
+        action: "create",
+        path: dir.clone(),
+        source,
+    })?;
     let file: PathBuf = dir.join(format!("{command}.db"));
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let mut p = file.clone().into_os_string();
@@ -48,11 +58,12 @@ pub fn prepare(arg: Option<&str>, command: &str) -> Result<Database, String> {
         match std::fs::remove_file(&p) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(format!(
-                    "cannot delete the old database {}: {e}",
-                    PathBuf::from(p).display()
-                ));
+            Err(source) => {
+                return Err(Error::File {
+                    action: "delete the old database",
+                    path: PathBuf::from(p),
+                    source,
+                });
             }
         }
     }

@@ -3,6 +3,9 @@
 //! the test kit ([`sagaflow_testkit::services`]).
 
 pub mod database;
+mod error;
 pub mod order;
 mod remote_step;
 pub mod travel;
+
+pub use error::Error;

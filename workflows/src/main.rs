@@ -18,7 +18,7 @@ use sagaflow::Engine;
 use sagaflow_testkit::services::Services;
 use sagaflow_workflows::order::{Order, OrderApis, order_saga};
 
-use demo::AnyResult;
+use demo::DemoResult;
 use demo::cli::Args;
 use demo::database::prepare_database;
 use demo::logging::{LogWriter, init_logging};
@@ -86,7 +86,7 @@ async fn run(
     engine: &Engine,
     services: &Services,
     logs: &LogWriter,
-) -> AnyResult<ExitCode> {
+) -> DemoResult<ExitCode> {
     let n = args.orders as usize;
     let orders: Vec<Order> = (1..=n).map(Order::sample).collect();
     let timeout = Duration::from_secs(args.timeout_secs.unwrap_or(120 + n as u64 / 10));

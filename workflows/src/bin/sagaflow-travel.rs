@@ -20,6 +20,7 @@ use sagaflow_testkit::services::{
     EffectRecord, FaultPlan, ItineraryRequest, ItinerarySent, MailerApi, Operation, Scripted,
     ServiceError, ServicePlans, Services, TripStatus,
 };
+use sagaflow_workflows::Error;
 use sagaflow_workflows::database::{Database, prepare};
 use sagaflow_workflows::travel::{TRAVEL_WORKFLOW, TravelApis, TravelSettings, Trip, travel_saga};
 use uuid::Uuid;
@@ -146,7 +147,7 @@ async fn main() -> ExitCode {
 }
 
 /// Starts the engine on `db` with the travel saga.
-async fn start(db: &Database, services: &Services) -> Result<Engine, String> {
+async fn start(db: &Database, services: &Services) -> Result<Engine, Error> {
     let mailer = Arc::new(FlakyMailer {
         inner: services.mailer(),
         left: AtomicU32::new(FLAKY_TIMES),
@@ -155,7 +156,8 @@ async fn start(db: &Database, services: &Services) -> Result<Engine, String> {
         mailer,
         ..TravelApis::from(services)
     };
-    let workflow = travel_saga(apis, TravelSettings::default()).map_err(|e| e.to_string())?;
+    let workflow = travel_saga(apis, TravelSettings::default())
+        .map_err(|e| Error::engine("the travel saga does not build", e))?;
     Engine::builder()
         .with_database_url(db.url.clone())
         .with_workflow(workflow)
@@ -163,7 +165,7 @@ async fn start(db: &Database, services: &Services) -> Result<Engine, String> {
         .with_sweep_interval(Duration::from_millis(200))
         .start()
         .await
-        .map_err(|e| format!("cannot start the engine: {e}"))
+        .map_err(|e| Error::engine("cannot start the engine", e))
 }
 
 /// Prints `error: …` and gives the failure exit code.
@@ -173,7 +175,7 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 }
 
 /// Books the trips, prints one line per trip, then checks the ledger.
-async fn book(engine: &Engine, services: &Services, n: usize) -> Result<ExitCode, String> {
+async fn book(engine: &Engine, services: &Services, n: usize) -> Result<ExitCode, Error> {
     let trips: Vec<Trip> = (1..=n).map(Trip::sample).collect();
     let mut ids: Vec<Uuid> = Vec::with_capacity(n);
     for trip in &trips {
@@ -181,7 +183,7 @@ async fn book(engine: &Engine, services: &Services, n: usize) -> Result<ExitCode
         let started = engine
             .start_with(TRAVEL_WORKFLOW, trip, key)
             .await
-            .map_err(|e| format!("cannot start {}: {e}", trip.trip_id))?;
+            .map_err(|e| Error::engine(format!("cannot start {}", trip.trip_id), e))?;
         ids.push(started.id);
     }
     let mut runs = Vec::with_capacity(n);
@@ -189,7 +191,7 @@ async fn book(engine: &Engine, services: &Services, n: usize) -> Result<ExitCode
         let run = engine
             .wait(id, Duration::from_secs(120))
             .await
-            .map_err(|e| format!("waiting for {}: {e}", trip.trip_id))?;
+            .map_err(|e| Error::engine(format!("waiting for {}", trip.trip_id), e))?;
         runs.push((run, retries(engine, id).await?));
     }
     let trip_ids: Vec<String> = trips.iter().map(|t| t.trip_id.clone()).collect();
@@ -256,8 +258,11 @@ async fn book(engine: &Engine, services: &Services, n: usize) -> Result<ExitCode
 }
 
 /// Retries per step of a run, from its history.
-async fn retries(engine: &Engine, id: Uuid) -> Result<Vec<(String, usize)>, String> {
-    let history = engine.history(id).await.map_err(|e| e.to_string())?;
+async fn retries(engine: &Engine, id: Uuid) -> Result<Vec<(String, usize)>, Error> {
+    let history = engine
+        .history(id)
+        .await
+        .map_err(|e| Error::engine("reading a history", e))?;
     let mut counts: Vec<(String, usize)> = Vec::new();
     for step in history
         .iter()

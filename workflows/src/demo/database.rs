@@ -2,9 +2,9 @@
 
 pub(crate) use sagaflow_workflows::database::Database;
 
-use super::AnyResult;
+use super::DemoResult;
 
 /// Uses the URL given, or deletes and recreates the demo's own SQLite file.
-pub(crate) fn prepare_database(arg: Option<&str>) -> AnyResult<Database> {
-    Ok(sagaflow_workflows::database::prepare(arg, "sagaflow-demo")?)
+pub(crate) fn prepare_database(arg: Option<&str>) -> DemoResult<Database> {
+    sagaflow_workflows::database::prepare(arg, "sagaflow-demo")
 }

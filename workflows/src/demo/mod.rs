@@ -15,8 +15,8 @@ pub(crate) mod table;
 pub(crate) mod text;
 pub(crate) mod tracker;
 
-/// Any error the demo gives up on.
-pub(crate) type AnyError = Box<dyn std::error::Error + Send + Sync>;
+/// An error the demo reports before giving up (the example commands share one error type).
+pub(crate) type DemoError = sagaflow_workflows::Error;
 
 /// A result whose error the demo reports and gives up on.
-pub(crate) type AnyResult<T> = Result<T, AnyError>;
+pub(crate) type DemoResult<T> = Result<T, DemoError>;

@@ -7,7 +7,7 @@ use sagaflow::{Alert, Engine, HistoryEvent, RunState};
 use sagaflow_testkit::services::{Operation, Service, Services};
 use uuid::Uuid;
 
-use super::AnyResult;
+use super::DemoResult;
 use super::alerts::{numbered_line, print_card};
 use super::history::{is_compensation_done, story, undo_of};
 use super::text::{plural, rule, since};
@@ -22,7 +22,7 @@ pub(crate) async fn operator_act(
     services: &Services,
     tracker: &mut Tracker,
     deadline_cap: Duration,
-) -> AnyResult<()> {
+) -> DemoResult<()> {
     println!();
     println!("{}", rule("Operator"));
     let mine: Vec<Alert> = engine
@@ -103,7 +103,7 @@ async fn resume(
     tracker: &mut Tracker,
     id: Uuid,
     wait_for: Duration,
-) -> AnyResult<Option<Vec<HistoryEvent>>> {
+) -> DemoResult<Option<Vec<HistoryEvent>>> {
     let name = tracker.name(id);
     let started = Instant::now();
     let history_len = engine.history(id).await?.len();

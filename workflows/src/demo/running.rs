@@ -9,12 +9,12 @@ use sagaflow_workflows::order::{ORDER_WORKFLOW, Order};
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 
-use super::AnyResult;
 use super::alerts::alert_line;
 use super::logging::LogWriter;
 use super::progress::Progress;
 use super::text::{runs, secs};
 use super::tracker::Tracker;
+use super::{DemoError, DemoResult};
 
 /// What the submitter reports about each order.
 enum Submission {
@@ -42,7 +42,7 @@ pub(crate) async fn run_orders(
     timeout: Duration,
     logs: &LogWriter,
     tracker: &mut Tracker,
-) -> AnyResult<PhaseEnd> {
+) -> DemoResult<PhaseEnd> {
     let total = orders.len();
     let mut events = engine.subscribe();
     let mut alerts = engine.subscribe_alerts();
@@ -73,7 +73,7 @@ pub(crate) async fn run_orders(
             ev = events.recv() => match ev {
                 Ok(e) => tracker.see(e.run_id, e.state),
                 Err(broadcast::error::RecvError::Lagged(_)) => tracker.reconcile(engine).await?,
-                Err(broadcast::error::RecvError::Closed) => return Err("the engine stopped publishing events".into()),
+                Err(broadcast::error::RecvError::Closed) => return Err(DemoError::EventsClosed),
             },
             a = alerts.recv() => if let Ok(a) = a {
                 progress.println(&alert_line(tracker, &a));
@@ -101,7 +101,7 @@ pub(crate) async fn run_orders(
         submitter.abort();
     }
     if let Ok(Err(e)) = submitter.await {
-        return Err(format!("submitting orders failed: {e}").into());
+        return Err(DemoError::engine("submitting orders failed", e));
     }
     Ok(end)
 }

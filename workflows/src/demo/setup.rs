@@ -75,7 +75,7 @@ pub(crate) async fn start_engine(
     args: &Args,
     db: &Database,
     workflow: Workflow,
-) -> Result<Engine, String> {
+) -> Result<Engine, sagaflow_workflows::Error> {
     Engine::builder()
         .with_database_url(db.url.clone())
         .with_workflow(workflow)
@@ -92,6 +92,6 @@ pub(crate) async fn start_engine(
             } else {
                 "that database"
             };
-            format!("cannot start the engine on {which}: {e}")
+            sagaflow_workflows::Error::engine(format!("cannot start the engine on {which}"), e)
         })
 }

@@ -8,7 +8,7 @@ use sagaflow::{Engine, HistoryKind, RunState};
 use sagaflow_testkit::services::Services;
 use uuid::Uuid;
 
-use super::AnyResult;
+use super::DemoResult;
 use super::history::{is_compensation_done, undo_of};
 use super::ledger_check::print_ledger_check;
 use super::table::Table;
@@ -38,7 +38,7 @@ impl Figures {
 }
 
 /// Reads the final state, alerts and history of every accepted run.
-pub(crate) async fn gather(engine: &Engine, tracker: &Tracker) -> AnyResult<Figures> {
+pub(crate) async fn gather(engine: &Engine, tracker: &Tracker) -> DemoResult<Figures> {
     let mut f = Figures::default();
     for (order, id) in &tracker.runs {
         let state = engine

@@ -7,7 +7,7 @@ use sagaflow::{Engine, RunState};
 use sagaflow_workflows::order::Order;
 use uuid::Uuid;
 
-use super::AnyResult;
+use super::DemoResult;
 
 /// How many runs ended in each final state.
 #[derive(Debug, Clone, Copy, Default)]
@@ -109,7 +109,7 @@ impl Tracker {
     }
 
     /// Re-reads the state of every unfinished run from the database.
-    pub(crate) async fn reconcile(&mut self, engine: &Engine) -> AnyResult<()> {
+    pub(crate) async fn reconcile(&mut self, engine: &Engine) -> DemoResult<()> {
         for id in self.unfinished() {
             if let Some(run) = engine.run(id).await? {
                 self.see(id, run.state);
