@@ -9,6 +9,9 @@
 //! - [`ChildTest`] re-runs the test binary as a child engine process, to SIGKILL or SIGSTOP;
 //! - [`PgCluster`] starts a private throwaway PostgreSQL cluster (to restart it mid-run
 //!   without disturbing other tests);
+//! - [`effects`] is a loopback HTTP remote for any saga: operations registered by name,
+//!   effects recorded once per idempotency key in a ledger, faults scripted per call, and a
+//!   client that answers the step outcomes the engine expects;
 //! - [`services`] simulates the remote services the example sagas call (inventory, payments,
 //!   shipping, flights, hotels, mailer), in-process or over loopback HTTP: a ledger records
 //!   every effect by idempotency key, faults are injected on purpose, and the ledger checks
@@ -34,6 +37,7 @@
 
 mod cluster;
 mod db;
+pub mod effects;
 mod engine;
 mod process;
 pub mod services;

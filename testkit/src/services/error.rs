@@ -92,6 +92,40 @@ impl ServiceError {
     }
 }
 
+/// A failed remote call as the outcome of a saga step, classified the way the engine needs
+/// it: a refusal (`permanent`, `conflict`) is terminal and not applied, so the step is not
+/// compensated; a 503 or 429 (`transient`, `busy`) is retried and was not applied (a
+/// `Retry-After` travels in the details as `retry_after_ms`); a call without a usable answer
+/// (`transport`: a reset, a 502 or 504, a timeout) is retried with its outcome unknown, so
+/// the step is compensated if the saga unwinds.
+impl From<ServiceError> for sagaflow::StepError {
+    fn from(e: ServiceError) -> Self {
+        let code = match &e {
+            ServiceError::Transient(_) => "transient",
+            ServiceError::Busy { .. } => "busy",
+            ServiceError::Permanent(_) => "permanent",
+            ServiceError::Conflict(_) => "conflict",
+            ServiceError::Transport(_) | ServiceError::LostReply(_) => "transport",
+        };
+        let message = e.to_string();
+        let mut err = if e.is_retryable() {
+            Self::retryable(code, message)
+        } else {
+            Self::terminal(code, message)
+        };
+        if !e.may_have_applied() {
+            err = err.not_applied();
+        }
+        match e {
+            ServiceError::Busy {
+                retry_after_ms: Some(ms),
+                ..
+            } => err.with_details(serde_json::json!({ "retry_after_ms": ms })),
+            _ => err,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +154,25 @@ mod tests {
         ] {
             assert!(!not.may_have_applied(), "{not:?}");
         }
+    }
+
+    #[test]
+    fn step_outcomes_follow_the_classification() {
+        use sagaflow::StepError;
+        let refused = StepError::from(ServiceError::Conflict("x".into()));
+        assert!(!refused.retryable && !refused.may_have_applied());
+        let busy = StepError::from(ServiceError::Busy {
+            message: "x".into(),
+            retry_after_ms: Some(2000),
+        });
+        assert!(busy.retryable && !busy.may_have_applied());
+        assert_eq!(
+            busy.details,
+            Some(serde_json::json!({ "retry_after_ms": 2000 }))
+        );
+        let lost = StepError::from(ServiceError::LostReply(LostReply::Reset));
+        assert!(lost.retryable && lost.may_have_applied());
+        assert_eq!(lost.code, "transport");
     }
 
     #[test]

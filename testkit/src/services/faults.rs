@@ -135,20 +135,7 @@ impl Faults {
         let mut state = self.lock();
         let scripted = state.scripts.get_mut(&op).and_then(VecDeque::pop_front);
         let fault = match scripted {
-            Some(Scripted::Ok) => Fault::None,
-            Some(Scripted::Transient) => Fault::Transient(format!("scripted transient {op}")),
-            Some(Scripted::Hang) => Fault::Hang,
-            Some(Scripted::Permanent) => Fault::Permanent(format!("{} (scripted)", refusal(op))),
-            Some(Scripted::ResetAfterApply) => Fault::LoseReply(LostReply::Reset),
-            Some(Scripted::BadGatewayAfterApply) => Fault::LoseReply(LostReply::BadGateway),
-            Some(Scripted::GatewayTimeoutAfterApply) => Fault::LoseReply(LostReply::GatewayTimeout),
-            Some(Scripted::RefuseNotApplied) => Fault::Refuse(ServiceError::Conflict(format!(
-                "{op} conflicts with the remote's state (scripted)"
-            ))),
-            Some(Scripted::BusyNotApplied) => Fault::Refuse(ServiceError::Busy {
-                message: format!("{op}: too many requests (scripted)"),
-                retry_after_ms: Some(1000),
-            }),
+            Some(scripted) => Fault::scripted(scripted, op.as_ref(), refusal(op)),
             None if !op.is_compensation()
                 && unit_interval(key_hash(plan.seed, &format!("{op}\u{0}{key}")))
                     < plan.permanent =>
@@ -181,15 +168,43 @@ impl Faults {
             }
             None => Fault::None,
         };
-        match fault {
-            Fault::None => {}
-            Fault::Transient(_) => state.counts.transient += 1,
-            Fault::Hang => state.counts.hang += 1,
-            Fault::Permanent(_) => state.counts.permanent += 1,
-            Fault::LoseReply(_) => state.counts.lost_reply += 1,
-            Fault::Refuse(_) => state.counts.refused += 1,
-        }
+        fault.count_in(&mut state.counts);
         fault
+    }
+}
+
+impl Fault {
+    /// The fault a [`Scripted`] outcome injects into a call of `op`, whose business refusal
+    /// reads `refusal`.
+    pub(crate) fn scripted(scripted: Scripted, op: &str, refusal: &str) -> Self {
+        match scripted {
+            Scripted::Ok => Fault::None,
+            Scripted::Transient => Fault::Transient(format!("scripted transient {op}")),
+            Scripted::Hang => Fault::Hang,
+            Scripted::Permanent => Fault::Permanent(format!("{refusal} (scripted)")),
+            Scripted::ResetAfterApply => Fault::LoseReply(LostReply::Reset),
+            Scripted::BadGatewayAfterApply => Fault::LoseReply(LostReply::BadGateway),
+            Scripted::GatewayTimeoutAfterApply => Fault::LoseReply(LostReply::GatewayTimeout),
+            Scripted::RefuseNotApplied => Fault::Refuse(ServiceError::Conflict(format!(
+                "{op} conflicts with the remote's state (scripted)"
+            ))),
+            Scripted::BusyNotApplied => Fault::Refuse(ServiceError::Busy {
+                message: format!("{op}: too many requests (scripted)"),
+                retry_after_ms: Some(1000),
+            }),
+        }
+    }
+
+    /// Count this fault in `counts` (nothing for [`Fault::None`]).
+    pub(crate) fn count_in(&self, counts: &mut FaultCounts) {
+        match self {
+            Fault::None => {}
+            Fault::Transient(_) => counts.transient += 1,
+            Fault::Hang => counts.hang += 1,
+            Fault::Permanent(_) => counts.permanent += 1,
+            Fault::LoseReply(_) => counts.lost_reply += 1,
+            Fault::Refuse(_) => counts.refused += 1,
+        }
     }
 }
 

@@ -21,17 +21,30 @@ use super::shipping::{ShipRequest, Shipment, ShippingApi};
 
 /// A `reqwest` client bound to a base URL.
 #[derive(Debug, Clone)]
-struct Http {
+pub(crate) struct Http {
     client: reqwest::Client,
     base_url: String,
 }
 
 impl Http {
+    /// A client of the server at `base_url`, without a trailing slash.
+    pub(crate) fn new(base_url: impl Into<String>, client: reqwest::Client) -> Self {
+        let base_url = base_url.into().trim_end_matches('/').to_owned();
+        Self { client, base_url }
+    }
+
+    /// The base URL requests go to.
+    pub(crate) fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base_url)
     }
 
-    async fn post<Req: Serialize, Resp: DeserializeOwned>(
+    /// `POST {path}` with `key` in the idempotency header and `request` as JSON; the answer
+    /// classified by [`decode`].
+    pub(crate) async fn post<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
         &self,
         path: &str,
         key: &str,
@@ -181,8 +194,7 @@ impl HttpServices {
 
     /// Like [`new`](Self::new) with a caller-configured client (timeouts, pool...).
     pub fn with_client(base_url: impl Into<String>, client: reqwest::Client) -> Self {
-        let base_url = base_url.into().trim_end_matches('/').to_owned();
-        let http = Http { client, base_url };
+        let http = Http::new(base_url, client);
         Self {
             inventory: Arc::new(HttpInventory { http: http.clone() }),
             payments: Arc::new(HttpPayments { http: http.clone() }),
@@ -193,7 +205,7 @@ impl HttpServices {
 
     /// The base URL requests go to.
     pub fn base_url(&self) -> &str {
-        &self.http.base_url
+        self.http.base_url()
     }
 
     /// The inventory client.

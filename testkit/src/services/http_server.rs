@@ -107,16 +107,26 @@ impl Drop for ServerHandle {
 
 /// Serve `services` over HTTP on `addr` (`127.0.0.1:0` picks a free port).
 pub async fn serve(services: Services, addr: SocketAddr) -> io::Result<ServerHandle> {
+    spawn(addr, "simulated services", |stop| {
+        router(AppState { services, stop })
+    })
+    .await
+}
+
+/// Bind `addr` and serve the router `app` builds (given the stop signal, for handlers that
+/// wait on it) until the handle stops it.
+pub(crate) async fn spawn(
+    addr: SocketAddr,
+    what: &'static str,
+    app: impl FnOnce(watch::Receiver<bool>) -> Router,
+) -> io::Result<ServerHandle> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let app = router(AppState {
-        services,
-        stop: stop_rx.clone(),
-    });
+    let app = app(stop_rx.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(stopped(stop_rx));
     let task = tokio::spawn(async move { server.await });
-    tracing::info!(%addr, "simulated services listening");
+    tracing::info!(%addr, "{what} listening");
     Ok(ServerHandle {
         addr,
         stop: stop_tx,
@@ -125,7 +135,7 @@ pub async fn serve(services: Services, addr: SocketAddr) -> io::Result<ServerHan
 }
 
 /// Resolves once a stop was requested (or the handle is gone).
-async fn stopped(mut stop: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 
@@ -203,20 +213,9 @@ where
     F: FnOnce(Services, String, Req) -> Fut,
     Fut: Future<Output = Result<Resp, ServiceError>>,
 {
-    let Some(key) = headers
-        .get(IDEMPOTENCY_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|k| !k.is_empty())
-    else {
-        let err = ServiceError::Permanent(format!("missing {IDEMPOTENCY_KEY_HEADER} header"));
-        return (StatusCode::BAD_REQUEST, Json(err)).into_response();
-    };
-    let request: Req = match serde_json::from_slice(body) {
-        Ok(request) => request,
-        Err(e) => {
-            let err = ServiceError::Permanent(format!("invalid JSON body: {e}"));
-            return (StatusCode::BAD_REQUEST, Json(err)).into_response();
-        }
+    let (key, request) = match key_and_body::<Req>(headers, body) {
+        Ok(parts) => parts,
+        Err(bad_request) => return bad_request.into_response(),
     };
     let result = tokio::select! {
         result = call(st.services.clone(), key.to_owned(), request) => result,
@@ -226,6 +225,39 @@ where
             Err(ServiceError::Transport("server shutting down".into()))
         }
     };
+    respond(result)
+}
+
+/// A call answered 400 Bad Request, before anything is applied.
+#[derive(Debug)]
+pub(crate) struct BadRequest(ServiceError);
+
+impl IntoResponse for BadRequest {
+    fn into_response(self) -> Response {
+        (StatusCode::BAD_REQUEST, Json(self.0)).into_response()
+    }
+}
+
+/// The idempotency key (non-empty) and the JSON body of a call; a missing key or a malformed
+/// body is a [`BadRequest`].
+pub(crate) fn key_and_body<'h, Req: DeserializeOwned>(
+    headers: &'h HeaderMap,
+    body: &[u8],
+) -> Result<(&'h str, Req), BadRequest> {
+    let bad_request = |message: String| BadRequest(ServiceError::Permanent(message));
+    let key = headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| bad_request(format!("missing {IDEMPOTENCY_KEY_HEADER} header")))?;
+    let request =
+        serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid JSON body: {e}")))?;
+    Ok((key, request))
+}
+
+/// The answer to a call: 200 and the JSON response, or the status of the error with the error
+/// as JSON body. A lost reply with [`LostReply::Reset`] drops the connection instead.
+pub(crate) fn respond<Resp: Serialize>(result: Result<Resp, ServiceError>) -> Response {
     match result {
         Ok(response) => (StatusCode::OK, Json(response)).into_response(),
         Err(ServiceError::LostReply(LostReply::Reset)) => {

@@ -16,9 +16,9 @@
 mod bundle;
 mod error;
 mod fault_plan;
-mod faults;
-mod http_client;
-mod http_server;
+pub(crate) mod faults;
+pub(crate) mod http_client;
+pub(crate) mod http_server;
 mod inventory;
 mod ledger;
 mod operation;
