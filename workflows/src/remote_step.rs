@@ -14,22 +14,7 @@ use sagaflow_testkit::services::ServiceError;
 /// applied effect: its outcome stays unknown, so the step's compensation runs if the saga
 /// unwinds. A `Retry-After` travels in the error's details.
 pub(crate) fn step_error(e: ServiceError) -> StepError {
-    let message = e.to_string();
-    match e {
-        ServiceError::Transient(_) => StepError::retryable("transient", message).not_applied(),
-        ServiceError::Busy { retry_after_ms, .. } => {
-            let err = StepError::retryable("busy", message).not_applied();
-            match retry_after_ms {
-                Some(ms) => err.with_details(serde_json::json!({ "retry_after_ms": ms })),
-                None => err,
-            }
-        }
-        ServiceError::Permanent(_) => StepError::refused("permanent", message),
-        ServiceError::Conflict(_) => StepError::refused("conflict", message),
-        ServiceError::Transport(_) | ServiceError::LostReply(_) => {
-            StepError::retryable("transport", message)
-        }
-    }
+    StepError::from(e)
 }
 
 /// In a compensation: what the forward step produced, or `None` when it applied nothing.
