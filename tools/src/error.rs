@@ -57,6 +57,15 @@ pub enum Error {
         /// Its final state.
         state: sagaflow::RunState,
     },
+    /// A statement of the benchmark's own (the raw ceiling) failed.
+    #[error("{what}: {source}")]
+    Database {
+        /// What the statement was for.
+        what: String,
+        /// The driver's error.
+        #[source]
+        source: DbErr,
+    },
     /// A report could not be written or read as JSON.
     #[error("report {}: {source}", path.display())]
     Report {
@@ -73,6 +82,12 @@ impl Error {
     pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();
         move |source| Self::Io { what, source }
+    }
+
+    /// An [`Error::Database`] saying what the statement was for.
+    pub fn db(what: impl Into<String>) -> impl FnOnce(DbErr) -> Self {
+        let what = what.into();
+        move |source| Self::Database { what, source }
     }
 
     /// An [`Error::Task`] naming the task.

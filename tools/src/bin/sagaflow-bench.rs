@@ -17,6 +17,7 @@ use sagaflow_tools::Error;
 use sagaflow_tools::measure::{Latencies, ms};
 use uuid::Uuid;
 
+use bench::ceiling;
 use bench::cli::Args;
 use bench::figures::{count_completed, durability, peak_rss_mib, print_throughput, settle};
 use bench::fleet::{multi_process, worker};
@@ -77,8 +78,16 @@ async fn main() -> Result<(), Error> {
         );
         settle(&engine).await;
     }
+    let ceiling_for = Duration::from_secs(args.ceiling_secs);
+    let ceilings = if ceiling_for.is_zero() {
+        Vec::new()
+    } else {
+        let c = ceiling::measure(&engine, &url, ceiling_for).await?;
+        ceiling::print(&c, ceiling_for);
+        c
+    };
     if args.processes > 1 {
-        return multi_process(&args, &url, &engine).await;
+        return multi_process(&args, &url, &engine, &ceilings).await;
     }
 
     // Throughput: N runs submitted by concurrent submitters; time to the last completion.
@@ -151,6 +160,7 @@ async fn main() -> Result<(), Error> {
         total,
         &Latencies::of(e2e),
         "under full load",
+        &ceilings,
     );
     let rss_after_load = peak_rss_mib();
 

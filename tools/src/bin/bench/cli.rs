@@ -37,6 +37,11 @@ pub(crate) struct Args {
     /// on how much history the database holds (AT-5).
     #[arg(long, default_value_t = 0)]
     pub(crate) prefill_finished: u64,
+    /// Seconds to measure each raw ceiling of the database (single-row INSERT + UPDATE
+    /// transactions through the same driver and durability), which workflows/s is printed as
+    /// a ratio of; 0 skips it.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) ceiling_secs: u64,
     /// Internal: run as a worker process until killed.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,

@@ -7,6 +7,8 @@ use sagaflow::sea_orm::ConnectionTrait;
 use sagaflow::{Backend, Engine};
 use sagaflow_tools::measure::{Latencies, ms};
 
+use super::ceiling::{Ceiling, ratios};
+
 /// The process's peak resident memory, from `/proc/self/status`.
 pub(crate) fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -86,6 +88,7 @@ pub(crate) fn print_throughput(
     total: Duration,
     e2e: &Latencies,
     how: &str,
+    ceilings: &[Ceiling],
 ) {
     let wps = runs as f64 / total.as_secs_f64();
     println!(
@@ -95,6 +98,9 @@ pub(crate) fn print_throughput(
     );
     println!("  completed in   {:.2} s", total.as_secs_f64());
     println!("  workflows/s    {wps:.0}");
+    if !ceilings.is_empty() {
+        println!("  of ceiling     {}", ratios(wps, ceilings));
+    }
     println!("  steps/s        {:.0}", wps * 3.0);
     println!(
         "  end-to-end     p50 {} · p99 {} ({how})",

@@ -9,6 +9,7 @@ use sagaflow_tools::Error;
 use sagaflow_tools::measure::Latencies;
 use uuid::Uuid;
 
+use super::ceiling::Ceiling;
 use super::cli::Args;
 use super::figures::{count_completed, print_throughput};
 use super::workload::workflow;
@@ -39,7 +40,12 @@ pub(crate) async fn worker(args: &Args, id: &str) -> Result<(), Error> {
 }
 
 /// Throughput with several worker processes; this process submits and watches the database.
-pub(crate) async fn multi_process(args: &Args, url: &str, engine: &Engine) -> Result<(), Error> {
+pub(crate) async fn multi_process(
+    args: &Args,
+    url: &str,
+    engine: &Engine,
+    ceilings: &[Ceiling],
+) -> Result<(), Error> {
     let exe = std::env::current_exe().map_err(Error::io("cannot find this binary"))?;
     let mut workers = Vec::new();
     for p in 0..args.processes {
@@ -117,6 +123,7 @@ pub(crate) async fn multi_process(args: &Args, url: &str, engine: &Engine) -> Re
         total,
         &Latencies::of(e2e),
         "database clock, under full load",
+        ceilings,
     );
     engine.shutdown().await;
     Ok(())

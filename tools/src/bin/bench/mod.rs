@@ -1,6 +1,7 @@
 //! The pieces of `sagaflow-bench`: command line, the measured saga, the figures it reads and
 //! prints, and the multi-process mode.
 
+pub(crate) mod ceiling;
 pub(crate) mod cli;
 pub(crate) mod figures;
 pub(crate) mod fleet;
