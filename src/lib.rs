@@ -72,7 +72,7 @@ pub mod internals {
     pub use sagaflow_engine::{
         Registry, operator, protocol, scheduler, signals, store, transition,
     };
-    pub use sagaflow_supervisor::{SUPERVISOR_STALLED, Supervisor, SupervisorConfig, SweepGate};
+    pub use sagaflow_supervisor::{Supervisor, SupervisorConfig, SweepGate};
 }
 
 /// Re-exported so that applications can begin transactions for [`Engine::start_in`] without

@@ -24,7 +24,7 @@
 //! Stall detection (LE-3, `stall.rs`) watches the rescue service: the lease is renewed only
 //! while sweeps make progress, so a leader whose sweep hangs gives the lease up after
 //! [`SupervisorConfig::stall_after`]; followers, outside any term, raise a
-//! `supervisor_stalled` alert ([`SUPERVISOR_STALLED`]) when no leader has completed a sweep
+//! `supervisor_stalled` alert (`AlertKind::SupervisorStalled`) when no leader has completed a sweep
 //! for [`SupervisorConfig::stall_alert_after`].
 
 mod config;
@@ -44,5 +44,4 @@ pub use config::{
 #[doc(hidden)]
 pub use gate::SweepGate;
 pub use leader::Supervisor;
-pub use stall::SUPERVISOR_STALLED;
 pub use stats::SupervisorStats;

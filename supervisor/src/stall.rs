@@ -10,14 +10,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use sagaflow_engine::AlertKind;
 use sagaflow_engine::store::{LeaderProgress, NewAlert};
 use tokio::time::Instant;
 
 use crate::leader::Supervisor;
 use crate::service::{LeaderContext, millis};
-
-/// Alert kind raised by followers when no leader completes sweeps (LE-3).
-pub const SUPERVISOR_STALLED: &str = "supervisor_stalled";
 
 impl Supervisor {
     /// A follower's check on the leader (LE-3): raises a `supervisor_stalled` alert when no
@@ -101,7 +99,7 @@ pub(crate) struct StallWatch {
 
 /// The open key of the stall alert of lease `lease`: one such alert at a time.
 fn stalled_key(lease: &str) -> String {
-    format!("{SUPERVISOR_STALLED}:{lease}")
+    format!("{}:{lease}", AlertKind::SupervisorStalled)
 }
 
 fn stalled_alert(
@@ -117,7 +115,7 @@ fn stalled_alert(
     NewAlert {
         run_id: None,
         step: None,
-        kind: SUPERVISOR_STALLED.into(),
+        kind: AlertKind::SupervisorStalled,
         reason: format!(
             "no supervisor sweep has completed for {} ms (threshold {} ms); lease `{lease}` is \
              {holder}. Expired steps and the work of dead instances are not being rescued",

@@ -30,6 +30,14 @@ pub enum AlertKind {
     Other(String),
 }
 
+impl AlertKind {
+    /// The kind stored under `name` (`Other(name)` when this version does not know it).
+    pub fn named(name: &str) -> Self {
+        name.parse()
+            .unwrap_or_else(|_| Self::Other(name.to_owned()))
+    }
+}
+
 /// An operator alert, stored before it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
-use crate::model::Alert;
+use crate::model::{Alert, AlertKind};
 use crate::signals::RunEvent;
 use crate::store::{Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
 use crate::transition;
@@ -228,7 +228,7 @@ async fn check_versions(s: &Scheduler) -> Result<(), Error> {
             NewAlert {
                 run_id: None,
                 step: None,
-                kind: "unknown_version".into(),
+                kind: AlertKind::UnknownVersion,
                 reason: format!(
                     "{count} unfinished run(s) of {key} are pinned to a version this engine does not have; \
                      they are left untouched until an engine with that version runs"
@@ -249,7 +249,7 @@ fn unevaluable_alert(id: Uuid, e: &Error) -> NewAlert {
     NewAlert {
         run_id: Some(id),
         step: None,
-        kind: "unknown_version".into(),
+        kind: AlertKind::UnknownVersion,
         reason: format!("run cannot be evaluated by this engine: {e}"),
         attempts: 0,
         actions: vec![

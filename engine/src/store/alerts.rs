@@ -14,9 +14,8 @@ pub struct NewAlert {
     pub run_id: Option<Uuid>,
     /// Step concerned, if any.
     pub step: Option<String>,
-    /// Kind: `run_error`, `poison_step`, `unknown_version`, `corrupt_row`,
-    /// `supervisor_stalled`.
-    pub kind: String,
+    /// What it is about.
+    pub kind: AlertKind,
     /// What happened.
     pub reason: String,
     /// Attempts the step made in the phase that failed (forward or compensation); 0 when the
@@ -39,9 +38,7 @@ fn decode(r: &QueryResult) -> Result<Alert> {
         id: r.try_get("", "id")?,
         run_id: r.try_get("", "run_id")?,
         step: r.try_get("", "step")?,
-        kind: kind
-            .parse()
-            .unwrap_or_else(|_| AlertKind::Other(kind.clone())),
+        kind: AlertKind::named(&kind),
         reason: r.try_get("", "reason")?,
         attempts: r.try_get("", "attempts")?,
         actions: serde_json::from_str(&actions).unwrap_or_else(|_| vec![actions]),
@@ -66,7 +63,7 @@ pub(super) async fn insert_alert<C: ConnectionTrait>(
             vec![
                 a.run_id.into(),
                 a.step.clone().into(),
-                a.kind.clone().into(),
+                a.kind.as_ref().to_owned().into(),
                 a.reason.clone().into(),
                 a.attempts.into(),
                 actions.into(),

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::alerts::{NewAlert, insert_alert};
 use super::rows::{RUN_COLS, STEP_COLS};
 use super::{Backend, Damage, RunRow, StepRow, Store};
-use crate::model::Alert;
+use crate::model::{Alert, AlertKind};
 use crate::{Result, RunState};
 
 /// Rows per batch statement (bounds the size of one array or JSON parameter).
@@ -277,7 +277,7 @@ impl StoreTx<'_> {
             let alert = NewAlert {
                 run_id: Some(d.run_id),
                 step: None,
-                kind: rule.alert.unwrap_or("corrupt_row").into(),
+                kind: rule.alert.map_or(AlertKind::CorruptRow, AlertKind::named),
                 reason: format!(
                     "run set aside: {d}; it is not compensated, and waits for an operator"
                 ),

@@ -24,7 +24,7 @@ use super::step::{Trigger, step_rule};
 use crate::RunState::{Compensated, Compensating, Completed, Error as RunError, Pending, Running};
 use crate::definition::{StepKind, Workflow};
 use crate::store::{NewAlert, PlanWrite, RunRow, StepRow, StepWrite};
-use crate::{Error, Result, RunState, StepState};
+use crate::{AlertKind, Error, Result, RunState, StepState};
 
 /// A step write through the table: `None` when the edge does not exist.
 pub(crate) fn step_write(row: &StepRow, on: Trigger) -> Option<StepWrite> {
@@ -130,7 +130,7 @@ impl<'a> Plan<'a> {
         self.out.run_error = row.error.clone();
         let kind = run_rule(self.run.state, on)
             .and_then(|r| r.alert)
-            .unwrap_or("run_error");
+            .map_or(AlertKind::RunError, AlertKind::named);
         self.out.alert = Some(run_alert(
             self.run,
             kind,
@@ -255,7 +255,7 @@ impl<'a> Plan<'a> {
             let from = self.out.run_state.unwrap_or(self.run.state);
             move_run(&mut self.out, from, RunTrigger::CompensationFailed)?;
             let row = self.rows[f];
-            self.out.alert = Some(run_alert(self.run, "run_error", name, row, reason));
+            self.out.alert = Some(run_alert(self.run, AlertKind::RunError, name, row, reason));
             return Ok(self.out);
         }
         for i in 0..n {
@@ -295,12 +295,12 @@ impl<'a> Plan<'a> {
     }
 }
 
-fn run_alert(run: &RunRow, kind: &str, step: &str, row: &StepRow, reason: String) -> NewAlert {
+fn run_alert(run: &RunRow, kind: AlertKind, step: &str, row: &StepRow, reason: String) -> NewAlert {
     let last_error = row.error.as_deref().unwrap_or("no error recorded");
     NewAlert {
         run_id: Some(run.id),
         step: Some(step.to_owned()),
-        kind: kind.into(),
+        kind,
         reason: format!("{reason}; last error: {last_error}"),
         attempts: row.phase_attempts(),
         actions: OPERATOR_ACTIONS.iter().map(|a| (*a).to_owned()).collect(),
