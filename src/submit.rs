@@ -4,6 +4,8 @@
 //! waiting (up to [`SUBMIT_BATCH`]) at once: one commit, one fsync, for many runs.
 //! Under light load a batch is a single run, so latency does not suffer; under heavy load the
 //! acceptance rate is no longer bound by one commit per run (AT: accepting must stay cheap).
+//! A batch the database refuses because of one of its runs is tried again run by run, so
+//! that run fails alone and the others are accepted.
 
 use std::sync::Arc;
 
@@ -46,11 +48,32 @@ pub(crate) fn spawn(
                     }
                     signals.wake_claimer();
                 }
-                Err(e) => {
-                    // One transaction, one fate: every run of the batch was rolled back, and
-                    // each caller gets the database's own error.
+                Err(e) if batch.len() == 1 || e.is_connection_lost() => {
+                    // Nothing of the batch was written. Without a connection there is no point
+                    // in trying again run by run: each caller gets the error.
                     for s in batch.drain(..) {
                         let _ = s.reply.send(Err(e.clone()));
+                    }
+                }
+                Err(_) => {
+                    // The batch was rolled back as a whole because of some run in it (a
+                    // trigger, a constraint): try each run alone, so that a bad run fails
+                    // alone and the others are accepted.
+                    let mut accepted = false;
+                    for s in batch.drain(..) {
+                        let outcome =
+                            insert(&store, std::slice::from_ref(&s.run))
+                                .await
+                                .and_then(|o| {
+                                    o.into_iter()
+                                        .next()
+                                        .ok_or(sea_orm::DbErr::RecordNotInserted.into())
+                                });
+                        accepted |= outcome.is_ok();
+                        let _ = s.reply.send(outcome);
+                    }
+                    if accepted {
+                        signals.wake_claimer();
                     }
                 }
             }

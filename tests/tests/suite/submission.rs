@@ -145,3 +145,67 @@ async fn a_run_started_in_the_callers_transaction_commits_or_rolls_back_with_it(
         engine.shutdown().await;
     }
 }
+
+/// Makes the database refuse any run whose input mentions `poison`, as a constraint or a
+/// trigger of the application's own might.
+async fn refuse_poisoned_runs(engine: &sagaflow::Engine, backend: &str) {
+    use sagaflow::sea_orm::ConnectionTrait;
+    let sql: &[&str] = if backend == "postgres" {
+        &[
+            "CREATE FUNCTION refuse_poison() RETURNS trigger AS $$ BEGIN \
+             IF NEW.input LIKE '%poison%' THEN RAISE EXCEPTION 'poisoned input'; END IF; \
+             RETURN NEW; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON sagaflow_runs FOR EACH ROW \
+             EXECUTE FUNCTION refuse_poison()",
+        ]
+    } else {
+        &[
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON sagaflow_runs \
+           WHEN NEW.input LIKE '%poison%' BEGIN SELECT RAISE(ABORT, 'poisoned input'); END",
+        ]
+    };
+    for s in sql {
+        engine
+            .connection()
+            .execute_unprepared(s)
+            .await
+            .expect("trigger");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refused_run_in_a_group_of_starts_fails_alone() {
+    for db in backends().await {
+        let engine = engine(&db, vec![typed()]).await;
+        refuse_poisoned_runs(&engine, db.backend).await;
+        // Concurrent starts share a group commit; one of them is refused by the database.
+        let mut starts = tokio::task::JoinSet::new();
+        for i in 0..32 {
+            let engine = engine.clone();
+            let order_id = if i == 17 {
+                "poison".to_owned()
+            } else {
+                format!("o-{i}")
+            };
+            starts.spawn(async move {
+                let input = serde_json::json!({ "order_id": order_id, "qty": 1 });
+                (i, engine.start("typed", &input).await)
+            });
+        }
+        let results = starts.join_all().await;
+        for (i, r) in &results {
+            if *i == 17 {
+                let err = r.as_ref().expect_err("the poisoned run is refused");
+                assert!(err.to_string().contains("poisoned input"), "{err}");
+            } else {
+                let id = *r
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("[{}] run {i}: {e}", db.backend));
+                expect_state(&engine, id, RunState::Completed, db.backend).await;
+            }
+        }
+        let counts = engine.run_counts().await.expect("counts");
+        assert_eq!(counts.total(), 31, "[{}] {counts:?}", db.backend);
+        engine.shutdown().await;
+    }
+}
