@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sagaflow_engine::scheduler::SchedulerConfig;
-use sagaflow_engine::store::{StoreOptions, redact_url};
+use sagaflow_engine::store::{SqliteSync, StoreOptions, redact_url};
 use sagaflow_engine::{AlertSink, Error, Registry, Result, Store, TracingSink, Workflow};
 use sagaflow_supervisor::{HEARTBEAT_INTERVAL_DEFAULT, SupervisorConfig};
 
@@ -86,6 +86,14 @@ impl EngineBuilder {
     pub fn with_connect_timeouts(mut self, connect: Duration, acquire: Duration) -> Self {
         self.store_options.connect_timeout = connect;
         self.store_options.acquire_timeout = acquire;
+        self
+    }
+
+    /// When an SQLite commit is on disk: [`SqliteSync::Full`] (the default) or
+    /// [`SqliteSync::Normal`], faster but able to lose the last commits to a power loss (see
+    /// its documentation). No effect on PostgreSQL.
+    pub fn with_sqlite_sync(mut self, sync: SqliteSync) -> Self {
+        self.store_options.sqlite_sync = sync;
         self
     }
 

@@ -54,7 +54,7 @@ mod submit;
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
-pub use sagaflow_engine::store::{StoreOptions, redact_url};
+pub use sagaflow_engine::store::{SqliteSync, StoreOptions, redact_url};
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error,
     HistoryEvent, HistoryKind, KeyPolicy, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent,

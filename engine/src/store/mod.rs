@@ -43,7 +43,7 @@ pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::{LeaderFence, LeaderProgress};
 pub use options::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
-    LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, StoreOptions, redact_url,
+    LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, SqliteSync, StoreOptions, redact_url,
 };
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::sqlx::postgres::{PgConnectOptions, PgConnection};
-use sea_orm::sqlx::sqlite::SqliteConnectOptions;
+use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sea_orm::sqlx::{self, Connection};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DbErr, RuntimeErr, Statement, TransactionTrait,
@@ -15,7 +15,7 @@ use sea_orm::{
 
 use super::file::FileIdentity;
 use super::options::{StoreOptions, redact_url};
-use super::{Backend, PG_POOL_DEFAULT, Store};
+use super::{Backend, PG_POOL_DEFAULT, SqliteSync, Store};
 use crate::{Error, Result};
 
 fn millis(d: Duration) -> String {
@@ -119,6 +119,13 @@ impl Store {
                 // The wake-up listener holds one connection for good.
                 Backend::Postgres => options.pool_size.unwrap_or(PG_POOL_DEFAULT).max(2),
             });
+        if backend == Backend::Sqlite {
+            let sync = match options.sqlite_sync {
+                SqliteSync::Full => SqliteSynchronous::Full,
+                SqliteSync::Normal => SqliteSynchronous::Normal,
+            };
+            opts.map_sqlx_sqlite_opts(move |o| o.synchronous(sync));
+        }
         if backend == Backend::Postgres {
             // Index-driven plans only (AT-5, JM-4): every statement of the engine reaches its
             // rows through an index, by key or by the claim's partial index. Left to its

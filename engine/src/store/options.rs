@@ -19,6 +19,22 @@ pub const LOCK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default PostgreSQL `idle_in_transaction_session_timeout` of the engine's sessions.
 pub const IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
+/// When an SQLite commit is on disk (SQLite's `synchronous` setting, in WAL mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SqliteSync {
+    /// Every commit is synced to disk before it returns (`synchronous=FULL`): an accepted
+    /// start or a recorded step result survives a power loss. The default.
+    #[default]
+    Full,
+    /// Commits are synced at WAL checkpoints only (`synchronous=NORMAL`). A crash of the
+    /// process loses nothing, and the file is never corrupted; but a power loss or an
+    /// operating-system crash can roll back the last commits: a start that returned may be
+    /// gone, and a step whose result was recorded runs again (with the same idempotency key,
+    /// so a remote that honours it applies its effect once). Faster, fewer fsyncs.
+    Normal,
+}
+
 /// How the store connects, and the limits its database sessions run under.
 ///
 /// The PostgreSQL session limits keep one frozen or hung engine from holding others
@@ -41,6 +57,8 @@ pub struct StoreOptions {
     pub lock_timeout: Duration,
     /// PostgreSQL `idle_in_transaction_session_timeout`.
     pub idle_in_transaction_timeout: Duration,
+    /// SQLite's `synchronous` setting.
+    pub sqlite_sync: SqliteSync,
 }
 
 impl Default for StoreOptions {
@@ -52,6 +70,7 @@ impl Default for StoreOptions {
             statement_timeout: STATEMENT_TIMEOUT_DEFAULT,
             lock_timeout: LOCK_TIMEOUT_DEFAULT,
             idle_in_transaction_timeout: IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+            sqlite_sync: SqliteSync::Full,
         }
     }
 }

@@ -171,3 +171,34 @@ async fn a_run_submitted_elsewhere_is_picked_up_by_notification_not_polling() {
     client.shutdown().await;
     worker.shutdown().await;
 }
+
+/// SQLite commits are synced to disk by default (`synchronous=FULL`); `SqliteSync::Normal`
+/// trades the last commits before a power loss for fewer fsyncs, and runs the same sagas.
+/// SQLite only: the setting is SQLite's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_durability_is_full_by_default_and_normal_on_request() {
+    use sagaflow::SqliteSync;
+    use sagaflow::sea_orm::{ConnectionTrait, Statement};
+    for (sync, expected) in [(None, 2), (Some(SqliteSync::Normal), 1)] {
+        let db = sagaflow_testkit::sqlite_db();
+        let mut builder = sagaflow_testkit::fast_builder(&db).with_workflow(diamond());
+        if let Some(sync) = sync {
+            builder = builder.with_sqlite_sync(sync);
+        }
+        let engine = builder.start().await.expect("start");
+        let row = engine
+            .connection()
+            .query_one_raw(Statement::from_string(
+                engine.connection().get_database_backend(),
+                "PRAGMA synchronous",
+            ))
+            .await
+            .expect("pragma")
+            .expect("a row");
+        let level: i64 = row.try_get_by_index(0).expect("level");
+        assert_eq!(level, expected, "{sync:?}");
+        let id = engine.start("diamond", &1).await.expect("start");
+        expect_state(&engine, id, RunState::Completed, db.backend).await;
+        engine.shutdown().await;
+    }
+}

@@ -50,6 +50,11 @@ async fn main() -> Result<(), Error> {
                 .unwrap_or(sagaflow::internals::scheduler::COMPLETION_WRITERS_DEFAULT),
         )
         .with_pool_size(16)
+        .with_sqlite_sync(if args.sqlite_sync == "normal" {
+            sagaflow::SqliteSync::Normal
+        } else {
+            sagaflow::SqliteSync::Full
+        })
         .with_retention(None)
         .with_workers(args.processes <= 1)
         .start()

@@ -42,6 +42,10 @@ pub(crate) struct Args {
     /// a ratio of; 0 skips it.
     #[arg(long, default_value_t = 3)]
     pub(crate) ceiling_secs: u64,
+    /// SQLite only: `full` (every commit synced, the default) or `normal` (synced at
+    /// checkpoints; the last commits can be lost to a power loss).
+    #[arg(long, default_value = "full", value_parser = ["full", "normal"])]
+    pub(crate) sqlite_sync: String,
     /// Internal: run as a worker process until killed.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,
