@@ -69,7 +69,7 @@ if [[ "${SAGAFLOW_SKIP_LINT:-0}" != "1" ]]; then
 
     # The public API listing (docs/public-api.txt) must match the code, so that every
     # change of the API shows in review. cargo-public-api reads rustdoc's JSON output.
-    if ! cargo public-api --version >/dev/null 2>&1; then
+    if [[ "$(cargo public-api --version 2>/dev/null)" != *" ${CARGO_PUBLIC_API_VERSION}" ]]; then
         banner "installing cargo-public-api ${CARGO_PUBLIC_API_VERSION}"
         cargo install --locked --quiet cargo-public-api --version "${CARGO_PUBLIC_API_VERSION}"
     fi

@@ -26,10 +26,8 @@ use crate::submit::Submission;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SupervisorStatus {
-    /// Whether it held the leader lease when asked.
-    pub leader: bool,
-    /// What it has done so far.
-    pub stats: SupervisorStats,
+    leader: bool,
+    stats: SupervisorStats,
 }
 
 impl SupervisorStatus {

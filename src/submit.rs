@@ -48,17 +48,18 @@ pub(crate) fn spawn(
                     }
                     signals.wake_claimer();
                 }
-                Err(e) if batch.len() == 1 || e.is_connection_lost() => {
-                    // Nothing of the batch was written. Without a connection there is no point
-                    // in trying again run by run: each caller gets the error.
+                Err(e) if batch.len() == 1 || !e.is_data_refused() => {
+                    // Nothing of the batch was written. A failure of the whole write (a lost
+                    // connection, a timeout) would fail each run alone too: each caller gets
+                    // the error.
                     for s in batch.drain(..) {
                         let _ = s.reply.send(Err(e.clone()));
                     }
                 }
                 Err(_) => {
-                    // The batch was rolled back as a whole because of some run in it (a
-                    // trigger, a constraint): try each run alone, so that a bad run fails
-                    // alone and the others are accepted.
+                    // The database refused the data of some run in the batch (a trigger, a
+                    // constraint), and rolled back all of it: try each run alone, so that a
+                    // bad run fails alone and the others are accepted.
                     let mut accepted = false;
                     for s in batch.drain(..) {
                         let outcome =

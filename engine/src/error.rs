@@ -255,6 +255,25 @@ impl Error {
         }
     }
 
+    /// Whether the database refused the data of a write — a constraint, a trigger raising
+    /// an error, a value of the wrong type — rather than failing as a whole (a timeout, a
+    /// lost connection): the same write without the offending row would succeed.
+    pub fn is_data_refused(&self) -> bool {
+        if !matches!(self.sqlx(), Some(sqlx::Error::Database(_))) {
+            return false;
+        }
+        let code = self.database_code().unwrap_or_default();
+        // PostgreSQL: class 22 (data exception), class 23 (integrity constraint violation),
+        // P0001 (raised by a PL/pgSQL trigger). SQLite: SQLITE_CONSTRAINT and its extended
+        // codes (low byte 19, including RAISE(ABORT) in a trigger), SQLITE_MISMATCH (20).
+        code.starts_with("22")
+            || code.starts_with("23")
+            || code == "P0001"
+            || code
+                .parse::<i32>()
+                .is_ok_and(|c| c & 0xff == 19 || c & 0xff == 20)
+    }
+
     pub(crate) fn corrupt(table: &'static str, id: impl ToString, reason: impl ToString) -> Self {
         Self::CorruptRow {
             table,

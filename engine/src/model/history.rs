@@ -112,11 +112,6 @@ impl HistoryEvent {
     pub fn step_entered(&self, step: &str, state: StepState) -> bool {
         self.step.as_deref() == Some(step) && self.to == Some(EntityState::Step(state))
     }
-
-    /// Whether this event is `kind` on `step`.
-    pub fn is(&self, kind: &HistoryKind, step: &str) -> bool {
-        &self.kind == kind && self.step.as_deref() == Some(step)
-    }
 }
 
 impl std::fmt::Display for HistoryEvent {

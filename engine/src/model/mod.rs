@@ -158,11 +158,11 @@ impl Step {
     /// The attempts of the phase the step is in: compensation attempts once the run undoes
     /// it, forward attempts before.
     pub fn phase_attempts(&self) -> i32 {
-        if self.state.is_compensation() {
-            self.attempts.compensation
-        } else {
-            self.attempts.forward
-        }
+        crate::store::phase_attempts(
+            self.state,
+            self.attempts.forward,
+            self.attempts.compensation,
+        )
     }
 }
 

@@ -47,6 +47,7 @@ pub use options::{
 };
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
+pub(crate) use rows::phase_attempts;
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, StepRow, quote};
 pub use steps::StepInputs;
 pub use tx::{RunSteps, StoreTx};

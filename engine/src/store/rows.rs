@@ -286,7 +286,7 @@ impl ClaimedStep {
 }
 
 /// The attempt counter of the phase `state` belongs to.
-const fn phase_attempts(state: StepState, forward: i32, compensation: i32) -> i32 {
+pub(crate) const fn phase_attempts(state: StepState, forward: i32, compensation: i32) -> i32 {
     if state.is_compensation() {
         compensation
     } else {

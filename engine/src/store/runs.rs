@@ -6,7 +6,7 @@ use uuid::Uuid;
 use super::rows::{RUN_COLS, STEP_COLS};
 use super::{RunRow, StepRow, Store, placeholders};
 use crate::model::{HistoryEvent, RunCounts};
-use crate::{Error, Result};
+use crate::{Error, Result, RunState};
 
 impl Store {
     /// A run by id.
@@ -104,16 +104,22 @@ impl Store {
                 vec![],
             ))
             .await?;
-        rows.iter()
-            .map(|r| {
-                let state: String = r.try_get("", "state")?;
-                let n: i64 = r.try_get("", "n")?;
-                Ok((
-                    super::rows::state_of("sagaflow_runs", "(count)", &state)?,
-                    u64::try_from(n).unwrap_or(0),
-                ))
-            })
-            .collect()
+        let mut counts = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let state: String = r.try_get("", "state")?;
+            let n: i64 = r.try_get("", "n")?;
+            // A damaged state is the concern of its run (set aside when it is read), not of
+            // the counts of every other run.
+            match state.parse::<RunState>() {
+                Ok(s) => counts.push((s, u64::try_from(n).unwrap_or(0))),
+                Err(_) => tracing::warn!(
+                    state = %super::rows::quote(&state),
+                    runs = n,
+                    "runs with a state that is not one were left out of the counts"
+                ),
+            }
+        }
+        Ok(counts.into_iter().collect())
     }
 
     /// Fills the database with `n` finished runs of the workflow `archive@1`, each with three

@@ -787,7 +787,7 @@ async fn a_leader_frozen_inside_a_fenced_transaction_does_not_block_the_election
     let start = Instant::now();
     let mut took = None;
     while start.elapsed() < TAKEOVER_MAX {
-        if engine.supervisor().is_some_and(|s| s.leader) {
+        if engine.supervisor().is_some_and(|s| s.is_leader()) {
             took = Some(start.elapsed());
             break;
         }
@@ -811,7 +811,7 @@ async fn a_leader_frozen_inside_a_fenced_transaction_does_not_block_the_election
     // Let the frozen leader go before asserting, so the engine can shut down either way.
     txn.rollback().await.expect("rollback");
     let after = tokio::time::timeout(Duration::from_secs(5), async {
-        while !engine.supervisor().is_some_and(|s| s.leader) {
+        while !engine.supervisor().is_some_and(|s| s.is_leader()) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

@@ -23,7 +23,7 @@ use std::process::{Command, ExitCode};
 use clap::Parser;
 
 /// The workspace crates whose items `sagaflow` re-exports.
-const DEFINING_CRATES: [&str; 3] = ["sagaflow_engine", "sagaflow_supervisor", "sagaflow_agents"];
+const DEFINING_CRATES: [&str; 2] = ["sagaflow_engine", "sagaflow_supervisor"];
 
 #[derive(Debug, Parser)]
 #[command(about = "Write or check docs/public-api.txt, the listing of sagaflow's public API")]
@@ -180,6 +180,18 @@ fn build() -> Result<String, ListingError> {
     Ok(text)
 }
 
+/// The lines only one of the listings has, so a failed check says what changed.
+fn print_difference(checked_in: &str, code: &str) {
+    let (old, new): (BTreeSet<&str>, BTreeSet<&str>) =
+        (checked_in.lines().collect(), code.lines().collect());
+    for l in old.difference(&new) {
+        eprintln!("- {l}");
+    }
+    for l in new.difference(&old) {
+        eprintln!("+ {l}");
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = build().and_then(|text| {
@@ -188,6 +200,7 @@ fn main() -> ExitCode {
                 path: args.out.clone(),
                 source,
             })?;
+            print_difference(&old, &text);
             return Ok(old == text);
         }
         std::fs::write(&args.out, text).map_err(|source| ListingError::File {

@@ -140,7 +140,7 @@ fn print_summary(
         );
     }
     t.row("Retries", f.retries, "failed attempts retried with backoff");
-    match engine.supervisor().map(|s| s.stats) {
+    match engine.supervisor().map(|s| s.stats()) {
         Some(s) => t.row(
             "Supervisor rescues",
             s.requeued + s.failed,

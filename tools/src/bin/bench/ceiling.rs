@@ -55,11 +55,15 @@ pub(crate) async fn measure(
             (db, &[1, PG_CLIENTS])
         }
     };
-    db.execute_unprepared(&format!(
-        "CREATE TABLE IF NOT EXISTS {TABLE} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)"
-    ))
-    .await
-    .map_err(Error::db("creating the ceiling's table"))?;
+    // Fresh, in case an interrupted run left it with rows whose ids this one would reuse.
+    for sql in [
+        format!("DROP TABLE IF EXISTS {TABLE}"),
+        format!("CREATE TABLE {TABLE} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)"),
+    ] {
+        db.execute_unprepared(&sql)
+            .await
+            .map_err(Error::db("creating the ceiling's table"))?;
+    }
     let ids = Arc::new(AtomicI64::new(0));
     let mut out = Vec::new();
     for &clients in client_counts {
