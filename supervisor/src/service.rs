@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use sagaflow_engine::scheduler::ErrorStreak;
 use sagaflow_engine::store::LeaderFence;
 use sagaflow_engine::{Error, Result, Signals, Store};
 use tokio::sync::Notify;
@@ -138,18 +139,22 @@ pub(crate) async fn run_service(
         term = ctx.fence.term
     );
     async move {
+        // A pass failing on every tick (the database is away) logs once per incident.
+        let mut streak = ErrorStreak::default();
         loop {
             match service.run_once(&ctx).await {
-                Ok(report) if report.changed() => {
-                    tracing::info!(counts = %report, "maintenance pass changed state");
+                Ok(report) => {
+                    streak.succeeded(service.name());
+                    if report.changed() {
+                        tracing::info!(counts = %report, "maintenance pass changed state");
+                    }
                 }
-                Ok(_) => {}
                 Err(Error::LeaseLost { .. }) => {
                     tracing::warn!("lease lost during a maintenance pass; stepping down");
                     work.cancel();
                     return;
                 }
-                Err(e) => tracing::warn!(error = %e, "maintenance pass failed; will retry"),
+                Err(e) => streak.failed(service.name(), &e),
             }
             let woken = async {
                 match service.wake() {

@@ -226,12 +226,13 @@ pub(crate) async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
 
 /// Logs a database error once per incident, not once per poll (AT-8).
 #[derive(Debug, Default)]
-pub(crate) struct ErrorStreak {
+pub struct ErrorStreak {
     failures: u64,
 }
 
 impl ErrorStreak {
-    pub(crate) fn failed(&mut self, what: &str, e: &Error) {
+    /// Records a failure of `what`; logs the first of a streak and then at powers of two.
+    pub fn failed(&mut self, what: &str, e: &Error) {
         self.failures += 1;
         if self.failures == 1 {
             tracing::warn!(error = %e, task = what, "failed; retrying with backoff");
@@ -240,7 +241,8 @@ impl ErrorStreak {
         }
     }
 
-    pub(crate) fn succeeded(&mut self, what: &str) {
+    /// Records a success; logs the end of a streak once.
+    pub fn succeeded(&mut self, what: &str) {
         if self.failures > 0 {
             tracing::info!(task = what, failures = self.failures, "recovered");
             self.failures = 0;
