@@ -10,9 +10,8 @@
 use std::sync::Arc;
 
 use sagaflow_engine::signals::Signals;
-use sagaflow_engine::store::{Backend, NewRun, RunInsertOutcome};
+use sagaflow_engine::store::{NewRun, RunInsertOutcome};
 use sagaflow_engine::{Result, Store};
-use sea_orm::TransactionTrait;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -84,15 +83,5 @@ pub(crate) fn spawn(
 }
 
 async fn insert(store: &Store, runs: &[NewRun]) -> Result<Vec<RunInsertOutcome>> {
-    if store.backend() == Backend::Postgres && runs.iter().all(|r| r.business_key.is_none()) {
-        // One statement writes the whole batch there: atomic without a transaction block,
-        // and two round trips (BEGIN, COMMIT) shorter. Only runs without a business key go
-        // this way: a duplicate key is resolved by a second statement, which must share the
-        // insert's fate (a batch is reported failed only if nothing of it was written).
-        return store.run_insert_many(store.connection(), runs).await;
-    }
-    let txn = store.connection().begin().await?;
-    let out = store.run_insert_many(&txn, runs).await?;
-    txn.commit().await?;
-    Ok(out)
+    store.insert_runs(runs).await
 }

@@ -202,11 +202,13 @@ impl Error {
     /// `8` for a read-only database).
     pub fn sqlite_code(&self) -> Option<i32> {
         match self.sqlx()? {
-            sqlx::Error::Database(d)
-                if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() =>
-            {
-                d.code().and_then(|c| c.parse().ok())
-            }
+            sqlx::Error::Database(d) => match d.try_downcast_ref::<crate::store::LiteError>() {
+                Some(lite) => Some(lite.code()),
+                None if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+                    d.code().and_then(|c| c.parse().ok())
+                }
+                None => None,
+            },
             _ => None,
         }
     }

@@ -138,7 +138,7 @@ impl std::fmt::Display for HistoryEvent {
 }
 
 /// The stored columns of one history row.
-#[derive(Debug, Clone, sea_orm::FromQueryResult)]
+#[derive(Debug, Clone)]
 pub(crate) struct HistoryColumns {
     pub(crate) id: i64,
     pub(crate) step: Option<String>,
@@ -150,6 +150,18 @@ pub(crate) struct HistoryColumns {
     pub(crate) detail: Option<String>,
     pub(crate) at: i64,
 }
+
+crate::store::from_row!(HistoryColumns {
+    id,
+    step,
+    event,
+    from_state,
+    to_state,
+    attempt,
+    actor,
+    detail,
+    at,
+});
 
 impl TryFrom<HistoryColumns> for HistoryEvent {
     type Error = Error;

@@ -1,6 +1,8 @@
 //! Operator alerts, persisted before they are delivered.
 
-use sea_orm::{ConnectionTrait, QueryResult, Value};
+use sea_orm::Value;
+
+use super::row::{Exec, Row};
 use uuid::Uuid;
 
 use super::Store;
@@ -31,7 +33,7 @@ const ALERT_COLS: &str =
     "id, run_id, step, kind, reason, attempts, actions, created_at, resolved_at";
 
 /// Decodes one alert row.
-fn decode(r: &QueryResult) -> Result<Alert> {
+fn decode(r: &Row) -> Result<Alert> {
     let actions: String = r.try_get("", "actions")?;
     let kind: String = r.try_get("", "kind")?;
     Ok(Alert {
@@ -47,7 +49,7 @@ fn decode(r: &QueryResult) -> Result<Alert> {
     })
 }
 
-pub(super) async fn insert_alert<C: ConnectionTrait>(
+pub(super) async fn insert_alert<C: Exec>(
     store: &Store,
     conn: &C,
     a: &NewAlert,
@@ -58,7 +60,7 @@ pub(super) async fn insert_alert<C: ConnectionTrait>(
     );
     let actions = serde_json::to_string(&a.actions).unwrap_or_else(|_| "[]".into());
     let row = conn
-        .query_one_raw(store.stmt(
+        .query_one(store.stmt(
             &sql,
             vec![
                 a.run_id.into(),
@@ -81,7 +83,7 @@ impl Store {
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn alert_insert(&self, alert: &NewAlert) -> Result<Option<Alert>> {
-        insert_alert(self, &self.db, alert).await
+        insert_alert(self, &self.exec, alert).await
     }
 
     /// Open alerts, oldest first; or all alerts of one run.
@@ -99,7 +101,7 @@ impl Store {
             sql.push_str(" AND resolved_at IS NULL");
         }
         sql.push_str(" ORDER BY id");
-        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
         rows.iter().map(decode).collect()
     }
 
@@ -110,12 +112,12 @@ impl Store {
     pub async fn alert_resolve(&self, id: i64) -> Result<bool> {
         let res = self
             .db
-            .execute_raw(self.stmt(
+            .execute(self.stmt(
                 "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE id = $1 AND resolved_at IS NULL",
                 vec![id.into()],
             ))
             .await?;
-        Ok(res.rows_affected() == 1)
+        Ok(res == 1)
     }
 
     /// Resolves the open alert with this `open_key`, if any (an alert whose cause went away by
@@ -126,20 +128,16 @@ impl Store {
     pub async fn alert_resolve_key(&self, open_key: &str) -> Result<bool> {
         let res = self
             .db
-            .execute_raw(self.stmt(
+            .execute(self.stmt(
                 "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE open_key = $1 AND resolved_at IS NULL",
                 vec![open_key.to_owned().into()],
             ))
             .await?;
-        Ok(res.rows_affected() == 1)
+        Ok(res == 1)
     }
 
-    pub(super) async fn alert_resolve_run<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        run_id: Uuid,
-    ) -> Result<()> {
-        conn.execute_raw(self.stmt(
+    pub(super) async fn alert_resolve_run<C: Exec>(&self, conn: &C, run_id: Uuid) -> Result<()> {
+        conn.execute(self.stmt(
             "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE run_id = $1 AND resolved_at IS NULL",
             vec![run_id.into()],
         ))

@@ -2,7 +2,9 @@
 //! [`StepFinish`] a decision produces, the [`DeadlineGuard`] that fences it, and
 //! [`StoreTx::write_attempts`], which writes a batch of them in bulk.
 
-use sea_orm::{ConnectionTrait, Value};
+use sea_orm::Value;
+
+use super::row::Exec;
 use uuid::Uuid;
 
 use super::leases::LeaderFence;
@@ -202,7 +204,7 @@ impl StoreTx<'_> {
              RETURNING id",
             deadline = guard.sql(),
         );
-        let rows = self.txn.query_all_raw(s.stmt(&sql, values)).await?;
+        let rows = self.txn.query_all(s.stmt(&sql, values)).await?;
         rows.iter()
             .map(|r| r.try_get::<i64>("", "id").map_err(Into::into))
             .collect()

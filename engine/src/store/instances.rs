@@ -3,7 +3,7 @@
 //! stopped): the supervisor leader releases what it held, as interruptions, and may take
 //! over a leader lease it held.
 
-use sea_orm::ConnectionTrait;
+use super::row::Exec;
 
 use super::Store;
 use crate::Result;
@@ -41,7 +41,7 @@ impl Store {
     pub async fn instance_list(&self) -> Result<Vec<InstanceRow>> {
         let rows = self
             .db
-            .query_all_raw(self.stmt(
+            .query_all(self.stmt(
                 "SELECT id, incarnation, started_at, heartbeat_at, stopped_at, \
                  {now} - heartbeat_at AS silent_ms FROM sagaflow_instances ORDER BY id",
                 vec![],
@@ -69,15 +69,15 @@ impl Store {
     pub async fn instance_register(&self, id: &str, incarnation: &str) -> Result<Registered> {
         let before = self
             .db
-            .query_one_raw(self.stmt(
+            .query_one(self.stmt(
                 "SELECT {now} - heartbeat_at AS silent FROM sagaflow_instances WHERE id = $1",
                 vec![id.to_owned().into()],
             ))
             .await?
             .map(|r| r.try_get::<i64>("", "silent"))
             .transpose()?;
-        self.db
-            .execute_raw(self.stmt(
+        self.exec
+            .execute(self.stmt(
                 "INSERT INTO sagaflow_instances (id, incarnation, started_at, heartbeat_at) \
                  VALUES ($1, $2, {now}, {now}) \
                  ON CONFLICT (id) DO UPDATE SET incarnation = $2, started_at = {now}, \
@@ -98,12 +98,12 @@ impl Store {
     pub async fn instance_heartbeat(&self, id: &str, incarnation: &str) -> Result<bool> {
         let res = self
             .db
-            .execute_raw(self.stmt(
+            .execute(self.stmt(
                 "UPDATE sagaflow_instances SET heartbeat_at = {now} WHERE id = $1 AND incarnation = $2",
                 vec![id.to_owned().into(), incarnation.to_owned().into()],
             ))
             .await?;
-        Ok(res.rows_affected() == 1)
+        Ok(res == 1)
     }
 
     /// Marks instance `id` stopped (its heartbeat is stale at once).
@@ -111,8 +111,8 @@ impl Store {
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn instance_stop(&self, id: &str, incarnation: &str) -> Result<()> {
-        self.db
-            .execute_raw(self.stmt(
+        self.exec
+            .execute(self.stmt(
                 "UPDATE sagaflow_instances SET heartbeat_at = 0, stopped_at = {now} \
                  WHERE id = $1 AND incarnation = $2",
                 vec![id.to_owned().into(), incarnation.to_owned().into()],
@@ -128,13 +128,13 @@ impl Store {
     pub async fn instance_purge(&self, older_than_ms: i64) -> Result<u64> {
         let res = self
             .db
-            .execute_raw(self.stmt(
+            .execute(self.stmt(
                 "DELETE FROM sagaflow_instances WHERE heartbeat_at < {now} - $1 \
                  AND NOT EXISTS (SELECT 1 FROM sagaflow_steps \
                    WHERE state IN ('running', 'compensating') AND locked_by = sagaflow_instances.id)",
                 vec![older_than_ms.into()],
             ))
             .await?;
-        Ok(res.rows_affected())
+        Ok(res)
     }
 }

@@ -1,7 +1,9 @@
 //! Submission: inserting runs and their steps, many per statement, with duplicate business
 //! keys resolved to the run that holds them.
 
-use sea_orm::{ConnectionTrait, Value};
+use sea_orm::Value;
+
+use super::row::Exec;
 use uuid::Uuid;
 
 use super::rows::RUN_COLS;
@@ -159,16 +161,33 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn run_insert<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        run: &NewRun,
-    ) -> Result<RunInsertOutcome> {
+    pub async fn run_insert<C: Exec>(&self, conn: &C, run: &NewRun) -> Result<RunInsertOutcome> {
         let mut out = self
             .run_insert_many(conn, std::slice::from_ref(run))
             .await?;
         out.pop()
             .ok_or_else(|| Error::corrupt("sagaflow_runs", run.id, "insert returned nothing"))
+    }
+
+    /// Inserts many runs in one transaction of the engine's own (group commit: one commit
+    /// for the whole batch). Returns one outcome per run, in order.
+    ///
+    /// # Errors
+    /// [`Error::Db`]; nothing of the batch is written then.
+    pub async fn insert_runs(&self, runs: &[NewRun]) -> Result<Vec<RunInsertOutcome>> {
+        if self.backend == super::Backend::Postgres && runs.iter().all(|r| r.business_key.is_none())
+        {
+            // One statement writes the whole batch there: atomic without a transaction
+            // block, and two round trips (BEGIN, COMMIT) shorter. Only runs without a
+            // business key go this way: a duplicate key is resolved by a second statement,
+            // which must share the insert's fate (a batch is reported failed only if nothing
+            // of it was written).
+            return self.run_insert_many(&self.exec, runs).await;
+        }
+        let txn = self.exec.begin().await?;
+        let out = self.run_insert_many(&txn, runs).await?;
+        txn.commit().await?;
+        Ok(out)
     }
 
     /// Inserts many runs on `conn` (one transaction when `conn` is one: group commit).
@@ -177,7 +196,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn run_insert_many<C: ConnectionTrait>(
+    pub async fn run_insert_many<C: Exec>(
         &self,
         conn: &C,
         runs: &[NewRun],
@@ -205,7 +224,7 @@ impl Store {
     }
 
     /// [`Store::run_insert_many`] for runs already in key order.
-    async fn run_insert_sorted<C: ConnectionTrait>(
+    async fn run_insert_sorted<C: Exec>(
         &self,
         conn: &C,
         runs: &[NewRun],
@@ -240,7 +259,7 @@ impl Store {
 
     /// One insert pass; `None` for a run whose key conflicted with a run that was gone by
     /// the time it was looked up (the caller retries it).
-    async fn run_insert_once<C: ConnectionTrait>(
+    async fn run_insert_once<C: Exec>(
         &self,
         conn: &C,
         runs: &[NewRun],
@@ -255,7 +274,7 @@ impl Store {
             let rows = chunk.iter().map(run_row).collect();
             let (source, values) = self.rows_source(1, &RUN_COLS_IN, rows)?;
             let sql = insert_runs_sql(&source);
-            for r in conn.query_all_raw(self.stmt(&sql, values)).await? {
+            for r in conn.query_all(self.stmt(&sql, values)).await? {
                 fresh.insert(r.try_get::<Uuid>("", "id")?);
             }
         }
@@ -268,7 +287,7 @@ impl Store {
             let rows = chunk.iter().map(|(run, s)| step_row(run, s)).collect();
             let (source, values) = self.rows_source(1, &STEP_COLS_IN, rows)?;
             let sql = insert_steps_sql(&source, "TRUE");
-            conn.execute_raw(self.stmt(&sql, values)).await?;
+            conn.execute(self.stmt(&sql, values)).await?;
         }
         let history: Vec<HistoryEntry> = inserted
             .iter()
@@ -292,7 +311,7 @@ impl Store {
 
     /// Outcomes of a multi-row insert: runs in `fresh` were inserted; for each other run,
     /// the active run holding its business key.
-    async fn resolve_duplicates<'r, C: ConnectionTrait>(
+    async fn resolve_duplicates<'r, C: Exec>(
         &self,
         conn: &C,
         runs: &'r [NewRun],
@@ -307,7 +326,7 @@ impl Store {
                 continue;
             }
             let holder = conn
-                .query_one_raw(self.stmt(
+                .query_one(self.stmt(
                     "SELECT id, state FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
                     vec![run.workflow.clone().into(), run.business_key.clone().into()],
                 ))
@@ -331,7 +350,7 @@ impl Store {
     /// PostgreSQL: the whole batch in one statement — runs, their steps, their `submitted`
     /// history and the wake-up notification — so a submission costs one round trip and is
     /// atomic without a transaction of its own. Duplicates (rare) are resolved afterwards.
-    async fn run_insert_many_pg<C: ConnectionTrait>(
+    async fn run_insert_many_pg<C: Exec>(
         &self,
         conn: &C,
         runs: &[NewRun],
@@ -358,7 +377,7 @@ impl Store {
             channel = super::postgres::READY_CHANNEL,
         );
         let mut fresh = std::collections::HashSet::with_capacity(runs.len());
-        for r in conn.query_all_raw(self.stmt(&sql, values)).await? {
+        for r in conn.query_all(self.stmt(&sql, values)).await? {
             fresh.insert(r.try_get::<Uuid>("", "id")?);
         }
         Ok(self.resolve_duplicates(conn, runs, &fresh).await?.0)
@@ -376,7 +395,7 @@ impl Store {
         );
         let row = self
             .db
-            .query_one_raw(self.stmt(
+            .query_one(self.stmt(
                 &sql,
                 vec![workflow.to_owned().into(), business_key.to_owned().into()],
             ))

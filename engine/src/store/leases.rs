@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseTransaction};
+use super::row::Exec;
+
+use super::conn::Txn;
 
 use super::Store;
 use crate::definition::millis;
@@ -76,8 +78,8 @@ impl Store {
         stale_after: Option<Duration>,
         vacant_after: Option<Duration>,
     ) -> Result<Option<LeaderFence>> {
-        self.db
-            .execute_raw(self.stmt(
+        self.exec
+            .execute(self.stmt(
                 "INSERT INTO sagaflow_leases (name, holder, term, expires_at) VALUES ($1, NULL, 0, 0) \
                  ON CONFLICT (name) DO NOTHING",
                 vec![name.to_owned().into()],
@@ -85,7 +87,7 @@ impl Store {
             .await?;
         let row = self
             .db
-            .query_one_raw(self.stmt(
+            .query_one(self.stmt(
                 "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {now} + $3, \
                    last_sweep_at = CASE WHEN last_sweep_at IS NULL \
                      OR ($5 >= 0 AND expires_at < {now} - $5) THEN {now} ELSE last_sweep_at END \
@@ -119,7 +121,7 @@ impl Store {
     pub async fn leader_renew(&self, fence: &LeaderFence, ttl: Duration) -> Result<bool> {
         let res = self
             .db
-            .execute_raw(self.stmt(
+            .execute(self.stmt(
                 "UPDATE sagaflow_leases SET expires_at = {now} + $4 \
                  WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
                 vec![
@@ -130,7 +132,7 @@ impl Store {
                 ],
             ))
             .await?;
-        Ok(res.rows_affected() == 1)
+        Ok(res == 1)
     }
 
     /// Gives the lease up so another instance can take it at once (LE-2). The expiry is set
@@ -139,8 +141,8 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn leader_release(&self, fence: &LeaderFence) -> Result<()> {
-        self.db
-            .execute_raw(self.stmt(
+        self.exec
+            .execute(self.stmt(
                 "UPDATE sagaflow_leases SET holder = NULL, expires_at = {now} \
                  WHERE name = $1 AND holder = $2 AND term = $3",
                 vec![
@@ -161,7 +163,7 @@ impl Store {
     pub async fn leader_record_sweep(&self, fence: &LeaderFence) -> Result<bool> {
         let res = self
             .db
-            .execute_raw(self.stmt(
+            .execute(self.stmt(
                 "UPDATE sagaflow_leases SET last_sweep_at = {now} \
                  WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
                 vec![
@@ -171,7 +173,7 @@ impl Store {
                 ],
             ))
             .await?;
-        Ok(res.rows_affected() == 1)
+        Ok(res == 1)
     }
 
     /// How long ago (database clock) a leader of lease `name` last completed a sweep, with the
@@ -183,7 +185,7 @@ impl Store {
     pub async fn leader_progress(&self, name: &str) -> Result<Option<LeaderProgress>> {
         let row = self
             .db
-            .query_one_raw(self.stmt(
+            .query_one(self.stmt(
                 "SELECT CASE WHEN expires_at > {now} THEN holder END AS holder, term, \
                    {now} - last_sweep_at AS since_sweep_ms \
                  FROM sagaflow_leases WHERE name = $1 AND last_sweep_at IS NOT NULL",
@@ -207,7 +209,7 @@ impl Store {
     pub async fn leader_current(&self, name: &str) -> Result<Option<LeaderFence>> {
         let row = self
             .db
-            .query_one_raw(self.stmt(
+            .query_one(self.stmt(
                 "SELECT holder, term FROM sagaflow_leases WHERE name = $1 AND holder IS NOT NULL AND expires_at > {now}",
                 vec![name.to_owned().into()],
             ))
@@ -226,15 +228,11 @@ impl Store {
     /// lock: a leader frozen inside its transaction must not block the next election (LE-3).
     /// Each fenced write repeats the check in its own `WHERE`, and the writes' guards on the
     /// step's state and attempt make a stale leader's late write match nothing.
-    pub(super) async fn fence_check(
-        &self,
-        txn: &DatabaseTransaction,
-        fence: &LeaderFence,
-    ) -> Result<()> {
+    pub(super) async fn fence_check(&self, txn: &Txn, fence: &LeaderFence) -> Result<()> {
         let sql = "SELECT term FROM sagaflow_leases WHERE name = $1 AND holder = $2 AND term = $3 \
                    AND expires_at > {now}";
         let row = txn
-            .query_one_raw(self.stmt(
+            .query_one(self.stmt(
                 sql,
                 vec![
                     fence.name.clone().into(),

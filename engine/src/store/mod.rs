@@ -17,14 +17,17 @@
 
 mod alerts;
 mod attempts;
+mod conn;
 mod file;
 mod instances;
 mod intake;
 mod leases;
+mod lite;
 mod open;
 mod options;
 mod plans;
 mod postgres;
+mod row;
 mod rows;
 mod runs;
 mod sql;
@@ -34,19 +37,22 @@ mod tx;
 
 use std::sync::Arc;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use sea_orm::{DatabaseConnection, DbBackend, Statement};
 
 pub use alerts::NewAlert;
 pub use attempts::{DeadlineGuard, RescueCounts, StepFinish};
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::{LeaderFence, LeaderProgress};
+pub(crate) use lite::LiteError;
 pub use options::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
     LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, SqliteSync, StoreOptions, redact_url,
 };
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
+pub(crate) use row::from_row;
+pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub(crate) use rows::phase_attempts;
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, StepRow, quote};
 pub use steps::StepInputs;
@@ -71,7 +77,11 @@ pub enum Backend {
 /// The state store (SAS-1): runs, steps, history, alerts and leases.
 #[derive(Clone)]
 pub struct Store {
+    /// The sea-orm pool: migrations, and applications' own transactions
+    /// ([`Store::connection`]).
     db: DatabaseConnection,
+    /// Where the store's own statements run: the pool, or the SQLite fast path.
+    exec: conn::Db,
     backend: Backend,
     /// The database, without password (for errors and `Debug`).
     target: Arc<str>,
@@ -96,15 +106,15 @@ impl Store {
     /// took effect. Say so loudly; the setting is the operator's to change.
     async fn warn_if_commits_are_asynchronous(&self) {
         let setting = self
-            .db
-            .query_one_raw(Statement::from_string(
+            .exec
+            .query_one(Statement::from_string(
                 DbBackend::Postgres,
                 "SHOW synchronous_commit",
             ))
             .await
             .ok()
             .flatten()
-            .and_then(|r| r.try_get_by_index::<String>(0).ok());
+            .and_then(|r| r.try_get::<String>("", "synchronous_commit").ok());
         if setting.as_deref() == Some("off") {
             tracing::warn!(
                 "PostgreSQL runs with synchronous_commit=off: a server crash can lose commits \
@@ -125,6 +135,7 @@ impl Store {
             other => return Err(Error::Config(format!("unsupported backend {other:?}"))),
         };
         Ok(Self {
+            exec: conn::Db::Pool(db.clone()),
             db,
             backend,
             target: Arc::from("(an existing connection)"),
@@ -157,8 +168,8 @@ impl Store {
     /// [`Error::Db`].
     pub async fn now_ms(&self) -> Result<i64> {
         let row = self
-            .db
-            .query_one_raw(self.stmt("SELECT {now} AS now", vec![]))
+            .exec
+            .query_one(self.stmt("SELECT {now} AS now", vec![]))
             .await?;
         row.map(|r| r.try_get::<i64>("", "now"))
             .transpose()?
@@ -168,7 +179,7 @@ impl Store {
     /// On PostgreSQL, notifies listening engines that steps are ready; delivered when the
     /// surrounding transaction commits (and dropped if it rolls back). A no-op on SQLite,
     /// where one file has one process writing at a time and the local wake-up suffices.
-    pub(crate) async fn notify_ready<C: ConnectionTrait>(&self, conn: &C) -> Result<()> {
+    pub(crate) async fn notify_ready<C: Exec>(&self, conn: &C) -> Result<()> {
         if self.backend == Backend::Postgres {
             conn.execute_unprepared(&format!("NOTIFY {}", postgres::READY_CHANNEL))
                 .await?;

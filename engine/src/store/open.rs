@@ -9,14 +9,31 @@ use std::time::Duration;
 use sea_orm::sqlx::postgres::{PgConnectOptions, PgConnection};
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sea_orm::sqlx::{self, Connection};
-use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DbErr, RuntimeErr, Statement, TransactionTrait,
-};
+use sea_orm::{ConnectOptions, Database, DbErr, RuntimeErr};
 
+use super::conn::Db;
 use super::file::FileIdentity;
+use super::lite::LiteDb;
 use super::options::{StoreOptions, redact_url};
+use super::row::Exec;
 use super::{Backend, PG_POOL_DEFAULT, SqliteSync, Store};
 use crate::{Error, Result};
+
+/// How long a statement waits for another connection's lock on an SQLite file before it
+/// fails (the sqlx driver's default, which the pool keeps).
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether an SQLite URL opens its file read-only (`mode=ro`, or `immutable`).
+fn sqlite_read_only(url: &str) -> bool {
+    let Some((_, query)) = url.split_once('?') else {
+        return false;
+    };
+    url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| match &*k {
+        "mode" => v == "ro",
+        "immutable" => matches!(&*v, "1" | "true"),
+        _ => false,
+    })
+}
 
 fn millis(d: Duration) -> String {
     d.as_millis().to_string()
@@ -193,6 +210,25 @@ impl Store {
         sagaflow_migrations::migrate(&store.db)
             .await
             .map_err(read_only)?;
+        if let (Some(path), true) = (file.as_deref(), store.file.is_some()) {
+            // On a file, the engine's own statements take the fast path; the pool stays for
+            // applications' transactions (`Engine::connection`). An in-memory database
+            // exists only inside the pool's connection.
+            let lite = LiteDb::open(
+                path,
+                sqlite_read_only(url),
+                options.sqlite_sync,
+                SQLITE_BUSY_TIMEOUT,
+            );
+            // The file must still be the one migrated above: deleted or replaced meanwhile,
+            // it is lost, not unreachable.
+            store.check_file()?;
+            let lite = lite.map_err(|source| Error::Connect {
+                target: target.clone(),
+                source,
+            })?;
+            store.exec = Db::Lite(lite);
+        }
         // A probe that fails for a lost connection is reported as such, not as read-only.
         store.probe_write().await.map_err(|source| {
             if Error::Db(source.clone()).is_connection_lost() {
@@ -217,10 +253,10 @@ impl Store {
     /// file, server or transaction, or a role without write privileges, fails here rather
     /// than in every loop of a started engine.
     async fn probe_write(&self) -> std::result::Result<(), DbErr> {
-        let txn = self.db.begin().await?;
-        txn.execute_raw(Statement::from_string(
-            self.db.get_database_backend(),
+        let txn = self.exec.begin().await?;
+        txn.execute(self.stmt(
             "UPDATE sagaflow_instances SET heartbeat_at = heartbeat_at WHERE 1 = 0",
+            vec![],
         ))
         .await?;
         txn.rollback().await

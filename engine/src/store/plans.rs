@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use sea_orm::{ConnectionTrait, Value};
+use sea_orm::Value;
+
+use super::row::Exec;
 use uuid::Uuid;
 
 use super::alerts::{NewAlert, insert_alert};
@@ -123,7 +125,7 @@ impl StoreTx<'_> {
                 );
                 let mut values: Vec<Value> = vec![to.as_str().into(), from.as_str().into()];
                 values.extend(ids);
-                for r in self.txn.query_all_raw(s.stmt(&sql, values)).await? {
+                for r in self.txn.query_all(s.stmt(&sql, values)).await? {
                     moved.insert(r.try_get::<i64>("", "id")?);
                 }
             }
@@ -231,14 +233,14 @@ impl StoreTx<'_> {
                 );
                 let mut values: Vec<Value> = vec![state.as_str().into()];
                 values.extend(ids);
-                self.txn.execute_raw(s.stmt(&sql, values)).await?;
+                self.txn.execute(s.stmt(&sql, values)).await?;
             }
         }
         // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
         for chunk in finished.chunks(CHUNK) {
             let (cond, values) = s.in_list("run_id", 1, chunk)?;
             let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
-            self.txn.execute_raw(s.stmt(&sql, values)).await?;
+            self.txn.execute(s.stmt(&sql, values)).await?;
         }
         mark_dirty(s, &self.txn, &stale_runs).await?;
         for (i, a) in alerts {
@@ -283,7 +285,7 @@ impl StoreTx<'_> {
                    active_key = CASE WHEN v.rel THEN NULL ELSE r.active_key END \
                  FROM {source} WHERE r.id = v.vid"
             );
-            self.txn.execute_raw(s.stmt(&sql, values)).await?;
+            self.txn.execute(s.stmt(&sql, values)).await?;
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! Rows read from the store, decoded with typed errors (a corrupt row is an error, not a panic).
 
-use sea_orm::{ColIdx, DbErr, FromQueryResult, QueryResult, TryGetError, TryGetable};
+use sea_orm::DbErr;
+
+use super::row::{FromRow, Row, from_row};
 use uuid::Uuid;
 
 use crate::model::HistoryColumns;
@@ -83,45 +85,23 @@ pub(super) fn state_of<T: std::str::FromStr>(
 
 /// A state column through its stored spelling; a value that is not a state is a type error
 /// naming the column and quoting the value.
-fn state_column<T: std::str::FromStr, I: ColIdx>(
-    res: &QueryResult,
-    index: I,
-) -> std::result::Result<T, TryGetError> {
-    let value = String::try_get_by(res, index)?;
+pub(super) fn state_cell<T: std::str::FromStr>(
+    r: &Row,
+    col: &str,
+) -> std::result::Result<T, DbErr> {
+    let value: String = r.try_get("", col)?;
     value.parse().map_err(|_| {
-        TryGetError::DbErr(DbErr::Type(format!(
-            "column `state` holds {}, which is not a state",
+        DbErr::Type(format!(
+            "column `{col}` holds {}, which is not a state",
             quote(&value)
-        )))
+        ))
     })
-}
-
-impl TryGetable for StepState {
-    fn try_get_by<I: ColIdx>(
-        res: &QueryResult,
-        index: I,
-    ) -> std::result::Result<Self, TryGetError> {
-        state_column(res, index)
-    }
-}
-
-impl TryGetable for RunState {
-    fn try_get_by<I: ColIdx>(
-        res: &QueryResult,
-        index: I,
-    ) -> std::result::Result<Self, TryGetError> {
-        state_column(res, index)
-    }
 }
 
 /// Decodes a row of `table` whose id is already known, reporting any column that does not
 /// decode as damage of that row.
-fn decode_row<T: FromQueryResult>(
-    table: &'static str,
-    id: impl ToString,
-    r: &QueryResult,
-) -> Result<T> {
-    T::from_query_result(r, "").map_err(|e| {
+fn decode_row<T: FromRow>(table: &'static str, id: impl ToString, r: &Row) -> Result<T> {
+    T::from_row(r).map_err(|e| {
         let reason = match e {
             DbErr::Type(reason) => reason,
             other => other.to_string(),
@@ -131,7 +111,7 @@ fn decode_row<T: FromQueryResult>(
 }
 
 /// One run.
-#[derive(Debug, Clone, FromQueryResult)]
+#[derive(Debug, Clone)]
 pub struct RunRow {
     /// Run id.
     pub id: Uuid,
@@ -157,17 +137,31 @@ pub struct RunRow {
     pub finished_at: Option<i64>,
 }
 
+from_row!(RunRow {
+    id,
+    workflow,
+    version,
+    business_key,
+    state: state_cell,
+    input,
+    output,
+    error,
+    created_at,
+    updated_at,
+    finished_at,
+});
+
 pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at";
 
 impl RunRow {
-    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+    pub(super) fn decode(r: &Row) -> Result<Self> {
         let id: Uuid = r.try_get("", "id")?;
         decode_row("sagaflow_runs", id, r)
     }
 }
 
 /// One step of an unfinished run.
-#[derive(Debug, Clone, FromQueryResult)]
+#[derive(Debug, Clone)]
 pub struct StepRow {
     /// Row id.
     pub id: i64,
@@ -214,6 +208,28 @@ pub struct StepRow {
     pub error: Option<String>,
 }
 
+from_row!(StepRow {
+    id,
+    run_id,
+    name,
+    state: state_cell,
+    locked_by,
+    complete_by,
+    available_at,
+    attempt,
+    forward_attempts,
+    compensation_attempts,
+    failure_count,
+    max_failures,
+    interruptions,
+    max_interruptions,
+    maybe_applied,
+    deadline_ms,
+    idempotency_key,
+    output,
+    error,
+});
+
 pub(super) const STEP_COLS: &str = "id, run_id, name, state, locked_by, complete_by, available_at, attempt, \
      forward_attempts, compensation_attempts, failure_count, max_failures, interruptions, max_interruptions, maybe_applied, deadline_ms, \
      idempotency_key, output, error";
@@ -230,14 +246,14 @@ impl StepRow {
         )
     }
 
-    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+    pub(super) fn decode(r: &Row) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
         decode_row("sagaflow_steps", id, r)
     }
 }
 
 /// A step just claimed: the lease that fences every later write of this attempt.
-#[derive(Debug, Clone, FromQueryResult)]
+#[derive(Debug, Clone)]
 pub struct ClaimedStep {
     /// Row id.
     pub id: i64,
@@ -256,7 +272,6 @@ pub struct ClaimedStep {
     /// Compensation attempts so far, this one included when `Compensating`.
     pub compensation_attempts: i32,
     /// Failures, interruptions and deadline so far, with their limits.
-    #[sea_orm(nested)]
     pub counters: Counters,
     /// Deadline (epoch ms, DB clock).
     pub complete_by: i64,
@@ -266,6 +281,26 @@ pub struct ClaimedStep {
     pub idempotency_key: String,
     /// The step's output (for a compensation).
     pub output: Option<String>,
+}
+
+impl FromRow for ClaimedStep {
+    fn from_row(r: &Row) -> std::result::Result<Self, DbErr> {
+        Ok(Self {
+            id: r.try_get("", "id")?,
+            run_id: r.try_get("", "run_id")?,
+            workflow_key: r.try_get("", "workflow_key")?,
+            name: r.try_get("", "name")?,
+            state: state_cell(r, "state")?,
+            attempt: r.try_get("", "attempt")?,
+            forward_attempts: r.try_get("", "forward_attempts")?,
+            compensation_attempts: r.try_get("", "compensation_attempts")?,
+            counters: Counters::from_row(r)?,
+            complete_by: r.try_get("", "complete_by")?,
+            db_now: r.try_get("", "db_now")?,
+            idempotency_key: r.try_get("", "idempotency_key")?,
+            output: r.try_get("", "output")?,
+        })
+    }
 }
 
 impl ClaimedStep {
@@ -279,7 +314,7 @@ impl ClaimedStep {
         )
     }
 
-    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+    pub(super) fn decode(r: &Row) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
         decode_row("sagaflow_steps", id, r)
     }
@@ -320,7 +355,7 @@ impl ExpiredStep {
     pub(super) const COLS: &str = "id, run_id, name, state, attempt, locked_by, failure_count, \
         max_failures, interruptions, max_interruptions, deadline_ms, deadline_cap_ms";
 
-    pub(super) fn decode(r: &QueryResult) -> Result<Self> {
+    pub(super) fn decode(r: &Row) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
         let state = decode_row("sagaflow_steps", id, r).map(|StateOnly { state }| state)?;
         Ok(Self {
@@ -332,7 +367,7 @@ impl ExpiredStep {
             locked_by: r
                 .try_get::<Option<String>>("", "locked_by")?
                 .unwrap_or_default(),
-            counters: Counters::from_query_result(r, "")?,
+            counters: Counters::from_row(r)?,
             owner_dead: r
                 .try_get::<Option<bool>>("", "owner_dead")?
                 .unwrap_or(false),
@@ -341,27 +376,23 @@ impl ExpiredStep {
 }
 
 /// The state column alone (of a row decoded field by field).
-#[derive(FromQueryResult)]
 struct StateOnly {
     state: StepState,
 }
+from_row!(StateOnly { state: state_cell });
 
-/// The counters of a claimed or running step, as the transition table decides on them (the
-/// type lives with the decisions, which know nothing of rows).
-impl FromQueryResult for Counters {
-    fn from_query_result(r: &QueryResult, pre: &str) -> std::result::Result<Self, DbErr> {
-        Ok(Self {
-            failure_count: r.try_get(pre, "failure_count")?,
-            max_failures: r.try_get(pre, "max_failures")?,
-            interruptions: r.try_get(pre, "interruptions")?,
-            max_interruptions: r.try_get(pre, "max_interruptions")?,
-            deadline_ms: r.try_get(pre, "deadline_ms")?,
-            deadline_cap_ms: r.try_get(pre, "deadline_cap_ms")?,
-        })
-    }
-}
+// The counters of a claimed or running step, as the transition table decides on them (the
+// type lives with the decisions, which know nothing of rows).
+from_row!(Counters {
+    failure_count,
+    max_failures,
+    interruptions,
+    max_interruptions,
+    deadline_ms,
+    deadline_cap_ms,
+});
 
 /// Decodes one history row into its stored columns (typed in [`crate::model`]).
-pub(super) fn history_columns(r: &QueryResult) -> Result<HistoryColumns> {
-    Ok(HistoryColumns::from_query_result(r, "")?)
+pub(super) fn history_columns(r: &Row) -> Result<HistoryColumns> {
+    Ok(HistoryColumns::from_row(r)?)
 }

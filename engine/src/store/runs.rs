@@ -1,6 +1,8 @@
 //! Runs: reads, monitoring counts, retention.
 
-use sea_orm::{ConnectionTrait, TransactionTrait, Value};
+use sea_orm::Value;
+
+use super::row::Exec;
 use uuid::Uuid;
 
 use super::rows::{RUN_COLS, STEP_COLS};
@@ -15,10 +17,7 @@ impl Store {
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_get(&self, id: Uuid) -> Result<Option<RunRow>> {
         let sql = format!("SELECT {RUN_COLS} FROM sagaflow_runs WHERE id = $1");
-        let row = self
-            .db
-            .query_one_raw(self.stmt(&sql, vec![id.into()]))
-            .await?;
+        let row = self.db.query_one(self.stmt(&sql, vec![id.into()])).await?;
         row.as_ref().map(RunRow::decode).transpose()
     }
 
@@ -28,7 +27,7 @@ impl Store {
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_steps(&self, id: Uuid) -> Result<Vec<StepRow>> {
-        run_steps_on(self, &self.db, id).await
+        run_steps_on(self, &self.exec, id).await
     }
 
     /// The append-only history of a run, oldest first.
@@ -38,7 +37,7 @@ impl Store {
     pub async fn run_history(&self, id: Uuid) -> Result<Vec<HistoryEvent>> {
         let rows = self
             .db
-            .query_all_raw(self.stmt(
+            .query_all(self.stmt(
                 "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at FROM sagaflow_history \
                  WHERE run_id = $1 ORDER BY id",
                 vec![id.into()],
@@ -63,7 +62,7 @@ impl Store {
         );
         let mut values: Vec<Value> = vec![i64::from(limit).into()];
         values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
-        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
         rows.iter()
             .map(|r| r.try_get::<Uuid>("", "id").map_err(Error::from))
             .collect()
@@ -77,7 +76,7 @@ impl Store {
     pub async fn run_unfinished_keys(&self) -> Result<Vec<(String, i64)>> {
         let rows = self
             .db
-            .query_all_raw(self.stmt(
+            .query_all(self.stmt(
                 "SELECT workflow_key, COUNT(*) AS n FROM sagaflow_runs WHERE finished_at IS NULL GROUP BY workflow_key",
                 vec![],
             ))
@@ -99,7 +98,7 @@ impl Store {
     pub async fn run_count_by_state(&self) -> Result<RunCounts> {
         let rows = self
             .db
-            .query_all_raw(self.stmt(
+            .query_all(self.stmt(
                 "SELECT state, COUNT(*) AS n FROM sagaflow_runs GROUP BY state",
                 vec![],
             ))
@@ -138,8 +137,8 @@ impl Store {
                  SELECT randomblob(16) AS id, {{now}} - i AS t FROM g"
             ),
         };
-        let txn = self.db.begin().await?;
-        txn.execute_raw(self.stmt(
+        let txn = self.exec.begin().await?;
+        txn.execute(self.stmt(
             &format!(
                 "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, state, input, output, dirty, \
                  created_at, updated_at, finished_at) \
@@ -149,7 +148,7 @@ impl Store {
         ))
         .await?;
         for event in ["submitted", "completed", "state"] {
-            txn.execute_raw(self.stmt(
+            txn.execute(self.stmt(
                 &format!(
                     "INSERT INTO sagaflow_history (run_id, step, event, actor, at) \
                      SELECT id, 'only', '{event}', 'fill', created_at FROM sagaflow_runs WHERE workflow = 'archive'"
@@ -170,7 +169,7 @@ impl Store {
     pub async fn history_event_counts(&self) -> Result<Vec<(String, i64)>> {
         let rows = self
             .db
-            .query_all_raw(self.stmt(
+            .query_all(self.stmt(
                 "SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event ORDER BY event",
                 vec![],
             ))
@@ -191,9 +190,9 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn run_purge_finished(&self, older_than_ms: i64, limit: u32) -> Result<u64> {
-        let txn = self.db.begin().await?;
+        let txn = self.exec.begin().await?;
         let ids: Vec<Uuid> = txn
-            .query_all_raw(self.stmt(
+            .query_all(self.stmt(
                 "SELECT id FROM sagaflow_runs WHERE finished_at IS NOT NULL AND finished_at < {now} - $1 \
                  ORDER BY finished_at LIMIT $2",
                 vec![older_than_ms.into(), i64::from(limit).into()],
@@ -208,20 +207,17 @@ impl Store {
         for table in ["sagaflow_history", "sagaflow_alerts"] {
             let (cond, values) = self.in_list("run_id", 1, &ids)?;
             let sql = format!("DELETE FROM {table} WHERE {cond}");
-            txn.execute_raw(self.stmt(&sql, values)).await?;
+            txn.execute(self.stmt(&sql, values)).await?;
         }
         let (cond, values) = self.in_list("id", 1, &ids)?;
         let sql = format!("DELETE FROM sagaflow_runs WHERE {cond}");
-        let n = txn
-            .execute_raw(self.stmt(&sql, values))
-            .await?
-            .rows_affected();
+        let n = txn.execute(self.stmt(&sql, values)).await?;
         txn.commit().await?;
         Ok(n)
     }
 }
 
-pub(super) async fn run_steps_on<C: ConnectionTrait>(
+pub(super) async fn run_steps_on<C: Exec>(
     store: &Store,
     conn: &C,
     id: Uuid,
@@ -229,9 +225,7 @@ pub(super) async fn run_steps_on<C: ConnectionTrait>(
     // Sorted here rather than by `ORDER BY id`, which could walk the primary key (see
     // `steps_of`).
     let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE run_id = $1");
-    let rows = conn
-        .query_all_raw(store.stmt(&sql, vec![id.into()]))
-        .await?;
+    let rows = conn.query_all(store.stmt(&sql, vec![id.into()])).await?;
     let mut steps = rows
         .iter()
         .map(StepRow::decode)

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use sea_orm::{ConnectionTrait, Value};
+use sea_orm::Value;
+
+use super::row::Exec;
 use uuid::Uuid;
 
 use super::attempts::{RescueCounts, StepFinish};
@@ -69,7 +71,7 @@ impl Store {
         );
         let mut values: Vec<Value> = vec![owner.to_owned().into(), i64::from(limit).into()];
         values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
-        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
         rows.iter().map(ClaimedStep::decode).collect()
     }
 
@@ -86,7 +88,7 @@ impl Store {
         }
         let (cond, values) = self.in_list("id", 1, runs)?;
         let sql = format!("SELECT id, input FROM sagaflow_runs WHERE {cond}");
-        for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
+        for r in self.exec.query_all(self.stmt(&sql, values)).await? {
             // An unreadable input is left out: the step's request reports it as damage of
             // that run alone.
             if let Ok(input) = r.try_get("", "input") {
@@ -100,7 +102,7 @@ impl Store {
         let sql = format!(
             "SELECT run_id, name, output FROM sagaflow_steps WHERE {cond} AND output IS NOT NULL"
         );
-        for r in self.db.query_all_raw(self.stmt(&sql, values)).await? {
+        for r in self.exec.query_all(self.stmt(&sql, values)).await? {
             out.outputs.insert(
                 (r.try_get("", "run_id")?, r.try_get("", "name")?),
                 r.try_get("", "output")?,
@@ -126,7 +128,7 @@ impl Store {
     ) -> Result<Vec<ExpiredStep>> {
         let dead: Vec<String> = self
             .db
-            .query_all_raw(self.stmt(
+            .query_all(self.stmt(
                 "SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $1",
                 vec![stale_after_ms.into()],
             ))
@@ -142,7 +144,7 @@ impl Store {
         );
         let rows = self
             .db
-            .query_all_raw(self.stmt(&sql, vec![i64::from(limit).into()]))
+            .query_all(self.stmt(&sql, vec![i64::from(limit).into()]))
             .await?;
         let mut out = rows
             .iter()
@@ -180,7 +182,7 @@ impl Store {
              ORDER BY complete_by LIMIT $1",
             cols = ExpiredStep::COLS,
         );
-        let rows = self.db.query_all_raw(self.stmt(&sql, values)).await?;
+        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
         rows.iter().map(ExpiredStep::decode).collect()
     }
 
@@ -230,7 +232,7 @@ impl Store {
     pub async fn step_queue_depth(&self) -> Result<i64> {
         let row = self
             .db
-            .query_one_raw(self.stmt(
+            .query_one(self.stmt(
                 "SELECT COUNT(*) AS n FROM sagaflow_steps WHERE state IN ('ready', 'compensation_ready')",
                 vec![],
             ))

@@ -13,7 +13,9 @@
 
 use std::collections::HashMap;
 
-use sea_orm::{ConnectionTrait, DatabaseTransaction, TransactionTrait};
+use super::row::Exec;
+
+use super::conn::Txn;
 use uuid::Uuid;
 
 use super::alerts::{NewAlert, insert_alert};
@@ -63,7 +65,7 @@ impl RunSteps {
 #[derive(Debug)]
 pub struct StoreTx<'s> {
     pub(super) store: &'s Store,
-    pub(super) txn: DatabaseTransaction,
+    pub(super) txn: Txn,
     pub(super) history: Vec<HistoryEntry>,
     pub(super) notify: bool,
 }
@@ -76,13 +78,13 @@ impl Store {
     pub async fn begin(&self) -> Result<StoreTx<'_>> {
         Ok(StoreTx {
             store: self,
-            txn: self.db.begin().await?,
+            txn: self.exec.begin().await?,
             history: Vec::new(),
             notify: false,
         })
     }
 
-    pub(super) async fn history_insert_many<C: ConnectionTrait>(
+    pub(super) async fn history_insert_many<C: Exec>(
         &self,
         conn: &C,
         entries: &[HistoryEntry],
@@ -119,7 +121,7 @@ impl Store {
                  SELECT v.run_id, v.step, v.event, v.from_state, v.to_state, v.attempt, v.actor, v.detail, {{now}} \
                  FROM {source}"
             );
-            conn.execute_raw(self.stmt(&sql, values)).await?;
+            conn.execute(self.stmt(&sql, values)).await?;
         }
         Ok(())
     }
@@ -159,7 +161,7 @@ impl StoreTx<'_> {
                     "UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}{only} RETURNING {RUN_COLS}, FALSE AS dirty"
                 ),
             };
-            for r in &self.txn.query_all_raw(s.stmt(&sql, values)).await? {
+            for r in &self.txn.query_all(s.stmt(&sql, values)).await? {
                 // A run row that does not decode costs that run, not the batch.
                 let id: Uuid = r.try_get("", "id")?;
                 if r.try_get::<bool>("", "dirty")? {
@@ -171,7 +173,7 @@ impl StoreTx<'_> {
         for chunk in marked.chunks(CHUNK) {
             let (cond, values) = s.in_list("id", 1, chunk)?;
             let sql = format!("UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}");
-            self.txn.execute_raw(s.stmt(&sql, values)).await?;
+            self.txn.execute(s.stmt(&sql, values)).await?;
         }
         Ok(out)
     }
@@ -189,7 +191,7 @@ impl StoreTx<'_> {
         );
         let row = self
             .txn
-            .query_one_raw(self.store.stmt(&sql, vec![id.into()]))
+            .query_one(self.store.stmt(&sql, vec![id.into()]))
             .await?;
         // The action marks the run for evaluation: wake every engine, not just this one.
         self.notify = true;
@@ -210,7 +212,7 @@ impl StoreTx<'_> {
             // No `ORDER BY id` here: it would invite a walk of the whole primary key in
             // id order instead of a lookup by run. Each run's steps are sorted below.
             let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}");
-            let rows = self.txn.query_all_raw(s.stmt(&sql, values)).await?;
+            let rows = self.txn.query_all(s.stmt(&sql, values)).await?;
             for r in &rows {
                 match StepRow::decode(r) {
                     Ok(step) => out.entry(step.run_id).or_default().push(step),
@@ -258,7 +260,7 @@ impl StoreTx<'_> {
             let sql = "UPDATE sagaflow_runs SET state = $2, error = $3, dirty = FALSE, \
                        updated_at = {now} WHERE id = $1";
             self.txn
-                .execute_raw(s.stmt(
+                .execute(s.stmt(
                     sql,
                     vec![d.run_id.into(), rule.to.as_str().into(), envelope.into()],
                 ))
@@ -324,16 +326,12 @@ impl StoreTx<'_> {
 }
 
 /// Marks runs for another evaluation.
-pub(super) async fn mark_dirty<C: ConnectionTrait>(
-    store: &Store,
-    conn: &C,
-    ids: &[Uuid],
-) -> Result<()> {
+pub(super) async fn mark_dirty<C: Exec>(store: &Store, conn: &C, ids: &[Uuid]) -> Result<()> {
     for chunk in ids.chunks(CHUNK) {
         let (cond, values) = store.in_list("id", 1, chunk)?;
         let sql =
             format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE {cond}");
-        conn.execute_raw(store.stmt(&sql, values)).await?;
+        conn.execute(store.stmt(&sql, values)).await?;
     }
     Ok(())
 }

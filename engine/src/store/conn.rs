@@ -1,0 +1,99 @@
+//! The connection the store's own statements run on: the sqlx pool (PostgreSQL, or SQLite
+//! when the store wraps an existing connection), or the SQLite fast path (`lite/`). Both
+//! implement [`Exec`], so every statement of the store is written once.
+
+use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, Statement, TransactionTrait};
+
+use super::lite::{LiteDb, LiteTx};
+use super::row::{Exec, Row};
+
+/// Where the store's statements run.
+#[derive(Debug, Clone)]
+pub(super) enum Db {
+    /// Through sea-orm's sqlx pool.
+    Pool(DatabaseConnection),
+    /// On the SQLite fast path.
+    Lite(LiteDb),
+}
+
+/// An open transaction of a [`Db`].
+#[derive(Debug)]
+pub(crate) enum Txn {
+    /// Through sea-orm's sqlx pool.
+    Pool(DatabaseTransaction),
+    /// On the SQLite fast path.
+    Lite(LiteTx),
+}
+
+impl Db {
+    pub(super) async fn begin(&self) -> Result<Txn, DbErr> {
+        Ok(match self {
+            Self::Pool(db) => Txn::Pool(db.begin().await?),
+            Self::Lite(db) => Txn::Lite(db.begin().await?),
+        })
+    }
+}
+
+impl Txn {
+    pub(super) async fn commit(self) -> Result<(), DbErr> {
+        match self {
+            Self::Pool(t) => t.commit().await,
+            Self::Lite(t) => t.commit().await,
+        }
+    }
+
+    pub(super) async fn rollback(self) -> Result<(), DbErr> {
+        match self {
+            Self::Pool(t) => t.rollback().await,
+            Self::Lite(t) => t.rollback(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Exec for Db {
+    async fn execute(&self, stmt: Statement) -> Result<u64, DbErr> {
+        match self {
+            Self::Pool(db) => Exec::execute(db, stmt).await,
+            Self::Lite(db) => db.execute(&stmt).await,
+        }
+    }
+
+    async fn execute_unprepared(&self, sql: &str) -> Result<u64, DbErr> {
+        match self {
+            Self::Pool(db) => Exec::execute_unprepared(db, sql).await,
+            Self::Lite(db) => db.execute_unprepared(sql).await,
+        }
+    }
+
+    async fn query_all(&self, stmt: Statement) -> Result<Vec<Row>, DbErr> {
+        match self {
+            Self::Pool(db) => Exec::query_all(db, stmt).await,
+            Self::Lite(db) => db.query(&stmt).await,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Exec for Txn {
+    async fn execute(&self, stmt: Statement) -> Result<u64, DbErr> {
+        match self {
+            Self::Pool(t) => Exec::execute(t, stmt).await,
+            Self::Lite(t) => t.execute(&stmt).await,
+        }
+    }
+
+    async fn execute_unprepared(&self, sql: &str) -> Result<u64, DbErr> {
+        match self {
+            Self::Pool(t) => Exec::execute_unprepared(t, sql).await,
+            Self::Lite(t) => t.execute_unprepared(sql).await,
+        }
+    }
+
+    async fn query_all(&self, stmt: Statement) -> Result<Vec<Row>, DbErr> {
+        match self {
+            Self::Pool(t) => Exec::query_all(t, stmt).await,
+            Self::Lite(t) => t.query(&stmt).await,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Result rows and statement execution over both paths of the store: sea-orm's pool
+//! (PostgreSQL, and SQLite through sqlx) and the SQLite fast path (`lite/`).
+//!
+//! sea-orm's rows cannot be built outside its own drivers, so the store reads rows through
+//! [`Row`]: a sea-orm row, or a row of the fast path. A column is decoded as the type the
+//! reader asks for ([`Cell`]), from either kind of row, with the same errors.
+
+use std::sync::Arc;
+
+use sea_orm::{ConnectionTrait, DbErr, QueryResult, Statement, TryGetable};
+use uuid::Uuid;
+
+/// A row of the fast path: the statement's column names (shared by its rows) and the values
+/// as SQLite holds them.
+#[derive(Debug, Clone)]
+pub struct LiteRow {
+    pub(super) columns: Arc<[String]>,
+    pub(super) values: Vec<rusqlite::types::Value>,
+}
+
+/// One result row.
+#[derive(Debug)]
+pub enum Row {
+    /// From sea-orm's pool.
+    Pool(QueryResult),
+    /// From the SQLite fast path.
+    Lite(LiteRow),
+}
+
+impl Row {
+    /// Column `col` decoded as `T` (`pre` is a column-name prefix, as in sea-orm).
+    ///
+    /// # Errors
+    /// [`DbErr::Type`] naming the column when it is missing or holds another type, or a
+    /// NULL where `T` is not an `Option`.
+    pub fn try_get<T: Cell>(&self, pre: &str, col: &str) -> Result<T, DbErr> {
+        match self {
+            Self::Pool(r) => r.try_get(pre, col),
+            Self::Lite(r) => {
+                let name;
+                let col = if pre.is_empty() {
+                    col
+                } else {
+                    name = format!("{pre}{col}");
+                    &name
+                };
+                let i = r
+                    .columns
+                    .iter()
+                    .position(|c| c == col)
+                    .ok_or_else(|| DbErr::Type(format!("no column `{col}` in the row")))?;
+                T::from_lite(&r.values[i])
+                    .map_err(|reason| DbErr::Type(format!("column `{col}`: {reason}")))
+            }
+        }
+    }
+}
+
+/// A type a column can be read as, from either kind of [`Row`].
+pub trait Cell: TryGetable + Sized {
+    /// Reads the value SQLite holds.
+    ///
+    /// # Errors
+    /// Why the value is not a `Self`.
+    fn from_lite(v: &rusqlite::types::Value) -> Result<Self, String>;
+}
+
+use rusqlite::types::Value as L;
+
+fn mismatch<T>(want: &str, v: &L) -> Result<T, String> {
+    Err(match v {
+        L::Null => format!("NULL where {want} is required"),
+        other => format!("{:?} where {want} is required", other.data_type()),
+    })
+}
+
+impl Cell for i64 {
+    fn from_lite(v: &L) -> Result<Self, String> {
+        match v {
+            L::Integer(i) => Ok(*i),
+            other => mismatch("an integer", other),
+        }
+    }
+}
+
+impl Cell for i32 {
+    fn from_lite(v: &L) -> Result<Self, String> {
+        match v {
+            L::Integer(i) => i32::try_from(*i).map_err(|_| format!("{i} is out of range")),
+            other => mismatch("an integer", other),
+        }
+    }
+}
+
+impl Cell for bool {
+    fn from_lite(v: &L) -> Result<Self, String> {
+        match v {
+            L::Integer(i) => Ok(*i != 0),
+            other => mismatch("a boolean", other),
+        }
+    }
+}
+
+impl Cell for String {
+    fn from_lite(v: &L) -> Result<Self, String> {
+        match v {
+            L::Text(s) => Ok(s.clone()),
+            other => mismatch("text", other),
+        }
+    }
+}
+
+impl Cell for Uuid {
+    fn from_lite(v: &L) -> Result<Self, String> {
+        match v {
+            L::Blob(b) => Uuid::from_slice(b).map_err(|e| format!("not a UUID: {e}")),
+            other => mismatch("a UUID", other),
+        }
+    }
+}
+
+impl<T: Cell> Cell for Option<T> {
+    fn from_lite(v: &L) -> Result<Self, String> {
+        match v {
+            L::Null => Ok(None),
+            other => T::from_lite(other).map(Some),
+        }
+    }
+}
+
+/// Implements [`FromRow`] for a struct whose fields are read by name, each as its type
+/// ([`Cell`]), or through a function of the row and the column name (`field: function`).
+macro_rules! from_row {
+    ($t:ident { $($field:ident $(: $via:path)?),* $(,)? }) => {
+        impl $crate::store::FromRow for $t {
+            fn from_row(r: &$crate::store::Row) -> ::std::result::Result<Self, ::sea_orm::DbErr> {
+                Ok(Self { $($field: $crate::store::from_row!(@cell r, $field $(, $via)?),)* })
+            }
+        }
+    };
+    (@cell $r:ident, $field:ident) => {
+        $r.try_get("", stringify!($field))?
+    };
+    (@cell $r:ident, $field:ident, $via:path) => {
+        $via($r, stringify!($field))?
+    };
+}
+pub(crate) use from_row;
+
+/// A value read from a whole row.
+pub trait FromRow: Sized {
+    /// Reads it.
+    ///
+    /// # Errors
+    /// As [`Row::try_get`].
+    fn from_row(r: &Row) -> Result<Self, DbErr>;
+}
+
+/// Where the store's statements run: sea-orm's connections and transactions, and those of
+/// the fast path.
+#[async_trait::async_trait]
+pub trait Exec: Sync {
+    /// Runs a statement; returns the rows it changed.
+    ///
+    /// # Errors
+    /// The database's error.
+    async fn execute(&self, stmt: Statement) -> Result<u64, DbErr>;
+
+    /// Runs statements without parameters.
+    ///
+    /// # Errors
+    /// The database's error.
+    async fn execute_unprepared(&self, sql: &str) -> Result<u64, DbErr>;
+
+    /// Runs a query; returns its rows.
+    ///
+    /// # Errors
+    /// The database's error.
+    async fn query_all(&self, stmt: Statement) -> Result<Vec<Row>, DbErr>;
+
+    /// Runs a query; returns its first row.
+    ///
+    /// # Errors
+    /// The database's error.
+    async fn query_one(&self, stmt: Statement) -> Result<Option<Row>, DbErr> {
+        Ok(self.query_all(stmt).await?.into_iter().next())
+    }
+}
+
+#[async_trait::async_trait]
+impl<C: ConnectionTrait> Exec for C {
+    async fn execute(&self, stmt: Statement) -> Result<u64, DbErr> {
+        Ok(self.execute_raw(stmt).await?.rows_affected())
+    }
+
+    async fn execute_unprepared(&self, sql: &str) -> Result<u64, DbErr> {
+        Ok(ConnectionTrait::execute_unprepared(self, sql)
+            .await?
+            .rows_affected())
+    }
+
+    async fn query_all(&self, stmt: Statement) -> Result<Vec<Row>, DbErr> {
+        Ok(self
+            .query_all_raw(stmt)
+            .await?
+            .into_iter()
+            .map(Row::Pool)
+            .collect())
+    }
+
+    async fn query_one(&self, stmt: Statement) -> Result<Option<Row>, DbErr> {
+        Ok(self.query_one_raw(stmt).await?.map(Row::Pool))
+    }
+}
