@@ -2,14 +2,16 @@
 //! when the store wraps an existing connection), or the SQLite fast path (`lite/`). Both
 //! implement [`Exec`], so every statement of the store is written once.
 
-use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, Statement, TransactionTrait};
+use sea_orm::{
+    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, Statement, TransactionTrait,
+};
 
 use super::lite::{LiteDb, LiteTx};
 use super::row::{Exec, Row};
 
 /// Where the store's statements run.
 #[derive(Debug, Clone)]
-pub(super) enum Db {
+pub enum Db {
     /// Through sea-orm's sqlx pool.
     Pool(DatabaseConnection),
     /// On the SQLite fast path.
@@ -18,7 +20,7 @@ pub(super) enum Db {
 
 /// An open transaction of a [`Db`].
 #[derive(Debug)]
-pub(crate) enum Txn {
+pub enum Txn {
     /// Through sea-orm's sqlx pool.
     Pool(DatabaseTransaction),
     /// On the SQLite fast path.
@@ -26,7 +28,19 @@ pub(crate) enum Txn {
 }
 
 impl Db {
-    pub(super) async fn begin(&self) -> Result<Txn, DbErr> {
+    /// The database behind it.
+    pub fn backend(&self) -> DbBackend {
+        match self {
+            Self::Pool(db) => db.get_database_backend(),
+            Self::Lite(_) => DbBackend::Sqlite,
+        }
+    }
+
+    /// Begins a transaction.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn begin(&self) -> Result<Txn, DbErr> {
         Ok(match self {
             Self::Pool(db) => Txn::Pool(db.begin().await?),
             Self::Lite(db) => Txn::Lite(db.begin().await?),
@@ -35,14 +49,22 @@ impl Db {
 }
 
 impl Txn {
-    pub(super) async fn commit(self) -> Result<(), DbErr> {
+    /// Commits.
+    ///
+    /// # Errors
+    /// The database's error; nothing is committed then.
+    pub async fn commit(self) -> Result<(), DbErr> {
         match self {
             Self::Pool(t) => t.commit().await,
             Self::Lite(t) => t.commit().await,
         }
     }
 
-    pub(super) async fn rollback(self) -> Result<(), DbErr> {
+    /// Rolls back.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn rollback(self) -> Result<(), DbErr> {
         match self {
             Self::Pool(t) => t.rollback().await,
             Self::Lite(t) => t.rollback(),

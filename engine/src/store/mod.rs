@@ -41,10 +41,12 @@ use sea_orm::{DatabaseConnection, DbBackend, Statement};
 
 pub use alerts::NewAlert;
 pub use attempts::{DeadlineGuard, RescueCounts, StepFinish};
+pub use conn::{Db, Txn};
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::{LeaderFence, LeaderProgress};
 pub(crate) use lite::LiteError;
+pub use lite::{LiteDb, LiteTx};
 pub use options::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
     LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, SqliteSync, StoreOptions, redact_url,
@@ -155,6 +157,11 @@ impl Store {
     /// The underlying connection pool (to begin transactions that include a run start).
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
+    }
+
+    /// Where the store's own statements run (the SQLite fast path on a file).
+    pub fn executor(&self) -> &Db {
+        &self.exec
     }
 
     /// The backend.

@@ -71,7 +71,7 @@ impl Shared {
 
 /// The fast path's connection (see the module documentation).
 #[derive(Clone)]
-pub(crate) struct LiteDb {
+pub struct LiteDb {
     conn: Arc<Mutex<Shared>>,
     busy_timeout: Duration,
 }
@@ -158,7 +158,7 @@ impl LiteDb {
 
 /// An open transaction of the fast path: it holds the connection until it commits, rolls
 /// back or is dropped (which rolls back).
-pub(crate) struct LiteTx {
+pub struct LiteTx {
     guard: Option<OwnedMutexGuard<Shared>>,
     busy_timeout: Duration,
 }

@@ -8,10 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use sagaflow::sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
-    TransactionTrait,
-};
+use sagaflow::internals::store::{Db, Exec};
+use sagaflow::sea_orm::{ConnectOptions, Database, DbBackend, Statement};
 use sagaflow::{Backend, Engine};
 use sagaflow_tools::Error;
 
@@ -31,9 +29,9 @@ pub(crate) struct Ceiling {
 }
 
 /// Measures the ceilings of the engine's database for `duration` each. SQLite is measured on
-/// the engine's own connection (its pragmas: WAL, `synchronous`), with one client since
-/// SQLite has one writer; PostgreSQL on a pool of its own to the same server, with 1 and 16
-/// clients.
+/// the engine's own connection (its driver and pragmas: WAL, `synchronous`), with one client
+/// since SQLite has one writer; PostgreSQL on a pool of its own to the same server, with 1
+/// and 16 clients.
 ///
 /// # Errors
 /// When the table cannot be created or a transaction fails.
@@ -42,8 +40,8 @@ pub(crate) async fn measure(
     url: &str,
     duration: Duration,
 ) -> Result<Vec<Ceiling>, Error> {
-    let (db, client_counts): (DatabaseConnection, &[usize]) = match engine.backend() {
-        Backend::Sqlite => (engine.connection().clone(), &[1]),
+    let (db, client_counts): (Db, &[usize]) = match engine.backend() {
+        Backend::Sqlite => (engine.store().executor().clone(), &[1]),
         Backend::Postgres => {
             let mut options = ConnectOptions::new(url.to_owned());
             options
@@ -52,7 +50,7 @@ pub(crate) async fn measure(
             let db = Database::connect(options)
                 .await
                 .map_err(Error::db("connecting for the ceiling"))?;
-            (db, &[1, PG_CLIENTS])
+            (Db::Pool(db), &[1, PG_CLIENTS])
         }
     };
     // Fresh, in case an interrupted run left it with rows whose ids this one would reuse.
@@ -97,22 +95,22 @@ pub(crate) async fn measure(
 }
 
 /// One transaction: insert a row, update it, commit.
-async fn one_transaction(db: &DatabaseConnection, id: i64) -> Result<(), Error> {
-    let backend = db.get_database_backend();
+async fn one_transaction(db: &Db, id: i64) -> Result<(), Error> {
+    let backend = db.backend();
     let p = if backend == DbBackend::Postgres {
         "$1"
     } else {
-        "?"
+        "?1"
     };
     let txn = db.begin().await.map_err(Error::db("ceiling: begin"))?;
-    txn.execute_raw(Statement::from_sql_and_values(
+    txn.execute(Statement::from_sql_and_values(
         backend,
         format!("INSERT INTO {TABLE} (id, v) VALUES ({p}, 0)"),
         [id.into()],
     ))
     .await
     .map_err(Error::db("ceiling: insert"))?;
-    txn.execute_raw(Statement::from_sql_and_values(
+    txn.execute(Statement::from_sql_and_values(
         backend,
         format!("UPDATE {TABLE} SET v = v + 1 WHERE id = {p}"),
         [id.into()],
