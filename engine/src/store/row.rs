@@ -212,3 +212,60 @@ impl<C: ConnectionTrait> Exec for C {
         Ok(self.query_one_raw(stmt).await?.map(Row::Pool))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_decoded_as_the_reader_asks_and_refused_otherwise() {
+        let u = Uuid::now_v7();
+        assert_eq!(i64::from_lite(&L::Integer(1 << 40)), Ok(1 << 40));
+        assert_eq!(i32::from_lite(&L::Integer(7)), Ok(7));
+        assert!(
+            i32::from_lite(&L::Integer(1 << 40)).is_err(),
+            "out of range"
+        );
+        assert_eq!(bool::from_lite(&L::Integer(1)), Ok(true));
+        assert_eq!(bool::from_lite(&L::Integer(0)), Ok(false));
+        assert_eq!(Uuid::from_lite(&L::Blob(u.as_bytes().to_vec())), Ok(u));
+        assert!(
+            Uuid::from_lite(&L::Blob(vec![1, 2, 3])).is_err(),
+            "not 16 bytes"
+        );
+        assert_eq!(Option::<String>::from_lite(&L::Null), Ok(None));
+        assert_eq!(
+            Option::<String>::from_lite(&L::Text("x".into())),
+            Ok(Some("x".into()))
+        );
+        // A NULL or another type where a value is required names what was found.
+        assert_eq!(
+            String::from_lite(&L::Null),
+            Err("NULL where text is required".into())
+        );
+        assert!(String::from_lite(&L::Integer(3)).is_err());
+        assert!(i64::from_lite(&L::Text("3".into())).is_err());
+    }
+
+    #[test]
+    fn a_lite_row_reads_columns_by_name_and_names_what_is_wrong() {
+        let row = Row::Lite(LiteRow {
+            columns: vec!["id".to_owned(), "state".to_owned()].into(),
+            values: vec![L::Integer(5), L::Text("ready".into())],
+        });
+        assert_eq!(row.try_get::<i64>("", "id").ok(), Some(5));
+        assert_eq!(
+            row.try_get::<String>("", "state").ok().as_deref(),
+            Some("ready")
+        );
+        let missing = row.try_get::<i64>("", "nope").expect_err("no such column");
+        assert!(
+            missing.to_string().contains("no column `nope`"),
+            "{missing}"
+        );
+        let wrong = row
+            .try_get::<i64>("", "state")
+            .expect_err("text is no integer");
+        assert!(wrong.to_string().contains("column `state`"), "{wrong}");
+    }
+}

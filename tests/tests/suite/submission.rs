@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sagaflow::sea_orm::TransactionTrait;
 use sagaflow::{Error, OnDuplicate, RunState, StartOptions, StepContext, StepError, Workflow};
-use sagaflow_testkit::{backends, engine, expect_state};
+use sagaflow_testkit::{backends, engine, expect_state, sqlite_db};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
@@ -144,6 +144,48 @@ async fn a_run_started_in_the_callers_transaction_commits_or_rolls_back_with_it(
         expect_state(&engine, kept.id, RunState::Completed, db.backend).await;
         engine.shutdown().await;
     }
+}
+
+/// On SQLite the engine and the application share one file and its one write lock. While an
+/// application's transaction holds it, the engine's writes wait, without blocking the runtime:
+/// on this single-threaded runtime a busy wait inside the engine would stall the
+/// application's own task, which could then never commit. Once it commits, both go through.
+#[tokio::test(flavor = "current_thread")]
+async fn on_sqlite_an_application_holding_the_write_lock_delays_the_engine_without_blocking_it() {
+    let db = sqlite_db();
+    let engine = engine(&db, vec![typed()]).await;
+    let input = serde_json::json!({ "order_id": "o-3", "qty": 3 });
+    let txn = engine.connection().begin().await.expect("begin");
+    // The insert takes the file's write lock until the transaction ends.
+    let held = engine
+        .start_in(&txn, "typed", &input, StartOptions::default())
+        .await
+        .expect("start in txn");
+    let waiting = tokio::spawn({
+        let (engine, input) = (engine.clone(), input.clone());
+        async move { engine.start("typed", &input).await }
+    });
+    let t0 = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(2),
+        "the runtime was blocked for {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        !waiting.is_finished(),
+        "the engine's start waits for the application's lock"
+    );
+    txn.commit().await.expect("commit");
+    let started = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the start goes through once the lock is released")
+        .expect("task")
+        .expect("start");
+    engine.wake();
+    expect_state(&engine, held.id, RunState::Completed, "sqlite").await;
+    expect_state(&engine, started, RunState::Completed, "sqlite").await;
+    engine.shutdown().await;
 }
 
 /// Makes the database refuse any run whose input mentions `poison`, as a constraint or a
