@@ -196,9 +196,49 @@ async fn sqlite_durability_is_full_by_default_and_normal_on_request() {
             .expect("pragma")
             .expect("a row");
         let level: i64 = row.try_get_by_index(0).expect("level");
-        assert_eq!(level, expected, "{sync:?}");
+        assert_eq!(level, expected, "{sync:?} on the pool");
+        // The engine's own writes go through the fast path's connection (its writer, which a
+        // transaction takes).
+        use sagaflow::internals::store::Exec;
+        let txn = engine.store().executor().begin().await.expect("begin");
+        let row = txn
+            .query_one(Statement::from_string(
+                engine.connection().get_database_backend(),
+                "PRAGMA synchronous",
+            ))
+            .await
+            .expect("pragma")
+            .expect("a row");
+        let level: i64 = row.try_get("", "synchronous").expect("level");
+        assert_eq!(level, expected, "{sync:?} on the engine's writer");
+        txn.rollback().await.expect("rollback");
         let id = engine.start("diamond", &1).await.expect("start");
         expect_state(&engine, id, RunState::Completed, db.backend).await;
         engine.shutdown().await;
     }
+}
+
+/// On SQLite, queries outside transactions run on read-only connections of their own: they
+/// answer while a unit of work holds the writer (here one held open on purpose), instead of
+/// queueing behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_reads_answer_while_a_unit_of_work_holds_the_writer() {
+    let db = sagaflow_testkit::sqlite_db();
+    let engine = engine(&db, vec![diamond()]).await;
+    let id = engine.start("diamond", &1).await.expect("start");
+    expect_state(&engine, id, RunState::Completed, db.backend).await;
+    let txn = engine.store().executor().begin().await.expect("begin");
+    let run = tokio::time::timeout(Duration::from_secs(2), engine.run(id))
+        .await
+        .expect("answered while the writer is held")
+        .expect("read")
+        .expect("the run");
+    assert_eq!(run.state, RunState::Completed);
+    let counts = tokio::time::timeout(Duration::from_secs(2), engine.run_counts())
+        .await
+        .expect("answered while the writer is held")
+        .expect("counts");
+    assert_eq!(counts.total(), 1);
+    txn.rollback().await.expect("rollback");
+    engine.shutdown().await;
 }

@@ -27,6 +27,7 @@ mod value;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as SyncMutex, MutexGuard as SyncGuard};
 use std::time::Duration;
 
@@ -69,10 +70,20 @@ impl Shared {
     }
 }
 
-/// The fast path's connection (see the module documentation).
+/// Read-only connections for queries outside transactions.
+const READERS: usize = 2;
+
+/// The fast path's connections (see the module documentation).
 #[derive(Clone)]
 pub struct LiteDb {
+    /// The writer: every transaction, and every statement that writes.
     conn: Arc<Mutex<Shared>>,
+    /// Readers: queries outside transactions that only read. In WAL mode they see the last
+    /// commit and neither wait for the writer nor hold it up.
+    readers: Arc<[Mutex<Shared>]>,
+    /// Which statement texts only read (learnt from the first reader that prepared them).
+    read_only: Arc<SyncMutex<HashMap<String, bool>>>,
+    next_reader: Arc<AtomicUsize>,
     busy_timeout: Duration,
 }
 
@@ -98,25 +109,55 @@ impl LiteDb {
         } else {
             OpenFlags::SQLITE_OPEN_READ_WRITE
         };
-        let flags = access | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let err = |e| db_err(Phase::Conn, e);
-        let db = rusqlite::Connection::open_with_flags(path, flags).map_err(err)?;
-        // Waits for locks are ours, asynchronous (see the module documentation).
-        db.busy_timeout(Duration::ZERO).map_err(err)?;
-        db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let connect = |access: OpenFlags| -> Result<rusqlite::Connection, DbErr> {
+            let db = rusqlite::Connection::open_with_flags(
+                path,
+                access | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(err)?;
+            // Waits for locks are ours, asynchronous (see the module documentation).
+            db.busy_timeout(Duration::ZERO).map_err(err)?;
+            db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+            Ok(db)
+        };
+        let shared = |db| {
+            Mutex::new(Shared(SyncMutex::new(Conn {
+                db,
+                columns: HashMap::new(),
+            })))
+        };
+        let writer = connect(access)?;
         let sync = match sync {
             SqliteSync::Full => "FULL",
             SqliteSync::Normal => "NORMAL",
         };
-        db.pragma_update(None, "synchronous", sync).map_err(err)?;
-        db.pragma_update(None, "foreign_keys", "ON").map_err(err)?;
+        writer
+            .pragma_update(None, "synchronous", sync)
+            .map_err(err)?;
+        writer
+            .pragma_update(None, "foreign_keys", "ON")
+            .map_err(err)?;
+        let writer = shared(writer);
+        let readers = (0..READERS)
+            .map(|_| connect(OpenFlags::SQLITE_OPEN_READ_ONLY).map(shared))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(Shared(SyncMutex::new(Conn {
-                db,
-                columns: HashMap::new(),
-            })))),
+            conn: Arc::new(writer),
+            readers: readers.into(),
+            read_only: Arc::default(),
+            next_reader: Arc::default(),
             busy_timeout,
         })
+    }
+
+    /// A reader, free if one is (else the next in turn, once it is).
+    async fn reader(&self) -> tokio::sync::MutexGuard<'_, Shared> {
+        if let Some(free) = self.readers.iter().find_map(|r| r.try_lock().ok()) {
+            return free;
+        }
+        let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
+        self.readers[i].lock().await
     }
 
     /// Waits for the connection and begins a transaction holding the write lock.
@@ -149,12 +190,34 @@ impl LiteDb {
             .map_err(|e| db_err(Phase::Exec, e))
     }
 
-    /// Runs one query on its own.
+    /// Runs one query on its own: on a reader when it only reads, else on the writer.
     pub(crate) async fn query(&self, stmt: &Statement) -> Result<Vec<Row>, DbErr> {
+        let known = self.read_only_lock().get(stmt.sql.as_str()).copied();
+        if known != Some(false) {
+            let reader = self.reader().await;
+            let rows = retry_busy(self.busy_timeout, || reader.conn().query_if_read_only(stmt))
+                .await
+                .map_err(|e| db_err(Phase::Query, e))?;
+            if known.is_none() {
+                self.read_only_lock()
+                    .insert(stmt.sql.clone(), rows.is_some());
+            }
+            if let Some(rows) = rows {
+                return Ok(rows);
+            }
+        }
         let guard = self.conn.lock().await;
         retry_busy(self.busy_timeout, || guard.conn().query(stmt))
             .await
             .map_err(|e| db_err(Phase::Query, e))
+    }
+}
+
+impl LiteDb {
+    fn read_only_lock(&self) -> SyncGuard<'_, HashMap<String, bool>> {
+        self.read_only
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -307,6 +370,14 @@ impl Conn {
             while rows.next()?.is_some() {}
         }
         Ok(self.db.changes())
+    }
+
+    /// [`Conn::query`] if the statement only reads; `None` (and nothing run) if it writes.
+    fn query_if_read_only(&mut self, stmt: &Statement) -> rusqlite::Result<Option<Vec<Row>>> {
+        if !self.db.prepare_cached(&stmt.sql)?.readonly() {
+            return Ok(None);
+        }
+        self.query(stmt).map(Some)
     }
 
     fn query(&mut self, stmt: &Statement) -> rusqlite::Result<Vec<Row>> {
