@@ -49,6 +49,17 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+# A one-shot run (CI) gains nothing from incremental compilation, which would
+# add several GB of caches to the target directory; a developer's own setting wins.
+if [[ "${CI:-}" == "true" ]]; then
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
+# A full disk shows up as a linker crash far from its cause: say up front how
+# much room the build has.
+target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
+mkdir -p "$target_dir"
+banner "free disk for $target_dir: $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ')"
+
 # PostgreSQL first: a machine that cannot provide it fails in seconds, not
 # after a long clippy run.
 banner "starting throwaway PostgreSQL"
