@@ -16,7 +16,7 @@ use super::evaluate::plan_and_apply;
 use super::{ErrorStreak, Scheduler, pause};
 use crate::model::Alert;
 use crate::protocol::AgentResponse;
-use crate::store::{Damage, DeadlineGuard, EvalApplied, StepFinish, Store};
+use crate::store::{Damage, DeadlineGuard, EvalApplied, StepFinish, Store, Wake};
 use crate::transition::{self, StepChange, Trigger};
 use crate::{Error, Registry, StepError};
 
@@ -60,6 +60,7 @@ pub(super) async fn run(
                 &s.registry,
                 &finishes,
                 &s.config.owner,
+                true,
                 s.config.freeze_in_transaction.as_deref(),
             );
             // Shutdown does not wait for a write stuck on the database: the transaction is
@@ -143,7 +144,7 @@ pub async fn finish_batch(
     items: &[StepFinish],
     actor: &str,
 ) -> Result<FinishOutcome, Error> {
-    finish_batch_in(store, registry, items, actor, None).await
+    finish_batch_in(store, registry, items, actor, false, None).await
 }
 
 async fn finish_batch_in(
@@ -151,6 +152,7 @@ async fn finish_batch_in(
     registry: &Registry,
     items: &[StepFinish],
     actor: &str,
+    own: bool,
     freeze: Option<&super::Freeze>,
 ) -> Result<FinishOutcome, Error> {
     let mut tx = store.begin().await?;
@@ -169,7 +171,13 @@ async fn finish_batch_in(
         .filter_map(|(i, _)| i.error.as_ref().map(|e| (i.run_id, damage(i.run_id, e))))
         .collect();
     let out = plan_and_apply(&mut tx, registry, runs, damaged, actor).await?;
-    tx.commit().await?;
+    if own {
+        // The scheduler's own batch (`actor` is its instance id): it wakes its own claim loop
+        // in process, so its notification (steps readied) is for the other engines only.
+        tx.commit_from(Wake::CLAIM, actor).await?;
+    } else {
+        tx.commit().await?;
+    }
     Ok(FinishOutcome {
         applied,
         evaluated: out.applied,

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::{ErrorStreak, Scheduler, pause};
 use crate::model::{Alert, AlertKind};
 use crate::signals::RunEvent;
-use crate::store::{Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx};
+use crate::store::{Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx, Wake};
 use crate::transition;
 use crate::{Error, Registry, RunState};
 
@@ -100,7 +100,9 @@ async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error>
     let mut tx = s.store.begin().await?;
     let runs = tx.lock_runs(ids, true).await?;
     let out = plan_and_apply(&mut tx, &s.registry, runs, HashMap::new(), &s.config.owner).await?;
-    tx.commit().await?;
+    // Steps it readied wake this engine's claim loop in process (`after_eval`): the
+    // notification is for the other engines.
+    tx.commit_from(Wake::CLAIM, &s.config.owner).await?;
     Ok(out)
 }
 

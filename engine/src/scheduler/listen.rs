@@ -1,4 +1,8 @@
 //! PostgreSQL LISTEN/NOTIFY wake-ups: another engine queued steps or marked runs.
+//!
+//! Each notification's payload says which loop it concerns and who sent it ([`Wake`]): the
+//! engine ignores its own (its loops were woken in process), wakes only the loop concerned,
+//! and coalesces the notifications already received into one wake-up per loop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +11,7 @@ use sea_orm::sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{Scheduler, pause};
-use crate::store::{Backend, READY_CHANNEL};
+use crate::store::{Backend, READY_CHANNEL, Wake};
 
 /// Pause before reconnecting a listener whose connection failed.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
@@ -49,9 +53,19 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
-                    Ok(Some(_)) => {
-                        s.signals.wake_claimer();
-                        s.signals.wake_evaluator();
+                    Ok(Some(n)) => {
+                        let own = s.config.owner.as_str();
+                        let mut wake = Wake::heard(n.payload(), own);
+                        // Everything already received at once: one wake-up per loop.
+                        while let Some(n) = listener.next_buffered() {
+                            wake = wake.or(Wake::heard(n.payload(), own));
+                        }
+                        if wake.claim {
+                            s.signals.wake_claimer();
+                        }
+                        if wake.evaluate {
+                            s.signals.wake_evaluator();
+                        }
                     }
                     // The connection dropped: the listener reconnects on the next receive;
                     // wake the loops, since notifications may have been missed meanwhile.

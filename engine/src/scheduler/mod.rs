@@ -207,6 +207,13 @@ impl Scheduler {
         tracker.spawn(listen::run(self, cancel));
     }
 
+    /// Spawns only the PostgreSQL wake-up listener (none on SQLite), which wakes through this
+    /// scheduler's [`Signals`]. Test hook: [`Scheduler::spawn`] runs it with the other loops.
+    #[doc(hidden)]
+    pub fn spawn_listener(self: Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken) {
+        tracker.spawn(listen::run(self, cancel));
+    }
+
     /// The scheduler's owner id.
     pub fn owner(&self) -> &str {
         &self.config.owner

@@ -34,6 +34,7 @@ mod sql;
 mod sqlite;
 mod steps;
 mod tx;
+mod wake;
 
 use std::sync::Arc;
 
@@ -59,6 +60,7 @@ pub(crate) use rows::phase_attempts;
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, StepRow, quote};
 pub use steps::StepInputs;
 pub use tx::{RunSteps, StoreTx};
+pub use wake::Wake;
 
 use sql::placeholders;
 

@@ -89,6 +89,18 @@ impl Store {
         conn: &C,
         entries: &[HistoryEntry],
     ) -> Result<()> {
+        self.history_insert_notifying(conn, entries, None).await
+    }
+
+    /// Inserts history rows, one statement per [`CHUNK`], and with `notify` (PostgreSQL), sends
+    /// the wake-up notification with that payload in the statement of the last chunk: one
+    /// round trip for both.
+    async fn history_insert_notifying<C: Exec>(
+        &self,
+        conn: &C,
+        entries: &[HistoryEntry],
+        notify: Option<&str>,
+    ) -> Result<()> {
         const COLS: [(&str, &str); 8] = [
             ("run_id", "uuid"),
             ("step", "text"),
@@ -99,7 +111,9 @@ impl Store {
             ("actor", "text"),
             ("detail", "text"),
         ];
-        for chunk in entries.chunks(CHUNK) {
+        let notify = notify.filter(|_| self.backend == Backend::Postgres);
+        let chunks = entries.len().div_ceil(CHUNK);
+        for (i, chunk) in entries.chunks(CHUNK).enumerate() {
             let rows = chunk
                 .iter()
                 .map(|e| {
@@ -115,13 +129,34 @@ impl Store {
                     ]
                 })
                 .collect();
-            let (source, values) = self.rows_source(1, &COLS, rows)?;
-            let sql = format!(
+            let (source, mut values) = self.rows_source(1, &COLS, rows)?;
+            let insert = format!(
                 "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, attempt, actor, detail, at) \
                  SELECT v.run_id, v.step, v.event, v.from_state, v.to_state, v.attempt, v.actor, v.detail, {{now}} \
                  FROM {source}"
             );
-            conn.execute(self.stmt(&sql, values)).await?;
+            match notify {
+                Some(payload) if i + 1 == chunks => {
+                    values.push(payload.to_owned().into());
+                    let sql = format!(
+                        "WITH h AS ({insert}) SELECT pg_notify('{}', $2)",
+                        super::postgres::READY_CHANNEL
+                    );
+                    conn.execute(self.stmt(&sql, values)).await?;
+                }
+                _ => {
+                    conn.execute(self.stmt(&insert, values)).await?;
+                }
+            }
+        }
+        if let Some(payload) = notify
+            && entries.is_empty()
+        {
+            conn.execute(self.stmt(
+                &format!("SELECT pg_notify('{}', $1)", super::postgres::READY_CHANNEL),
+                vec![payload.to_owned().into()],
+            ))
+            .await?;
         }
         Ok(())
     }
@@ -309,17 +344,32 @@ impl StoreTx<'_> {
         self.notify = true;
     }
 
-    /// Writes the history collected so far, notifies (if asked) and commits.
+    /// Writes the history collected so far, notifies (if asked) and commits. The
+    /// notification carries no payload: every listening engine wakes both its loops.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn commit(self) -> Result<()> {
+        self.commit_notifying(None).await
+    }
+
+    /// [`StoreTx::commit`] for an engine's own unit of work: the notification, if one is
+    /// asked for, names `wake`'s loops and `sender` (the engine's instance id), so that the
+    /// sender, which wakes its own loops in process, ignores it, and other engines wake only
+    /// the loops concerned ([`super::Wake`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn commit_from(self, wake: super::Wake, sender: &str) -> Result<()> {
+        let payload = wake.payload(sender);
+        self.commit_notifying(Some(&payload)).await
+    }
+
+    async fn commit_notifying(self, payload: Option<&str>) -> Result<()> {
+        let notify = self.notify.then_some(payload.unwrap_or(""));
         self.store
-            .history_insert_many(&self.txn, &self.history)
+            .history_insert_notifying(&self.txn, &self.history, notify)
             .await?;
-        if self.notify {
-            self.store.notify_ready(&self.txn).await?;
-        }
         self.txn.commit().await?;
         Ok(())
     }

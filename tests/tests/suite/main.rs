@@ -24,3 +24,4 @@ mod shutdown;
 mod submission;
 mod supervisor;
 mod travel;
+mod wakeups;
