@@ -82,6 +82,12 @@ pub(crate) async fn settle(engine: &Engine) {
 
 /// The throughput phase's figures: acceptance, completion, workflows and steps per second,
 /// and end-to-end latency.
+/// Whether the submitters, not the engine, set the pace: the last run completed within a
+/// tenth of the run's time after the last start was accepted.
+fn bound_by_submission(submitted: Duration, total: Duration) -> bool {
+    total.saturating_sub(submitted) < total / 10
+}
+
 pub(crate) fn print_throughput(
     runs: usize,
     submitted: Duration,
@@ -98,6 +104,13 @@ pub(crate) fn print_throughput(
     );
     println!("  completed in   {:.2} s", total.as_secs_f64());
     println!("  workflows/s    {wps:.0}");
+    if bound_by_submission(submitted, total) {
+        println!(
+            "  bound by       submission: the engine finished {:.0} ms after the last start, so \
+             it kept up with the submitters; more --submitters measure the engine",
+            total.saturating_sub(submitted).as_secs_f64() * 1e3
+        );
+    }
     if !ceilings.is_empty() {
         println!("  of ceiling     {}", ratios(wps, ceilings));
     }
@@ -107,4 +120,20 @@ pub(crate) fn print_throughput(
         ms(e2e.percentile(50.0)),
         ms(e2e.percentile(99.0))
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::bound_by_submission;
+
+    #[test]
+    fn a_run_that_ends_right_after_its_last_start_was_bound_by_submission() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert!(bound_by_submission(ms(3_520), ms(3_740)));
+        assert!(!bound_by_submission(ms(2_850), ms(3_930)));
+        assert!(!bound_by_submission(s(0), s(0)));
+    }
 }
