@@ -50,8 +50,22 @@ pub const ERROR_PAUSE_DEFAULT: Duration = Duration::from_secs(2);
 pub const SUCCESS_PAUSE_DEFAULT: Duration = Duration::ZERO;
 /// Default maximum of results written per transaction.
 pub const COMPLETE_BATCH_DEFAULT: usize = 128;
-/// Default number of completion writers (transactions writing results concurrently).
-pub const COMPLETION_WRITERS_DEFAULT: usize = 2;
+/// Fewest and most completion writers the default picks.
+pub const COMPLETION_WRITERS_RANGE: (usize, usize) = (2, 8);
+
+/// Default number of completion writers (transactions writing results concurrently): one
+/// per core of this machine, at least 2 and at most 8 ([`COMPLETION_WRITERS_RANGE`]).
+///
+/// On a 2-core machine running the engine and PostgreSQL, one writer per core was the best
+/// of 1, 2, 4 and 8 (docs/benchmarks.md): one writer leaves the database idle while a batch
+/// travels, more writers than cores make the transactions contend for the same CPUs. Two at
+/// least, so one batch is written while the next is collected.
+pub fn completion_writers_default() -> usize {
+    let (min, max) = COMPLETION_WRITERS_RANGE;
+    std::thread::available_parallelism()
+        .map_or(min, std::num::NonZeroUsize::get)
+        .clamp(min, max)
+}
 /// Default largest serialized step output.
 pub const MAX_PAYLOAD_DEFAULT: usize = 256 * 1024;
 
@@ -117,7 +131,7 @@ impl SchedulerConfig {
             error_pause: ERROR_PAUSE_DEFAULT,
             success_pause: SUCCESS_PAUSE_DEFAULT,
             complete_batch: COMPLETE_BATCH_DEFAULT,
-            completion_writers: COMPLETION_WRITERS_DEFAULT,
+            completion_writers: completion_writers_default(),
             max_payload_bytes: MAX_PAYLOAD_DEFAULT,
             freeze_in_transaction: None,
         }
@@ -254,5 +268,23 @@ impl ErrorStreak {
             tracing::info!(task = what, failures = self.failures, "recovered");
             self.failures = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{COMPLETION_WRITERS_RANGE, completion_writers_default};
+    use crate::store::{PG_POOL_BESIDE_WRITERS, pg_pool_default};
+
+    #[test]
+    fn writers_follow_the_cores_within_their_range_and_the_pool_makes_room_for_them() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let (min, max) = COMPLETION_WRITERS_RANGE;
+        let writers = completion_writers_default();
+        assert_eq!(writers, cores.clamp(min, max));
+        assert_eq!(
+            pg_pool_default(),
+            PG_POOL_BESIDE_WRITERS + u32::try_from(writers).expect("small")
+        );
     }
 }

@@ -66,8 +66,19 @@ use sql::placeholders;
 
 use crate::{Error, Result};
 
-/// Default size of the PostgreSQL connection pool.
-pub const PG_POOL_DEFAULT: u32 = 10;
+/// Connections of the PostgreSQL pool besides the completion writers': the wake-up listener,
+/// the claim and evaluation loops, the supervisor, the submitter, and two for reads
+/// (operators' and the application's queries).
+pub const PG_POOL_BESIDE_WRITERS: u32 = 8;
+
+/// Default size of the PostgreSQL connection pool: one connection for each completion writer
+/// ([`crate::scheduler::completion_writers_default`], one per core) and
+/// [`PG_POOL_BESIDE_WRITERS`] for the rest; 10 on a 2-core machine. The pool opens
+/// connections as they are needed, up to this size.
+pub fn pg_pool_default() -> u32 {
+    let writers = u32::try_from(crate::scheduler::completion_writers_default()).unwrap_or(8);
+    PG_POOL_BESIDE_WRITERS + writers
+}
 
 /// Which database is behind the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

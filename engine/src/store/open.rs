@@ -16,7 +16,7 @@ use super::file::FileIdentity;
 use super::lite::LiteDb;
 use super::options::{StoreOptions, redact_url};
 use super::row::Exec;
-use super::{Backend, PG_POOL_DEFAULT, SqliteSync, Store};
+use super::{Backend, SqliteSync, Store, pg_pool_default};
 use crate::{Error, Result};
 
 /// How long a statement waits for another connection's lock on an SQLite file before it
@@ -134,7 +134,7 @@ impl Store {
             .max_connections(match backend {
                 Backend::Sqlite => 1,
                 // The wake-up listener holds one connection for good.
-                Backend::Postgres => options.pool_size.unwrap_or(PG_POOL_DEFAULT).max(2),
+                Backend::Postgres => options.pool_size.unwrap_or_else(pg_pool_default).max(2),
             });
         if backend == Backend::Sqlite {
             let sync = match options.sqlite_sync {

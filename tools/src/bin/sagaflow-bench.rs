@@ -47,7 +47,7 @@ async fn main() -> Result<(), Error> {
         .with_claim_batch(args.claim_batch)
         .with_completion_writers(
             args.completion_writers
-                .unwrap_or(sagaflow::internals::scheduler::COMPLETION_WRITERS_DEFAULT),
+                .unwrap_or_else(sagaflow::internals::scheduler::completion_writers_default),
         )
         .with_pool_size(16)
         .with_sqlite_sync(if args.sqlite_sync == "normal" {

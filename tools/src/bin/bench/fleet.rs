@@ -28,7 +28,7 @@ pub(crate) async fn worker(args: &Args, id: &str) -> Result<(), Error> {
         .with_claim_batch(args.claim_batch)
         .with_completion_writers(
             args.completion_writers
-                .unwrap_or(sagaflow::internals::scheduler::COMPLETION_WRITERS_DEFAULT),
+                .unwrap_or_else(sagaflow::internals::scheduler::completion_writers_default),
         )
         .with_pool_size(8)
         .with_retention(None)
