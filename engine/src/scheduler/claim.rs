@@ -49,13 +49,26 @@ pub(super) async fn run(
             return;
         }
         let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
-        let claimed = match s.store.step_claim(&s.config.owner, &s.keys, limit).await {
+        // Outputs of earlier steps are read only for steps with dependencies (a run's first
+        // step has none). On PostgreSQL the claim and these reads are one statement.
+        let needs_outputs = |c: &ClaimedStep| {
+            s.registry
+                .by_key(&c.workflow_key)
+                .and_then(|wf| wf.step(&c.name))
+                .is_none_or(|d| !d.is_root())
+        };
+        let claim = s
+            .store
+            .step_claim_with_inputs(&s.config.owner, &s.keys, limit, needs_outputs);
+        let (claimed, inputs) = match claim.await {
             Ok(c) => {
                 claimed_at = Instant::now();
                 streak.succeeded("claiming steps");
                 c
             }
             Err(e) => {
+                // Claims that a failed read left behind stand: their deadlines expire and
+                // the supervisor re-queues them.
                 streak.failed("claiming steps", &e);
                 drop(permits);
                 if !pause(&cancel, s.config.error_pause).await {
@@ -73,31 +86,6 @@ pub(super) async fn run(
             }
             continue;
         }
-        let runs: Vec<_> = claimed.iter().map(|c| c.run_id).collect();
-        // Outputs of earlier steps are read only when a claimed step has dependencies (a
-        // run's first step never does: one round trip less before it starts).
-        let with_deps: Vec<_> = claimed
-            .iter()
-            .filter(|c| {
-                s.registry
-                    .by_key(&c.workflow_key)
-                    .and_then(|wf| wf.step(&c.name))
-                    .is_none_or(|d| !d.is_root())
-            })
-            .map(|c| c.run_id)
-            .collect();
-        let inputs = match s.store.step_inputs(&runs, &with_deps).await {
-            Ok(i) => i,
-            Err(e) => {
-                // The claims stand: their deadlines expire and the supervisor re-queues them.
-                streak.failed("loading step inputs", &e);
-                drop(permits);
-                if !pause(&cancel, s.config.error_pause).await {
-                    return;
-                }
-                continue;
-            }
-        };
         for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
             match request(&s, &cancel, c, &inputs, claimed_at) {
                 Ok(request) => {

@@ -13,7 +13,7 @@ use super::attempts::{RescueCounts, StepFinish};
 use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
 use super::tx::mark_dirty;
-use super::{Store, placeholders};
+use super::{Backend, Store, placeholders};
 use crate::transition::{Trigger, step_rule};
 use crate::{Result, StepState};
 
@@ -29,6 +29,13 @@ pub struct StepInputs {
     pub inputs: HashMap<Uuid, String>,
     /// Output JSON per (run, completed step).
     pub outputs: HashMap<(Uuid, String), String>,
+}
+
+/// The claim's parameters: `$1` the owner, `$2` the limit, `$3…` the workflow keys.
+fn claim_values(owner: &str, workflow_keys: &[String], limit: u32) -> Vec<Value> {
+    let mut values: Vec<Value> = vec![owner.to_owned().into(), i64::from(limit).into()];
+    values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
+    values
 }
 
 impl Store {
@@ -48,7 +55,17 @@ impl Store {
         if workflow_keys.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
-        let sql = format!(
+        let sql = self.claim_sql(workflow_keys.len());
+        let rows = self
+            .exec
+            .query_all(self.stmt(&sql, claim_values(owner, workflow_keys, limit)))
+            .await?;
+        rows.iter().map(ClaimedStep::decode).collect()
+    }
+
+    /// The claim statement: `$1` the owner, `$2` the limit, `$3…` the workflow keys.
+    fn claim_sql(&self, keys: usize) -> String {
+        format!(
             "UPDATE sagaflow_steps SET \
                state = CASE WHEN state = '{ready}' THEN '{running}' ELSE '{compensating}' END, \
                locked_by = $1, attempt = attempt + 1, \
@@ -63,16 +80,84 @@ impl Store {
                compensation_attempts, failure_count, max_failures, \
                interruptions, max_interruptions, deadline_ms, deadline_cap_ms, complete_by, \
                idempotency_key, output, {{now}} AS db_now",
-            keys = placeholders(3, workflow_keys.len()),
+            keys = placeholders(3, keys),
             lock = self.claim_lock(),
             ready = StepState::Ready,
             running = claimed(StepState::Ready),
             compensating = claimed(StepState::CompensationReady),
+        )
+    }
+
+    /// Claims like [`Store::step_claim`] and loads what the claimed steps need, like
+    /// [`Store::step_inputs`]; `needs_outputs` tells which claimed steps need the outputs of
+    /// their run's completed steps (a run's first step does not).
+    ///
+    /// On PostgreSQL this is one statement, one round trip before the steps start: the claim
+    /// in a `WITH`, and for each claimed step its run's input and its run's completed outputs
+    /// (read through the `(run_id, name)` index; a first step finds none). On SQLite, where a
+    /// statement costs no round trip, it is the claim and the reads of `step_inputs`.
+    ///
+    /// If the reads fail after the claim, the claims stand: their deadlines expire and the
+    /// supervisor re-queues them.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
+    pub async fn step_claim_with_inputs(
+        &self,
+        owner: &str,
+        workflow_keys: &[String],
+        limit: u32,
+        needs_outputs: impl Fn(&ClaimedStep) -> bool,
+    ) -> Result<(Vec<ClaimedStep>, StepInputs)> {
+        if self.backend != Backend::Postgres {
+            let claimed = self.step_claim(owner, workflow_keys, limit).await?;
+            let runs: Vec<Uuid> = claimed.iter().map(|c| c.run_id).collect();
+            let with_outputs: Vec<Uuid> = claimed
+                .iter()
+                .filter(|c| needs_outputs(c))
+                .map(|c| c.run_id)
+                .collect();
+            let inputs = self.step_inputs(&runs, &with_outputs).await?;
+            return Ok((claimed, inputs));
+        }
+        if workflow_keys.is_empty() || limit == 0 {
+            return Ok((Vec::new(), StepInputs::default()));
+        }
+        // The outer query reads the snapshot the claim started from; a claim changes neither
+        // a run's input nor a completed step's output. Outputs come as a JSON array of
+        // `[name, output]` pairs per claimed step.
+        let sql = format!(
+            "WITH c AS ({claim}) \
+             SELECT c.*, r.input AS run_input, \
+               (SELECT json_agg(json_build_array(d.name, d.output))::text FROM sagaflow_steps d \
+                WHERE d.run_id = c.run_id AND d.output IS NOT NULL) AS run_outputs \
+             FROM c LEFT JOIN sagaflow_runs r ON r.id = c.run_id",
+            claim = self.claim_sql(workflow_keys.len()),
         );
-        let mut values: Vec<Value> = vec![owner.to_owned().into(), i64::from(limit).into()];
-        values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
-        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
-        rows.iter().map(ClaimedStep::decode).collect()
+        let rows = self
+            .exec
+            .query_all(self.stmt(&sql, claim_values(owner, workflow_keys, limit)))
+            .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut inputs = StepInputs::default();
+        for r in &rows {
+            let c = ClaimedStep::decode(r)?;
+            // An unreadable input or output list is left out: the step's request reports
+            // what is missing as damage of that run alone.
+            if let Ok(input) = r.try_get::<String>("", "run_input") {
+                inputs.inputs.insert(c.run_id, input);
+            }
+            if needs_outputs(&c)
+                && let Ok(Some(outputs)) = r.try_get::<Option<String>>("", "run_outputs")
+                && let Ok(pairs) = serde_json::from_str::<Vec<(String, String)>>(&outputs)
+            {
+                for (name, output) in pairs {
+                    inputs.outputs.insert((c.run_id, name), output);
+                }
+            }
+            claimed.push(c);
+        }
+        Ok((claimed, inputs))
     }
 
     /// Loads what a batch of claimed steps needs: their runs' inputs, and the outputs of the

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sagaflow::internals::store;
 use sagaflow::internals::store::Store;
-use sagaflow::sea_orm::TransactionTrait;
+use sagaflow::sea_orm::{ConnectionTrait, TransactionTrait};
 use sagaflow_testkit::{ChildTest, TestDb, backends};
 use uuid::Uuid;
 
@@ -196,4 +196,89 @@ async fn child_claimers() {
         text.push_str(&format!("{w}: {}\n", ids.join(" ")));
     }
     std::fs::write(var("SAGAFLOW_CLAIM_OUT"), text).expect("write claim log");
+}
+
+/// A claim brings what its steps need: the run's input for every step, the outputs of the
+/// run's completed steps for a step that depends on them, none for one that does not. On
+/// PostgreSQL the claim and these reads are one statement; the answer is the same on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_brings_the_runs_input_and_the_outputs_its_steps_need() {
+    for db in backends().await {
+        let store = Store::connect(&db.url, Some(60)).await.expect("connect");
+        let b = db.backend;
+        let step = |name: &str, id: Uuid, ready: bool| store::NewStep {
+            name: name.into(),
+            max_failures: 3,
+            max_interruptions: 5,
+            deadline_ms: 600_000,
+            deadline_cap_ms: 600_000,
+            idempotency_key: format!("{id}:{name}"),
+            ready,
+        };
+        let (a, z) = (Uuid::now_v7(), Uuid::now_v7());
+        let runs: Vec<store::NewRun> = [(a, r#"{"order":"a"}"#), (z, r#"{"order":"z"}"#)]
+            .into_iter()
+            .map(|(id, input)| store::NewRun {
+                id,
+                workflow: "claim".into(),
+                version: 1,
+                business_key: None,
+                input: input.into(),
+                steps: vec![step("first", id, true), step("second", id, false)],
+            })
+            .collect();
+        let txn = store.connection().begin().await.expect("begin");
+        store.run_insert_many(&txn, &runs).await.expect("insert");
+        txn.commit().await.expect("commit");
+        let keys = vec![KEY.to_owned()];
+        let needs = |c: &store::ClaimedStep| c.name == "second";
+
+        let (claimed, inputs) = store
+            .step_claim_with_inputs("w", &keys, 10, needs)
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 2, "[{b}] both first steps");
+        assert!(
+            claimed.iter().all(|c| c.name == "first"),
+            "[{b}] {claimed:?}"
+        );
+        assert_eq!(inputs.inputs[&a], r#"{"order":"a"}"#, "[{b}]");
+        assert_eq!(inputs.inputs[&z], r#"{"order":"z"}"#, "[{b}]");
+        assert!(inputs.outputs.is_empty(), "[{b}] {:?}", inputs.outputs);
+
+        // Run `a`'s first step completes with an output and its second becomes ready; run
+        // `z` is left as it is.
+        for sql in [
+            "UPDATE sagaflow_steps SET state = 'completed', output = '{\"reserved\":3}', \
+             locked_by = NULL WHERE name = 'first' AND run_id = $1",
+            "UPDATE sagaflow_steps SET state = 'ready', available_at = 0 \
+             WHERE name = 'second' AND run_id = $1",
+        ] {
+            store
+                .connection()
+                .execute_raw(sagaflow::sea_orm::Statement::from_sql_and_values(
+                    store.connection().get_database_backend(),
+                    sql.replace("$1", if b == "postgres" { "$1" } else { "?" }),
+                    [a.into()],
+                ))
+                .await
+                .expect("move run a on");
+        }
+        let (claimed, inputs) = store
+            .step_claim_with_inputs("w", &keys, 10, needs)
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1, "[{b}] {claimed:?}");
+        assert_eq!((claimed[0].run_id, claimed[0].name.as_str()), (a, "second"));
+        assert_eq!(inputs.inputs[&a], r#"{"order":"a"}"#, "[{b}]");
+        assert_eq!(
+            inputs
+                .outputs
+                .get(&(a, "first".to_owned()))
+                .map(String::as_str),
+            Some(r#"{"reserved":3}"#),
+            "[{b}]"
+        );
+        assert_eq!(inputs.outputs.len(), 1, "[{b}] {:?}", inputs.outputs);
+    }
 }
