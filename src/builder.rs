@@ -293,6 +293,12 @@ impl EngineBuilder {
                 return Err(Error::Config("no database: call with_database_url".into()));
             }
         };
+        // What this engine runs, published for consoles and HTTP clients; alerts about a
+        // changed graph under an unchanged version are delivered once the engine is up.
+        let descriptions: Vec<_> = self.registry.workflows().map(|w| w.describe()).collect();
+        let changed = store
+            .definitions_publish(&descriptions, &self.scheduler.owner)
+            .await?;
         let heartbeat = if self.workers {
             let incarnation = uuid::Uuid::new_v4().simple().to_string();
             crate::instance::register(
@@ -306,7 +312,7 @@ impl EngineBuilder {
         } else {
             None
         };
-        Engine::launch(
+        let engine = Engine::launch(
             store,
             heartbeat,
             Arc::new(self.registry),
@@ -315,6 +321,10 @@ impl EngineBuilder {
             (self.run_supervisor && self.workers).then_some(self.supervisor),
             self.workers,
             self.max_input_bytes,
-        )
+        )?;
+        for a in &changed {
+            engine.deliver_alert(a);
+        }
+        Ok(engine)
     }
 }

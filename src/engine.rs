@@ -9,7 +9,7 @@ use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
 use sagaflow_engine::signals::{AlertSink, RunEvent, Signals};
 use sagaflow_engine::{
     Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, RunRow, Step, StepRow,
-    Store,
+    Store, store::PublishedDefinition,
 };
 use sagaflow_supervisor::{Supervisor, SupervisorConfig, SupervisorStats};
 use sea_orm::DatabaseConnection;
@@ -184,6 +184,22 @@ impl Engine {
                 stopped: std::sync::atomic::AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Hands an alert raised outside the engine's loops to its sinks and subscribers.
+    pub(crate) fn deliver_alert(&self, alert: &Alert) {
+        self.inner.signals.alert(alert);
+    }
+
+    /// The workflow definitions published to the database by every engine that used it
+    /// (name, version, step graph, policies, input schema), by name and version: what a
+    /// console draws and an HTTP client validates inputs with, without this application's
+    /// code. A stored description this release cannot read comes back as its decoding error.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn definitions(&self) -> Result<Vec<PublishedDefinition>> {
+        self.inner.store.definitions().await
     }
 
     /// Whether this instance is running, was shut down, or stopped on a fatal error.

@@ -19,9 +19,16 @@
 //! use std::time::Duration;
 //! use sagaflow::prelude::*;
 //!
+//! /// The input, checked at every start; its JSON Schema is published with the workflow.
+//! #[derive(serde::Deserialize, sagaflow::schemars::JsonSchema)]
+//! #[schemars(crate = "sagaflow::schemars")]
+//! struct Order {
+//!     sku: String,
+//! }
+//!
 //! # async fn demo() -> Result<(), sagaflow::Error> {
 //! let order = Workflow::builder("order", 1)
-//!     .input::<serde_json::Value>()
+//!     .input::<Order>()
 //!     .step("reserve", |ctx: StepContext| async move {
 //!         // call the inventory service with ctx.idempotency_key() …
 //!         Ok::<_, StepError>("reservation-1")
@@ -54,12 +61,12 @@ mod submit;
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
-pub use sagaflow_engine::store::{SqliteSync, StoreOptions, redact_url};
+pub use sagaflow_engine::store::{PublishedDefinition, SqliteSync, StoreOptions, redact_url};
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error,
     HistoryEvent, HistoryKind, KeyPolicy, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent,
-    RunState, Step, StepAction, StepContext, StepError, StepKind, StepState, Timestamp,
-    TracingSink, Workflow, WorkflowBuilder,
+    RunState, Step, StepAction, StepContext, StepDescription, StepError, StepKind, StepState,
+    Timestamp, TracingSink, Workflow, WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::SupervisorStats;
 pub use start::{OnDuplicate, StartOptions, Started};
@@ -74,6 +81,12 @@ pub mod internals {
     };
     pub use sagaflow_supervisor::{Supervisor, SupervisorConfig, SweepGate};
 }
+
+/// Re-exported so that an application derives `JsonSchema` for its input types (the
+/// schema published with each workflow, see [`WorkflowBuilder::input`]) without a direct
+/// dependency: `#[derive(sagaflow::schemars::JsonSchema)]` with
+/// `#[schemars(crate = "sagaflow::schemars")]`.
+pub use schemars;
 
 /// Re-exported so that applications can begin transactions for [`Engine::start_in`] without
 /// a direct dependency.

@@ -18,8 +18,8 @@ pub mod store;
 pub mod transition;
 
 pub use definition::{
-    DeadlinePolicy, KeyPolicy, Registry, RetryPolicy, StepAction, StepContext, StepKind,
-    StepSettings, Workflow, WorkflowBuilder, workflow_key,
+    DeadlinePolicy, KeyPolicy, Registry, RetryPolicy, StepAction, StepContext, StepDescription,
+    StepKind, StepSettings, Workflow, WorkflowBuilder, WorkflowDescription, workflow_key,
 };
 pub use error::{Error, Result};
 pub use model::{

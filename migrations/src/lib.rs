@@ -43,6 +43,7 @@ mod m0002_hot_path;
 mod m0003_outcomes_and_instances;
 mod m0004_leader_progress;
 mod m0005_attempts_apart;
+mod m0006_definitions;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -70,6 +71,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0003_outcomes_and_instances::Migration),
             Box::new(m0004_leader_progress::Migration),
             Box::new(m0005_attempts_apart::Migration),
+            Box::new(m0006_definitions::Migration),
         ]
     }
 

@@ -24,7 +24,7 @@ use sagaflow_testkit::services::{
 pub const ORDER_WORKFLOW: &str = "order";
 
 /// An order, the saga's input.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Order {
     /// Business id of the order (also the run's business key).
     pub order_id: String,

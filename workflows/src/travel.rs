@@ -35,7 +35,7 @@ use sagaflow_testkit::services::{
 pub const TRAVEL_WORKFLOW: &str = "travel";
 
 /// A trip to book, the saga's input.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Trip {
     /// Business id of the trip (also the run's business key).
     pub trip_id: String,

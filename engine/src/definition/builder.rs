@@ -37,6 +37,7 @@ pub struct WorkflowBuilder {
     drafts: Vec<Draft>,
     misuse: Vec<String>,
     input_check: Option<InputCheck>,
+    input_schema: Option<Arc<serde_json::Value>>,
     key_policy: KeyPolicy,
 }
 
@@ -58,16 +59,20 @@ impl WorkflowBuilder {
             drafts: Vec::new(),
             misuse: Vec::new(),
             input_check: None,
+            input_schema: None,
             key_policy: KeyPolicy::default(),
         }
     }
 
     /// Declares the input type: submissions whose input does not deserialise into `T` are
-    /// rejected with [`Error::InvalidInput`].
-    pub fn input<T: DeserializeOwned + 'static>(mut self) -> Self {
+    /// rejected with [`Error::InvalidInput`], and `T`'s JSON Schema (derive
+    /// `schemars::JsonSchema`) is published with the workflow's description
+    /// ([`Workflow::describe`]), for consoles and HTTP clients to validate inputs with.
+    pub fn input<T: DeserializeOwned + schemars::JsonSchema + 'static>(mut self) -> Self {
         self.input_check = Some(Arc::new(|v: &serde_json::Value| {
             T::deserialize(v).map(|_| ()).map_err(|e| e.to_string())
         }));
+        self.input_schema = Some(Arc::new(schemars::schema_for!(T).to_value()));
         self
     }
 
@@ -309,6 +314,7 @@ impl WorkflowBuilder {
             steps,
             index,
             input_check: self.input_check,
+            input_schema: self.input_schema,
             key_policy: self.key_policy,
         })
     }

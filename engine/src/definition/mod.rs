@@ -5,6 +5,7 @@
 //! that started it.
 
 mod builder;
+mod describe;
 mod policy;
 mod registry;
 mod step;
@@ -15,6 +16,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use builder::WorkflowBuilder;
+pub use describe::{StepDescription, WorkflowDescription};
 pub use policy::millis;
 pub use policy::{
     DEADLINE_CAP_DEFAULT, DEADLINE_DEFAULT, DeadlinePolicy, INITIAL_BACKOFF_DEFAULT,
@@ -130,6 +132,7 @@ pub struct Workflow {
     pub(crate) steps: Vec<StepDef>,
     pub(crate) index: HashMap<String, usize>,
     pub(crate) input_check: Option<InputCheck>,
+    pub(crate) input_schema: Option<Arc<serde_json::Value>>,
     pub(crate) key_policy: KeyPolicy,
 }
 

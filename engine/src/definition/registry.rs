@@ -65,6 +65,11 @@ impl Registry {
             .collect()
     }
 
+    /// Every registered workflow, by name and version.
+    pub fn workflows(&self) -> impl Iterator<Item = &Arc<Workflow>> {
+        self.by_name.values().flat_map(|v| v.values())
+    }
+
     /// Whether nothing is registered.
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()

@@ -25,6 +25,9 @@ pub enum AlertKind {
     CorruptRow,
     /// No supervisor has completed a sweep for too long.
     SupervisorStalled,
+    /// An engine started with another step graph or other policies under a workflow version
+    /// that has unfinished runs.
+    DefinitionChanged,
     /// A kind this version does not know (raised by a newer one).
     #[strum(default)]
     Other(String),

@@ -18,6 +18,7 @@
 mod alerts;
 mod attempts;
 mod conn;
+mod definitions;
 mod file;
 mod instances;
 mod intake;
@@ -43,6 +44,7 @@ use sea_orm::{DatabaseConnection, DbBackend, Statement};
 pub use alerts::NewAlert;
 pub use attempts::{DeadlineGuard, RescueCounts, StepFinish};
 pub use conn::{Db, Txn};
+pub use definitions::PublishedDefinition;
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::{LeaderFence, LeaderProgress};

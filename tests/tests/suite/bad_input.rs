@@ -368,7 +368,7 @@ async fn wait_alert(engine: &Engine, kind: &str, run: Uuid) -> sagaflow::Alert {
     .await
 }
 
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 struct Job {
     n: u32,
 }

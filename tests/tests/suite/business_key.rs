@@ -11,7 +11,7 @@ use sagaflow_testkit::{TestDb, backends, eventually, expect_state, fast_builder}
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 struct Job {
     fail: bool,
 }

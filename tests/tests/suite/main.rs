@@ -19,6 +19,7 @@ mod flow;
 mod frozen;
 mod interruption;
 mod operator;
+mod published;
 mod secrets;
 mod shutdown;
 mod submission;

@@ -9,7 +9,7 @@ use sagaflow_testkit::{backends, engine, expect_state, sqlite_db};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[allow(dead_code)]
 struct Input {
     order_id: String,

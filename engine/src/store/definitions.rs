@@ -1,0 +1,155 @@
+//! Published workflow definitions: each engine records, on start, the description of every
+//! workflow it registered ([`WorkflowDescription`]), one row per `name@version`.
+//!
+//! A description is compared as text. The same text is recorded again with the newest
+//! publisher; a different text under the same version replaces the stored one (the code that
+//! runs is what executes), and when runs of that version are unfinished it also raises a
+//! `definition_changed` alert: those runs were accepted under another graph, and a changed
+//! graph wants a new version.
+
+use super::Store;
+use super::alerts::{NewAlert, insert_alert};
+use super::row::{Exec, Row};
+use crate::definition::{WorkflowDescription, workflow_key};
+use crate::model::{Alert, AlertKind, Timestamp, timestamp};
+use crate::{Error, Result};
+
+/// A published definition, as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishedDefinition {
+    /// `name@version`.
+    pub key: String,
+    /// The workflow's name.
+    pub name: String,
+    /// Its version.
+    pub version: i32,
+    /// The description, or why the stored text does not decode (a row edited by hand, or
+    /// written by a newer release in a form this one does not read).
+    pub description: std::result::Result<WorkflowDescription, String>,
+    /// The instance id of the engine that published it last.
+    pub published_by: String,
+    /// When (database clock).
+    pub published_at: Timestamp,
+}
+
+impl Store {
+    /// Publishes the descriptions of an engine's workflows, in one transaction (see the
+    /// module documentation). Returns the `definition_changed` alerts it raised.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn definitions_publish(
+        &self,
+        descriptions: &[WorkflowDescription],
+        publisher: &str,
+    ) -> Result<Vec<Alert>> {
+        let txn = self.exec.begin().await?;
+        let mut alerts = Vec::new();
+        for d in descriptions {
+            let key = workflow_key(&d.name, d.version);
+            let text = serde_json::to_string(d).map_err(|e| Error::InvalidDefinition {
+                workflow: d.name.clone(),
+                reason: format!("its description does not serialise: {e}"),
+            })?;
+            let stored = txn
+                .query_one(self.stmt(
+                    "SELECT description FROM sagaflow_definitions WHERE workflow_key = $1",
+                    vec![key.clone().into()],
+                ))
+                .await?
+                .map(|r| r.try_get::<String>("", "description"))
+                .transpose()?;
+            let values = vec![
+                key.clone().into(),
+                d.name.clone().into(),
+                d.version.into(),
+                text.clone().into(),
+                publisher.to_owned().into(),
+            ];
+            // An upsert: two engines starting at once both get their row written, the later
+            // one's text last.
+            txn.execute(self.stmt(
+                "INSERT INTO sagaflow_definitions \
+                   (workflow_key, name, version, description, published_by, published_at) \
+                 VALUES ($1, $2, $3, $4, $5, {now}) \
+                 ON CONFLICT (workflow_key) DO UPDATE SET description = excluded.description, \
+                   published_by = excluded.published_by, published_at = excluded.published_at",
+                values,
+            ))
+            .await?;
+            let Some(stored) = stored else { continue };
+            if stored == text {
+                continue;
+            }
+            let unfinished: i64 = txn
+                .query_one(self.stmt(
+                    "SELECT COUNT(*) AS n FROM sagaflow_runs \
+                     WHERE workflow_key = $1 AND finished_at IS NULL",
+                    vec![key.clone().into()],
+                ))
+                .await?
+                .map(|r| r.try_get::<i64>("", "n"))
+                .transpose()?
+                .unwrap_or(0);
+            tracing::warn!(
+                workflow = %d.name,
+                version = d.version,
+                unfinished,
+                "published a changed definition under an unchanged version"
+            );
+            if unfinished == 0 {
+                continue;
+            }
+            let alert = NewAlert {
+                run_id: None,
+                step: None,
+                kind: AlertKind::DefinitionChanged,
+                reason: format!(
+                    "workflow `{}` version {} was started with another step graph or other \
+                     policies while {unfinished} run(s) of it are unfinished: they continue \
+                     under the new definition, and a step they had that it lacks sets them aside",
+                    d.name, d.version
+                ),
+                attempts: 0,
+                actions: vec![
+                    "give a changed workflow a new version and redeploy; the old version's code \
+                     finishes the runs started under it"
+                        .into(),
+                    "resolve_alert once the runs of the old definition have finished".into(),
+                ],
+                open_key: Some(format!("definition_changed:{key}")),
+            };
+            alerts.extend(insert_alert(self, &txn, &alert).await?);
+        }
+        txn.commit().await?;
+        Ok(alerts)
+    }
+
+    /// Every published definition, by name and version.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn definitions(&self) -> Result<Vec<PublishedDefinition>> {
+        let rows = self
+            .exec
+            .query_all(self.stmt(
+                "SELECT workflow_key, name, version, description, published_by, published_at \
+                 FROM sagaflow_definitions ORDER BY name, version",
+                vec![],
+            ))
+            .await?;
+        rows.iter().map(decode).collect()
+    }
+}
+
+fn decode(r: &Row) -> Result<PublishedDefinition> {
+    let text: String = r.try_get("", "description")?;
+    Ok(PublishedDefinition {
+        key: r.try_get("", "workflow_key")?,
+        name: r.try_get("", "name")?,
+        version: r.try_get("", "version")?,
+        description: serde_json::from_str(&text).map_err(|e| e.to_string()),
+        published_by: r.try_get("", "published_by")?,
+        published_at: timestamp(r.try_get("", "published_at")?),
+    })
+}

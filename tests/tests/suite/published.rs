@@ -1,0 +1,169 @@
+//! Published definitions: every engine records the workflows it runs (graph, roles,
+//! policies, input schema) in the database, so that a console or an HTTP client can draw and
+//! validate them without the application's code. A changed graph under an unchanged version
+//! with unfinished runs raises a `definition_changed` alert.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sagaflow::{
+    Alert, AlertKind, AlertSink, Engine, StepContext, StepError, Workflow, WorkflowDescription,
+};
+use sagaflow_testkit::{TestDb, backends, fast_builder};
+use serde::Deserialize;
+
+/// The order's input, published as a JSON Schema.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[allow(dead_code)] // read through its schema only
+struct Order {
+    /// Business id of the order.
+    order_id: String,
+    qty: u32,
+}
+
+/// `order@1`: reserve (undone by a release) → charge (the pivot), and with `ship`, a third
+/// step after the charge. Step bodies never finish: runs stay unfinished.
+fn order(ship: bool) -> Workflow {
+    let idle = |_: StepContext| async { std::future::pending::<Result<(), StepError>>().await };
+    let mut b = Workflow::builder("order", 1)
+        .input::<Order>()
+        .step("reserve", idle)
+        .compensate(idle)
+        .step("charge", idle)
+        .after(["reserve"])
+        .pivot();
+    if ship {
+        b = b.step("ship", idle).after(["charge"]).retriable();
+    }
+    b.build().expect("valid")
+}
+
+/// Alerts handed to the engine's sink.
+#[derive(Clone, Default)]
+struct Collected(Arc<Mutex<Vec<Alert>>>);
+
+impl AlertSink for Collected {
+    fn deliver(&self, alert: &Alert) {
+        self.0.lock().expect("sink").push(alert.clone());
+    }
+}
+
+impl Collected {
+    fn kinds(&self) -> Vec<AlertKind> {
+        self.0
+            .lock()
+            .expect("sink")
+            .iter()
+            .map(|a| a.kind.clone())
+            .collect()
+    }
+}
+
+async fn start(db: &TestDb, id: &str, wf: Workflow, sink: &Collected, workers: bool) -> Engine {
+    fast_builder(db)
+        .with_instance_id(id)
+        .with_workflow(wf)
+        .with_alert_sink(sink.clone())
+        .with_workers(workers)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend))
+}
+
+async fn published(engine: &Engine, backend: &str) -> (WorkflowDescription, String) {
+    let defs = engine.definitions().await.expect("definitions");
+    assert_eq!(defs.len(), 1, "[{backend}] {defs:?}");
+    let d = defs.into_iter().next().expect("one");
+    assert_eq!((d.key.as_str(), d.version), ("order@1", 1), "[{backend}]");
+    let description = d.description.expect("readable");
+    (description, d.published_by)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_publishes_the_graph_roles_policies_and_input_schema_of_its_workflows() {
+    for db in backends().await {
+        let b = db.backend;
+        let sink = Collected::default();
+        let engine = start(&db, "publisher-1", order(false), &sink, true).await;
+        let (d, by) = published(&engine, b).await;
+        assert_eq!(by, "publisher-1", "[{b}]");
+        let steps: Vec<_> = d
+            .steps
+            .iter()
+            .map(|s| {
+                (
+                    s.name.as_str(),
+                    s.kind.as_str(),
+                    s.after.clone(),
+                    s.compensates,
+                )
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                ("reserve", "compensatable", vec![], true),
+                ("charge", "pivot", vec!["reserve".to_owned()], false),
+            ],
+            "[{b}]"
+        );
+        let schema = d.input_schema.expect("the input type's schema");
+        assert_eq!(schema["properties"]["qty"]["type"], "integer", "[{b}]");
+        assert_eq!(
+            schema["properties"]["order_id"]["description"], "Business id of the order.",
+            "[{b}]"
+        );
+        engine.shutdown().await;
+
+        // A client-only engine publishes too, and the same definition raises nothing.
+        let client = start(&db, "client-1", order(false), &sink, false).await;
+        let (again, by) = published(&client, b).await;
+        assert_eq!((again.steps.len(), by.as_str()), (2, "client-1"), "[{b}]");
+        assert!(sink.kinds().is_empty(), "[{b}] {:?}", sink.kinds());
+        client.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_graph_under_an_unchanged_version_raises_an_alert_while_its_runs_are_unfinished()
+{
+    for db in backends().await {
+        let b = db.backend;
+        let sink = Collected::default();
+
+        // Without unfinished runs a changed graph just replaces the published one.
+        let first = start(&db, "changer-1", order(false), &sink, false).await;
+        first.shutdown().await;
+        let second = start(&db, "changer-2", order(true), &sink, false).await;
+        assert_eq!(published(&second, b).await.0.steps.len(), 3, "[{b}]");
+        assert!(sink.kinds().is_empty(), "[{b}] {:?}", sink.kinds());
+
+        // A run accepted under the three-step graph, unfinished; then the graph changes back.
+        second
+            .start("order", &serde_json::json!({ "order_id": "o-1", "qty": 2 }))
+            .await
+            .expect("start");
+        second.shutdown().await;
+        let third = start(&db, "changer-3", order(false), &sink, false).await;
+        assert_eq!(published(&third, b).await.0.steps.len(), 2, "[{b}]");
+        assert_eq!(sink.kinds(), [AlertKind::DefinitionChanged], "[{b}]");
+        let open = third.open_alerts().await.expect("alerts");
+        let alert = open
+            .iter()
+            .find(|a| a.kind == AlertKind::DefinitionChanged)
+            .unwrap_or_else(|| panic!("[{b}] no open definition_changed alert in {open:?}"));
+        assert!(
+            alert.reason.contains("`order` version 1") && alert.reason.contains("1 run(s)"),
+            "[{b}] {}",
+            alert.reason
+        );
+        third.shutdown().await;
+
+        // Started again with the same graph: the alert stays open once, not raised again.
+        let fourth = start(&db, "changer-4", order(false), &sink, false).await;
+        assert_eq!(sink.kinds().len(), 1, "[{b}] {:?}", sink.kinds());
+        tokio::time::timeout(Duration::from_secs(10), fourth.shutdown())
+            .await
+            .expect("shutdown");
+    }
+}
