@@ -51,6 +51,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
 mod builder;
 mod engine;
 mod instance;

@@ -4,6 +4,7 @@
 //! `docs/requirements.md`.
 
 mod ambiguous;
+mod api;
 mod bad_input;
 mod business_key;
 mod chaos;

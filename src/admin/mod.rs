@@ -1,0 +1,123 @@
+//! The HTTP API for operators and for services in other languages: an axum [`Router`] that an
+//! application nests in its own server ([`Engine::admin_router`]).
+//!
+//! Everything but `GET /healthz` needs a bearer token (`Authorization: Bearer …`). Tokens have
+//! a role: [`Role::ReadOnly`] reads, [`Role::Operator`] also starts runs. Tokens are compared
+//! in constant time, never logged, never echoed. Request bodies are limited in size. Answers
+//! are JSON; an error reads `{"error": {"code": "...", "message": "..."}}`.
+//!
+//! | Route | Role | Answers |
+//! |---|---|---|
+//! | `GET /healthz` | none | 200 `{"status": "running"}`; 503 once the engine stopped |
+//! | `GET /api/v1/definitions` | read | the published definitions ([`Engine::definitions`]) |
+//! | `POST /api/v1/workflows/{name}/runs` | operator | 201 a new run; 200 the run already holding the business key; 400 an input the workflow refuses; 404 an unknown workflow; 413 a body over the limit; 415 a body that is not JSON |
+//! | `GET /api/v1/runs/{id}` | read | the run with its steps, history and alerts; 404 |
+
+mod auth;
+mod routes;
+
+use std::sync::Arc;
+
+use axum::Router;
+
+pub use auth::{AdminToken, Role};
+
+use crate::Engine;
+
+/// Largest request body the API reads by default (bytes): the input limit's default plus room
+/// for the envelope.
+pub const ADMIN_BODY_LIMIT_DEFAULT: usize = crate::MAX_INPUT_DEFAULT + 16 * 1024;
+
+/// Environment variable holding the operator token of [`AdminConfig::from_env`].
+pub const ADMIN_TOKEN_ENV: &str = "SAGAFLOW_ADMIN_TOKEN";
+
+/// Who may call the API, and how much it reads.
+#[derive(Clone)]
+pub struct AdminConfig {
+    tokens: Vec<AdminToken>,
+    body_limit: usize,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Token secrets are never printed.
+        f.debug_struct("AdminConfig")
+            .field("tokens", &self.tokens)
+            .field("body_limit", &self.body_limit)
+            .finish()
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            tokens: Vec::new(),
+            body_limit: ADMIN_BODY_LIMIT_DEFAULT,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// No tokens yet: every route but `/healthz` answers 401 until one is added.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One operator token named `admin` from [`ADMIN_TOKEN_ENV`], if it is set and not empty.
+    pub fn from_env() -> Self {
+        let mut config = Self::new();
+        if let Ok(secret) = std::env::var(ADMIN_TOKEN_ENV)
+            && !secret.trim().is_empty()
+        {
+            config = config.with_token(AdminToken::new("admin", secret.trim(), Role::Operator));
+        }
+        config
+    }
+
+    /// Adds a token.
+    #[must_use]
+    pub fn with_token(mut self, token: AdminToken) -> Self {
+        self.tokens.push(token);
+        self
+    }
+
+    /// Sets the largest request body read, in bytes (default [`ADMIN_BODY_LIMIT_DEFAULT`]).
+    #[must_use]
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// Whether any token is configured.
+    pub fn has_tokens(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+}
+
+/// What every handler reads.
+#[derive(Clone)]
+pub(crate) struct AdminState {
+    pub(crate) engine: Engine,
+    pub(crate) tokens: Arc<[AdminToken]>,
+}
+
+impl Engine {
+    /// The HTTP API as an axum [`Router`], to nest in the application's own server or to
+    /// serve on its own (see the [module documentation](crate::admin) for its routes).
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: sagaflow::Engine) -> std::io::Result<()> {
+    /// use sagaflow::admin::AdminConfig;
+    /// let app = engine.admin_router(AdminConfig::from_env());
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+    /// axum::serve(listener, app).await
+    /// # }
+    /// ```
+    pub fn admin_router(&self, config: AdminConfig) -> Router {
+        let state = AdminState {
+            engine: self.clone(),
+            tokens: config.tokens.into(),
+        };
+        routes::router(state, config.body_limit)
+    }
+}

@@ -1,0 +1,214 @@
+//! Routes, handlers and the JSON error envelope.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router, middleware};
+use sagaflow_engine::Error;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::AdminState;
+use super::auth::{Caller, Role, require_token};
+use crate::{Health, StartOptions};
+
+pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
+    let api = Router::new()
+        .route("/api/v1/definitions", get(definitions))
+        .route("/api/v1/workflows/{name}/runs", post(start_run))
+        .route("/api/v1/runs/{id}", get(run))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(api)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// An error answer: a status and `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid bearer token is required (Authorization: Bearer …)",
+        )
+    }
+
+    pub(crate) fn forbidden(needed: Role) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this needs a token with the {needed:?} role"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        use StatusCode as S;
+        match &e {
+            Error::WorkflowNotFound(_) | Error::VersionNotFound { .. } => {
+                Self::new(S::NOT_FOUND, "workflow_not_found", e.to_string())
+            }
+            Error::RunNotFound(_) => Self::new(S::NOT_FOUND, "run_not_found", e.to_string()),
+            Error::InvalidInput { .. } => Self::new(S::BAD_REQUEST, "invalid_input", e.to_string()),
+            Error::PayloadTooLarge { .. } => {
+                Self::new(S::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
+            }
+            Error::DuplicateKey { .. } => Self::new(S::CONFLICT, "duplicate_key", e.to_string()),
+            Error::ActionNotAllowed { .. } => {
+                Self::new(S::CONFLICT, "action_not_allowed", e.to_string())
+            }
+            Error::Shutdown => Self::new(S::SERVICE_UNAVAILABLE, "shutdown", e.to_string()),
+            // Database and internal errors: logged here, answered without their details (a
+            // message may carry a host name or a statement).
+            _ => {
+                tracing::error!(error = %e, "admin API request failed");
+                Self::new(
+                    S::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the engine could not answer; see its logs",
+                )
+            }
+        }
+    }
+}
+
+/// A body that did not parse as JSON: 415 for another content type, 413 over the limit,
+/// 400 otherwise.
+fn body_error(r: &JsonRejection) -> ApiError {
+    let status = r.status();
+    let code = match status {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        _ => "invalid_json",
+    };
+    ApiError::new(status, code, r.body_text())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn healthz(State(s): State<AdminState>) -> Response {
+    match s.engine.health() {
+        Health::Running => Json(json!({ "status": "running" })).into_response(),
+        other => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": format!("{other:?}").to_lowercase() })),
+        )
+            .into_response(),
+    }
+}
+
+async fn definitions(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
+    let defs = s.engine.definitions().await?;
+    let list: Vec<Value> = defs
+        .into_iter()
+        .map(|d| {
+            let (description, error) = match d.description {
+                Ok(desc) => (serde_json::to_value(desc).unwrap_or(Value::Null), None),
+                Err(e) => (Value::Null, Some(e)),
+            };
+            json!({
+                "key": d.key,
+                "name": d.name,
+                "version": d.version,
+                "description": description,
+                "description_error": error,
+                "published_by": d.published_by,
+                "published_at": d.published_at,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "definitions": list })))
+}
+
+/// The body of a start.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    /// The run's input.
+    input: Value,
+    /// Business key: a run already holding it is returned instead of a new one.
+    #[serde(default)]
+    business_key: Option<String>,
+}
+
+async fn start_run(
+    State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Role::Operator)?;
+    let Json(body) = body.map_err(|r| body_error(&r))?;
+    let body: StartBody = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            format!("expected {{\"input\": …, \"business_key\"?: \"…\"}}: {e}"),
+        )
+    })?;
+    let options = StartOptions {
+        business_key: body.business_key,
+        ..StartOptions::default()
+    };
+    let started = s.engine.start_with(&name, &body.input, options).await?;
+    let status = if started.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let answer = json!({
+        "id": started.id,
+        "state": started.state,
+        "created": started.created,
+    });
+    Ok((status, Json(answer)).into_response())
+}
+
+async fn run(State(s): State<AdminState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let id: Uuid = id
+        .parse()
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", "a run id is a UUID"))?;
+    let Some(run) = s.engine.run(id).await? else {
+        return Err(Error::RunNotFound(id).into());
+    };
+    let steps = s.engine.steps(id).await?;
+    let history = s.engine.history(id).await?;
+    let alerts = s.engine.run_alerts(id).await?;
+    Ok(Json(json!({
+        "run": run,
+        "steps": steps,
+        "history": history,
+        "alerts": alerts,
+    })))
+}

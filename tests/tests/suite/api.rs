@@ -1,0 +1,250 @@
+//! The HTTP API over a real loopback socket, on both backends: tokens and roles, starting a
+//! run (created, existing for its business key, refused input, unknown workflow, oversized,
+//! not JSON) and reading it back.
+
+use std::net::SocketAddr;
+
+use reqwest::StatusCode;
+use sagaflow::admin::{AdminConfig, AdminToken, Role};
+use sagaflow::{Engine, StepContext, StepError, Workflow};
+use sagaflow_testkit::{TestDb, backends, fast_builder};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const OPS: &str = "ops-secret-0123456789";
+const VIEW: &str = "view-secret-0123456789";
+
+#[derive(Deserialize, schemars::JsonSchema)]
+struct Order {
+    order_id: String,
+}
+
+fn order() -> Workflow {
+    Workflow::builder("order", 1)
+        .input::<Order>()
+        .step("reserve", |ctx: StepContext| async move {
+            let o: Order = ctx.input()?;
+            Ok::<_, StepError>(format!("reserved {}", o.order_id))
+        })
+        .build()
+        .expect("valid")
+}
+
+/// An engine and its API on 127.0.0.1 (an ephemeral port), with an operator and a read-only
+/// token and a 4 KiB body limit.
+async fn serve(db: &TestDb) -> (Engine, SocketAddr, tokio::task::JoinHandle<()>) {
+    let engine = fast_builder(db)
+        .with_workflow(order())
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
+    let app = engine.admin_router(
+        AdminConfig::new()
+            .with_token(AdminToken::new("ops", OPS, Role::Operator))
+            .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly))
+            .with_body_limit(4 * 1024),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    (engine, addr, server)
+}
+
+async fn answer(r: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let r = r.send().await.expect("request");
+    let status = r.status();
+    let body = r.json::<Value>().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_valid_token_only_health_answers() {
+    for db in backends().await {
+        let b = db.backend;
+        let (engine, addr, server) = serve(&db).await;
+        let http = reqwest::Client::new();
+        let url = |p: &str| format!("http://{addr}{p}");
+
+        let (status, body) = answer(http.get(url("/healthz"))).await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (StatusCode::OK, Some("running")),
+            "[{b}]"
+        );
+
+        for (path, token) in [
+            ("/api/v1/definitions", None),
+            ("/api/v1/definitions", Some("wrong")),
+            ("/api/v1/definitions", Some(&OPS[..OPS.len() - 1])),
+            ("/api/v1/runs/00000000-0000-0000-0000-000000000000", None),
+            ("/api/v1/no-such-route", None),
+        ] {
+            let mut req = http.get(url(path));
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let (status, body) = answer(req).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "[{b}] {path} {token:?}");
+            assert_eq!(body["error"]["code"], "unauthorized", "[{b}]");
+            assert!(!body.to_string().contains("secret"), "[{b}] {body}");
+        }
+        let (status, body) = answer(
+            http.post(url("/api/v1/workflows/order/runs"))
+                .json(&json!({ "input": { "order_id": "o-1" } })),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "[{b}] {body}");
+
+        // A read-only token reads but does not start.
+        let (status, body) = answer(http.get(url("/api/v1/definitions")).bearer_auth(VIEW)).await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {body}");
+        assert_eq!(body["definitions"][0]["key"], "order@1", "[{b}] {body}");
+        let schema = &body["definitions"][0]["description"]["input_schema"];
+        assert_eq!(
+            schema["properties"]["order_id"]["type"], "string",
+            "[{b}] {body}"
+        );
+        let (status, body) = answer(
+            http.post(url("/api/v1/workflows/order/runs"))
+                .bearer_auth(VIEW)
+                .json(&json!({ "input": { "order_id": "o-1" } })),
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "[{b}] {body}");
+
+        engine.shutdown().await;
+        server.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_starts_a_run_with_one_call_and_reads_it_back() {
+    for db in backends().await {
+        let b = db.backend;
+        let (engine, addr, server) = serve(&db).await;
+        let http = reqwest::Client::new();
+        let start = |body: reqwest::Body, workflow: &str, content_type: &str| {
+            http.post(format!("http://{addr}/api/v1/workflows/{workflow}/runs"))
+                .bearer_auth(OPS)
+                .header("content-type", content_type)
+                .body(body)
+        };
+        let order = |key: &str| {
+            reqwest::Body::from(
+                json!({ "input": { "order_id": key }, "business_key": key }).to_string(),
+            )
+        };
+
+        let (status, created) = answer(start(order("o-7"), "order", "application/json")).await;
+        assert_eq!(status, StatusCode::CREATED, "[{b}] {created}");
+        assert_eq!(
+            (created["created"].as_bool(), created["state"].as_str()),
+            (Some(true), Some("pending")),
+            "[{b}] {created}"
+        );
+        let id = created["id"].as_str().expect("id").to_owned();
+
+        // The same business key again: the existing run, and a status that says so.
+        let (status, again) = answer(start(order("o-7"), "order", "application/json")).await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {again}");
+        assert_eq!(
+            (again["id"].as_str(), again["created"].as_bool()),
+            (Some(id.as_str()), Some(false)),
+            "[{b}]"
+        );
+
+        // Refused before anything is stored.
+        let cases: [(reqwest::Body, &str, &str, StatusCode, &str); 5] = [
+            (
+                json!({ "input": { "qty": 1 } }).to_string().into(),
+                "order",
+                "application/json",
+                StatusCode::BAD_REQUEST,
+                "invalid_input",
+            ),
+            (
+                order("o-8"),
+                "no_such_workflow",
+                "application/json",
+                StatusCode::NOT_FOUND,
+                "workflow_not_found",
+            ),
+            (
+                order("o-9"),
+                "order",
+                "text/plain",
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+            ),
+            (
+                "{\"input\": ".into(),
+                "order",
+                "application/json",
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+            ),
+            (
+                json!({ "input": { "order_id": "x".repeat(8 * 1024) } })
+                    .to_string()
+                    .into(),
+                "order",
+                "application/json",
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+            ),
+        ];
+        for (body, workflow, content_type, expected, code) in cases {
+            let (status, err) = answer(start(body, workflow, content_type)).await;
+            assert_eq!(
+                (status, err["error"]["code"].as_str()),
+                (expected, Some(code)),
+                "[{b}] {err}"
+            );
+        }
+
+        // Followed to the end, then read back with its steps and history.
+        let run_id = id.parse().expect("uuid");
+        engine
+            .wait(run_id, std::time::Duration::from_secs(30))
+            .await
+            .expect("completes");
+        let (status, run) = answer(
+            http.get(format!("http://{addr}/api/v1/runs/{id}"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {run}");
+        assert_eq!(run["run"]["state"], "completed", "[{b}] {run}");
+        assert!(
+            run["history"].as_array().is_some_and(|h| !h.is_empty()),
+            "[{b}] {run}"
+        );
+
+        let (status, err) = answer(
+            http.get(format!(
+                "http://{addr}/api/v1/runs/{}",
+                uuid::Uuid::now_v7()
+            ))
+            .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("run_not_found")),
+            "[{b}]"
+        );
+        let (status, _) = answer(
+            http.get(format!("http://{addr}/api/v1/runs/not-a-uuid"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "[{b}]");
+
+        engine.shutdown().await;
+        server.abort();
+    }
+}
