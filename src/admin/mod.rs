@@ -12,8 +12,10 @@
 //! | `GET /api/v1/definitions` | read | the published definitions ([`Engine::definitions`]) |
 //! | `POST /api/v1/workflows/{name}/runs` | operator | 201 a new run; 200 the run already holding the business key; 400 an input the workflow refuses; 404 an unknown workflow; 413 a body over the limit; 415 a body that is not JSON |
 //! | `GET /api/v1/runs/{id}` | read | the run with its steps, history and alerts; 404 |
+//! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
 
 mod auth;
+mod events;
 mod routes;
 
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use axum::Router;
 
 pub use auth::{AdminToken, Role};
+pub use events::EVENTS_POLL;
 
 use crate::Engine;
 

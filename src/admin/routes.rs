@@ -20,6 +20,7 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .route("/api/v1/definitions", get(definitions))
         .route("/api/v1/workflows/{name}/runs", post(start_run))
         .route("/api/v1/runs/{id}", get(run))
+        .route("/api/v1/runs/{id}/events", get(super::events::run_events))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -195,10 +196,14 @@ async fn start_run(
     Ok((status, Json(answer)).into_response())
 }
 
+/// A run id from the path.
+pub(super) fn run_id(id: &str) -> Result<Uuid, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", "a run id is a UUID"))
+}
+
 async fn run(State(s): State<AdminState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let id: Uuid = id
-        .parse()
-        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", "a run id is a UUID"))?;
+    let id = run_id(&id)?;
     let Some(run) = s.engine.run(id).await? else {
         return Err(Error::RunNotFound(id).into());
     };

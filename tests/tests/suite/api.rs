@@ -3,6 +3,8 @@
 //! not JSON) and reading it back.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use sagaflow::admin::{AdminConfig, AdminToken, Role};
@@ -10,6 +12,7 @@ use sagaflow::{Engine, StepContext, StepError, Workflow};
 use sagaflow_testkit::{TestDb, backends, fast_builder};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 const OPS: &str = "ops-secret-0123456789";
 const VIEW: &str = "view-secret-0123456789";
@@ -17,6 +20,20 @@ const VIEW: &str = "view-secret-0123456789";
 #[derive(Deserialize, schemars::JsonSchema)]
 struct Order {
     order_id: String,
+}
+
+/// `gated@1`: one step that finishes once the test opens its gate.
+fn gated(gate: Arc<Semaphore>) -> Workflow {
+    Workflow::builder("gated", 1)
+        .step_using("wait", gate, |gate, _ctx: StepContext| async move {
+            let _pass = gate
+                .acquire()
+                .await
+                .map_err(|_| StepError::refused("gate", "closed"))?;
+            Ok::<_, StepError>(())
+        })
+        .build()
+        .expect("valid")
 }
 
 fn order() -> Workflow {
@@ -33,8 +50,16 @@ fn order() -> Workflow {
 /// An engine and its API on 127.0.0.1 (an ephemeral port), with an operator and a read-only
 /// token and a 4 KiB body limit.
 async fn serve(db: &TestDb) -> (Engine, SocketAddr, tokio::task::JoinHandle<()>) {
+    serve_with(db, Arc::new(Semaphore::new(0))).await
+}
+
+async fn serve_with(
+    db: &TestDb,
+    gate: Arc<Semaphore>,
+) -> (Engine, SocketAddr, tokio::task::JoinHandle<()>) {
     let engine = fast_builder(db)
         .with_workflow(order())
+        .with_workflow(gated(gate))
         .start()
         .await
         .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
@@ -102,8 +127,11 @@ async fn without_a_valid_token_only_health_answers() {
         // A read-only token reads but does not start.
         let (status, body) = answer(http.get(url("/api/v1/definitions")).bearer_auth(VIEW)).await;
         assert_eq!(status, StatusCode::OK, "[{b}] {body}");
-        assert_eq!(body["definitions"][0]["key"], "order@1", "[{b}] {body}");
-        let schema = &body["definitions"][0]["description"]["input_schema"];
+        let order = body["definitions"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["key"] == "order@1"))
+            .unwrap_or_else(|| panic!("[{b}] no order@1 in {body}"));
+        let schema = &order["description"]["input_schema"];
         assert_eq!(
             schema["properties"]["order_id"]["type"], "string",
             "[{b}] {body}"
@@ -243,6 +271,103 @@ async fn a_service_starts_a_run_with_one_call_and_reads_it_back() {
         )
         .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "[{b}]");
+
+        engine.shutdown().await;
+        server.abort();
+    }
+}
+
+/// Reads server-sent `state` events until `until` says stop or the stream ends (bounded).
+async fn read_states(
+    resp: &mut reqwest::Response,
+    buf: &mut String,
+    states: &mut Vec<String>,
+    until: impl Fn(&[String]) -> bool,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                let v: Value = serde_json::from_str(data).expect("event data");
+                states.push(v["state"].as_str().expect("state").to_owned());
+            }
+        }
+        if until(states) {
+            return true;
+        }
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => buf.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(Ok(None)) => return false,
+            Ok(Err(e)) => panic!("event stream failed: {e}"),
+            Err(_) => panic!("no event within 30 s; got {states:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitter_follows_its_run_to_the_end_over_server_sent_events() {
+    for db in backends().await {
+        let b = db.backend;
+        let gate = Arc::new(Semaphore::new(0));
+        let (engine, addr, server) = serve_with(&db, gate.clone()).await;
+        let http = reqwest::Client::new();
+        let (status, created) = answer(
+            http.post(format!("http://{addr}/api/v1/workflows/gated/runs"))
+                .bearer_auth(OPS)
+                .json(&json!({ "input": null })),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "[{b}] {created}");
+        let id = created["id"].as_str().expect("id").to_owned();
+
+        let mut resp = http
+            .get(format!("http://{addr}/api/v1/runs/{id}/events"))
+            .bearer_auth(VIEW)
+            .send()
+            .await
+            .expect("events");
+        assert_eq!(resp.status(), StatusCode::OK, "[{b}]");
+        let content_type = resp.headers()["content-type"].to_str().unwrap_or_default();
+        assert!(
+            content_type.starts_with("text/event-stream"),
+            "[{b}] {content_type}"
+        );
+
+        // The state it is in now, then, once the step may finish, each change to the end.
+        let (mut buf, mut states) = (String::new(), Vec::new());
+        assert!(
+            read_states(&mut resp, &mut buf, &mut states, |s| !s.is_empty()).await,
+            "[{b}] {states:?}"
+        );
+        // Its step waits at the gate: the run has not moved on.
+        assert_eq!(states, ["pending"], "[{b}]");
+        gate.add_permits(1);
+        let more = read_states(&mut resp, &mut buf, &mut states, |_| false).await;
+        assert!(!more, "[{b}] the stream ends with the run");
+        assert_eq!(
+            states.last().map(String::as_str),
+            Some("completed"),
+            "[{b}] {states:?}"
+        );
+        assert!(
+            states.windows(2).all(|w| w[0] != w[1]),
+            "[{b}] a state repeated: {states:?}"
+        );
+
+        let (status, err) = answer(
+            http.get(format!(
+                "http://{addr}/api/v1/runs/{}/events",
+                uuid::Uuid::now_v7()
+            ))
+            .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("run_not_found")),
+            "[{b}]"
+        );
 
         engine.shutdown().await;
         server.abort();
