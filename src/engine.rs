@@ -313,7 +313,10 @@ impl Engine {
 
     /// Operator actions.
     pub fn operator(&self) -> Operator<'_> {
-        Operator { engine: self }
+        Operator {
+            engine: self,
+            audit: sagaflow_engine::operator::Audit::default(),
+        }
     }
 
     /// What this instance's supervisor candidate reports, if it takes part in elections.

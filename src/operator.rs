@@ -2,6 +2,7 @@
 
 #[cfg(doc)]
 use sagaflow_engine::Error;
+use sagaflow_engine::operator::Audit;
 use sagaflow_engine::signals::RunEvent;
 use sagaflow_engine::store::EvalApplied;
 use sagaflow_engine::{Result, RunState, operator};
@@ -11,18 +12,27 @@ use crate::engine::Engine;
 
 /// Operator actions on runs (each recorded in the run's history; each resolves the run's open
 /// alerts).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Operator<'a> {
     pub(crate) engine: &'a Engine,
+    pub(crate) audit: Audit,
 }
 
 impl Operator<'_> {
+    /// The same actions recorded as done by `actor` for `reason` (in the run's history:
+    /// `actor` as the event's actor, the reason in its detail).
+    #[must_use]
+    pub fn on_behalf_of(mut self, actor: impl Into<String>, reason: impl Into<String>) -> Self {
+        self.audit = Audit::new(actor, reason);
+        self
+    }
+
     /// Retries a failed step (or failed compensation) of a run in `Error`.
     ///
     /// # Errors
     /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
     pub async fn retry_step(&self, run_id: Uuid, step: &str) -> Result<RunState> {
-        let a = operator::retry_step(&self.engine.inner.store, run_id, step).await?;
+        let a = operator::retry_step(&self.engine.inner.store, run_id, step, &self.audit).await?;
         Ok(self.after(a))
     }
 
@@ -31,7 +41,7 @@ impl Operator<'_> {
     /// # Errors
     /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
     pub async fn compensate(&self, run_id: Uuid) -> Result<RunState> {
-        let a = operator::compensate(&self.engine.inner.store, run_id).await?;
+        let a = operator::compensate(&self.engine.inner.store, run_id, &self.audit).await?;
         Ok(self.after(a))
     }
 
@@ -40,7 +50,7 @@ impl Operator<'_> {
     /// # Errors
     /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
     pub async fn resume(&self, run_id: Uuid) -> Result<RunState> {
-        let a = operator::resume(&self.engine.inner.store, run_id).await?;
+        let a = operator::resume(&self.engine.inner.store, run_id, &self.audit).await?;
         Ok(self.after(a))
     }
 
@@ -53,7 +63,7 @@ impl Operator<'_> {
     /// [`Error::ActionNotAllowed`] unless the run was set aside; [`Error::CorruptRow`] while a
     /// step row is still damaged; [`Error::RunNotFound`], [`Error::Db`].
     pub async fn release(&self, run_id: Uuid) -> Result<RunState> {
-        let a = operator::release(&self.engine.inner.store, run_id).await?;
+        let a = operator::release(&self.engine.inner.store, run_id, &self.audit).await?;
         Ok(self.after(a))
     }
 
@@ -63,7 +73,8 @@ impl Operator<'_> {
     /// # Errors
     /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
     pub async fn mark_compensated(&self, run_id: Uuid, step: &str) -> Result<RunState> {
-        let a = operator::mark_compensated(&self.engine.inner.store, run_id, step).await?;
+        let a =
+            operator::mark_compensated(&self.engine.inner.store, run_id, step, &self.audit).await?;
         Ok(self.after(a))
     }
 

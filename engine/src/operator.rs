@@ -9,7 +9,50 @@ use crate::store::{EvalApplied, PlanWrite, RunRow, StepRow, Store};
 use crate::transition::operator as decide;
 use crate::{Error, Result};
 
-async fn act<F>(store: &Store, run_id: Uuid, plan: F) -> Result<EvalApplied>
+/// Who acts, and why: recorded with the action in the run's history (the actor in its
+/// `actor` column, the reason in its `detail`; the time is the database's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audit {
+    /// Who acts: `operator` for the Rust API by default, `api:<token name>` over HTTP.
+    pub actor: String,
+    /// Why, in the operator's words.
+    pub reason: Option<String>,
+}
+
+impl Default for Audit {
+    fn default() -> Self {
+        Self {
+            actor: "operator".into(),
+            reason: None,
+        }
+    }
+}
+
+impl Audit {
+    /// An actor and a reason.
+    pub fn new(actor: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            actor: actor.into(),
+            reason: Some(reason.into()),
+        }
+    }
+
+    /// The history detail of an action: its own detail (a JSON object) with the reason added.
+    fn detail(&self, own: Option<String>) -> Option<String> {
+        let Some(reason) = &self.reason else {
+            return own;
+        };
+        let mut detail = own
+            .and_then(|d| {
+                serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&d).ok()
+            })
+            .unwrap_or_default();
+        detail.insert("reason".into(), reason.clone().into());
+        Some(serde_json::Value::Object(detail).to_string())
+    }
+}
+
+async fn act<F>(store: &Store, run_id: Uuid, audit: &Audit, plan: F) -> Result<EvalApplied>
 where
     F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
 {
@@ -24,9 +67,10 @@ where
         .await?
         .take(run_id)
         .map_err(|d| d.to_error())?;
-    let write = plan(&run, &steps)?;
+    let mut write = plan(&run, &steps)?;
+    write.detail = audit.detail(write.detail.take());
     let applied = tx
-        .apply(vec![(run, write)], "operator")
+        .apply(vec![(run, write)], &audit.actor)
         .await?
         .pop()
         .ok_or(Error::RunNotFound(run_id))?;
@@ -39,8 +83,13 @@ where
 /// # Errors
 /// [`Error::ActionNotAllowed`] unless the run is in `Error` and the step is `Failed` or
 /// `CompensationFailed`; [`Error::RunNotFound`]; [`Error::Db`].
-pub async fn retry_step(store: &Store, run_id: Uuid, step: &str) -> Result<EvalApplied> {
-    act(store, run_id, |run, steps| {
+pub async fn retry_step(
+    store: &Store,
+    run_id: Uuid,
+    step: &str,
+    audit: &Audit,
+) -> Result<EvalApplied> {
+    act(store, run_id, audit, |run, steps| {
         decide::retry_step(run, steps, step)
     })
     .await
@@ -51,8 +100,8 @@ pub async fn retry_step(store: &Store, run_id: Uuid, step: &str) -> Result<EvalA
 ///
 /// # Errors
 /// [`Error::ActionNotAllowed`] for a finished run; [`Error::RunNotFound`]; [`Error::Db`].
-pub async fn compensate(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
-    act(store, run_id, decide::compensate).await
+pub async fn compensate(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalApplied> {
+    act(store, run_id, audit, decide::compensate).await
 }
 
 /// Resumes a run in `Error` where it stopped: retries every failed step of the phase it was
@@ -61,8 +110,8 @@ pub async fn compensate(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
 /// # Errors
 /// [`Error::ActionNotAllowed`] unless the run is in `Error`; [`Error::RunNotFound`];
 /// [`Error::Db`].
-pub async fn resume(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
-    act(store, run_id, decide::resume).await
+pub async fn resume(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalApplied> {
+    act(store, run_id, audit, decide::resume).await
 }
 
 /// Records that an operator undid a step's effect by hand (e.g. refunded outside the system)
@@ -72,8 +121,13 @@ pub async fn resume(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
 /// # Errors
 /// [`Error::ActionNotAllowed`] unless the run is in `Error` and the step is
 /// `CompensationFailed`; [`Error::RunNotFound`]; [`Error::Db`].
-pub async fn mark_compensated(store: &Store, run_id: Uuid, step: &str) -> Result<EvalApplied> {
-    act(store, run_id, |run, steps| {
+pub async fn mark_compensated(
+    store: &Store,
+    run_id: Uuid,
+    step: &str,
+    audit: &Audit,
+) -> Result<EvalApplied> {
+    act(store, run_id, audit, |run, steps| {
         decide::mark_compensated(run, steps, step)
     })
     .await
@@ -85,6 +139,6 @@ pub async fn mark_compensated(store: &Store, run_id: Uuid, step: &str) -> Result
 /// # Errors
 /// [`Error::ActionNotAllowed`] unless the run was set aside; [`Error::CorruptRow`] while a
 /// step row is still damaged; [`Error::RunNotFound`]; [`Error::Db`].
-pub async fn release(store: &Store, run_id: Uuid) -> Result<EvalApplied> {
-    act(store, run_id, decide::release).await
+pub async fn release(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalApplied> {
+    act(store, run_id, audit, decide::release).await
 }

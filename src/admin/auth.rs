@@ -59,7 +59,6 @@ impl AdminToken {
 /// The caller a request was authenticated as (a request extension).
 #[derive(Debug, Clone)]
 pub(crate) struct Caller {
-    #[allow(dead_code)] // audited by operator actions
     pub(crate) name: String,
     pub(crate) role: Role,
 }

@@ -21,6 +21,7 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .route("/api/v1/workflows/{name}/runs", post(start_run))
         .route("/api/v1/runs/{id}", get(run))
         .route("/api/v1/runs/{id}/events", get(super::events::run_events))
+        .route("/api/v1/runs/{id}/actions/{action}", post(act))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -216,4 +217,87 @@ async fn run(State(s): State<AdminState>, Path(id): Path<String>) -> Result<Json
         "history": history,
         "alerts": alerts,
     })))
+}
+
+/// The actions `POST /api/v1/runs/{id}/actions/{action}` takes, and whether each names a step.
+pub(super) const ACTIONS: [(&str, bool); 5] = [
+    ("retry", true),
+    ("resume", false),
+    ("compensate", false),
+    ("release", false),
+    ("mark_compensated", true),
+];
+
+/// Longest reason an action records.
+pub(super) const REASON_MAX_CHARS: usize = 2_000;
+
+/// The body of an action.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    /// Why, in the operator's words (required: it goes into the run's history).
+    #[serde(default)]
+    reason: String,
+    /// The step, for `retry` and `mark_compensated`.
+    #[serde(default)]
+    step: Option<String>,
+}
+
+async fn act(
+    State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, action)): Path<(String, String)>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Operator)?;
+    let id = run_id(&id)?;
+    let Some(&(action, needs_step)) = ACTIONS.iter().find(|(a, _)| *a == action) else {
+        let known: Vec<&str> = ACTIONS.iter().map(|(a, _)| *a).collect();
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_action",
+            format!("no action `{action}`; the actions are {}", known.join(", ")),
+        ));
+    };
+    let Json(body) = body.map_err(|r| body_error(&r))?;
+    let body: ActionBody = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            format!("expected {{\"reason\": \"…\", \"step\"?: \"…\"}}: {e}"),
+        )
+    })?;
+    let reason = body.reason.trim();
+    if reason.is_empty() || reason.chars().count() > REASON_MAX_CHARS {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "reason_required",
+            format!(
+                "an action needs a reason of 1 to {REASON_MAX_CHARS} characters; it is recorded in the run's history"
+            ),
+        ));
+    }
+    let step = match (needs_step, body.step.as_deref()) {
+        (true, Some(step)) => step,
+        (true, None) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "step_required",
+                format!("`{action}` names the step it acts on: {{\"step\": \"…\"}}"),
+            ));
+        }
+        (false, _) => "",
+    };
+    let op = s
+        .engine
+        .operator()
+        .on_behalf_of(format!("api:{}", caller.name), reason);
+    let state = match action {
+        "retry" => op.retry_step(id, step).await?,
+        "resume" => op.resume(id).await?,
+        "compensate" => op.compensate(id).await?,
+        "release" => op.release(id).await?,
+        _ => op.mark_compensated(id, step).await?,
+    };
+    Ok(Json(json!({ "id": id, "action": action, "state": state })))
 }

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -367,6 +368,152 @@ async fn a_submitter_follows_its_run_to_the_end_over_server_sent_events() {
             (status, err["error"]["code"].as_str()),
             (StatusCode::NOT_FOUND, Some("run_not_found")),
             "[{b}]"
+        );
+
+        engine.shutdown().await;
+        server.abort();
+    }
+}
+
+/// `refund@1`: `charge` (undone by a refund that fails while `broken`) → `ship`, which is
+/// refused: the run compensates, the refund fails, and the run stops in `error`.
+fn refund(broken: Arc<AtomicBool>) -> Workflow {
+    Workflow::builder("refund", 1)
+        .default_retry(sagaflow::RetryPolicy::default().with_max_failures(1))
+        .step("charge", |_: StepContext| async {
+            Ok::<_, StepError>("charged")
+        })
+        .compensate_using(broken, |broken, _: StepContext| async move {
+            if broken.load(Ordering::SeqCst) {
+                Err(StepError::terminal(
+                    "refunds_down",
+                    "the refund service is down",
+                ))
+            } else {
+                Ok(())
+            }
+        })
+        .step("ship", |_: StepContext| async {
+            Err::<(), _>(StepError::refused("no_stock", "nothing to ship"))
+        })
+        .after(["charge"])
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_history() {
+    for db in backends().await {
+        let b = db.backend;
+        let broken = Arc::new(AtomicBool::new(true));
+        let engine = fast_builder(&db)
+            .with_workflow(refund(broken.clone()))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let app = engine.admin_router(
+            AdminConfig::new()
+                .with_token(AdminToken::new("ops", OPS, Role::Operator))
+                .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly)),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+        let http = reqwest::Client::new();
+
+        let id = engine.start("refund", &json!(null)).await.expect("start");
+        let run = engine
+            .wait(id, Duration::from_secs(30))
+            .await
+            .expect("stops");
+        assert_eq!(run.state, sagaflow::RunState::Error, "[{b}]");
+
+        let act = |action: &str, token: &str, body: Value| {
+            http.post(format!("http://{addr}/api/v1/runs/{id}/actions/{action}"))
+                .bearer_auth(token)
+                .json(&body)
+        };
+        let refused: [(&str, &str, Value, StatusCode, &str); 5] = [
+            (
+                "retry",
+                VIEW,
+                json!({ "step": "charge", "reason": "r" }),
+                StatusCode::FORBIDDEN,
+                "forbidden",
+            ),
+            (
+                "retry",
+                OPS,
+                json!({ "step": "charge" }),
+                StatusCode::BAD_REQUEST,
+                "reason_required",
+            ),
+            (
+                "retry",
+                OPS,
+                json!({ "reason": "refunds are back" }),
+                StatusCode::BAD_REQUEST,
+                "step_required",
+            ),
+            (
+                "explode",
+                OPS,
+                json!({ "reason": "r" }),
+                StatusCode::NOT_FOUND,
+                "unknown_action",
+            ),
+            (
+                "retry",
+                OPS,
+                json!({ "step": "ship", "reason": "r" }),
+                StatusCode::CONFLICT,
+                "action_not_allowed",
+            ),
+        ];
+        for (action, token, body, expected, code) in refused {
+            let (status, err) = answer(act(action, token, body)).await;
+            assert_eq!(
+                (status, err["error"]["code"].as_str()),
+                (expected, Some(code)),
+                "[{b}] {action} {err}"
+            );
+        }
+
+        // The cause is fixed; the operator retries the refund, saying why.
+        broken.store(false, Ordering::SeqCst);
+        let (status, done) = answer(act(
+            "retry",
+            OPS,
+            json!({ "step": "charge", "reason": "refund service restored <script>x</script>" }),
+        ))
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {done}");
+        let run = engine
+            .wait(id, Duration::from_secs(30))
+            .await
+            .expect("finishes");
+        assert_eq!(run.state, sagaflow::RunState::Compensated, "[{b}]");
+
+        let history = engine.history(id).await.expect("history");
+        let audited = history
+            .iter()
+            .find(|e| e.actor == "api:ops" && e.detail.is_some())
+            .unwrap_or_else(|| panic!("[{b}] no event by api:ops in {history:#?}"));
+        let detail = audited.detail.as_ref().expect("detail");
+        assert_eq!(
+            detail["reason"], "refund service restored <script>x</script>",
+            "[{b}]"
+        );
+        assert_eq!(detail["step"], "charge", "[{b}]");
+
+        // A finished run takes no action: 409 with why.
+        let (status, err) = answer(act("resume", OPS, json!({ "reason": "again" }))).await;
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (StatusCode::CONFLICT, Some("action_not_allowed")),
+            "[{b}] {err}"
         );
 
         engine.shutdown().await;
