@@ -3,7 +3,6 @@
 //! caller's own transaction).
 
 use sagaflow_engine::definition::millis;
-use sagaflow_engine::signals::RunEvent;
 use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome};
 use sagaflow_engine::{Error, Result, RunState, Workflow};
 use sea_orm::ConnectionTrait;
@@ -99,15 +98,8 @@ impl Engine {
             .await
             .map_err(|_| Error::Shutdown)?;
         let outcome = answer.await.map_err(|_| Error::Shutdown)??;
-        let started = resolve(outcome, opts, workflow)?;
-        if started.created {
-            self.inner.signals.publish(RunEvent {
-                run_id: started.id,
-                workflow: workflow.to_owned(),
-                state: RunState::Pending,
-            });
-        }
-        Ok(started)
+        // The submitter published the `Pending` event of a new run as it committed.
+        resolve(outcome, opts, workflow)
     }
 
     /// Starts a run on the caller's connection or transaction: the run and its steps commit

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use sagaflow_engine::signals::Signals;
+use sagaflow_engine::signals::{RunEvent, Signals};
 use sagaflow_engine::store::{NewRun, RunInsertOutcome};
-use sagaflow_engine::{Result, Store};
+use sagaflow_engine::{Result, RunState, Store};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -43,6 +43,7 @@ pub(crate) fn spawn(
             match insert(&store, &runs).await {
                 Ok(outcomes) => {
                     for (s, o) in batch.drain(..).zip(outcomes) {
+                        accepted(&signals, &s.run, &o);
                         let _ = s.reply.send(Ok(o));
                     }
                     signals.wake_claimer();
@@ -59,7 +60,7 @@ pub(crate) fn spawn(
                     // The database refused the data of some run in the batch (a trigger, a
                     // constraint), and rolled back all of it: try each run alone, so that a
                     // bad run fails alone and the others are accepted.
-                    let mut accepted = false;
+                    let mut any_accepted = false;
                     for s in batch.drain(..) {
                         let outcome =
                             insert(&store, std::slice::from_ref(&s.run))
@@ -69,10 +70,13 @@ pub(crate) fn spawn(
                                         .next()
                                         .ok_or(sea_orm::DbErr::RecordNotInserted.into())
                                 });
-                        accepted |= outcome.is_ok();
+                        if let Ok(o) = &outcome {
+                            accepted(&signals, &s.run, o);
+                        }
+                        any_accepted |= outcome.is_ok();
                         let _ = s.reply.send(outcome);
                     }
-                    if accepted {
+                    if any_accepted {
                         signals.wake_claimer();
                     }
                 }
@@ -80,6 +84,19 @@ pub(crate) fn spawn(
         }
     });
     tx
+}
+
+/// Publishes the `Pending` event of a run the batch created, right after its commit and
+/// before its caller or this instance's claim loop hears of it, so that a subscriber sees
+/// `Pending` before anything the run does next.
+fn accepted(signals: &Signals, run: &NewRun, outcome: &RunInsertOutcome) {
+    if matches!(outcome, RunInsertOutcome::Inserted(_)) {
+        signals.publish(RunEvent {
+            run_id: run.id,
+            workflow: run.workflow.clone(),
+            state: RunState::Pending,
+        });
+    }
 }
 
 async fn insert(store: &Store, runs: &[NewRun]) -> Result<Vec<RunInsertOutcome>> {

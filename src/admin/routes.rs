@@ -22,6 +22,8 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .route("/api/v1/runs/{id}", get(run))
         .route("/api/v1/runs/{id}/events", get(super::events::run_events))
         .route("/api/v1/runs/{id}/actions/{action}", post(act))
+        .route("/api/v1/alerts", get(alerts))
+        .route("/api/v1/alerts/{id}/resolve", post(resolve_alert))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -300,4 +302,34 @@ async fn act(
         _ => op.mark_compensated(id, step).await?,
     };
     Ok(Json(json!({ "id": id, "action": action, "state": state })))
+}
+
+async fn alerts(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
+    let open = s.engine.open_alerts().await?;
+    Ok(Json(json!({ "alerts": open })))
+}
+
+async fn resolve_alert(
+    State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Operator)?;
+    let id: i64 = id.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            "an alert id is an integer",
+        )
+    })?;
+    if s.engine.operator().resolve_alert(id).await? {
+        tracing::info!(alert = id, by = %caller.name, "alert resolved over the API");
+        Ok(Json(json!({ "id": id, "resolved": true })))
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "alert_not_open",
+            format!("no open alert {id}"),
+        ))
+    }
 }

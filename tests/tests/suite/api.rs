@@ -481,6 +481,32 @@ async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_histo
             );
         }
 
+        // The run_error alert is open; an operator acknowledges it.
+        let (status, list) = answer(
+            http.get(format!("http://{addr}/api/v1/alerts"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {list}");
+        let alert = list["alerts"]
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["run_id"] == json!(id)))
+            .unwrap_or_else(|| panic!("[{b}] no open alert for the run in {list}"));
+        assert_eq!(alert["kind"], "run_error", "[{b}] {alert}");
+        let (status, resolved) = answer(
+            http.post(format!(
+                "http://{addr}/api/v1/alerts/{}/resolve",
+                alert["id"]
+            ))
+            .bearer_auth(OPS),
+        )
+        .await;
+        assert_eq!(
+            (status, resolved["resolved"].as_bool()),
+            (StatusCode::OK, Some(true)),
+            "[{b}] {resolved}"
+        );
+
         // The cause is fixed; the operator retries the refund, saying why.
         broken.store(false, Ordering::SeqCst);
         let (status, done) = answer(act(
@@ -507,6 +533,35 @@ async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_histo
             "[{b}]"
         );
         assert_eq!(detail["step"], "charge", "[{b}]");
+
+        // No alert of the run is open any more; resolving one again is 404.
+        let (status, list) = answer(
+            http.get(format!("http://{addr}/api/v1/alerts"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {list}");
+        assert!(
+            list["alerts"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|a| a["run_id"] != json!(id))),
+            "[{b}] the retried run's alert is still open: {list}"
+        );
+        let alerts = engine.run_alerts(id).await.expect("run alerts");
+        let raised = alerts
+            .first()
+            .unwrap_or_else(|| panic!("[{b}] no alert was raised"));
+        assert_eq!(raised.kind, sagaflow::AlertKind::RunError, "[{b}]");
+        let (status, err) = answer(
+            http.post(format!("http://{addr}/api/v1/alerts/{}/resolve", raised.id))
+                .bearer_auth(OPS),
+        )
+        .await;
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("alert_not_open")),
+            "[{b}] {err}"
+        );
 
         // A finished run takes no action: 409 with why.
         let (status, err) = answer(act("resume", OPS, json!({ "reason": "again" }))).await;
