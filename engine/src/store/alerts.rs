@@ -111,7 +111,7 @@ impl Store {
     /// [`crate::Error::Db`].
     pub async fn alert_resolve(&self, id: i64) -> Result<bool> {
         let res = self
-            .db
+            .exec
             .execute(self.stmt(
                 "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE id = $1 AND resolved_at IS NULL",
                 vec![id.into()],
@@ -127,7 +127,7 @@ impl Store {
     /// [`crate::Error::Db`].
     pub async fn alert_resolve_key(&self, open_key: &str) -> Result<bool> {
         let res = self
-            .db
+            .exec
             .execute(self.stmt(
                 "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE open_key = $1 AND resolved_at IS NULL",
                 vec![open_key.to_owned().into()],

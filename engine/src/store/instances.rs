@@ -40,7 +40,7 @@ impl Store {
     /// [`crate::Error::Db`].
     pub async fn instance_list(&self) -> Result<Vec<InstanceRow>> {
         let rows = self
-            .db
+            .exec
             .query_all(self.stmt(
                 "SELECT id, incarnation, started_at, heartbeat_at, stopped_at, \
                  {now} - heartbeat_at AS silent_ms FROM sagaflow_instances ORDER BY id",
@@ -68,7 +68,7 @@ impl Store {
     /// [`crate::Error::Db`].
     pub async fn instance_register(&self, id: &str, incarnation: &str) -> Result<Registered> {
         let before = self
-            .db
+            .exec
             .query_one(self.stmt(
                 "SELECT {now} - heartbeat_at AS silent FROM sagaflow_instances WHERE id = $1",
                 vec![id.to_owned().into()],
@@ -97,7 +97,7 @@ impl Store {
     /// [`crate::Error::Db`].
     pub async fn instance_heartbeat(&self, id: &str, incarnation: &str) -> Result<bool> {
         let res = self
-            .db
+            .exec
             .execute(self.stmt(
                 "UPDATE sagaflow_instances SET heartbeat_at = {now} WHERE id = $1 AND incarnation = $2",
                 vec![id.to_owned().into(), incarnation.to_owned().into()],
@@ -127,7 +127,7 @@ impl Store {
     /// [`crate::Error::Db`].
     pub async fn instance_purge(&self, older_than_ms: i64) -> Result<u64> {
         let res = self
-            .db
+            .exec
             .execute(self.stmt(
                 "DELETE FROM sagaflow_instances WHERE heartbeat_at < {now} - $1 \
                  AND NOT EXISTS (SELECT 1 FROM sagaflow_steps \

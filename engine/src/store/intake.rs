@@ -397,7 +397,7 @@ impl Store {
              ORDER BY created_at DESC LIMIT 1"
         );
         let row = self
-            .db
+            .exec
             .query_one(self.stmt(
                 &sql,
                 vec![workflow.to_owned().into(), business_key.to_owned().into()],

@@ -86,7 +86,7 @@ impl Store {
             ))
             .await?;
         let row = self
-            .db
+            .exec
             .query_one(self.stmt(
                 "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {now} + $3, \
                    last_sweep_at = CASE WHEN last_sweep_at IS NULL \
@@ -120,7 +120,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn leader_renew(&self, fence: &LeaderFence, ttl: Duration) -> Result<bool> {
         let res = self
-            .db
+            .exec
             .execute(self.stmt(
                 "UPDATE sagaflow_leases SET expires_at = {now} + $4 \
                  WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
@@ -162,7 +162,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn leader_record_sweep(&self, fence: &LeaderFence) -> Result<bool> {
         let res = self
-            .db
+            .exec
             .execute(self.stmt(
                 "UPDATE sagaflow_leases SET last_sweep_at = {now} \
                  WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
@@ -184,7 +184,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn leader_progress(&self, name: &str) -> Result<Option<LeaderProgress>> {
         let row = self
-            .db
+            .exec
             .query_one(self.stmt(
                 "SELECT CASE WHEN expires_at > {now} THEN holder END AS holder, term, \
                    {now} - last_sweep_at AS since_sweep_ms \
@@ -208,7 +208,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn leader_current(&self, name: &str) -> Result<Option<LeaderFence>> {
         let row = self
-            .db
+            .exec
             .query_one(self.stmt(
                 "SELECT holder, term FROM sagaflow_leases WHERE name = $1 AND holder IS NOT NULL AND expires_at > {now}",
                 vec![name.to_owned().into()],

@@ -17,7 +17,7 @@ impl Store {
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_get(&self, id: Uuid) -> Result<Option<RunRow>> {
         let sql = format!("SELECT {RUN_COLS} FROM sagaflow_runs WHERE id = $1");
-        let row = self.db.query_one(self.stmt(&sql, vec![id.into()])).await?;
+        let row = self.exec.query_one(self.stmt(&sql, vec![id.into()])).await?;
         row.as_ref().map(RunRow::decode).transpose()
     }
 
@@ -36,7 +36,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn run_history(&self, id: Uuid) -> Result<Vec<HistoryEvent>> {
         let rows = self
-            .db
+            .exec
             .query_all(self.stmt(
                 "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at FROM sagaflow_history \
                  WHERE run_id = $1 ORDER BY id",
@@ -75,7 +75,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn run_unfinished_keys(&self) -> Result<Vec<(String, i64)>> {
         let rows = self
-            .db
+            .exec
             .query_all(self.stmt(
                 "SELECT workflow_key, COUNT(*) AS n FROM sagaflow_runs WHERE finished_at IS NULL GROUP BY workflow_key",
                 vec![],
@@ -97,7 +97,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn run_count_by_state(&self) -> Result<RunCounts> {
         let rows = self
-            .db
+            .exec
             .query_all(self.stmt(
                 "SELECT state, COUNT(*) AS n FROM sagaflow_runs GROUP BY state",
                 vec![],
@@ -168,7 +168,7 @@ impl Store {
     /// [`Error::Db`].
     pub async fn history_event_counts(&self) -> Result<Vec<(String, i64)>> {
         let rows = self
-            .db
+            .exec
             .query_all(self.stmt(
                 "SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event ORDER BY event",
                 vec![],

@@ -212,7 +212,7 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<ExpiredStep>> {
         let dead: Vec<String> = self
-            .db
+            .exec
             .query_all(self.stmt(
                 "SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $1",
                 vec![stale_after_ms.into()],
@@ -228,7 +228,7 @@ impl Store {
             cols = ExpiredStep::COLS,
         );
         let rows = self
-            .db
+            .exec
             .query_all(self.stmt(&sql, vec![i64::from(limit).into()]))
             .await?;
         let mut out = rows
@@ -316,7 +316,7 @@ impl Store {
     /// [`crate::Error::Db`].
     pub async fn step_queue_depth(&self) -> Result<i64> {
         let row = self
-            .db
+            .exec
             .query_one(self.stmt(
                 "SELECT COUNT(*) AS n FROM sagaflow_steps WHERE state IN ('ready', 'compensation_ready')",
                 vec![],
