@@ -17,7 +17,10 @@ impl Store {
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_get(&self, id: Uuid) -> Result<Option<RunRow>> {
         let sql = format!("SELECT {RUN_COLS} FROM sagaflow_runs WHERE id = $1");
-        let row = self.exec.query_one(self.stmt(&sql, vec![id.into()])).await?;
+        let row = self
+            .exec
+            .query_one(self.stmt(&sql, vec![id.into()]))
+            .await?;
         row.as_ref().map(RunRow::decode).transpose()
     }
 

@@ -80,6 +80,16 @@ async fn serve_with(
     (engine, addr, server)
 }
 
+/// Asserts that a request is refused with `status` and the error `code`.
+async fn expect_refusal(r: reqwest::RequestBuilder, status: StatusCode, code: &str, backend: &str) {
+    let (got, body) = answer(r).await;
+    assert_eq!(
+        (got, body["error"]["code"].as_str()),
+        (status, Some(code)),
+        "[{backend}] {body}"
+    );
+}
+
 async fn answer(r: reqwest::RequestBuilder) -> (StatusCode, Value) {
     let r = r.send().await.expect("request");
     let status = r.status();
@@ -253,19 +263,17 @@ async fn a_service_starts_a_run_with_one_call_and_reads_it_back() {
             "[{b}] {run}"
         );
 
-        let (status, err) = answer(
+        expect_refusal(
             http.get(format!(
                 "http://{addr}/api/v1/runs/{}",
                 uuid::Uuid::now_v7()
             ))
             .bearer_auth(VIEW),
+            StatusCode::NOT_FOUND,
+            "run_not_found",
+            b,
         )
         .await;
-        assert_eq!(
-            (status, err["error"]["code"].as_str()),
-            (StatusCode::NOT_FOUND, Some("run_not_found")),
-            "[{b}]"
-        );
         let (status, _) = answer(
             http.get(format!("http://{addr}/api/v1/runs/not-a-uuid"))
                 .bearer_auth(VIEW),
@@ -356,19 +364,17 @@ async fn a_submitter_follows_its_run_to_the_end_over_server_sent_events() {
             "[{b}] a state repeated: {states:?}"
         );
 
-        let (status, err) = answer(
+        expect_refusal(
             http.get(format!(
                 "http://{addr}/api/v1/runs/{}/events",
                 uuid::Uuid::now_v7()
             ))
             .bearer_auth(VIEW),
+            StatusCode::NOT_FOUND,
+            "run_not_found",
+            b,
         )
         .await;
-        assert_eq!(
-            (status, err["error"]["code"].as_str()),
-            (StatusCode::NOT_FOUND, Some("run_not_found")),
-            "[{b}]"
-        );
 
         engine.shutdown().await;
         server.abort();
@@ -552,16 +558,14 @@ async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_histo
             .first()
             .unwrap_or_else(|| panic!("[{b}] no alert was raised"));
         assert_eq!(raised.kind, sagaflow::AlertKind::RunError, "[{b}]");
-        let (status, err) = answer(
+        expect_refusal(
             http.post(format!("http://{addr}/api/v1/alerts/{}/resolve", raised.id))
                 .bearer_auth(OPS),
+            StatusCode::NOT_FOUND,
+            "alert_not_open",
+            b,
         )
         .await;
-        assert_eq!(
-            (status, err["error"]["code"].as_str()),
-            (StatusCode::NOT_FOUND, Some("alert_not_open")),
-            "[{b}] {err}"
-        );
 
         // A finished run takes no action: 409 with why.
         let (status, err) = answer(act("resume", OPS, json!({ "reason": "again" }))).await;
