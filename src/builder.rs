@@ -28,6 +28,7 @@ pub struct EngineBuilder {
     workers: bool,
     max_input_bytes: usize,
     heartbeat_every: Duration,
+    pub(crate) admin: Option<(std::net::SocketAddr, crate::admin::AdminConfig)>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -56,6 +57,7 @@ impl Default for EngineBuilder {
             workers: true,
             max_input_bytes: MAX_INPUT_DEFAULT,
             heartbeat_every: HEARTBEAT_INTERVAL_DEFAULT,
+            admin: None,
         }
     }
 }
@@ -287,6 +289,12 @@ impl EngineBuilder {
                 self.heartbeat_every, self.supervisor.instance_stale_after
             )));
         }
+        // The API's address first: a refused or taken address fails the start before
+        // anything is written.
+        let admin = match self.admin.take() {
+            Some((addr, config)) => Some((crate::admin::serve::bind(addr, &config).await?, config)),
+            None => None,
+        };
         let store = match self.url.take() {
             Some(url) => Store::open(&url, &self.store_options).await?,
             None => {
@@ -324,6 +332,9 @@ impl EngineBuilder {
         )?;
         for a in &changed {
             engine.deliver_alert(a);
+        }
+        if let Some((listener, config)) = admin {
+            engine.serve_admin(listener, config);
         }
         Ok(engine)
     }

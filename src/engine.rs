@@ -94,6 +94,8 @@ pub(crate) struct Inner {
     /// This instance's registration (worker engines): its incarnation.
     pub(crate) incarnation: Option<String>,
     pub(crate) stopped: std::sync::atomic::AtomicBool,
+    /// Where the API served by [`EngineBuilder::with_admin`] listens.
+    pub(crate) admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -182,6 +184,7 @@ impl Engine {
                 submit,
                 incarnation: heartbeat.map(|(i, _)| i),
                 stopped: std::sync::atomic::AtomicBool::new(false),
+                admin_addr: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -67,7 +67,7 @@ pub(super) async fn run_events(
 
 /// The next state to send, or `None` when the stream is over.
 async fn next_state(f: &mut Follow) -> Option<RunState> {
-    if f.ended {
+    if f.ended || f.engine.inner.cancel.is_cancelled() {
         return None;
     }
     loop {
@@ -92,6 +92,9 @@ async fn next_state(f: &mut Follow) -> Option<RunState> {
                     Err(broadcast::error::RecvError::Closed) => return None,
                 },
                 () = &mut poll => break,
+                // The engine shuts down: the stream ends, so a graceful shutdown of the server
+                // does not wait for its followers.
+                () = f.engine.inner.cancel.cancelled() => return None,
             }
         }
     }

@@ -20,6 +20,7 @@
 mod auth;
 mod events;
 mod routes;
+pub(crate) mod serve;
 
 use std::sync::Arc;
 

@@ -579,3 +579,71 @@ async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_histo
         server.abort();
     }
 }
+
+/// The engine serves the API on an address of its own until it shuts down; an address beyond
+/// this machine without a token fails the start, naming the problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_serves_its_api_on_loopback_and_refuses_an_open_address_without_a_token() {
+    for db in backends().await {
+        let b = db.backend;
+        let refused = fast_builder(&db)
+            .with_workflow(order())
+            .with_admin("0.0.0.0:0".parse().expect("addr"), AdminConfig::new())
+            .start()
+            .await
+            .map(|_| ())
+            .expect_err("an open address without a token");
+        assert!(
+            refused.to_string().contains("without a token"),
+            "[{b}] {refused}"
+        );
+
+        let engine = fast_builder(&db)
+            .with_workflow(order())
+            .with_workflow(gated(Arc::new(Semaphore::new(0))))
+            .with_admin(
+                "127.0.0.1:0".parse().expect("addr"),
+                AdminConfig::new().with_token(AdminToken::new("ops", OPS, Role::Operator)),
+            )
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let addr = engine.admin_addr().expect("listening");
+        assert!(addr.ip().is_loopback() && addr.port() != 0, "[{b}] {addr}");
+        let http = reqwest::Client::new();
+        let (status, _) = answer(http.get(format!("http://{addr}/healthz"))).await;
+        assert_eq!(status, StatusCode::OK, "[{b}]");
+        let (status, body) = answer(
+            http.get(format!("http://{addr}/api/v1/definitions"))
+                .bearer_auth(OPS),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {body}");
+
+        // A follower of an unfinished run does not hold the shutdown up: its stream ends.
+        let started = engine
+            .start("gated", &json!(null))
+            .await
+            .expect("a run that waits");
+        let mut follower = http
+            .get(format!("http://{addr}/api/v1/runs/{started}/events"))
+            .bearer_auth(OPS)
+            .send()
+            .await
+            .expect("events");
+        let (mut buf, mut states) = (String::new(), Vec::new());
+        assert!(read_states(&mut follower, &mut buf, &mut states, |s| !s.is_empty()).await);
+        tokio::time::timeout(Duration::from_secs(10), engine.shutdown())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] shutdown waited for an event follower"));
+        assert!(
+            !read_states(&mut follower, &mut buf, &mut states, |_| false).await,
+            "[{b}] the stream ended"
+        );
+        let after = http.get(format!("http://{addr}/healthz")).send().await;
+        assert!(
+            after.is_err(),
+            "[{b}] still answering after shutdown: {after:?}"
+        );
+    }
+}
