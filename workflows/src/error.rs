@@ -26,6 +26,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The HTTP API of `--serve` could not listen or stopped on an I/O error.
+    #[error("cannot serve the HTTP API: {0}")]
+    Serve(#[from] std::io::Error),
     /// The engine stopped publishing run events while runs were being watched.
     #[error("the engine stopped publishing events")]
     EventsClosed,

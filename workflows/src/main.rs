@@ -120,6 +120,9 @@ async fn run(
     let figures = gather(engine, &tracker).await?;
     let ok = print_report(&figures, &tracker, engine, services, elapsed);
     println!();
+    if let Some(addr) = args.serve {
+        demo::serve::serve(engine, addr).await?;
+    }
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

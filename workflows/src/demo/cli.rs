@@ -57,6 +57,11 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) quiet_logs: bool,
 
+    /// After the runs, keep the engine up and serve its HTTP API on this address (e.g.
+    /// 127.0.0.1:8080) until Ctrl-C, with the token printed (or SAGAFLOW_ADMIN_TOKEN's).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) serve: Option<std::net::SocketAddr>,
+
     /// Give up waiting for the runs after this many seconds (default: 120 + 1 per 10 orders).
     #[arg(long, hide = true)]
     pub(crate) timeout_secs: Option<u64>,

@@ -9,6 +9,7 @@ pub(crate) mod logging;
 pub(crate) mod operator;
 pub(crate) mod progress;
 pub(crate) mod running;
+pub(crate) mod serve;
 pub(crate) mod setup;
 pub(crate) mod summary;
 pub(crate) mod table;

@@ -1,0 +1,59 @@
+//! `--serve ADDR`: after the runs, the engine stays up and serves its HTTP API, so a
+//! newcomer can look at the runs, the alerts and the published saga over HTTP.
+
+use std::net::SocketAddr;
+
+use sagaflow::Engine;
+use sagaflow::admin::{ADMIN_TOKEN_ENV, AdminConfig, AdminToken, Role};
+
+use super::DemoResult;
+use super::text::rule;
+
+/// Serves the API on `addr` until Ctrl-C (or SIGTERM). The operator token is
+/// `SAGAFLOW_ADMIN_TOKEN`'s when set (then it is not printed), else a fresh one for this
+/// session, printed so that it can be used.
+pub(crate) async fn serve(engine: &Engine, addr: SocketAddr) -> DemoResult<()> {
+    let (config, shown) = match std::env::var(ADMIN_TOKEN_ENV) {
+        Ok(t) if !t.trim().is_empty() => (AdminConfig::from_env(), format!("${ADMIN_TOKEN_ENV}")),
+        _ => {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let config = AdminConfig::new().with_token(AdminToken::new(
+                "demo",
+                token.clone(),
+                Role::Operator,
+            ));
+            (config, token)
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    println!();
+    println!("{}", rule("HTTP API"));
+    println!("  listening on http://{addr}   (Ctrl-C stops)");
+    println!("  token        {shown}");
+    println!(
+        "  try          curl -H \"Authorization: Bearer {shown}\" http://{addr}/api/v1/alerts"
+    );
+    println!(
+        "               curl -H \"Authorization: Bearer {shown}\" http://{addr}/api/v1/definitions"
+    );
+    let app = engine.admin_router(config);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop_signal())
+        .await?;
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = async {
+            match term.as_mut() {
+                Some(t) => { t.recv().await; }
+                None => std::future::pending().await,
+            }
+        } => {}
+    }
+}
