@@ -9,7 +9,8 @@ use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
 use sagaflow_engine::signals::{AlertSink, RunEvent, Signals};
 use sagaflow_engine::{
     Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, RunRow, Step, StepRow,
-    Store, store::PublishedDefinition,
+    Store,
+    store::{PublishedDefinition, Stats},
 };
 use sagaflow_supervisor::{Supervisor, SupervisorConfig, SupervisorStats};
 use sea_orm::DatabaseConnection;
@@ -187,6 +188,16 @@ impl Engine {
                 admin_addr: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// The overview figures of a console: the queue (due, scheduled, running steps), the
+    /// age of the oldest due step, the unfinished runs per workflow and state, and the runs
+    /// finished in the last 1, 5 and 15 minutes; each read through an index.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn stats(&self) -> Result<Stats> {
+        self.inner.store.stats().await
     }
 
     /// Hands an alert raised outside the engine's loops to its sinks and subscribers.

@@ -62,7 +62,9 @@ mod submit;
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
-pub use sagaflow_engine::store::{PublishedDefinition, SqliteSync, StoreOptions, redact_url};
+pub use sagaflow_engine::store::{
+    ActiveCount, FinishedCounts, PublishedDefinition, SqliteSync, Stats, StoreOptions, redact_url,
+};
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error,
     HistoryEvent, HistoryKind, KeyPolicy, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent,

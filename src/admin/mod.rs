@@ -13,6 +13,7 @@
 //! | `POST /api/v1/workflows/{name}/runs` | operator | 201 a new run; 200 the run already holding the business key; 400 an input the workflow refuses; 404 an unknown workflow; 413 a body over the limit; 415 a body that is not JSON |
 //! | `GET /api/v1/runs/{id}` | read | the run with its steps, history and alerts; 404 |
 //! | `POST /api/v1/runs/{id}/actions/{action}` | operator | an operator action (`retry`, `resume`, `compensate`, `release`, `mark_compensated`) with a reason, recorded in history as done by `api:<token name>`; 409 when the run's state does not allow it |
+//! | `GET /api/v1/stats` | read | the queue, the oldest due step's age, unfinished runs per workflow and state, runs finished in the last 1/5/15 minutes ([`Engine::stats`]) |
 //! | `GET /api/v1/alerts` | read | the open alerts |
 //! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert; 404 when it is not open |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |

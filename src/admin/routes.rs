@@ -23,6 +23,7 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .route("/api/v1/runs/{id}/events", get(super::events::run_events))
         .route("/api/v1/runs/{id}/actions/{action}", post(act))
         .route("/api/v1/alerts", get(alerts))
+        .route("/api/v1/stats", get(stats))
         .route("/api/v1/alerts/{id}/resolve", post(resolve_alert))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
@@ -332,4 +333,9 @@ async fn resolve_alert(
             format!("no open alert {id}"),
         ))
     }
+}
+
+async fn stats(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
+    let stats = s.engine.stats().await?;
+    Ok(Json(serde_json::to_value(stats).unwrap_or(Value::Null)))
 }

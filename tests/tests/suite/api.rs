@@ -647,3 +647,80 @@ async fn an_engine_serves_its_api_on_loopback_and_refuses_an_open_address_withou
         );
     }
 }
+
+/// The overview: a run waiting in its step is running and active, a finished one counts in
+/// the last minute's throughput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_show_the_queue_the_active_runs_and_recent_throughput() {
+    for db in backends().await {
+        let b = db.backend;
+        let gate = Arc::new(Semaphore::new(0));
+        let (engine, addr, server) = serve_with(&db, gate.clone()).await;
+        let done = engine
+            .start("order", &json!({ "order_id": "o-1" }))
+            .await
+            .expect("start");
+        engine
+            .wait(done, Duration::from_secs(30))
+            .await
+            .expect("completes");
+        let waiting = engine.start("gated", &json!(null)).await.expect("start");
+        let http = reqwest::Client::new();
+        let read = || async {
+            answer(
+                http.get(format!("http://{addr}/api/v1/stats"))
+                    .bearer_auth(VIEW),
+            )
+            .await
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let stats = loop {
+            let (status, stats) = read().await;
+            assert_eq!(status, StatusCode::OK, "[{b}] {stats}");
+            if stats["running"] == 1 {
+                break stats;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "[{b}] never running: {stats}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            (stats["ready"].as_i64(), stats["scheduled"].as_i64()),
+            (Some(0), Some(0)),
+            "[{b}] {stats}"
+        );
+        assert_eq!(stats["finished_last"]["m1"], 1, "[{b}] {stats}");
+        assert_eq!(stats["finished_last"]["m15"], 1, "[{b}] {stats}");
+        let active = stats["active"].as_array().expect("active");
+        assert_eq!(active.len(), 1, "[{b}] {stats}");
+        assert_eq!(
+            (active[0]["workflow"].as_str(), active[0]["runs"].as_i64()),
+            (Some("gated"), Some(1)),
+            "[{b}] {stats}"
+        );
+
+        gate.add_permits(1);
+        engine
+            .wait(waiting, Duration::from_secs(30))
+            .await
+            .expect("completes");
+        let (_, stats) = read().await;
+        assert_eq!(
+            (
+                stats["running"].as_i64(),
+                stats["finished_last"]["m1"].as_i64()
+            ),
+            (Some(0), Some(2)),
+            "[{b}] {stats}"
+        );
+        assert!(
+            stats["active"].as_array().is_some_and(Vec::is_empty),
+            "[{b}] {stats}"
+        );
+
+        engine.shutdown().await;
+        server.abort();
+    }
+}
