@@ -1,5 +1,5 @@
-//! Figures for a console's overview, each read through an index so that it answers as fast
-//! on a million finished runs as on an empty database: the queue (steps ready now, scheduled
+//! Figures for a console's overview, each meant to be read through an index rather than over
+//! every retained run: the queue (steps ready now, scheduled
 //! for later, running), the age of the oldest ready step, the unfinished runs per workflow and
 //! state, and the runs finished in the last 1, 5 and 15 minutes.
 //!
