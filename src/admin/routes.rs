@@ -118,6 +118,22 @@ fn body_error(r: &JsonRejection) -> ApiError {
     ApiError::new(status, code, r.body_text())
 }
 
+/// A JSON body read as `T`: the JSON errors of [`body_error`], then 400 `invalid_body` naming
+/// the `expected` shape when it is JSON of another shape.
+fn parse_body<T: serde::de::DeserializeOwned>(
+    body: Result<Json<Value>, JsonRejection>,
+    expected: &str,
+) -> Result<T, ApiError> {
+    let Json(body) = body.map_err(|r| body_error(&r))?;
+    serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            format!("expected {expected}: {e}"),
+        )
+    })
+}
+
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
@@ -174,14 +190,7 @@ async fn start_run(
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
-    let Json(body) = body.map_err(|r| body_error(&r))?;
-    let body: StartBody = serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            format!("expected {{\"input\": …, \"business_key\"?: \"…\"}}: {e}"),
-        )
-    })?;
+    let body: StartBody = parse_body(body, r#"{"input": …, "business_key"?: "…"}"#)?;
     let options = StartOptions {
         business_key: body.business_key,
         ..StartOptions::default()
@@ -262,14 +271,7 @@ async fn act(
             format!("no action `{action}`; the actions are {}", known.join(", ")),
         ));
     };
-    let Json(body) = body.map_err(|r| body_error(&r))?;
-    let body: ActionBody = serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            format!("expected {{\"reason\": \"…\", \"step\"?: \"…\"}}: {e}"),
-        )
-    })?;
+    let body: ActionBody = parse_body(body, r#"{"reason": "…", "step"?: "…"}"#)?;
     let reason = body.reason.trim();
     if reason.is_empty() || reason.chars().count() > REASON_MAX_CHARS {
         return Err(ApiError::new(
