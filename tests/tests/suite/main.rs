@@ -22,6 +22,7 @@ mod interruption;
 mod operator;
 mod published;
 mod secrets;
+mod serve;
 mod shutdown;
 mod submission;
 mod supervisor;
