@@ -173,7 +173,16 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .await
     {
         Ok(e) => e,
-        Err(e) => return fail(format!("cannot serve {}: {e}", redact_url(&url))),
+        Err(e) => {
+            let mut message = format!("cannot serve {}: {e}", redact_url(&url));
+            if message.contains("has been applied but its file is missing") {
+                message.push_str(
+                    "\n  (a newer release of sagaflow migrated this database: serve it with \
+                     the sagaflow command of that release)",
+                );
+            }
+            return fail(message);
+        }
     };
     match engine.admin_addr() {
         Some(addr) => println!("sagaflow serve: listening on http://{addr}"),

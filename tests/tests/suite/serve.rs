@@ -425,3 +425,42 @@ async fn the_standalone_server_refuses_to_start_without_a_token() {
         assert!(!stderr.contains("too-short"), "{stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standalone_server_refuses_a_database_of_a_newer_release() {
+    use sagaflow::sea_orm::ConnectionTrait;
+    for db in backends().await {
+        let b = db.backend;
+        let engine = fast_builder(&db)
+            .with_workflow(order())
+            .with_workers(false)
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        engine
+            .connection()
+            .execute_unprepared(
+                "INSERT INTO sagaflow_migrations (version, applied_at) \
+                 VALUES ('m9999_from_a_newer_release', 0)",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] record a newer migration: {e}"));
+        engine.shutdown().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let tokens = token_file(dir.path());
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            spawn_server(&db.url, &tokens).wait_with_output(),
+        )
+        .await
+        .expect("it exits within 30 s")
+        .expect("output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "[{b}] {stderr}");
+        assert!(
+            stderr.contains("m9999_from_a_newer_release"),
+            "[{b}] the unknown migration is named: {stderr}"
+        );
+        assert!(stderr.contains("a newer release"), "[{b}] {stderr}");
+    }
+}
