@@ -175,11 +175,8 @@ impl Engine {
         let newest = self
             .inner
             .store
-            .definitions()
+            .definition_latest(workflow)
             .await?
-            .into_iter()
-            .filter(|d| d.name == workflow)
-            .max_by_key(|d| d.version)
             .ok_or_else(|| Error::WorkflowNotFound(workflow.to_owned()))?;
         let description = newest
             .description

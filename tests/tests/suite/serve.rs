@@ -182,6 +182,28 @@ async fn an_engine_without_code_starts_runs_that_engines_with_the_code_execute()
             assert_eq!(run.state, RunState::Completed, "[{b}]");
         }
         worker.shutdown().await;
+
+        // A version published later is the one a start uses, without a restart.
+        let v2 = Workflow::builder("order", 2)
+            .step("reserve", |_ctx: StepContext| async move {
+                Ok::<_, StepError>(())
+            })
+            .build()
+            .expect("valid");
+        fast_builder(&db)
+            .with_workflow(v2)
+            .with_workers(false)
+            .start()
+            .await
+            .expect("publish order@2")
+            .shutdown()
+            .await;
+        let id = published
+            .start("order", &json!({"anything": true}))
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start of order@2: {e}"));
+        let run = published.run(id).await.expect("read").expect("run");
+        assert_eq!(run.version, 2, "[{b}]");
         published.shutdown().await;
     }
 }
