@@ -298,6 +298,7 @@ impl EngineBuilder {
                         .into(),
                 ));
             }
+            // It executes nothing, whatever `with_workers` said after.
             self.workers = false;
         } else if self.registry.is_empty() {
             return Err(Error::Config("no workflow registered".into()));

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use sagaflow::admin::{ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, AdminConfig};
+use sagaflow::admin::{ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, AdminConfig, TOKEN_SECRET_MIN_CHARS};
 use sagaflow::{Engine, redact_url};
 
 /// Environment variable holding the database URL of `sagaflow serve`.
@@ -110,7 +110,19 @@ fn tokens(args: &ServeArgs) -> Result<AdminConfig, String> {
         .filter(|p| !p.as_os_str().is_empty())
     {
         Some(file) => AdminConfig::from_token_file(file).map_err(|e| e.to_string())?,
-        None => AdminConfig::from_env(),
+        None => {
+            // The same floor as a token file's secrets.
+            let chars = std::env::var(ADMIN_TOKEN_ENV)
+                .map(|t| t.trim().chars().count())
+                .unwrap_or(0);
+            if chars > 0 && chars < TOKEN_SECRET_MIN_CHARS {
+                return Err(format!(
+                    "{ADMIN_TOKEN_ENV} has {chars} characters, fewer than the \
+                     {TOKEN_SECRET_MIN_CHARS} required"
+                ));
+            }
+            AdminConfig::from_env()
+        }
     };
     if config.has_tokens() {
         Ok(config)

@@ -414,9 +414,14 @@ async fn the_standalone_server_refuses_to_start_without_a_token() {
     let dir = tempfile::tempdir().expect("dir");
     let short = dir.path().join("short");
     std::fs::write(&short, "ops operator too-short\n").expect("write");
-    for (tokens, says) in [
-        (None, "SAGAFLOW_ADMIN_TOKEN"),
-        (Some(short.as_path()), "fewer than the 16"),
+    for (tokens, env, says) in [
+        (None, None, "SAGAFLOW_ADMIN_TOKEN"),
+        (Some(short.as_path()), None, "fewer than the 16"),
+        (
+            None,
+            Some("too-short"),
+            "SAGAFLOW_ADMIN_TOKEN has 9 characters",
+        ),
     ] {
         let mut cmd = Command::new(sagaflow_testkit::workspace_binary("sagaflow"));
         cmd.args([
@@ -434,6 +439,9 @@ async fn the_standalone_server_refuses_to_start_without_a_token() {
         if let Some(file) = tokens {
             cmd.arg("--token-file").arg(file);
         }
+        if let Some(secret) = env {
+            cmd.env("SAGAFLOW_ADMIN_TOKEN", secret);
+        }
         let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
             .await
             .expect("it exits within 20 s")
@@ -441,7 +449,7 @@ async fn the_standalone_server_refuses_to_start_without_a_token() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{tokens:?}: {stderr}");
         assert!(stderr.contains(says), "{tokens:?}: {stderr}");
-        if tokens.is_none() {
+        if tokens.is_none() && env.is_none() {
             assert!(stderr.contains("--token-file"), "{stderr}");
         }
         assert!(!stderr.contains("too-short"), "{stderr}");
