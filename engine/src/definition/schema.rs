@@ -35,12 +35,9 @@ fn kind(v: &Value) -> &'static str {
 
 fn has_type(v: &Value, ty: &str) -> bool {
     match ty {
-        "integer" => match v {
-            Value::Number(n) => {
-                n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
-            }
-            _ => false,
-        },
+        // Written without a fraction, as the input type's integer fields read it (`2.0` is
+        // an integer to JSON Schema, not to a Rust integer field).
+        "integer" => matches!(v, Value::Number(n) if n.is_i64() || n.is_u64()),
         other => kind(v) == other,
     }
 }
@@ -272,6 +269,10 @@ mod tests {
             ),
             (
                 json!({"order_id": "o", "qty": 1.5, "lines": [], "channel": "web"}),
+                "expected integer",
+            ),
+            (
+                json!({"order_id": "o", "qty": 2.0, "lines": [], "channel": "web"}),
                 "expected integer",
             ),
             (
