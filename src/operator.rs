@@ -45,6 +45,23 @@ impl Operator<'_> {
         Ok(self.after(a))
     }
 
+    /// Cancels a run that is not finished: its forward attempts in flight are stopped (their
+    /// [`StepContext::cancellation`](crate::StepContext::cancellation) tokens fire and they
+    /// count as failed with an unknown outcome; on other instances within
+    /// [`CANCEL_POLL`](sagaflow_engine::scheduler::CANCEL_POLL)), no step starts any more, and what
+    /// completed (or may have) is compensated in reverse order. The run ends `Compensated`,
+    /// its error envelope saying `cancelled` with the reason, and the action is in its
+    /// history.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`] for a finished run, [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn cancel(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::cancel(&self.engine.inner.store, run_id, &self.audit).await?;
+        let stopped = self.engine.inner.scheduler.cancel_attempts(run_id);
+        tracing::info!(%run_id, stopped, by = %self.audit.actor, "run cancelled");
+        Ok(self.after(a))
+    }
+
     /// Resumes a run in `Error`, retrying the failed steps of the phase it stopped in.
     ///
     /// # Errors

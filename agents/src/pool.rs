@@ -57,6 +57,22 @@ async fn execute(d: Dispatch, shutdown: CancellationToken) {
         r = &mut handle => Some(r),
         () = tokio::time::sleep_until(deadline) => None,
         () = shutdown.cancelled() => None,
+        // The run was cancelled (the token is also a child of `shutdown`, which the check
+        // below tells apart): the attempt stops and says so at once, its outcome unknown.
+        () = token.cancelled(), if !shutdown.is_cancelled() => {
+            handle.abort();
+            if shutdown.is_cancelled() {
+                return;
+            }
+            tracing::debug!(run_id = %lease.run_id, step = %lease.step, attempt = lease.attempt, "attempt stopped: its run was cancelled");
+            let result = Err(StepError::terminal(
+                "cancelled",
+                "the attempt was stopped because its run was cancelled; its effect may have happened",
+            ));
+            let _ = reply.send(AgentResponse { lease, result }).await;
+            drop(permit);
+            return;
+        }
     };
     let Some(joined) = joined else {
         // SAS-3: past the deadline the attempt stops and reports nothing.

@@ -104,6 +104,20 @@ pub async fn compensate(store: &Store, run_id: Uuid, audit: &Audit) -> Result<Ev
     act(store, run_id, audit, decide::compensate).await
 }
 
+/// Cancels a run that is not finished: it stops starting steps, undoes what completed, and
+/// ends `Compensated` with an error envelope saying it was cancelled (and why). Stopping its
+/// attempts in flight is the scheduler's part ([`crate::scheduler::Scheduler::cancel_attempts`]).
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] for a finished run; [`Error::RunNotFound`]; [`Error::Db`].
+pub async fn cancel(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalApplied> {
+    let reason = audit.reason.clone();
+    act(store, run_id, audit, |run, steps| {
+        decide::cancel(run, steps, reason.as_deref())
+    })
+    .await
+}
+
 /// Resumes a run in `Error` where it stopped: retries every failed step of the phase it was
 /// in (forward steps, or compensations).
 ///

@@ -309,10 +309,11 @@ async fn run(State(s): State<AdminState>, Path(id): Path<String>) -> Result<Json
 }
 
 /// The actions `POST /api/v1/runs/{id}/actions/{action}` takes, and whether each names a step.
-pub(super) const ACTIONS: [(&str, bool); 5] = [
+pub(super) const ACTIONS: [(&str, bool); 6] = [
     ("retry", true),
     ("resume", false),
     ("compensate", false),
+    ("cancel", false),
     ("release", false),
     ("mark_compensated", true),
 ];
@@ -378,6 +379,7 @@ async fn act(
         "retry" => op.retry_step(id, step).await?,
         "resume" => op.resume(id).await?,
         "compensate" => op.compensate(id).await?,
+        "cancel" => op.cancel(id).await?,
         "release" => op.release(id).await?,
         _ => op.mark_compensated(id, step).await?,
     };

@@ -149,8 +149,9 @@ impl StepContext {
         self.deadline
     }
 
-    /// Cancelled when the deadline passes or the engine shuts down; the attempt's future is
-    /// dropped at that moment anyway, the token lets blocking work notice.
+    /// Cancelled when the deadline passes, the engine shuts down, or an operator cancels the
+    /// run; the attempt's future is dropped at that moment anyway, the token lets blocking
+    /// work (and tasks the step spawned) notice.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel
     }

@@ -35,6 +35,8 @@ pub enum HistoryKind {
     OperatorRetryStep,
     /// An operator asked for compensation.
     OperatorCompensate,
+    /// An operator cancelled the run.
+    OperatorCancel,
     /// An operator resumed a run in `Error`.
     OperatorResume,
     /// An operator marked a step compensated by hand.

@@ -252,13 +252,15 @@ fn request(
     } else {
         c.idempotency_key.clone()
     };
+    let token = cancel.child_token();
+    s.in_flight.started(&lease, token.clone());
     let context = StepContext::new(
         c.run_id,
         &c.name,
         u32::try_from(c.phase_attempt()).unwrap_or(0),
         &key,
         claimed_at + remaining,
-        cancel.child_token(),
+        token,
         input,
         Arc::new(deps),
         output,

@@ -52,6 +52,9 @@ pub(super) async fn run(
             }
             () = cancel.cancelled() => return,
         }
+        for r in &batch {
+            s.in_flight.ended(&r.lease);
+        }
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| attempt_end(&s, r)).collect();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {

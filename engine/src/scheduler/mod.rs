@@ -20,10 +20,12 @@
 mod claim;
 mod complete;
 mod evaluate;
+mod inflight;
 mod listen;
 
 pub use complete::{FinishOutcome, finish_batch};
 pub use evaluate::plan_and_apply;
+pub use inflight::CANCEL_POLL;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -173,6 +175,7 @@ pub struct Scheduler {
     config: SchedulerConfig,
     slots: Arc<Semaphore>,
     keys: Vec<String>,
+    in_flight: inflight::InFlight,
 }
 
 impl Scheduler {
@@ -195,6 +198,7 @@ impl Scheduler {
             signals,
             config,
             keys,
+            in_flight: inflight::InFlight::default(),
         })
     }
 
@@ -218,7 +222,15 @@ impl Scheduler {
             ));
         }
         tracker.spawn(evaluate::run(self.clone(), cancel.clone()));
+        tracker.spawn(inflight::watch(self.clone(), cancel.clone()));
         tracker.spawn(listen::run(self, cancel));
+    }
+
+    /// Stops this instance's forward attempts of a run (an operator cancelled it): their
+    /// cancellation tokens fire and their agents answer `cancelled` at once. Returns how many
+    /// attempts were stopped. Other instances notice within [`CANCEL_POLL`].
+    pub fn cancel_attempts(&self, run_id: uuid::Uuid) -> usize {
+        self.in_flight.cancel_forward(run_id)
     }
 
     /// Spawns only the PostgreSQL wake-up listener (none on SQLite), which wakes through this

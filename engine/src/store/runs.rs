@@ -71,6 +71,29 @@ impl Store {
             .collect()
     }
 
+    /// Those of `ids` that an operator cancelled and that are still compensating.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn runs_cancelled_among(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(super::tx::CHUNK) {
+            let (cond, mut values) = self.in_list("id", 2, chunk)?;
+            values.insert(
+                0,
+                format!("{}%", crate::transition::operator::CANCELLED_PREFIX).into(),
+            );
+            let sql = format!(
+                "SELECT id FROM sagaflow_runs WHERE {cond} AND state = 'compensating' AND error LIKE $1"
+            );
+            let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
+            for r in &rows {
+                out.push(r.try_get::<Uuid>("", "id")?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Workflow keys of unfinished runs, with counts (to spot runs pinned to a version this
     /// engine does not have).
     ///

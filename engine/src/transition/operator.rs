@@ -122,6 +122,48 @@ pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
     )
 }
 
+/// Cancels a run that is not finished: like [`compensate`], and the run's error envelope
+/// says it was cancelled (code [`CANCELLED`]) unless it already holds the failure that
+/// diverted it. Stopping the run's attempts in flight is the scheduler's part: the envelope
+/// is what other instances look for.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] for a finished run.
+pub fn cancel(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<PlanWrite> {
+    if run.state.is_final() {
+        return Err(not_allowed(
+            "cancel",
+            run,
+            format!("the run is already {}", run.state),
+        ));
+    }
+    let w = writes(steps, Trigger::OperatorRetry, |s| {
+        s.state == StepState::CompensationFailed
+    });
+    let mut plan = action(run, RunTrigger::OperatorCancel, w, "operator_cancel", None)?;
+    if run.error.is_none() {
+        let message = match reason {
+            Some(r) => format!("cancelled by an operator: {r}"),
+            None => "cancelled by an operator".to_owned(),
+        };
+        plan.run_error = Some(cancelled_envelope(&message));
+    }
+    Ok(plan)
+}
+
+/// The error envelope of a cancelled run. Written as text here, code first, because the
+/// instances that look for cancelled runs match its beginning ([`CANCELLED_PREFIX`]).
+fn cancelled_envelope(message: &str) -> String {
+    let message = serde_json::Value::from(message);
+    format!("{CANCELLED_PREFIX},\"message\":{message},\"retryable\":false}}")
+}
+
+/// The error code of a cancelled run (in the run's error envelope).
+pub const CANCELLED: &str = "cancelled";
+
+/// How a cancelled run's error envelope begins.
+pub const CANCELLED_PREFIX: &str = "{\"code\":\"cancelled\"";
+
 /// Resumes a run in `Error` where it stopped: retries every failed step of the phase it was
 /// in (forward steps, or compensations).
 ///

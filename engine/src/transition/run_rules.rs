@@ -35,6 +35,9 @@ pub enum RunTrigger {
     OperatorRetryCompensation,
     /// An operator asked for compensation.
     OperatorCompensate,
+    /// An operator cancelled the run: its forward attempts in flight are stopped and what
+    /// completed is compensated.
+    OperatorCancel,
     /// A row of the run could not be decoded: the run is set aside for an operator, never
     /// compensated as if its business had failed.
     DamagedRow,
@@ -56,6 +59,7 @@ impl RunTrigger {
             Self::OperatorRetryForward => "operator_retry_forward",
             Self::OperatorRetryCompensation => "operator_retry_compensation",
             Self::OperatorCompensate => "operator_compensate",
+            Self::OperatorCancel => "operator_cancel",
             Self::DamagedRow => "damaged_row",
         }
     }
@@ -147,6 +151,12 @@ pub const RUN_RULES: &[RunRule] = &[
     rule(
         &[Pending, Running, Compensating, RunError],
         RunTrigger::OperatorCompensate,
+        Compensating,
+        None,
+    ),
+    rule(
+        &[Pending, Running, Compensating, RunError],
+        RunTrigger::OperatorCancel,
         Compensating,
         None,
     ),

@@ -813,6 +813,18 @@ async fn runs_are_listed_with_filters_sorts_and_a_cursor() {
             )
             .await;
         }
+        // Cancelling a run that already completed: 409 with why.
+        let done: sagaflow::Uuid = ids[0].parse().expect("uuid");
+        sagaflow_testkit::expect_state(&engine, done, sagaflow::RunState::Completed, b).await;
+        expect_refusal(
+            http.post(url(&format!("/api/v1/runs/{done}/actions/cancel")))
+                .bearer_auth(OPS)
+                .json(&json!({ "reason": "too late" })),
+            StatusCode::CONFLICT,
+            "action_not_allowed",
+            b,
+        )
+        .await;
         let (_, attempts_page) = answer(
             http.get(url("/api/v1/runs?sort=attempts&limit=1"))
                 .bearer_auth(VIEW),

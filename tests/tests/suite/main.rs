@@ -7,6 +7,7 @@ mod ambiguous;
 mod api;
 mod bad_input;
 mod business_key;
+mod cancel;
 mod chaos;
 mod claim;
 mod crash;

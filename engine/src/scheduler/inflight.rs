@@ -1,0 +1,116 @@
+//! The attempts in flight on this instance, by run, so that cancelling a run stops its
+//! forward attempts: their cancellation tokens fire, and the agents answer for them at once
+//! with a `cancelled` failure whose outcome is unknown (the remote call may have acted).
+//!
+//! The instance that takes the `cancel` action fires its own attempts' tokens at once. The
+//! other instances learn of it by asking the database, once a [`CANCEL_POLL`], which of the
+//! runs they have attempts of were cancelled; they ask only while they have some.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{ErrorStreak, Scheduler, pause};
+use crate::StepState;
+use crate::protocol::StepLease;
+
+/// How often an instance with attempts in flight asks which of their runs were cancelled.
+pub const CANCEL_POLL: Duration = Duration::from_secs(1);
+
+/// One attempt: its step, fencing token, phase and cancellation token.
+#[derive(Debug)]
+struct Attempt {
+    step_id: i64,
+    attempt: i32,
+    forward: bool,
+    token: CancellationToken,
+}
+
+/// Attempts in flight, by run.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    runs: Mutex<HashMap<Uuid, Vec<Attempt>>>,
+}
+
+impl InFlight {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<Uuid, Vec<Attempt>>) -> T) -> T {
+        f(&mut self.runs.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Records an attempt handed to an agent.
+    pub(crate) fn started(&self, lease: &StepLease, token: CancellationToken) {
+        let attempt = Attempt {
+            step_id: lease.step_id,
+            attempt: lease.attempt,
+            forward: lease.state == StepState::Running,
+            token,
+        };
+        self.with(|runs| runs.entry(lease.run_id).or_default().push(attempt));
+    }
+
+    /// Forgets an attempt its agent answered for.
+    pub(crate) fn ended(&self, lease: &StepLease) {
+        self.with(|runs| {
+            if let Some(list) = runs.get_mut(&lease.run_id) {
+                list.retain(|a| (a.step_id, a.attempt) != (lease.step_id, lease.attempt));
+                if list.is_empty() {
+                    runs.remove(&lease.run_id);
+                }
+            }
+        });
+    }
+
+    /// The runs with attempts in flight. Attempts whose token already fired (abandoned at
+    /// their deadline, which answers nothing) are forgotten on the way.
+    fn runs(&self) -> Vec<Uuid> {
+        self.with(|runs| {
+            runs.retain(|_, list| {
+                list.retain(|a| !a.token.is_cancelled());
+                !list.is_empty()
+            });
+            runs.keys().copied().collect()
+        })
+    }
+
+    /// Fires the tokens of the run's forward attempts; returns how many.
+    pub(crate) fn cancel_forward(&self, run_id: Uuid) -> usize {
+        self.with(|runs| {
+            let Some(list) = runs.get(&run_id) else {
+                return 0;
+            };
+            let mut fired = 0;
+            for a in list.iter().filter(|a| a.forward && !a.token.is_cancelled()) {
+                a.token.cancel();
+                fired += 1;
+            }
+            fired
+        })
+    }
+}
+
+/// Every [`CANCEL_POLL`] while attempts are in flight: fires the tokens of those whose runs
+/// were cancelled by an operator of another instance.
+pub(super) async fn watch(s: Arc<Scheduler>, cancel: CancellationToken) {
+    let mut streak = ErrorStreak::default();
+    while pause(&cancel, CANCEL_POLL).await {
+        let runs = s.in_flight.runs();
+        if runs.is_empty() {
+            continue;
+        }
+        match s.store.runs_cancelled_among(&runs).await {
+            Ok(cancelled) => {
+                streak.succeeded("looking for cancelled runs");
+                for run_id in cancelled {
+                    let fired = s.in_flight.cancel_forward(run_id);
+                    if fired > 0 {
+                        tracing::info!(%run_id, attempts = fired, "attempts of a cancelled run stopped");
+                    }
+                }
+            }
+            Err(e) => streak.failed("looking for cancelled runs", &e),
+        }
+    }
+}
