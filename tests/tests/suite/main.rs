@@ -9,6 +9,7 @@ mod bad_input;
 mod business_key;
 mod chaos;
 mod claim;
+mod console;
 mod crash;
 mod definitions;
 mod demo;
