@@ -331,7 +331,7 @@ fn runs_table(page: &RunPage, f: &RunsFilter) -> Markup {
                     tbody {
                         @for r in &page.runs {
                             tr data-run=(r.id) {
-                                td.mono { a href={ "/console/runs/" (r.id) } { (r.id.to_string()[..8]) "…" } }
+                                td.mono { a href={ "/console/runs/" (r.id) } { (view::short_id(&r.id)) } }
                                 td { (r.workflow) "@" (r.version) }
                                 td.key { (r.business_key.as_deref().unwrap_or("")) }
                                 td { (badge(r.state.as_str())) }
@@ -365,7 +365,7 @@ pub(super) fn alert_kind(a: &Alert) -> Markup {
 pub(super) fn alert_subject(a: &Alert) -> Markup {
     html! {
         @if let Some(run) = a.run_id {
-            a href={ "/console/runs/" (run) } { "run " (run.to_string()[..8]) "…" }
+            a href={ "/console/runs/" (run) } { "run " (view::short_id(&run)) }
             @if let Some(step) = &a.step { " step " code { (step) } }
         }
     }

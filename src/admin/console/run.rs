@@ -62,7 +62,7 @@ async fn render(
         }
     };
     let page = Page {
-        title: format!("Run {}", &uuid.to_string()[..8]),
+        title: format!("Run {}", view::short_id(&uuid)),
         tab: Tab::Runs,
         events: Some(format!("/console/events?run={uuid}")),
         session: s,

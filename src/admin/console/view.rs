@@ -218,6 +218,13 @@ pub(super) fn query_string(pairs: &[(&str, Option<&str>)]) -> String {
     }
 }
 
+/// A run id shortened to its last 12 digits (the random part; the first ones are a time and
+/// shared by runs started together).
+pub(super) fn short_id(id: &uuid::Uuid) -> String {
+    let text = id.simple().to_string();
+    format!("…{}", &text[text.len() - 12..])
+}
+
 /// A fragment answer (a live region's new content).
 pub(super) fn fragment(m: Markup) -> Html<String> {
     Html(m.into_string())

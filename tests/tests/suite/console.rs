@@ -577,7 +577,7 @@ impl Driver {
         let mut options = json!({
             "args": [
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,860", "--hide-scrollbars", "--no-first-run",
+                "--window-size=1280,1000", "--hide-scrollbars", "--no-first-run",
                 "--disable-extensions", profile,
             ]
         });
@@ -821,7 +821,7 @@ async fn walk(
     assert_eq!(
         ran,
         json!([
-            format!("Run {} · sagaflow", &marked.to_string()[..8]),
+            format!("Run …{} · sagaflow", &marked.simple().to_string()[20..]),
             "undefined"
         ])
     );
