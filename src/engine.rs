@@ -22,6 +22,7 @@ use uuid::Uuid;
 use crate::builder::EngineBuilder;
 use crate::operator::Operator;
 use crate::submit::Submission;
+use sagaflow_engine::store::{RunPage, RunQuery};
 
 /// A snapshot of an instance's supervisor candidate (see [`Engine::supervisor`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +199,33 @@ impl Engine {
     /// [`Error::Db`].
     pub async fn stats(&self) -> Result<Stats> {
         self.inner.store.stats().await
+    }
+
+    /// One page of runs, filtered by workflow, state, business key and creation time,
+    /// newest first or most failed attempts first, from an opaque cursor (the previous page's
+    /// [`RunPage::next`]). Every page is one indexed range read, however far it is.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: sagaflow::Engine) -> sagaflow::Result<()> {
+    /// use sagaflow::{RunOrder, RunQuery, RunState};
+    /// let mut query = RunQuery::new().state(RunState::Error).order(RunOrder::Attempts);
+    /// loop {
+    ///     let page = engine.list_runs(&query).await?;
+    ///     for run in &page.runs {
+    ///         println!("{} {} failed attempts", run.id, run.failed_attempts);
+    ///     }
+    ///     match page.next {
+    ///         Some(next) => query = query.after(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidQuery`] for a cursor the list did not give out; [`Error::Db`].
+    pub async fn list_runs(&self, query: &RunQuery) -> Result<RunPage> {
+        self.inner.store.run_list(query).await
     }
 
     /// Hands an alert raised outside the engine's loops to its sinks and subscribers.

@@ -63,7 +63,8 @@ pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
 pub use sagaflow_engine::store::{
-    ActiveCount, FinishedCounts, PublishedDefinition, SqliteSync, Stats, StoreOptions, redact_url,
+    ActiveCount, FinishedCounts, PublishedDefinition, RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder,
+    RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, redact_url,
 };
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error,

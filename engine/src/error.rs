@@ -98,6 +98,11 @@ pub enum Error {
         state: crate::RunState,
     },
 
+    /// A query the engine cannot answer as asked (a list cursor it did not give out, a
+    /// filter of the wrong form); the message says what is wrong.
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
+
     /// A workflow definition is invalid; the message names the offending step.
     #[error("invalid workflow definition `{workflow}`: {reason}")]
     InvalidDefinition {

@@ -44,6 +44,7 @@ mod m0003_outcomes_and_instances;
 mod m0004_leader_progress;
 mod m0005_attempts_apart;
 mod m0006_definitions;
+mod m0007_run_list;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -72,6 +73,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0004_leader_progress::Migration),
             Box::new(m0005_attempts_apart::Migration),
             Box::new(m0006_definitions::Migration),
+            Box::new(m0007_run_list::Migration),
         ]
     }
 

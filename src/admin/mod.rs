@@ -11,6 +11,7 @@
 //! | `GET /healthz` | none | 200 `{"status": "running"}`; 503 once the engine stopped |
 //! | `GET /api/v1/definitions` | read | the published definitions ([`Engine::definitions`]) |
 //! | `POST /api/v1/workflows/{name}/runs` | operator | 201 a new run; 200 the run already holding the business key; 400 an input the workflow refuses; 404 an unknown workflow; 413 a body over the limit; 415 a body that is not JSON |
+//! | `GET /api/v1/runs` | read | a page of runs ([`Engine::list_runs`]): `workflow`, `state`, `business_key`, `created_after`, `created_before` (epoch ms), `sort` (`created` or `attempts`), `limit`, `cursor`; 400 for an unknown parameter or a cursor it did not give out |
 //! | `GET /api/v1/runs/{id}` | read | the run with its steps, history and alerts; 404 |
 //! | `POST /api/v1/runs/{id}/actions/{action}` | operator | an operator action (`retry`, `resume`, `compensate`, `release`, `mark_compensated`) with a reason, recorded in history as done by `api:<token name>`; 409 when the run's state does not allow it |
 //! | `GET /api/v1/stats` | read | the queue, the oldest due step's age, unfinished runs per workflow and state, runs finished in the last 1/5/15 minutes ([`Engine::stats`]) |

@@ -1,7 +1,7 @@
 //! Routes, handlers and the JSON error envelope.
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -13,12 +13,13 @@ use uuid::Uuid;
 
 use super::AdminState;
 use super::auth::{Caller, Role, require_token};
-use crate::{Health, StartOptions};
+use crate::{Health, RunOrder, RunQuery, RunState, StartOptions};
 
 pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
     let api = Router::new()
         .route("/api/v1/definitions", get(definitions))
         .route("/api/v1/workflows/{name}/runs", post(start_run))
+        .route("/api/v1/runs", get(list_runs))
         .route("/api/v1/runs/{id}", get(run))
         .route("/api/v1/runs/{id}/events", get(super::events::run_events))
         .route("/api/v1/runs/{id}/actions/{action}", post(act))
@@ -84,6 +85,7 @@ impl From<Error> for ApiError {
                 Self::new(S::NOT_FOUND, "workflow_not_found", e.to_string())
             }
             Error::RunNotFound(_) => Self::new(S::NOT_FOUND, "run_not_found", e.to_string()),
+            Error::InvalidQuery(_) => Self::new(S::BAD_REQUEST, "invalid_query", e.to_string()),
             Error::InvalidInput { .. } => Self::new(S::BAD_REQUEST, "invalid_input", e.to_string()),
             Error::PayloadTooLarge { .. } => {
                 Self::new(S::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
@@ -208,6 +210,81 @@ async fn start_run(
         "created": started.created,
     });
     Ok((status, Json(answer)).into_response())
+}
+
+/// The query string of `GET /api/v1/runs`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {
+    /// Only runs of this workflow.
+    pub(super) workflow: Option<String>,
+    /// Only runs in this state (`pending`, `running`, `compensating`, `completed`,
+    /// `compensated`, `error`).
+    pub(super) state: Option<String>,
+    /// Only runs started with this business key.
+    pub(super) business_key: Option<String>,
+    /// Only runs created at or after this instant (epoch milliseconds).
+    pub(super) created_after: Option<i64>,
+    /// Only runs created before this instant (epoch milliseconds).
+    pub(super) created_before: Option<i64>,
+    /// `created` (newest first, the default) or `attempts` (most failed attempts first).
+    pub(super) sort: Option<String>,
+    /// Rows per page (default 50, at most 500).
+    pub(super) limit: Option<u32>,
+    /// The previous page's `next`.
+    pub(super) cursor: Option<String>,
+}
+
+impl ListParams {
+    /// The engine's query, or 400 naming the parameter that is wrong.
+    pub(super) fn query(self) -> Result<RunQuery, ApiError> {
+        let invalid = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
+        let mut q = RunQuery::new()
+            .created(self.created_after, self.created_before)
+            .limit(self.limit.unwrap_or(0));
+        let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+        if let Some(w) = nonempty(self.workflow) {
+            q = q.workflow(w);
+        }
+        if let Some(k) = nonempty(self.business_key) {
+            q = q.business_key(k);
+        }
+        if let Some(state) = nonempty(self.state) {
+            let state = state.parse::<RunState>().map_err(|_| {
+                let all: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
+                invalid(format!(
+                    "no state `{state}`; the states are {}",
+                    all.join(", ")
+                ))
+            })?;
+            q = q.state(state);
+        }
+        if let Some(sort) = nonempty(self.sort) {
+            q = q.order(
+                sort.parse::<RunOrder>()
+                    .map_err(|e| invalid(e.to_string()))?,
+            );
+        }
+        if let Some(c) = nonempty(self.cursor) {
+            q = q.after(c);
+        }
+        Ok(q)
+    }
+}
+
+async fn list_runs(
+    State(s): State<AdminState>,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(params) = params
+        .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
+    let page = s.engine.list_runs(&params.query()?).await?;
+    let damaged: Vec<String> = page.damaged.iter().map(ToString::to_string).collect();
+    Ok(Json(json!({
+        "runs": page.runs,
+        "damaged": damaged,
+        "next": page.next,
+    })))
 }
 
 /// A run id from the path.

@@ -79,6 +79,9 @@ pub struct Run {
     pub updated_at: Timestamp,
     /// When it finished (`Completed` or `Compensated`).
     pub finished_at: Option<Timestamp>,
+    /// Attempts of its steps (forward and compensation) that ended without success:
+    /// failures, timeouts and interruptions.
+    pub failed_attempts: i64,
 }
 
 impl RunRow {
@@ -101,6 +104,7 @@ impl RunRow {
             created_at: timestamp(r.created_at),
             updated_at: timestamp(r.updated_at),
             finished_at: r.finished_at.map(timestamp),
+            failed_attempts: r.failed_attempts.into(),
         })
     }
 }

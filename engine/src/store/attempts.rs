@@ -118,9 +118,13 @@ impl StoreTx<'_> {
         }
         // One history row per applied write, even if a batch carried the same attempt twice.
         let mut recorded = std::collections::HashSet::with_capacity(items.len());
+        let mut failed_runs = Vec::new();
         for it in items {
             if !done.contains(&it.id) || !recorded.insert(it.id) {
                 continue;
+            }
+            if it.change.on.ends_attempt_unsuccessfully() {
+                failed_runs.push(it.run_id);
             }
             self.history.push(HistoryEntry {
                 run_id: it.run_id,
@@ -133,7 +137,35 @@ impl StoreTx<'_> {
                 detail: it.error.as_ref().map(StepError::to_json),
             });
         }
+        self.count_failed_attempts(&failed_runs).await?;
         Ok(items.iter().map(|it| done.contains(&it.id)).collect())
+    }
+
+    /// Adds one to a run's failed-attempt count per appearance in `runs` (the applied attempt
+    /// ends that did not succeed): one statement per chunk, none for a batch of successes.
+    async fn count_failed_attempts(&self, runs: &[Uuid]) -> Result<()> {
+        const COLS: [(&str, &str); 2] = [("vid", "uuid"), ("n", "integer")];
+        let mut per_run: Vec<(Uuid, i32)> = Vec::new();
+        for &run in runs {
+            match per_run.iter_mut().find(|(id, _)| *id == run) {
+                Some((_, n)) => *n += 1,
+                None => per_run.push((run, 1)),
+            }
+        }
+        let s = self.store;
+        for chunk in per_run.chunks(FINISH_CHUNK) {
+            let rows = chunk
+                .iter()
+                .map(|(id, n)| vec![(*id).into(), (*n).into()])
+                .collect();
+            let (source, values) = s.rows_source(1, &COLS, rows)?;
+            let sql = format!(
+                "UPDATE sagaflow_runs AS r SET failed_attempts = r.failed_attempts + v.n \
+                 FROM {source} WHERE r.id = v.vid"
+            );
+            self.txn.execute(s.stmt(&sql, values)).await?;
+        }
+        Ok(())
     }
 
     /// One fenced write of attempt ends sharing a deadline guard; returns the ids whose

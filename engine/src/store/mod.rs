@@ -23,6 +23,7 @@ mod file;
 mod instances;
 mod intake;
 mod leases;
+mod list;
 mod lite;
 mod open;
 mod options;
@@ -49,6 +50,7 @@ pub use definitions::PublishedDefinition;
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome};
 pub use leases::{LeaderFence, LeaderProgress};
+pub use list::{RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder, RunPage, RunQuery, RunSummary};
 pub(crate) use lite::LiteError;
 pub use lite::{LiteDb, LiteTx};
 pub use options::{

@@ -135,6 +135,8 @@ pub struct RunRow {
     pub updated_at: i64,
     /// Finished.
     pub finished_at: Option<i64>,
+    /// Attempts of its steps that ended without success.
+    pub failed_attempts: i32,
 }
 
 from_row!(RunRow {
@@ -149,9 +151,10 @@ from_row!(RunRow {
     created_at,
     updated_at,
     finished_at,
+    failed_attempts,
 });
 
-pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at";
+pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts";
 
 impl RunRow {
     pub(super) fn decode(r: &Row) -> Result<Self> {

@@ -82,6 +82,21 @@ impl Trigger {
             Self::OperatorRelease => "operator_release",
         }
     }
+
+    /// Whether the trigger ends an attempt that did not succeed: a failure, a timeout or an
+    /// interruption. Each such end adds one to the run's failed-attempt count, which
+    /// operators sort runs by.
+    pub const fn ends_attempt_unsuccessfully(self) -> bool {
+        matches!(
+            self,
+            Self::FailedWillRetry
+                | Self::FailedForGood
+                | Self::TimedOut
+                | Self::TimedOutForGood
+                | Self::Interrupted
+                | Self::InterruptedTooOften
+        )
+    }
 }
 
 /// When the step is due after the transition.

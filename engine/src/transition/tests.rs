@@ -44,6 +44,7 @@ fn run(state: RunState) -> RunRow {
         created_at: 0,
         updated_at: 0,
         finished_at: None,
+        failed_attempts: 0,
     }
 }
 

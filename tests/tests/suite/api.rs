@@ -724,3 +724,110 @@ async fn stats_show_the_queue_the_active_runs_and_recent_throughput() {
         server.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_listed_with_filters_sorts_and_a_cursor() {
+    for db in backends().await {
+        let b = db.backend;
+        let (engine, addr, server) = serve(&db).await;
+        let http = reqwest::Client::new();
+        let url = |p: &str| format!("http://{addr}{p}");
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let (status, body) = answer(
+                http.post(url("/api/v1/workflows/order/runs"))
+                    .bearer_auth(OPS)
+                    .json(&json!({ "input": { "order_id": format!("o-{i}") }, "business_key": format!("o-{i}") })),
+            )
+            .await;
+            assert_eq!(status, StatusCode::CREATED, "[{b}] {body}");
+            ids.push(body["id"].as_str().expect("id").to_owned());
+        }
+
+        expect_refusal(
+            http.get(url("/api/v1/runs")),
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            b,
+        )
+        .await;
+
+        // Pages of two, newest first, read with the read-only token.
+        let (status, first) = answer(
+            http.get(url("/api/v1/runs?limit=2&workflow=order"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {first}");
+        let listed: Vec<&str> = first["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| r["id"].as_str().expect("id"))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![ids[2].as_str(), ids[1].as_str()],
+            "[{b}] {first}"
+        );
+        let next = first["next"].as_str().expect("a next page");
+        let (status, second) = answer(
+            http.get(url(&format!(
+                "/api/v1/runs?limit=2&workflow=order&cursor={next}"
+            )))
+            .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {second}");
+        assert_eq!(second["runs"][0]["id"], ids[0].as_str(), "[{b}] {second}");
+        assert!(second["next"].is_null(), "[{b}] {second}");
+
+        // Filters and the other order.
+        let (_, by_key) = answer(
+            http.get(url("/api/v1/runs?business_key=o-1&sort=attempts"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(
+            by_key["runs"].as_array().map(Vec::len),
+            Some(1),
+            "[{b}] {by_key}"
+        );
+        assert_eq!(by_key["runs"][0]["failed_attempts"], 0, "[{b}] {by_key}");
+        let (_, none) = answer(http.get(url("/api/v1/runs?state=error")).bearer_auth(VIEW)).await;
+        assert_eq!(none["runs"], json!([]), "[{b}] {none}");
+
+        // What the list refuses, with 400 and why.
+        for bad in [
+            "/api/v1/runs?state=lost",
+            "/api/v1/runs?sort=name",
+            "/api/v1/runs?limit=-1",
+            "/api/v1/runs?cursor=c.1.nope",
+            "/api/v1/runs?colour=red",
+        ] {
+            expect_refusal(
+                http.get(url(bad)).bearer_auth(VIEW),
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                b,
+            )
+            .await;
+        }
+        let (_, attempts_page) = answer(
+            http.get(url("/api/v1/runs?sort=attempts&limit=1"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        let attempts_cursor = attempts_page["next"].as_str().expect("next").to_owned();
+        expect_refusal(
+            http.get(url(&format!("/api/v1/runs?cursor={attempts_cursor}")))
+                .bearer_auth(VIEW),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            b,
+        )
+        .await;
+        engine.shutdown().await;
+        server.abort();
+    }
+}

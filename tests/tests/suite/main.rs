@@ -20,6 +20,7 @@ mod fixtures;
 mod flow;
 mod frozen;
 mod interruption;
+mod list;
 mod operator;
 mod published;
 mod secrets;
