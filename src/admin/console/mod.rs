@@ -14,7 +14,6 @@
 //!   file (`Content-Security-Policy` without inline script), and the pages refuse framing.
 
 mod graph;
-mod listing;
 mod live;
 mod pages;
 mod run;

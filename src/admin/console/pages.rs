@@ -10,12 +10,11 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::graph::{self, Node};
-use super::listing::{RunOrder, RunPage, RunQuery, list_runs};
 use super::session::{CsrfForm, Session};
 use super::view::{self, Page, Tab, badge, duration_ms, flash, time};
 use super::{Console, LiveSession, PageSession, check_post};
 use crate::admin::auth::Role;
-use crate::{Alert, Engine, Error, RunState, Stats};
+use crate::{Alert, Engine, Error, RunOrder, RunPage, RunQuery, RunState, Stats};
 
 /// An engine error as a message on the page; internal details stay in the log.
 pub(super) fn error_message(e: &Error) -> String {
@@ -192,6 +191,9 @@ pub(super) struct RunsFilter {
     order: String,
     #[serde(default)]
     cursor: String,
+    /// Rows per page (no field on the form: a link can set it); 50 when empty.
+    #[serde(default)]
+    limit: String,
 }
 
 impl RunsFilter {
@@ -204,18 +206,17 @@ impl RunsFilter {
                     .map_err(|_| format!("There is no run state “{s}”."))?,
             ),
         };
-        let order = match self.order.as_str() {
+        let mut q = RunQuery::new();
+        q.workflow = some(&self.workflow);
+        q.state = state;
+        q.business_key = some(&self.key);
+        q.order = match self.order.as_str() {
             "attempts" => RunOrder::Attempts,
             _ => RunOrder::Created,
         };
-        Ok(RunQuery {
-            workflow: some(&self.workflow),
-            state,
-            business_key: some(&self.key),
-            order,
-            limit: 50,
-            cursor: some(&self.cursor),
-        })
+        q.limit = self.limit.trim().parse().unwrap_or(50);
+        q.cursor = some(&self.cursor);
+        Ok(q)
     }
 
     /// The query string of these filters, with `cursor` in place of the current one.
@@ -225,6 +226,7 @@ impl RunsFilter {
             ("state", Some(&self.state)),
             ("key", Some(&self.key)),
             ("order", Some(&self.order)),
+            ("limit", Some(&self.limit)),
             ("cursor", cursor),
         ])
     }
@@ -301,9 +303,9 @@ async fn runs_body(engine: &Engine, f: &RunsFilter) -> (StatusCode, Markup) {
         Ok(q) => q,
         Err(msg) => return (StatusCode::BAD_REQUEST, flash("error", &msg)),
     };
-    match list_runs(engine, &q).await {
+    match engine.list_runs(&q).await {
         Ok(page) => (StatusCode::OK, runs_table(&page, f)),
-        Err(e @ (Error::Config(_) | Error::InvalidInput { .. })) => (
+        Err(e @ Error::InvalidQuery(_)) => (
             StatusCode::BAD_REQUEST,
             flash(
                 "error",

@@ -388,6 +388,30 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
                 "[{b}] {path}: {page}"
             );
         }
+        // Pages of the runs list, linked by an opaque cursor; a made-up one is refused.
+        let (status, first) = get(&http, &s, "/console/runs?limit=1", &ops).await;
+        assert_eq!(status, StatusCode::OK, "[{b}]");
+        let at = first
+            .find(r#"id="next-page""#)
+            .unwrap_or_else(|| panic!("[{b}] no next page: {first}"));
+        let href = &first[at..];
+        let href = &href[href.find("href=\"").expect("href") + 6..];
+        let next = href[..href.find('"').expect("end")].replace("&amp;", "&");
+        assert!(
+            next.starts_with("/console/runs?limit=1&cursor="),
+            "[{b}] {next}"
+        );
+        let (status, second) = get(&http, &s, &next, &ops).await;
+        assert_eq!(status, StatusCode::OK, "[{b}]");
+        let run_of = |page: &str| {
+            let at = page.find("data-run=\"").expect("a run row") + 10;
+            page[at..at + 36].to_owned()
+        };
+        assert_ne!(run_of(&first), run_of(&second), "[{b}]");
+        let (status, page) = get(&http, &s, "/console/runs?cursor=made-up", &ops).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "[{b}]");
+        assert!(page.contains("not valid any more"), "[{b}] {page}");
+
         let (_, defs) = get(&http, &s, "/console/definitions", &ops).await;
         assert!(
             defs.contains("shipment@1") && defs.contains("<svg"),
