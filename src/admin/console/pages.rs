@@ -321,6 +321,9 @@ async fn runs_body(engine: &Engine, f: &RunsFilter) -> (StatusCode, Markup) {
 
 fn runs_table(page: &RunPage, f: &RunsFilter) -> Markup {
     html! {
+        @for d in &page.damaged {
+            (flash("error", &format!("A run of this page cannot be read: {d}")))
+        }
         @if page.runs.is_empty() {
             p.muted { "No runs match." }
         } @else {

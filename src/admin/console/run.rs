@@ -156,7 +156,7 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
                 div { dt { "updated" } dd { (time(&run.updated_at)) } }
                 div { dt { "finished" } dd { @if let Some(t) = &run.finished_at { (time(t)) } @else { "—" } } }
             }
-            @if let Some(e) = &run.error {
+            @if let Some(e) = run.error.as_ref().filter(|_| run.state != RunState::Completed) {
                 (flash("error", &view::error_text(e)))
             }
         }
@@ -187,7 +187,10 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
                 div { h2 { "Output" } (view::json_block(out)) }
             }
             @if let Some(e) = &run.error {
-                div { h2 { "Error" } (view::json_block(e)) }
+                div {
+                    h2 { @if run.state == RunState::Completed { "Last error (overcome)" } @else { "Error" } }
+                    (view::json_block(e))
+                }
             }
         }
         section {
@@ -214,7 +217,11 @@ fn steps_table(steps: &[Step]) -> Markup {
                                 (st.attempts.forward)
                                 @if st.attempts.compensation > 0 { " + " (st.attempts.compensation) " comp." }
                             }
-                            td.num { (st.attempts.failures) " / " (st.attempts.max_failures) }
+                            td.num {
+                                (st.attempts.failures) " / "
+                                // A step retried until it succeeds stores the largest count.
+                                @if st.attempts.max_failures == i32::MAX { "∞" } @else { (st.attempts.max_failures) }
+                            }
                             td {
                                 @if let Some(t) = &st.complete_by { "by " (time(t)) }
                                 @else { (duration_ms(i64::try_from(st.deadline.as_millis()).unwrap_or(i64::MAX))) }

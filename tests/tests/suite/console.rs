@@ -8,12 +8,14 @@
 //! target directory).
 
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION, SET_COOKIE};
 use sagaflow::admin::{AdminConfig, AdminToken, Role};
@@ -736,10 +738,16 @@ async fn an_operator_retries_a_failed_step_in_the_browser_and_watches_it_complet
 
     let driver = Driver::start(&driver).await;
     let b = driver.browser().await;
-    walk(&b, &s, &c, failed, marked, (held, held_state)).await;
+    // The browser is closed whatever happens, so that no Chromium outlives a failed test.
+    let walked = AssertUnwindSafe(walk(&b, &s, &c, failed, marked, (held, held_state)))
+        .catch_unwind()
+        .await;
     let _ = b.close().await;
     drop(driver);
     s.stop().await;
+    if let Err(panic) = walked {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 async fn walk(
@@ -874,6 +882,19 @@ async fn walk(
         operator_events(&s.engine.history(held).await.expect("h")),
         0
     );
+
+    // Readable on a phone: nothing wider than the screen but the tables and the graph,
+    // which scroll in their own boxes.
+    b.set_window_size(390, 844).await.expect("phone size");
+    goto(format!("/console/runs/{failed}")).await;
+    wait_css(b, "svg.steps").await;
+    let overflow = js(
+        b,
+        "return document.documentElement.scrollWidth - document.documentElement.clientWidth;",
+    )
+    .await;
+    assert_eq!(overflow, json!(0), "the page scrolls sideways on a phone");
+    screenshot(b, "console-run-phone.png").await;
 
     // Without the session, pages go to the login form; the API without a token is 401.
     let r = http.get(s.url("/console/")).send().await.expect("get");
