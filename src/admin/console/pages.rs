@@ -383,8 +383,7 @@ pub(super) fn alerts_table(alerts: &[Alert], resolve: Option<&Session>) -> Marku
             table.alerts {
                 thead { tr {
                     th.num { "#" } th { "kind" } th { "about" } th { "reason" } th.num { "attempts" }
-                    th { "actions" } th { "raised" } th { "resolved" }
-                    @if resolve.is_some() { th {} }
+                    th { "raised" } th { "status" }
                 } }
                 tbody {
                     @for a in alerts {
@@ -392,19 +391,24 @@ pub(super) fn alerts_table(alerts: &[Alert], resolve: Option<&Session>) -> Marku
                             td.num { (a.id) }
                             td { (alert_kind(a)) }
                             td { (alert_subject(a)) }
-                            td.reason { (a.reason) }
+                            td.reason {
+                                (a.reason)
+                                @if !a.actions.is_empty() {
+                                    div.muted.small { "what to do: " (a.actions.join("; ")) }
+                                }
+                            }
                             td.num { (a.attempts) }
-                            td { (a.actions.join(", ")) }
                             td { (time(&a.created_at)) }
-                            td { @if let Some(t) = &a.resolved_at { (time(t)) } @else { span.badge.st-error { "open" } } }
-                            @if let Some(s) = resolve {
-                                td {
-                                    @if a.resolved_at.is_none() {
-                                        form method="post" action={ "/console/alerts/" (a.id) "/resolve" } {
-                                            input type="hidden" name="csrf" value=(s.csrf);
-                                            button type="submit" { "Resolve" }
-                                        }
+                            td {
+                                @if let Some(t) = &a.resolved_at {
+                                    "resolved " (time(t))
+                                } @else if let Some(s) = resolve {
+                                    form method="post" action={ "/console/alerts/" (a.id) "/resolve" } {
+                                        input type="hidden" name="csrf" value=(s.csrf);
+                                        button type="submit" { "Resolve" }
                                     }
+                                } @else {
+                                    span.badge.st-error { "open" }
                                 }
                             }
                         }

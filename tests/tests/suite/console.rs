@@ -510,6 +510,49 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
             "[{b}]"
         );
 
+        // Resolving an alert: the CSRF token and the operator role, like every action.
+        let failing = s.engine.start("shipment", &json!({})).await.expect("start");
+        expect_state(&s.engine, failing, RunState::Error, b).await;
+        let alert = s
+            .engine
+            .open_alerts()
+            .await
+            .expect("alerts")
+            .into_iter()
+            .find(|a| a.run_id == Some(failing))
+            .unwrap_or_else(|| panic!("[{b}] no alert for {failing}"));
+        let (status, page) = get(&http, &s, "/console/alerts", &ops).await;
+        assert_eq!(status, StatusCode::OK, "[{b}]");
+        assert!(
+            page.contains(&format!("/console/alerts/{}/resolve", alert.id)),
+            "[{b}]"
+        );
+        let (_, page) = get(&http, &s, "/console/alerts", &viewer).await;
+        assert!(
+            !page.contains("/resolve"),
+            "[{b}] resolve shown to read-only"
+        );
+        let resolve = format!("/console/alerts/{}/resolve", alert.id);
+        for (cookie, form) in [
+            (&ops, vec![]),
+            (&ops, vec![("csrf", view_csrf.as_str())]),
+            (&viewer, vec![("csrf", view_csrf.as_str())]),
+        ] {
+            let (status, _, _) = post(&http, &s, &resolve, cookie, &form).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "[{b}] {form:?}");
+        }
+        let still_open = |alerts: Vec<sagaflow::Alert>| alerts.iter().any(|a| a.id == alert.id);
+        assert!(
+            still_open(s.engine.open_alerts().await.expect("alerts")),
+            "[{b}]"
+        );
+        let (status, _, _) = post(&http, &s, &resolve, &ops, &[("csrf", &csrf)]).await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "[{b}]");
+        assert!(
+            !still_open(s.engine.open_alerts().await.expect("alerts")),
+            "[{b}]"
+        );
+
         // Logging out needs the token too; then the session is gone.
         let (status, _, _) = post(&http, &s, "/console/logout", &ops, &[]).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "[{b}]");
@@ -788,6 +831,14 @@ async fn walk(
     wait_css(b, "#throughput").await;
     wait_css(b, "#live-status.on").await;
     screenshot(b, "console-overview.png").await;
+
+    // The alerts and the definitions.
+    goto("/console/alerts".into()).await;
+    wait_css(b, &format!("table.alerts a[href='/console/runs/{failed}']")).await;
+    screenshot(b, "console-alerts.png").await;
+    goto("/console/definitions".into()).await;
+    wait_css(b, "svg.steps g.node.pivot[data-step=charge]").await;
+    screenshot(b, "console-definitions.png").await;
 
     // The runs list shows markup in a business key as text.
     goto("/console/runs".into()).await;
