@@ -52,9 +52,18 @@ struct Entry {
 }
 
 /// The sessions of one console (in memory: a restart logs everyone out).
-#[derive(Default)]
 pub(crate) struct Sessions {
     map: Mutex<HashMap<String, Entry>>,
+    ttl: Duration,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self {
+            map: Mutex::default(),
+            ttl: SESSION_TTL,
+        }
+    }
 }
 
 /// 256 random bits, hex-encoded.
@@ -86,7 +95,7 @@ impl Sessions {
             session.id.clone(),
             Entry {
                 session: session.clone(),
-                expires: now + SESSION_TTL,
+                expires: now + self.ttl,
             },
         );
         session
@@ -242,6 +251,22 @@ mod tests {
         assert!(sessions.find(&HeaderMap::new()).is_none());
         sessions.remove(&s.id);
         assert!(sessions.find(&h).is_none());
+    }
+
+    #[test]
+    fn an_expired_session_is_gone() {
+        let sessions = Sessions {
+            ttl: Duration::ZERO,
+            ..Sessions::default()
+        };
+        let s = sessions.create("ops".into(), Role::Operator);
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("{COOKIE}={}", s.id)).expect("header"),
+        );
+        assert!(sessions.find(&h).is_none());
+        assert!(sessions.lock().is_empty(), "removed when found expired");
     }
 
     #[test]
