@@ -111,6 +111,25 @@ fn echo() -> Workflow {
         .expect("valid")
 }
 
+/// The input of `typed@1`.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[allow(dead_code)]
+struct Parcel {
+    /// The parcel's tracking number.
+    tracking_number: String,
+}
+
+/// `typed@1`: a workflow with a declared input type (its schema is published).
+fn typed() -> Workflow {
+    Workflow::builder("typed", 1)
+        .input::<Parcel>()
+        .step("track", |_ctx: StepContext| async {
+            Ok::<_, StepError>(())
+        })
+        .build()
+        .expect("valid")
+}
+
 /// `held@1`: one step that waits for a gate the test never opens.
 fn held(c: &Controls) -> Workflow {
     Workflow::builder("held", 1)
@@ -151,6 +170,7 @@ async fn serve(db: &TestDb, c: &Controls) -> Served {
         .with_workflow(shipment(c))
         .with_workflow(echo())
         .with_workflow(held(c))
+        .with_workflow(typed())
         .start()
         .await
         .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
@@ -419,6 +439,11 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
             defs.contains("shipment@1") && defs.contains("<svg"),
             "[{b}]"
         );
+        // The input schema, pretty-printed.
+        assert!(
+            defs.contains("&quot;tracking_number&quot;: {"),
+            "[{b}] no schema in {defs}"
+        );
 
         // State-changing forms: without the CSRF token, or with another, refused and nothing
         // happens.
@@ -670,7 +695,7 @@ impl Drop for Driver {
 
 use fantoccini::Locator::Css;
 
-const WAIT: Duration = Duration::from_secs(15);
+const WAIT: Duration = Duration::from_secs(30);
 
 async fn wait_css(b: &fantoccini::Client, css: &str) -> fantoccini::elements::Element {
     b.wait()
