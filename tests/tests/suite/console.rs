@@ -410,6 +410,17 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
                 "[{b}] {path}: {page}"
             );
         }
+        // Unknown runs and pages: a page that says so.
+        for path in [
+            format!("/console/runs/{}", Uuid::now_v7()),
+            "/console/runs/not-a-run".to_owned(),
+            "/console/no-such-page".to_owned(),
+        ] {
+            let (status, page) = get(&http, &s, &path, &ops).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "[{b}] {path}");
+            assert!(page.contains("Log out"), "[{b}] {path}: a console page");
+        }
+
         // Pages of the runs list, linked by an opaque cursor; a made-up one is refused.
         let (status, first) = get(&http, &s, "/console/runs?limit=1", &ops).await;
         assert_eq!(status, StatusCode::OK, "[{b}]");
