@@ -26,6 +26,7 @@ pub struct EngineBuilder {
     pub(crate) supervisor: SupervisorConfig,
     run_supervisor: bool,
     workers: bool,
+    published: bool,
     max_input_bytes: usize,
     heartbeat_every: Duration,
     pub(crate) admin: Option<(std::net::SocketAddr, crate::admin::AdminConfig)>,
@@ -55,6 +56,7 @@ impl Default for EngineBuilder {
             supervisor: SupervisorConfig::new(id),
             run_supervisor: true,
             workers: true,
+            published: false,
             max_input_bytes: MAX_INPUT_DEFAULT,
             heartbeat_every: HEARTBEAT_INTERVAL_DEFAULT,
             admin: None,
@@ -250,6 +252,22 @@ impl EngineBuilder {
         self
     }
 
+    /// Makes a client-only engine for the workflows other engines published to the database
+    /// (see [`Engine::definitions`]), with no code of its own: it starts runs of them, reads
+    /// runs and acts as operator, and executes nothing (it implies `with_workers(false)`);
+    /// the engines that have a workflow's code run its steps. A start uses the newest
+    /// published version of the workflow, read at each start (a version published later is
+    /// used without a restart), checks the input against its published JSON Schema and the
+    /// input limit, applies the business key as any start does, and writes the same run and
+    /// step rows as an engine with the code would. Such an engine registers no workflow
+    /// ([`EngineBuilder::start`] fails with [`Error::Config`] if one was) and publishes none.
+    /// This is what the `sagaflow serve` command runs.
+    pub fn with_published_workflows(mut self) -> Self {
+        self.published = true;
+        self.workers = false;
+        self
+    }
+
     /// Test hook (see `sagaflow_engine::scheduler::Freeze`): the first completion batch
     /// freezes in the middle of its transaction, and the instance claims nothing more.
     #[cfg(feature = "internals")]
@@ -272,7 +290,17 @@ impl EngineBuilder {
         if let Some(e) = self.errors.drain(..).next() {
             return Err(e);
         }
-        if self.registry.is_empty() {
+        if self.published {
+            if !self.registry.is_empty() {
+                return Err(Error::Config(
+                    "an engine of published workflows registers no workflow of its own: drop \
+                     with_workflow, or with_published_workflows"
+                        .into(),
+                ));
+            }
+            // It executes nothing, whatever `with_workers` said after.
+            self.workers = false;
+        } else if self.registry.is_empty() {
             return Err(Error::Config("no workflow registered".into()));
         }
         self.scheduler.validate()?;
@@ -328,6 +356,7 @@ impl EngineBuilder {
             self.scheduler,
             (self.run_supervisor && self.workers).then_some(self.supervisor),
             self.workers,
+            self.published,
             self.max_input_bytes,
         )?;
         for a in &changed {

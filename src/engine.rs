@@ -92,6 +92,9 @@ pub(crate) struct Inner {
     pub(crate) tracker: TaskTracker,
     pub(crate) cancel: CancellationToken,
     pub(crate) max_input_bytes: usize,
+    /// Starts use the published definitions, not the registry
+    /// ([`EngineBuilder::with_published_workflows`]).
+    pub(crate) published: bool,
     pub(crate) submit: mpsc::Sender<Submission>,
     /// This instance's registration (worker engines): its incarnation.
     pub(crate) incarnation: Option<String>,
@@ -130,6 +133,7 @@ impl Engine {
         scheduler: SchedulerConfig,
         supervisor: Option<SupervisorConfig>,
         workers: bool,
+        published: bool,
         max_input_bytes: usize,
     ) -> Result<Self> {
         let signals = Arc::new(Signals::new(sinks));
@@ -183,6 +187,7 @@ impl Engine {
                 tracker,
                 cancel,
                 max_input_bytes,
+                published,
                 submit,
                 incarnation: heartbeat.map(|(i, _)| i),
                 stopped: std::sync::atomic::AtomicBool::new(false),

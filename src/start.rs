@@ -2,6 +2,8 @@
 //! and the rows a new run is stored as (group-committed by the submitter, or written on the
 //! caller's own transaction).
 
+use std::sync::Arc;
+
 use sagaflow_engine::definition::millis;
 use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome};
 use sagaflow_engine::{Error, Result, RunState, Workflow};
@@ -90,7 +92,9 @@ impl Engine {
         input: &I,
         opts: StartOptions,
     ) -> Result<Started> {
-        let run = self.prepare(workflow, input, opts.business_key.clone())?;
+        let run = self
+            .prepare(workflow, input, opts.business_key.clone())
+            .await?;
         let (reply, answer) = oneshot::channel();
         self.inner
             .submit
@@ -120,13 +124,15 @@ impl Engine {
         C: ConnectionTrait,
         I: Serialize,
     {
-        let run = self.prepare(workflow, input, opts.business_key.clone())?;
+        let run = self
+            .prepare(workflow, input, opts.business_key.clone())
+            .await?;
         let outcome = self.inner.store.run_insert(conn, &run).await?;
         resolve(outcome, opts, workflow)
     }
 
     /// Validates a submission and builds its rows.
-    fn prepare<I: Serialize>(
+    async fn prepare<I: Serialize>(
         &self,
         workflow: &str,
         input: &I,
@@ -138,7 +144,13 @@ impl Engine {
         if self.inner.cancel.is_cancelled() {
             return Err(Error::Shutdown);
         }
-        let wf = self.inner.registry.latest(workflow)?;
+        let published;
+        let wf = if self.inner.published {
+            published = self.published_workflow(workflow).await?;
+            &published
+        } else {
+            self.inner.registry.latest(workflow)?
+        };
         let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
             workflow: workflow.to_owned(),
             reason: e.to_string(),
@@ -153,6 +165,29 @@ impl Engine {
             });
         }
         Ok(new_run(wf, json, business_key))
+    }
+
+    /// The newest published version of `workflow`, rebuilt from its description (an engine
+    /// of published workflows, [`EngineBuilder::with_published_workflows`]).
+    ///
+    /// [`EngineBuilder::with_published_workflows`]: crate::EngineBuilder::with_published_workflows
+    async fn published_workflow(&self, workflow: &str) -> Result<Arc<Workflow>> {
+        let newest = self
+            .inner
+            .store
+            .definition_latest(workflow)
+            .await?
+            .ok_or_else(|| Error::WorkflowNotFound(workflow.to_owned()))?;
+        let description = newest
+            .description
+            .map_err(|reason| Error::InvalidDefinition {
+                workflow: workflow.to_owned(),
+                reason: format!(
+                    "its published description (version {}) does not decode: {reason}",
+                    newest.version
+                ),
+            })?;
+        Workflow::from_description(&description).map(Arc::new)
     }
 
     /// Wakes this instance's scheduler (after committing a transaction that started runs).

@@ -12,6 +12,12 @@
 //!
 //! Runs in the database when the migration runs get their count from the history, where every
 //! such attempt end left one row.
+//!
+//! `sagaflow_throughput` counts finished runs per ten seconds, so that "runs finished in the
+//! last 15 minutes" is a sum over at most a few hundred rows rather than a count over every
+//! run that finished in that time (at 1,000 runs a second, 900,000 index entries). Each
+//! transaction that finishes runs adds its count to one of sixteen rows of the current ten
+//! seconds (`slot`), so that concurrent writers seldom wait for each other's row.
 
 use sea_orm_migration::prelude::*;
 
@@ -41,6 +47,12 @@ const BOTH: &[&str] = &[
      WHERE business_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS sagaflow_runs_failed ON sagaflow_runs (failed_attempts, created_at, id) \
      WHERE failed_attempts > 0",
+    r#"CREATE TABLE IF NOT EXISTS sagaflow_throughput (
+        bucket BIGINT NOT NULL,
+        slot INTEGER NOT NULL,
+        finished BIGINT NOT NULL,
+        PRIMARY KEY (bucket, slot)
+    )"#,
 ];
 
 #[allow(elided_lifetimes_in_paths)] // the trait is declared with a hidden lifetime
@@ -53,6 +65,7 @@ impl MigrationTrait for Migration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let drop = &[
+            "DROP TABLE sagaflow_throughput",
             "DROP INDEX sagaflow_runs_failed",
             "DROP INDEX sagaflow_runs_key_created",
             "DROP INDEX sagaflow_runs_state_created",

@@ -2,7 +2,8 @@
 //! application nests in its own server ([`Engine::admin_router`]).
 //!
 //! Everything but `GET /healthz` needs a bearer token (`Authorization: Bearer …`). Tokens have
-//! a role: [`Role::ReadOnly`] reads, [`Role::Operator`] also starts runs. Tokens are compared
+//! a role: [`Role::ReadOnly`] reads, [`Role::Operator`] also starts runs; a token file names
+//! several ([`AdminConfig::from_token_file`]). Tokens are compared
 //! in constant time, never logged, never echoed. Request bodies are limited in size. Answers
 //! are JSON; an error reads `{"error": {"code": "...", "message": "..."}}`.
 //!
@@ -27,6 +28,7 @@ mod console;
 mod events;
 mod routes;
 pub(crate) mod serve;
+mod token_file;
 
 use std::sync::Arc;
 
@@ -34,6 +36,7 @@ use axum::Router;
 
 pub use auth::{AdminToken, Role};
 pub use events::EVENTS_POLL;
+pub use token_file::{ADMIN_TOKEN_FILE_ENV, TOKEN_SECRET_MIN_CHARS, TokenFileError};
 
 use crate::Engine;
 

@@ -316,6 +316,7 @@ impl WorkflowBuilder {
             input_check: self.input_check,
             input_schema: self.input_schema,
             key_policy: self.key_policy,
+            without_code: false,
         })
     }
 }

@@ -8,10 +8,14 @@
 //! the same workflow describe it with the same JSON text, which is how a changed graph under
 //! an unchanged version is detected.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use super::policy::millis;
-use super::{KeyPolicy, StepKind, Workflow};
+use super::{DeadlinePolicy, KeyPolicy, RetryPolicy, StepAction, StepContext, StepKind, Workflow};
+use crate::{Error, StepError};
 
 /// A workflow as published: its graph and policies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,7 +81,98 @@ impl KeyPolicy {
     }
 }
 
+/// The body of every step of a workflow rebuilt from its description. It never runs: such a
+/// workflow cannot be registered in an engine (see [`Workflow::from_description`]); should it
+/// run anyway, it refuses without acting.
+struct WithoutCode;
+
+#[async_trait::async_trait]
+impl StepAction for WithoutCode {
+    async fn run(&self, _ctx: StepContext) -> Result<serde_json::Value, StepError> {
+        Err(StepError::refused(
+            "no_code",
+            "this step was rebuilt from its published description and has no code",
+        ))
+    }
+}
+
+fn duration(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
 impl Workflow {
+    /// The workflow a published description describes, without its code: enough to start
+    /// runs of it (the same run and step rows as the workflow built with its steps, the input
+    /// checked against the published JSON Schema), never to execute them. It cannot be
+    /// registered in an engine ([`Registry::register`](super::Registry::register) refuses
+    /// it); the engines that have the code execute the runs it starts.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDefinition`] when the description names an unknown saga role or
+    /// business-key policy, or describes an invalid graph.
+    #[doc(hidden)]
+    pub fn from_description(d: &WorkflowDescription) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::InvalidDefinition {
+            workflow: d.name.clone(),
+            reason,
+        };
+        let key_policy = match d.business_keys.as_str() {
+            "while_active" => KeyPolicy::WhileActive,
+            "while_retained" => KeyPolicy::WhileRetained,
+            "allow_after_failure" => KeyPolicy::AllowAfterFailure,
+            other => return Err(invalid(format!("unknown business-key policy `{other}`"))),
+        };
+        let mut b = Workflow::builder(d.name.clone(), d.version).business_keys(key_policy);
+        for s in &d.steps {
+            b = b.step_with(s.name.clone(), WithoutCode);
+            if !s.after.is_empty() {
+                b = b.after(s.after.iter().cloned());
+            }
+            b = match s.kind.as_str() {
+                "compensatable" => b,
+                "pivot" => b.pivot(),
+                "retriable" => b.retriable(),
+                other => {
+                    return Err(invalid(format!(
+                        "step `{}` has unknown role `{other}`",
+                        s.name
+                    )));
+                }
+            };
+            if s.compensates {
+                b = b.compensate_with(WithoutCode);
+            }
+            let retry = RetryPolicy {
+                max_failures: s.max_failures,
+                initial_backoff: duration(s.initial_backoff_ms),
+                max_backoff: duration(s.max_backoff_ms),
+                max_interruptions: s.max_interruptions,
+                ..RetryPolicy::default()
+            };
+            b = b.retry(retry).deadline_policy(DeadlinePolicy::new(
+                duration(s.deadline_ms),
+                duration(s.deadline_cap_ms),
+            ));
+        }
+        let mut wf = b.build()?;
+        if let Some(schema) = &d.input_schema {
+            let schema = Arc::new(schema.clone());
+            wf.input_schema = Some(schema.clone());
+            wf.input_check = Some(Arc::new(move |v: &serde_json::Value| {
+                super::schema::check(&schema, v)
+            }));
+        }
+        wf.without_code = true;
+        Ok(wf)
+    }
+
+    /// Whether this workflow was rebuilt from a published description and has no code
+    /// ([`Workflow::from_description`]).
+    #[doc(hidden)]
+    pub fn is_without_code(&self) -> bool {
+        self.without_code
+    }
+
     /// The workflow described as data (see the module documentation).
     pub fn describe(&self) -> WorkflowDescription {
         let steps = self
@@ -190,6 +285,30 @@ mod tests {
             .filter_map(|v| v.as_str())
             .collect();
         assert_eq!(required, ["order_id", "qty"]);
+    }
+
+    #[test]
+    fn a_workflow_rebuilt_from_its_description_describes_itself_the_same_and_has_no_code() {
+        let d = order().describe();
+        let rebuilt = Workflow::from_description(&d).expect("rebuilt");
+        assert_eq!(rebuilt.describe(), d);
+        assert!(rebuilt.is_without_code());
+        let e = crate::Registry::new()
+            .register(rebuilt.clone())
+            .expect_err("refused");
+        assert!(e.to_string().contains("no code"), "{e}");
+        assert!(
+            rebuilt
+                .check_input(&serde_json::json!({"order_id": "o-1", "qty": 2}))
+                .is_ok()
+        );
+        let e = rebuilt
+            .check_input(&serde_json::json!({"order_id": "o-1"}))
+            .expect_err("refused");
+        assert!(e.to_string().contains("missing field `qty`"), "{e}");
+        let mut bad = d.clone();
+        bad.steps[1].kind = "sideways".into();
+        assert!(Workflow::from_description(&bad).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod builder;
 mod describe;
 mod policy;
 mod registry;
+mod schema;
 mod step;
 mod validate;
 
@@ -134,6 +135,9 @@ pub struct Workflow {
     pub(crate) input_check: Option<InputCheck>,
     pub(crate) input_schema: Option<Arc<serde_json::Value>>,
     pub(crate) key_policy: KeyPolicy,
+    /// Rebuilt from a published description: its steps have no code (see
+    /// [`Workflow::from_description`]).
+    pub(crate) without_code: bool,
 }
 
 impl fmt::Debug for Workflow {

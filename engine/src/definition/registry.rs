@@ -22,8 +22,19 @@ impl Registry {
     /// Adds a definition.
     ///
     /// # Errors
-    /// [`Error::InvalidDefinition`] when the same name and version is registered twice.
+    /// [`Error::InvalidDefinition`] when the same name and version is registered twice, or
+    /// for a workflow rebuilt from its published description: it has no code to run.
     pub fn register(&mut self, wf: Workflow) -> Result<(), Error> {
+        if wf.without_code {
+            return Err(Error::InvalidDefinition {
+                workflow: wf.name.clone(),
+                reason: format!(
+                    "version {} was rebuilt from its published description and has no code to \
+                     run: register the workflow built with its steps",
+                    wf.version
+                ),
+            });
+        }
         let versions = self.by_name.entry(wf.name.clone()).or_default();
         if versions.contains_key(&wf.version) {
             return Err(Error::InvalidDefinition {

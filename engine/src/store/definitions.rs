@@ -140,6 +140,22 @@ impl Store {
             .await?;
         rows.iter().map(decode).collect()
     }
+
+    /// The newest published version of the workflow `name`, if any is published.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn definition_latest(&self, name: &str) -> Result<Option<PublishedDefinition>> {
+        let row = self
+            .exec
+            .query_one(self.stmt(
+                "SELECT workflow_key, name, version, description, published_by, published_at \
+                 FROM sagaflow_definitions WHERE name = $1 ORDER BY version DESC LIMIT 1",
+                vec![name.to_owned().into()],
+            ))
+            .await?;
+        row.as_ref().map(decode).transpose()
+    }
 }
 
 fn decode(r: &Row) -> Result<PublishedDefinition> {

@@ -249,6 +249,8 @@ impl StoreTx<'_> {
         if out.iter().any(|a| a.ready > 0) {
             self.notify = true;
         }
+        // Last, so that the counter row is the last lock this transaction takes.
+        super::stats::count_finished(s, &self.txn, finished.len()).await?;
         Ok(out)
     }
 

@@ -124,29 +124,44 @@ impl Store {
         Ok(counts.into_iter().collect())
     }
 
-    /// Fills the database with `n` finished runs of the workflow `archive@1`, each with three
-    /// history entries, in bulk SQL: for capacity measurements ("throughput with a million
-    /// finished runs in history", AT-5). Not for production use.
+    /// Fills the database with `n` finished runs of the workflows `archive@1` and (one in ten)
+    /// `archive_b@1`, each with three history entries, in bulk SQL: for capacity
+    /// measurements ("throughput with a million finished runs in history", AT-5, and the
+    /// console's list over them). Every run has a business key (`order-<i>`); one in a
+    /// hundred is compensated rather than completed, and one in fifty had failed attempts
+    /// (1 to 7). Not for production use.
     ///
     /// # Errors
     /// [`Error::Db`].
     pub async fn run_fill_finished(&self, n: u64) -> Result<()> {
         let rows = match self.backend {
             super::Backend::Postgres => format!(
-                "SELECT gen_random_uuid() AS id, {{now}} - g AS t FROM generate_series(1, {n}) AS g"
+                "SELECT gen_random_uuid() AS id, {{now}} - g AS t, g AS i FROM generate_series(1, {n}) AS g"
             ),
             super::Backend::Sqlite => format!(
                 "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {n}) \
-                 SELECT randomblob(16) AS id, {{now}} - i AS t FROM g"
+                 SELECT randomblob(16) AS id, {{now}} - i AS t, i FROM g"
             ),
         };
         let txn = self.exec.begin().await?;
         txn.execute(self.stmt(
             &format!(
-                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, state, input, output, dirty, \
-                 created_at, updated_at, finished_at) \
-                 SELECT id, 'archive', 1, 'archive@1', 'completed', 'null', '{{}}', FALSE, t, t, t FROM ({rows}) AS x"
+                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, state, input, \
+                 output, dirty, created_at, updated_at, finished_at, failed_attempts) \
+                 SELECT id, w, 1, w || '@1', 'order-' || i, \
+                   CASE WHEN i % 100 = 0 THEN 'compensated' ELSE 'completed' END, 'null', '{{}}', FALSE, \
+                   t, t, t, CASE WHEN i % 50 = 0 THEN 1 + i % 7 ELSE 0 END \
+                 FROM (SELECT id, t, i, CASE WHEN i % 10 = 3 THEN 'archive_b' ELSE 'archive' END AS w \
+                       FROM ({rows}) AS r) AS x"
             ),
+            vec![],
+        ))
+        .await?;
+        // Their throughput, as if counted when they finished.
+        txn.execute(self.stmt(
+            "INSERT INTO sagaflow_throughput (bucket, slot, finished) \
+             SELECT finished_at / 10000, 0, COUNT(*) FROM sagaflow_runs \
+             WHERE workflow IN ('archive', 'archive_b') GROUP BY finished_at / 10000",
             vec![],
         ))
         .await?;
@@ -154,7 +169,8 @@ impl Store {
             txn.execute(self.stmt(
                 &format!(
                     "INSERT INTO sagaflow_history (run_id, step, event, actor, at) \
-                     SELECT id, 'only', '{event}', 'fill', created_at FROM sagaflow_runs WHERE workflow = 'archive'"
+                     SELECT id, 'only', '{event}', 'fill', created_at FROM sagaflow_runs \
+                     WHERE workflow IN ('archive', 'archive_b')"
                 ),
                 vec![],
             ))
@@ -193,6 +209,13 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn run_purge_finished(&self, older_than_ms: i64, limit: u32) -> Result<u64> {
+        // Throughput rows past the longest window shown go with the same sweep.
+        self.exec
+            .execute(self.stmt(
+                "DELETE FROM sagaflow_throughput WHERE bucket < ({now} - $1) / 10000",
+                vec![super::stats::THROUGHPUT_KEEP_MS.into()],
+            ))
+            .await?;
         let txn = self.exec.begin().await?;
         let ids: Vec<Uuid> = txn
             .query_all(self.stmt(

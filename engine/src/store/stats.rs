@@ -5,10 +5,18 @@
 //!
 //! Lifetime totals of finished runs per workflow are left out on purpose: counting them reads
 //! every retained run (`Engine::run_counts` does, for monitoring that can afford it).
+//!
+//! Recent throughput is not counted over the runs: every transaction that finishes runs adds
+//! their number to a row of `sagaflow_throughput` for the current ten seconds (one of
+//! sixteen rows, taken in turn, so that concurrent writers seldom share a row), and
+//! the figures sum those rows. "The last minute" is thus the last 50 to 60 seconds.
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::Serialize;
 
 use super::Store;
+use super::conn::Txn;
 use super::row::Exec;
 use crate::{Result, RunState};
 
@@ -51,6 +59,29 @@ pub struct FinishedCounts {
     pub m15: i64,
 }
 
+/// Rows per ten seconds that finishing transactions spread their counts over.
+pub(super) const THROUGHPUT_SLOTS: u32 = 16;
+
+/// How long throughput rows are kept (milliseconds): the longest window shown, with room.
+pub(super) const THROUGHPUT_KEEP_MS: i64 = 60 * 60 * 1000;
+
+/// Adds `n` finished runs to the current ten seconds' throughput, in the caller's transaction.
+pub(super) async fn count_finished(store: &Store, txn: &Txn, n: usize) -> Result<()> {
+    static NEXT_SLOT: AtomicU32 = AtomicU32::new(0);
+    if n == 0 {
+        return Ok(());
+    }
+    let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % THROUGHPUT_SLOTS;
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    txn.execute(store.stmt(
+        "INSERT INTO sagaflow_throughput (bucket, slot, finished) VALUES ({now} / 10000, $1, $2) \
+         ON CONFLICT (bucket, slot) DO UPDATE SET finished = sagaflow_throughput.finished + excluded.finished",
+        vec![i64::from(slot).into(), n.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
 impl Store {
     /// The overview figures (see the module documentation).
     ///
@@ -67,9 +98,9 @@ impl Store {
                (SELECT COUNT(*) FROM sagaflow_steps WHERE state IN ('running', 'compensating')) AS running, \
                (SELECT {{now}} - MIN(available_at) FROM sagaflow_steps \
                  WHERE {DUE} AND available_at <= {{now}}) AS oldest, \
-               (SELECT COUNT(*) FROM sagaflow_runs WHERE finished_at >= {{now}} - 60000) AS m1, \
-               (SELECT COUNT(*) FROM sagaflow_runs WHERE finished_at >= {{now}} - 300000) AS m5, \
-               (SELECT COUNT(*) FROM sagaflow_runs WHERE finished_at >= {{now}} - 900000) AS m15"
+               (SELECT CAST(SUM(finished) AS BIGINT) FROM sagaflow_throughput WHERE bucket > {{now}} / 10000 - 6) AS m1, \
+               (SELECT CAST(SUM(finished) AS BIGINT) FROM sagaflow_throughput WHERE bucket > {{now}} / 10000 - 30) AS m5, \
+               (SELECT CAST(SUM(finished) AS BIGINT) FROM sagaflow_throughput WHERE bucket > {{now}} / 10000 - 90) AS m15"
         );
         let row = self.exec.query_one(self.stmt(&sql, vec![])).await?;
         let get = |col: &str| -> Result<i64> {

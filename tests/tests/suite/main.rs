@@ -24,6 +24,7 @@ mod list;
 mod operator;
 mod published;
 mod secrets;
+mod serve;
 mod shutdown;
 mod submission;
 mod supervisor;

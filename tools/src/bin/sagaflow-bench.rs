@@ -3,7 +3,8 @@
 //! Three sequential steps, each returning a small JSON value, each durable before the next
 //! starts. Prints workflows/s and steps/s for N runs, start latency (submit → first step
 //! begins) and end-to-end latency at moderate load (runs one at a time), peak RSS, and the
-//! machine and durability settings it ran on. A measurement, not a test: nothing is asserted.
+//! machine and durability settings it ran on. With a prefilled history it also times the
+//! console's reads over it. A measurement, not a test: nothing is asserted.
 
 mod bench;
 
@@ -82,6 +83,13 @@ async fn main() -> Result<(), Error> {
             t.elapsed().as_secs_f64()
         );
         settle(&engine).await;
+    }
+    if args.console_samples > 0 && (args.prefill_finished > 0 || args.console_only) {
+        bench::console::measure(&engine, args.console_samples).await?;
+    }
+    if args.console_only {
+        engine.shutdown().await;
+        return Ok(());
     }
     let ceiling_for = Duration::from_secs(args.ceiling_secs);
     let ceilings = if ceiling_for.is_zero() {

@@ -37,6 +37,13 @@ pub(crate) struct Args {
     /// on how much history the database holds (AT-5).
     #[arg(long, default_value_t = 0)]
     pub(crate) prefill_finished: u64,
+    /// Samples of each console read (runs list pages, overview figures) timed after the
+    /// prefill; 0 skips them.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) console_samples: usize,
+    /// Stop after the console reads (no throughput or latency phase).
+    #[arg(long)]
+    pub(crate) console_only: bool,
     /// Seconds to measure each raw ceiling of the database (single-row INSERT + UPDATE
     /// transactions through the same driver and durability), which workflows/s is printed as
     /// a ratio of; 0 skips it.

@@ -3,6 +3,7 @@
 
 pub(crate) mod ceiling;
 pub(crate) mod cli;
+pub(crate) mod console;
 pub(crate) mod figures;
 pub(crate) mod fleet;
 pub(crate) mod workload;
