@@ -139,7 +139,7 @@ async fn not_found(State(c): State<Console>, headers: HeaderMap) -> Response {
 pub(super) struct PageSession(pub(super) session::Session);
 
 /// A fragment's or an event stream's caller: without a session, 401.
-pub(super) struct LiveSession(#[allow(dead_code)] pub(super) session::Session);
+pub(super) struct LiveSession(pub(super) session::Session);
 
 impl FromRequestParts<Console> for PageSession {
     type Rejection = Response;
