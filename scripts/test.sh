@@ -11,11 +11,19 @@
 # If no PostgreSQL server is installed it installs Debian's `postgresql`
 # package when running as root, and otherwise says what to install.
 #
+# The console's browser test drives headless Chromium through chromedriver: when
+# `chromium` or `chromedriver` is missing it installs Debian's `chromium` and
+# `chromium-driver` packages when running as root, and otherwise says what to install.
+#
 # The tests see:
 #   SAGAFLOW_PG_URL=postgres://postgres@127.0.0.1:PORT/postgres
 #       superuser URL (trust auth); tests create their own databases through it.
 #   SAGAFLOW_REQUIRE_PG=1
 #       tests must FAIL, not skip, when PostgreSQL is unreachable.
+#   SAGAFLOW_REQUIRE_BROWSER=1
+#       the browser test must FAIL, not skip, when Chromium or chromedriver is missing.
+#   SAGAFLOW_SCREENSHOTS (optional, yours to set)
+#       where the browser test saves its screenshots (default: target/console-screenshots).
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,6 +75,22 @@ pg_start
 
 export SAGAFLOW_PG_URL
 export SAGAFLOW_REQUIRE_PG=1
+
+# Chromium and chromedriver for the console's browser test.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if [[ "$(id -u)" -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        banner "installing chromium and chromium-driver (apt-get)"
+        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; then
+            DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null
+        fi
+    else
+        echo "test.sh: the console's browser test needs chromium and chromedriver" >&2
+        echo "         (Debian: apt-get install chromium chromium-driver)" >&2
+        exit 1
+    fi
+fi
+export SAGAFLOW_REQUIRE_BROWSER=1
 
 if [[ "${SAGAFLOW_SKIP_LINT:-0}" != "1" ]]; then
     banner "cargo fmt --all -- --check"

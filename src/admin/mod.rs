@@ -19,8 +19,12 @@
 //! | `GET /api/v1/alerts` | read | the open alerts |
 //! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert; 404 when it is not open |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
+//!
+//! The same router serves a web console under `/console/` (see `docs/console.md`): log in
+//! with one of these tokens, then browse runs, alerts and definitions and act on runs.
 
 mod auth;
+mod console;
 mod events;
 mod routes;
 pub(crate) mod serve;

@@ -31,6 +31,7 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .merge(api)
+        .merge(super::console::router(state.clone()))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }

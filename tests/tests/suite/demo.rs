@@ -67,7 +67,7 @@ async fn demo_serves_its_api_with_the_printed_token_after_its_runs() {
         .spawn()
         .expect("start the demo");
     let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let (mut url, mut token) = (None, None);
+    let (mut url, mut token, mut console) = (None, None, None);
     let read = async {
         while let Some(line) = lines.next_line().await.expect("stdout line") {
             if let Some(rest) = line.trim().strip_prefix("listening on ") {
@@ -75,6 +75,9 @@ async fn demo_serves_its_api_with_the_printed_token_after_its_runs() {
             }
             if let Some(rest) = line.trim().strip_prefix("token") {
                 token = Some(rest.trim().to_owned());
+            }
+            if let Some(rest) = line.trim().strip_prefix("console") {
+                console = rest.split_whitespace().next().map(str::to_owned);
                 break;
             }
         }
@@ -85,8 +88,15 @@ async fn demo_serves_its_api_with_the_printed_token_after_its_runs() {
     let url = url.expect("the address is printed");
     let token = token.expect("the token is printed");
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert_eq!(console.as_deref(), Some(format!("{url}/console/").as_str()));
 
     let http = reqwest::Client::new();
+    let login = http
+        .get(format!("{url}/console/login"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(login.status(), reqwest::StatusCode::OK);
     let unauthorized = http
         .get(format!("{url}/api/v1/definitions"))
         .send()

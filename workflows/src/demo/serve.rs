@@ -1,5 +1,6 @@
-//! `--serve ADDR`: after the runs, the engine stays up and serves its HTTP API, so a
-//! newcomer can look at the runs, the alerts and the published saga over HTTP.
+//! `--serve ADDR`: after the runs, the engine stays up and serves its HTTP API and web
+//! console, so a newcomer can look at the runs, the alerts and the published saga over HTTP
+//! or in a browser.
 
 use std::net::SocketAddr;
 
@@ -31,6 +32,7 @@ pub(crate) async fn serve(engine: &Engine, addr: SocketAddr) -> DemoResult<()> {
     println!("{}", rule("HTTP API"));
     println!("  listening on http://{addr}   (Ctrl-C stops)");
     println!("  token        {shown}");
+    println!("  console      http://{addr}/console/   (log in with the token)");
     println!(
         "  try          curl -H \"Authorization: Bearer {shown}\" http://{addr}/api/v1/alerts"
     );

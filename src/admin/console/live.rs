@@ -1,0 +1,124 @@
+//! `GET /console/events`: tells a page when to fetch its live regions again.
+//!
+//! With `?run=ID` the stream sends a `change` event whenever the run, its steps, history or
+//! alerts changed (woken by this instance's run events, and reading the run again every
+//! [`EVENTS_POLL`] for changes made by other instances). With `?page=…` (overview, runs,
+//! alerts) it sends one when the queue, the unfinished runs, recent throughput or the open
+//! alerts changed, read every [`EVENTS_POLL`]. Each stream ends when the engine shuts down.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+
+use axum::extract::{Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use sagaflow_engine::signals::RunEvent;
+use serde::Deserialize;
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use super::{Console, LiveSession};
+use crate::Engine;
+use crate::admin::EVENTS_POLL;
+
+/// What a stream follows.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Follow {
+    #[serde(default)]
+    run: Option<Uuid>,
+}
+
+struct Watch {
+    engine: Engine,
+    run: Option<Uuid>,
+    events: broadcast::Receiver<RunEvent>,
+    last: Option<String>,
+}
+
+/// A summary that differs whenever something a page shows changed.
+async fn fingerprint(engine: &Engine, run: Option<Uuid>) -> Option<String> {
+    let mut fp = String::new();
+    match run {
+        Some(id) => {
+            let r = engine.run(id).await.ok()??;
+            let _ = write!(fp, "{}|{}|", r.state, r.updated_at.timestamp_millis());
+            for s in engine.steps(id).await.ok()? {
+                let a = s.attempts;
+                let _ = write!(
+                    fp,
+                    "{}:{}:{}:{}:{};",
+                    s.name, s.state, a.forward, a.compensation, a.failures
+                );
+            }
+            let history = engine.history(id).await.ok()?;
+            let _ = write!(fp, "|h{}", history.last().map_or(0, |h| h.id));
+            for a in engine.run_alerts(id).await.ok()? {
+                let _ = write!(fp, "|a{}:{}", a.id, a.resolved_at.is_some());
+            }
+        }
+        None => {
+            let stats = engine.stats().await.ok()?;
+            let _ = write!(fp, "{stats:?}");
+            for a in engine.open_alerts().await.ok()? {
+                let _ = write!(fp, "|a{}", a.id);
+            }
+        }
+    }
+    Some(fp)
+}
+
+/// Waits for the next change; `None` once the engine shuts down.
+async fn next_change(w: &mut Watch) -> Option<()> {
+    loop {
+        if w.engine.inner.cancel.is_cancelled() {
+            return None;
+        }
+        if let Some(fp) = fingerprint(&w.engine, w.run).await
+            && w.last.as_ref() != Some(&fp)
+        {
+            let first = w.last.is_none();
+            w.last = Some(fp);
+            if !first {
+                return Some(());
+            }
+        }
+        let poll = tokio::time::sleep(EVENTS_POLL);
+        tokio::pin!(poll);
+        loop {
+            tokio::select! {
+                e = w.events.recv() => match e {
+                    Ok(e) if w.run.is_some_and(|id| id != e.run_id) => continue,
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                },
+                () = &mut poll => break,
+                () = w.engine.inner.cancel.cancelled() => return None,
+            }
+        }
+    }
+}
+
+/// `GET /console/events`.
+pub(super) async fn events(
+    State(c): State<Console>,
+    _s: LiveSession,
+    Query(follow): Query<Follow>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let watch = Watch {
+        events: c.admin.engine.subscribe(),
+        engine: c.admin.engine.clone(),
+        run: follow.run,
+        last: None,
+    };
+    // A first event at once: the page may have been rendered before a change that happened
+    // while the stream was opening.
+    let hello = futures_util::stream::once(async {
+        Ok::<_, Infallible>(Event::default().event("change").data("open"))
+    });
+    let changes = futures_util::stream::unfold(watch, |mut w| async move {
+        next_change(&mut w).await?;
+        Some((Ok(Event::default().event("change").data("changed")), w))
+    });
+    use futures_util::StreamExt as _;
+    Sse::new(hello.chain(changes)).keep_alive(KeepAlive::default())
+}

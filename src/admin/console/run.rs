@@ -1,0 +1,413 @@
+//! A run's page: its step graph, steps, alerts, history and the operator's actions.
+
+use std::collections::{BTreeSet, HashMap};
+
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::graph::{self, Node};
+use super::pages::{alerts_table, error_message};
+use super::session::Session;
+use super::view::{self, Page, Tab, badge, duration_ms, flash, time};
+use super::{Console, LiveSession, PageSession, check_post};
+use crate::admin::auth::Role;
+use crate::admin::routes::{ACTIONS, REASON_MAX_CHARS};
+use crate::{Engine, EntityState, Error, HistoryEvent, Run, RunState, Step, StepState};
+
+/// What a redirect after an action says.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Notice {
+    #[serde(default)]
+    done: String,
+}
+
+/// `GET /console/runs/{id}`.
+pub(super) async fn page(
+    State(c): State<Console>,
+    PageSession(s): PageSession,
+    Path(id): Path<String>,
+    Query(notice): Query<Notice>,
+) -> Response {
+    let message = ACTIONS
+        .iter()
+        .find(|(a, _)| *a == notice.done)
+        .map(|(a, _)| flash("ok", &format!("Done: {}.", a.replace('_', " "))));
+    render(&c.admin.engine, &s, &id, message, StatusCode::OK).await
+}
+
+/// The page of run `id` with `message` above it, answered with `status`.
+async fn render(
+    engine: &Engine,
+    s: &Session,
+    id: &str,
+    message: Option<Markup>,
+    status: StatusCode,
+) -> Response {
+    let Ok(uuid) = id.parse::<Uuid>() else {
+        return view::error_page(s, StatusCode::NOT_FOUND, "A run id is a UUID.");
+    };
+    let body = match body(engine, uuid, s).await {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            return view::error_page(s, StatusCode::NOT_FOUND, &format!("No run {uuid}."));
+        }
+        Err(e) => {
+            return view::error_page(s, StatusCode::SERVICE_UNAVAILABLE, &error_message(&e));
+        }
+    };
+    let page = Page {
+        title: format!("Run {}", view::short_id(&uuid)),
+        tab: Tab::Runs,
+        events: Some(format!("/console/events?run={uuid}")),
+        session: s,
+    }
+    .render(html! {
+        h1 { "Run " span.mono { (uuid) } }
+        @if let Some(m) = message { div #notice { (m) } }
+        div data-live={ "/console/fragments/runs/" (uuid) } { (body) }
+    });
+    (status, page).into_response()
+}
+
+/// `GET /console/fragments/runs/{id}`.
+pub(super) async fn fragment(
+    State(c): State<Console>,
+    LiveSession(s): LiveSession,
+    Path(id): Path<Uuid>,
+) -> Response {
+    match body(&c.admin.engine, id, &s).await {
+        Ok(Some(b)) => view::fragment(b).into_response(),
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, error_message(&e)).into_response(),
+    }
+}
+
+/// Each step's latest state: the stored steps of an unfinished run, else its history.
+fn step_states(steps: &[Step], history: &[HistoryEvent]) -> HashMap<String, StepState> {
+    if !steps.is_empty() {
+        return steps.iter().map(|s| (s.name.clone(), s.state)).collect();
+    }
+    let mut states = HashMap::new();
+    for h in history {
+        if let (Some(step), Some(EntityState::Step(to))) = (&h.step, h.to) {
+            states.insert(step.clone(), to);
+        }
+    }
+    states
+}
+
+async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, Error> {
+    let Some(run) = engine.run(id).await? else {
+        return Ok(None);
+    };
+    let steps = engine.steps(id).await?;
+    let history = engine.history(id).await?;
+    let alerts = engine.run_alerts(id).await?;
+    let key = format!("{}@{}", run.workflow, run.version);
+    let description = engine
+        .definitions()
+        .await?
+        .into_iter()
+        .find(|d| d.key == key)
+        .and_then(|d| d.description.ok());
+    let states = step_states(&steps, &history);
+    let nodes: Vec<Node<'_>> = match &description {
+        Some(desc) => desc
+            .steps
+            .iter()
+            .map(|st| Node {
+                name: &st.name,
+                after: st.after.iter().map(String::as_str).collect(),
+                compensates: st.compensates,
+                kind: &st.kind,
+                state: Some(states.get(&st.name).map_or("not_started", |s| s.as_str())),
+            })
+            .collect(),
+        None => steps
+            .iter()
+            .map(|st| Node {
+                name: &st.name,
+                after: Vec::new(),
+                compensates: false,
+                kind: "step",
+                state: Some(st.state.as_str()),
+            })
+            .collect(),
+    };
+    let legend: BTreeSet<&str> = nodes.iter().filter_map(|n| n.state).collect();
+    let legend: Vec<&str> = StepState::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .filter(|s| legend.contains(s))
+        .collect();
+    Ok(Some(html! {
+        section.summary {
+            dl.facts {
+                div { dt { "state" } dd #run-state data-state=(run.state.as_str()) { (badge(run.state.as_str())) } }
+                div { dt { "workflow" } dd { a href={ "/console/definitions" } { (key) } } }
+                div { dt { "business key" } dd.key { (run.business_key.as_deref().unwrap_or("—")) } }
+                div { dt { "created" } dd { (time(&run.created_at)) } }
+                div { dt { "updated" } dd { (time(&run.updated_at)) } }
+                div { dt { "finished" } dd { @if let Some(t) = &run.finished_at { (time(t)) } @else { "—" } } }
+            }
+            @if let Some(e) = run.error.as_ref().filter(|_| run.state != RunState::Completed) {
+                (flash("error", &view::error_text(e)))
+            }
+        }
+        section {
+            h2 { "Steps" }
+            (graph::svg("run", &nodes))
+            (graph::legend(&legend))
+        }
+        @if s.is_operator() && !run.state.is_final() {
+            (actions(&run, &steps, s))
+        }
+        section {
+            @if steps.is_empty() {
+                p.muted { "A finished run keeps its history only; each step's last state is drawn above." }
+            } @else {
+                (steps_table(&steps))
+            }
+        }
+        @if !alerts.is_empty() {
+            section {
+                h2 { "Alerts" }
+                (alerts_table(&alerts, None))
+            }
+        }
+        section.payloads {
+            div { h2 { "Input" } (view::json_block(&run.input)) }
+            @if let Some(out) = &run.output {
+                div { h2 { "Output" } (view::json_block(out)) }
+            }
+            @if let Some(e) = &run.error {
+                div {
+                    h2 { @if run.state == RunState::Completed { "Last error (overcome)" } @else { "Error" } }
+                    (view::json_block(e))
+                }
+            }
+        }
+        section {
+            h2 { "History" }
+            (timeline(&history))
+        }
+    }))
+}
+
+fn steps_table(steps: &[Step]) -> Markup {
+    html! {
+        div.scroll {
+            table #steps {
+                thead { tr {
+                    th { "step" } th { "state" } th.num { "attempts" } th.num { "failures" }
+                    th { "deadline" } th { "maybe applied" } th { "output / error" }
+                } }
+                tbody {
+                    @for st in steps {
+                        tr data-step=(st.name) {
+                            td { code { (st.name) } }
+                            td { (badge(st.state.as_str())) }
+                            td.num {
+                                (st.attempts.forward)
+                                @if st.attempts.compensation > 0 { " + " (st.attempts.compensation) " comp." }
+                            }
+                            td.num {
+                                (st.attempts.failures) " / "
+                                // A step retried until it succeeds stores the largest count.
+                                @if st.attempts.max_failures == i32::MAX { "∞" } @else { (st.attempts.max_failures) }
+                            }
+                            td {
+                                @if let Some(t) = &st.complete_by { "by " (time(t)) }
+                                @else { (duration_ms(i64::try_from(st.deadline.as_millis()).unwrap_or(i64::MAX))) }
+                            }
+                            td { @if st.maybe_applied { span.badge.st-failed { "maybe applied" } } @else { "no" } }
+                            td.payload {
+                                @if let Some(e) = &st.error {
+                                    span.err { (view::json_short(&Value::String(view::error_text(e)), 160)) }
+                                } @else if let Some(o) = &st.output {
+                                    code { (view::json_short(o, 160)) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn timeline(history: &[HistoryEvent]) -> Markup {
+    html! {
+        ol.timeline #history {
+            @for h in history.iter().rev() {
+                li class={ "ev-" (h.kind.as_ref()) } {
+                    div.when { (time(&h.at)) }
+                    div.what {
+                        strong { (h.kind.as_ref().replace('_', " ")) }
+                        @if let Some(step) = &h.step { " " code { (step) } }
+                        @match (h.from, h.to) {
+                            (Some(f), Some(t)) => { " " (badge(&f.to_string())) " → " (badge(&t.to_string())) }
+                            (None, Some(t)) => { " → " (badge(&t.to_string())) }
+                            _ => {}
+                        }
+                        @if let Some(a) = h.attempt { span.muted { " attempt " (a) } }
+                    }
+                    div.who { "by " code { (h.actor) } }
+                    @if let Some(reason) = h.detail.as_ref().and_then(|d| d.get("reason")).and_then(Value::as_str) {
+                        div.reason { "“" (reason) "”" }
+                    }
+                    @if let Some(d) = &h.detail {
+                        @let rest = without_reason(d);
+                        @if let Some(rest) = rest {
+                            div.detail { code { (view::json_short(&rest, 300)) } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A history detail without its `reason` (shown on its own line), if anything is left.
+fn without_reason(d: &Value) -> Option<Value> {
+    match d {
+        Value::Object(m) => {
+            let mut m = m.clone();
+            m.remove("reason");
+            (!m.is_empty()).then_some(Value::Object(m))
+        }
+        Value::Null => None,
+        other => Some(other.clone()),
+    }
+}
+
+/// One action's form: a button that opens a reason field and a confirmation.
+fn action_form(run: Uuid, action: &str, step: Option<&str>, label: &str, s: &Session) -> Markup {
+    html! {
+        details.action data-action=(action) data-step=[step] {
+            summary { (label) @if let Some(st) = step { " " code { (st) } } }
+            form method="post" action={ "/console/runs/" (run) "/actions/" (action) } {
+                input type="hidden" name="csrf" value=(s.csrf);
+                @if let Some(st) = step { input type="hidden" name="step" value=(st); }
+                label { "Reason (recorded in the run's history)"
+                    textarea name="reason" required maxlength=(REASON_MAX_CHARS) rows="2" {}
+                }
+                button.confirm type="submit" {
+                    "Confirm: " (label.to_lowercase())
+                    @if let Some(st) = step { " " (st) }
+                }
+            }
+        }
+    }
+}
+
+/// The actions that apply to the run as it is.
+fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
+    let set_aside = run
+        .error
+        .as_ref()
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_str)
+        == Some("corrupt_row");
+    let error = run.state == RunState::Error;
+    html! {
+        section.actions #actions {
+            h2 { "Act on this run" }
+            div.action-list {
+                @if error {
+                    @for st in steps.iter().filter(|st| matches!(st.state, StepState::Failed | StepState::CompensationFailed)) {
+                        (action_form(run.id, "retry", Some(&st.name), "Retry", s))
+                    }
+                    @for st in steps.iter().filter(|st| st.state == StepState::CompensationFailed) {
+                        (action_form(run.id, "mark_compensated", Some(&st.name), "Mark compensated", s))
+                    }
+                    (action_form(run.id, "resume", None, "Resume", s))
+                }
+                @if run.state != RunState::Compensating {
+                    (action_form(run.id, "compensate", None, "Compensate", s))
+                }
+                @if set_aside {
+                    (action_form(run.id, "release", None, "Release", s))
+                }
+            }
+        }
+    }
+}
+
+/// An action form's fields.
+#[derive(Deserialize)]
+pub(super) struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    step: String,
+}
+
+/// `POST /console/runs/{id}/actions/{action}`: the action, recorded as done by
+/// `console:<token name>` for the given reason; then back to the run's page, which says what
+/// happened or why it was not allowed.
+pub(super) async fn act(
+    State(c): State<Console>,
+    PageSession(s): PageSession,
+    Path((id, action)): Path<(String, String)>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if let Err(refused) = check_post(&s, &form.csrf, Role::Operator) {
+        return *refused;
+    }
+    let engine = &c.admin.engine;
+    let Ok(run_id) = id.parse::<Uuid>() else {
+        return view::error_page(&s, StatusCode::NOT_FOUND, "A run id is a UUID.");
+    };
+    let Some(&(action, needs_step)) = ACTIONS.iter().find(|(a, _)| *a == action) else {
+        return view::error_page(&s, StatusCode::NOT_FOUND, "No such action.");
+    };
+    let reason = form.reason.trim();
+    let step = form.step.trim();
+    let refused = |status, msg: String| {
+        let engine = engine.clone();
+        let s = s.clone();
+        async move { render(&engine, &s, &id, Some(flash("error", &msg)), status).await }
+    };
+    if reason.is_empty() || reason.chars().count() > REASON_MAX_CHARS {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            format!("An action needs a reason of 1 to {REASON_MAX_CHARS} characters."),
+        )
+        .await;
+    }
+    if needs_step && step.is_empty() {
+        return refused(StatusCode::BAD_REQUEST, "Name the step to act on.".into()).await;
+    }
+    let op = engine
+        .operator()
+        .on_behalf_of(format!("console:{}", s.name), reason);
+    let done = match action {
+        "retry" => op.retry_step(run_id, step).await,
+        "resume" => op.resume(run_id).await,
+        "compensate" => op.compensate(run_id).await,
+        "release" => op.release(run_id).await,
+        _ => op.mark_compensated(run_id, step).await,
+    };
+    match done {
+        Ok(state) => {
+            tracing::info!(run_id = %run_id, action, by = %s.name, %state, "console action");
+            Redirect::to(&format!("/console/runs/{run_id}?done={action}")).into_response()
+        }
+        Err(e @ Error::ActionNotAllowed { .. }) => {
+            refused(StatusCode::CONFLICT, format!("Not allowed: {e}")).await
+        }
+        Err(e @ Error::RunNotFound(_)) => {
+            view::error_page(&s, StatusCode::NOT_FOUND, &e.to_string())
+        }
+        Err(e) => refused(StatusCode::SERVICE_UNAVAILABLE, error_message(&e)).await,
+    }
+}
