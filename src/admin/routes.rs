@@ -376,15 +376,26 @@ async fn act(
         .engine
         .operator()
         .on_behalf_of(format!("api:{}", caller.name), reason);
-    let state = match action {
-        "retry" => op.retry_step(id, step).await?,
-        "resume" => op.resume(id).await?,
-        "compensate" => op.compensate(id).await?,
-        "cancel" => op.cancel(id).await?,
-        "release" => op.release(id).await?,
-        _ => op.mark_compensated(id, step).await?,
-    };
+    let state = perform(&op, action, id, step).await?;
     Ok(Json(json!({ "id": id, "action": action, "state": state })))
+}
+
+/// Takes one of the [`ACTIONS`] (already checked to be one) on a run; `step` for the actions
+/// that name one. The API and the console both act through here.
+pub(super) async fn perform(
+    op: &crate::Operator<'_>,
+    action: &str,
+    id: Uuid,
+    step: &str,
+) -> Result<RunState, Error> {
+    match action {
+        "retry" => op.retry_step(id, step).await,
+        "resume" => op.resume(id).await,
+        "compensate" => op.compensate(id).await,
+        "cancel" => op.cancel(id).await,
+        "release" => op.release(id).await,
+        _ => op.mark_compensated(id, step).await,
+    }
 }
 
 async fn alerts(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {

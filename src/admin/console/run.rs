@@ -329,8 +329,11 @@ fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
                     }
                     (action_form(run.id, "resume", None, "Resume", s))
                 }
-                @if run.state != RunState::Compensating {
+                @if !run.state.is_final() && run.state != RunState::Compensating {
                     (action_form(run.id, "compensate", None, "Compensate", s))
+                }
+                @if !run.state.is_final() {
+                    (action_form(run.id, "cancel", None, "Cancel", s))
                 }
                 @if set_aside {
                     (action_form(run.id, "release", None, "Release", s))
@@ -390,13 +393,7 @@ pub(super) async fn act(
     let op = engine
         .operator()
         .on_behalf_of(format!("console:{}", s.name), reason);
-    let done = match action {
-        "retry" => op.retry_step(run_id, step).await,
-        "resume" => op.resume(run_id).await,
-        "compensate" => op.compensate(run_id).await,
-        "release" => op.release(run_id).await,
-        _ => op.mark_compensated(run_id, step).await,
-    };
+    let done = super::super::routes::perform(&op, action, run_id, step).await;
     match done {
         Ok(state) => {
             tracing::info!(run_id = %run_id, action, by = %s.name, %state, "console action");
