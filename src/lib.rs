@@ -67,7 +67,7 @@ pub use sagaflow_engine::store::{
     RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, redact_url,
 };
 pub use sagaflow_engine::{
-    Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error,
+    Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error, FieldError,
     HistoryEvent, HistoryKind, KeyPolicy, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent,
     RunState, Step, StepAction, StepContext, StepDescription, StepError, StepKind, StepState,
     Timestamp, TracingSink, Workflow, WorkflowBuilder, WorkflowDescription,

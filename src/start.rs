@@ -154,6 +154,7 @@ impl Engine {
         let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
             workflow: workflow.to_owned(),
             reason: e.to_string(),
+            field: None,
         })?;
         wf.check_input(&value)?;
         let json = value.to_string();

@@ -68,8 +68,10 @@ pub enum Error {
     InvalidInput {
         /// Workflow name.
         workflow: String,
-        /// What serde said.
+        /// What is wrong (what the schema check or serde said).
         reason: String,
+        /// Where, when the input's JSON Schema found it (a JSON Pointer into the input).
+        field: Option<crate::definition::FieldError>,
     },
 
     /// A run input exceeds the configured limit. (An oversized step *output* is a terminal

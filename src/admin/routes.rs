@@ -42,6 +42,8 @@ pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Where an input is wrong: `[{"pointer", "message"}]`, JSON Pointers into the input.
+    fields: Option<Value>,
 }
 
 impl ApiError {
@@ -50,6 +52,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            fields: None,
         }
     }
 
@@ -72,7 +75,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        let mut body = json!({ "error": { "code": self.code, "message": self.message } });
+        if let Some(fields) = self.fields {
+            body["error"]["fields"] = fields;
+        }
         (self.status, Json(body)).into_response()
     }
 }
@@ -86,7 +92,11 @@ impl From<Error> for ApiError {
             }
             Error::RunNotFound(_) => Self::new(S::NOT_FOUND, "run_not_found", e.to_string()),
             Error::InvalidQuery(_) => Self::new(S::BAD_REQUEST, "invalid_query", e.to_string()),
-            Error::InvalidInput { .. } => Self::new(S::BAD_REQUEST, "invalid_input", e.to_string()),
+            Error::InvalidInput { field, .. } => {
+                let mut err = Self::new(S::BAD_REQUEST, "invalid_input", e.to_string());
+                err.fields = field.as_ref().map(|f| json!([f]));
+                err
+            }
             Error::PayloadTooLarge { .. } => {
                 Self::new(S::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
             }

@@ -25,6 +25,7 @@ pub use policy::{
     StepSettings,
 };
 pub use registry::Registry;
+pub use schema::FieldError;
 pub use step::{StepAction, StepContext};
 
 use crate::Error;
@@ -206,15 +207,24 @@ impl Workflow {
             .map(|&d| self.steps[d].name.as_str())
     }
 
-    /// Checks that `input` deserialises into the declared input type.
+    /// Checks `input` against the input's JSON Schema, which says where it is wrong (a JSON
+    /// Pointer), then that it deserialises into the declared input type.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`].
+    /// [`Error::InvalidInput`], with the [`FieldError`] when the schema found it.
     pub fn check_input(&self, input: &serde_json::Value) -> Result<(), Error> {
+        if let Some(schema) = &self.input_schema {
+            schema::check(schema, input).map_err(|f| Error::InvalidInput {
+                workflow: self.name.clone(),
+                reason: f.to_string(),
+                field: Some(f),
+            })?;
+        }
         match &self.input_check {
             Some(check) => check(input).map_err(|reason| Error::InvalidInput {
                 workflow: self.name.clone(),
                 reason,
+                field: None,
             }),
             None => Ok(()),
         }

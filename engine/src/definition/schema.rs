@@ -1,5 +1,12 @@
-//! Checking an input against a published JSON Schema, for engines that start runs of a
-//! workflow without its code (see [`Workflow::from_description`](super::Workflow::from_description)).
+//! Checking an input against a workflow's JSON Schema: every start of a workflow that declares
+//! its input type (the schema tells *where* an input is wrong, as a JSON Pointer), and the
+//! only check of engines that start runs of a workflow without its code (see
+//! [`Workflow::from_description`](super::Workflow::from_description)).
+//!
+//! Written here rather than taken from a JSON Schema crate on purpose: the schema stands for a
+//! Rust type that serde reads, and it must refuse what that type refuses. JSON Schema counts
+//! `2.0` as an integer; a Rust integer field does not, so a validator that follows the
+//! specification would accept inputs the workers then cannot read.
 //!
 //! The keywords that input types deriving `schemars::JsonSchema` produce are checked: `type`,
 //! `enum`, `const`, `properties`, `required`, `additionalProperties`, `items`, `prefixItems`,
@@ -13,9 +20,43 @@ use serde_json::Value;
 /// How deep references may nest before a schema counts as cyclic.
 const MAX_DEPTH: usize = 64;
 
+/// What is wrong with an input, and where: the first place, found in document order, that
+/// does not match the input's JSON Schema.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct FieldError {
+    /// A JSON Pointer (RFC 6901) to the offending value in the input: `""` for the input as a
+    /// whole, `/lines/0/sku` for a field of the first line.
+    pub pointer: String,
+    /// What is wrong there.
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.pointer.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "at {}: {}", self.pointer, self.message)
+        }
+    }
+}
+
+/// A [`FieldError`] at a pointer, its message formatted.
+macro_rules! bad {
+    ($at:expr, $($fmt:tt)+) => {
+        FieldError { pointer: ($at).to_owned(), message: format!($($fmt)+) }
+    };
+}
+
+/// A name as one token of a JSON Pointer (`~` and `/` escaped).
+fn pointer_token(name: &str) -> String {
+    name.replace('~', "~0").replace('/', "~1")
+}
+
 /// Checks `value` against `schema`; the error names the first place that does not match.
-pub(crate) fn check(schema: &Value, value: &Value) -> Result<(), String> {
-    Checker { root: schema }.check(schema, value, "input", 0)
+pub(crate) fn check(schema: &Value, value: &Value) -> Result<(), FieldError> {
+    Checker { root: schema }.check(schema, value, "", 0)
 }
 
 struct Checker<'a> {
@@ -52,29 +93,37 @@ impl<'a> Checker<'a> {
             .ok_or_else(|| format!("the input schema refers to `{reference}`, which it lacks"))
     }
 
-    fn check(&self, schema: &'a Value, v: &Value, at: &str, depth: usize) -> Result<(), String> {
+    fn check(
+        &self,
+        schema: &'a Value,
+        v: &Value,
+        at: &str,
+        depth: usize,
+    ) -> Result<(), FieldError> {
         if depth > MAX_DEPTH {
-            return Err("the input schema nests too deep".into());
+            return Err(bad!(at, "the input schema nests too deep"));
         }
         let s = match schema {
             Value::Bool(true) => return Ok(()),
-            Value::Bool(false) => return Err(format!("{at}: no value is allowed here")),
+            Value::Bool(false) => return Err(bad!(at, "no value is allowed here")),
             Value::Object(s) => s,
             _ => return Ok(()),
         };
         if let Some(Value::String(r)) = s.get("$ref") {
-            self.check(self.resolve(r)?, v, at, depth + 1)?;
+            let target = self.resolve(r).map_err(|m| bad!(at, "{m}"))?;
+            self.check(target, v, at, depth + 1)?;
         }
         match s.get("type") {
             Some(Value::String(t)) if !has_type(v, t) => {
-                return Err(format!("{at}: expected {t}, found {}", kind(v)));
+                return Err(bad!(at, "expected {t}, found {}", kind(v)));
             }
             Some(Value::Array(ts))
                 if !ts.iter().filter_map(Value::as_str).any(|t| has_type(v, t)) =>
             {
                 let names: Vec<_> = ts.iter().filter_map(Value::as_str).collect();
-                return Err(format!(
-                    "{at}: expected {}, found {}",
+                return Err(bad!(
+                    at,
+                    "expected {}, found {}",
                     names.join(" or "),
                     kind(v)
                 ));
@@ -84,15 +133,16 @@ impl<'a> Checker<'a> {
         if let Some(Value::Array(allowed)) = s.get("enum")
             && !allowed.contains(v)
         {
-            return Err(format!(
-                "{at}: {v} is not one of {}",
+            return Err(bad!(
+                at,
+                "{v} is not one of {}",
                 Value::Array(allowed.clone())
             ));
         }
         if let Some(c) = s.get("const")
             && c != v
         {
-            return Err(format!("{at}: expected {c}"));
+            return Err(bad!(at, "expected {c}"));
         }
         for (key, any) in [("anyOf", true), ("oneOf", true), ("allOf", false)] {
             let Some(Value::Array(subs)) = s.get(key) else {
@@ -112,13 +162,13 @@ impl<'a> Checker<'a> {
                 }
             }
             if any && matched == 0 && !subs.is_empty() {
-                return Err(first_err.unwrap_or_else(|| format!("{at}: matches no alternative")));
+                return Err(first_err.unwrap_or_else(|| bad!(at, "matches no alternative")));
             }
         }
         if let Some(not) = s.get("not")
             && self.check(not, v, at, depth + 1).is_ok()
         {
-            return Err(format!("{at}: this value is not allowed"));
+            return Err(bad!(at, "this value is not allowed"));
         }
         self.bounds(s, v, at)?;
         match v {
@@ -126,18 +176,18 @@ impl<'a> Checker<'a> {
                 if let Some(Value::Array(required)) = s.get("required") {
                     for name in required.iter().filter_map(Value::as_str) {
                         if !fields.contains_key(name) {
-                            return Err(format!("{at}: missing field `{name}`"));
+                            return Err(bad!(at, "missing field `{name}`"));
                         }
                     }
                 }
                 let props = s.get("properties").and_then(Value::as_object);
                 for (name, field) in fields {
-                    let here = format!("{at}.{name}");
+                    let here = format!("{at}/{}", pointer_token(name));
                     match props.and_then(|p| p.get(name)) {
                         Some(sub) => self.check(sub, field, &here, depth + 1)?,
                         None => match s.get("additionalProperties") {
                             Some(Value::Bool(false)) => {
-                                return Err(format!("{at}: unknown field `{name}`"));
+                                return Err(bad!(at, "unknown field `{name}`"));
                             }
                             Some(extra @ Value::Object(_)) => {
                                 self.check(extra, field, &here, depth + 1)?;
@@ -152,12 +202,12 @@ impl<'a> Checker<'a> {
                 let skip = prefix.map_or(0, Vec::len);
                 if let Some(prefix) = prefix {
                     for (i, (sub, item)) in prefix.iter().zip(items).enumerate() {
-                        self.check(sub, item, &format!("{at}[{i}]"), depth + 1)?;
+                        self.check(sub, item, &format!("{at}/{i}"), depth + 1)?;
                     }
                 }
                 if let Some(sub) = s.get("items") {
                     for (i, item) in items.iter().enumerate().skip(skip) {
-                        self.check(sub, item, &format!("{at}[{i}]"), depth + 1)?;
+                        self.check(sub, item, &format!("{at}/{i}"), depth + 1)?;
                     }
                 }
             }
@@ -171,29 +221,29 @@ impl<'a> Checker<'a> {
         s: &serde_json::Map<String, Value>,
         v: &Value,
         at: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), FieldError> {
         let num = |k: &str| s.get(k).and_then(Value::as_f64);
         let count = |k: &str| s.get(k).and_then(Value::as_u64);
         if let Some(x) = v.as_f64() {
             if let Some(min) = num("minimum")
                 && x < min
             {
-                return Err(format!("{at}: {v} is below the minimum {min}"));
+                return Err(bad!(at, "{v} is below the minimum {min}"));
             }
             if let Some(max) = num("maximum")
                 && x > max
             {
-                return Err(format!("{at}: {v} is above the maximum {max}"));
+                return Err(bad!(at, "{v} is above the maximum {max}"));
             }
             if let Some(min) = num("exclusiveMinimum")
                 && x <= min
             {
-                return Err(format!("{at}: {v} must be above {min}"));
+                return Err(bad!(at, "{v} must be above {min}"));
             }
             if let Some(max) = num("exclusiveMaximum")
                 && x >= max
             {
-                return Err(format!("{at}: {v} must be below {max}"));
+                return Err(bad!(at, "{v} must be below {max}"));
             }
         }
         let len = match v {
@@ -205,12 +255,12 @@ impl<'a> Checker<'a> {
             if let Some(min) = count(min_key)
                 && n < min
             {
-                return Err(format!("{at}: shorter than {min}"));
+                return Err(bad!(at, "shorter than {min}"));
             }
             if let Some(max) = count(max_key)
                 && n > max
             {
-                return Err(format!("{at}: longer than {max}"));
+                return Err(bad!(at, "longer than {max}"));
             }
         }
         Ok(())
@@ -254,6 +304,12 @@ mod tests {
         let schema = schemars::schema_for!(Order).to_value();
         let ok = json!({"order_id": "o-1", "qty": 2, "note": null, "lines": [{"sku": "A"}], "channel": "web"});
         assert_eq!(check(&schema, &ok), Ok(()));
+        let e = check(
+            &schema,
+            &json!({"order_id": "o", "qty": 1, "lines": [{"sku": 5}], "channel": "web"}),
+        )
+        .expect_err("refused");
+        assert_eq!(e.pointer, "/lines/0/sku");
         for (bad, says) in [
             (
                 json!({"qty": 2, "lines": [], "channel": "web"}),
@@ -261,7 +317,7 @@ mod tests {
             ),
             (
                 json!({"order_id": 1, "qty": 2, "lines": [], "channel": "web"}),
-                "input.order_id: expected string",
+                "at /order_id: expected string",
             ),
             (
                 json!({"order_id": "o", "qty": -1, "lines": [], "channel": "web"}),
@@ -277,11 +333,11 @@ mod tests {
             ),
             (
                 json!({"order_id": "o", "qty": 1, "lines": [{}], "channel": "web"}),
-                "input.lines[0]: missing field `sku`",
+                "at /lines/0: missing field `sku`",
             ),
             (
                 json!({"order_id": "o", "qty": 1, "lines": [], "channel": "fax"}),
-                "input.channel",
+                "at /channel",
             ),
             (
                 json!({"order_id": "o", "qty": 1, "lines": [], "channel": "web", "x": 1}),
@@ -289,7 +345,7 @@ mod tests {
             ),
             (json!("o-1"), "expected object"),
         ] {
-            let e = check(&schema, &bad).expect_err("refused");
+            let e = check(&schema, &bad).expect_err("refused").to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
     }

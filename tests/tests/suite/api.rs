@@ -196,6 +196,30 @@ async fn a_service_starts_a_run_with_one_call_and_reads_it_back() {
             "[{b}]"
         );
 
+        // An input the schema refuses says where, as a JSON Pointer.
+        let (status, body) = answer(start(
+            json!({ "input": { "order_id": 17 } }).to_string().into(),
+            "order",
+            "application/json",
+        ))
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "[{b}] {body}");
+        assert_eq!(
+            body["error"]["fields"],
+            json!([{ "pointer": "/order_id", "message": "expected string, found number" }]),
+            "[{b}] {body}"
+        );
+        let (_, body) = answer(start(
+            json!({ "input": {} }).to_string().into(),
+            "order",
+            "application/json",
+        ))
+        .await;
+        assert_eq!(
+            body["error"]["fields"][0]["message"], "missing field `order_id`",
+            "[{b}] {body}"
+        );
+
         // Refused before anything is stored.
         let cases: [(reqwest::Body, &str, &str, StatusCode, &str); 5] = [
             (

@@ -42,11 +42,15 @@ async fn bad_submissions_get_typed_errors_and_write_nothing() {
             "{err}"
         );
         let err = engine
-            .start("typed", &serde_json::json!({ "order_id": 5 }))
+            .start("typed", &serde_json::json!({ "order_id": 5, "qty": 1 }))
             .await
             .expect_err("bad input");
-        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
-        assert!(err.to_string().contains("invalid type"), "{err}");
+        // The input's schema says where: a JSON Pointer into the input.
+        assert!(
+            matches!(&err, Error::InvalidInput { field: Some(f), .. } if f.pointer == "/order_id"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("expected string"), "{err}");
         let big = serde_json::json!({ "order_id": "x".repeat(2000), "qty": 1 });
         let err = engine.start("typed", &big).await.expect_err("too large");
         assert!(
