@@ -103,9 +103,27 @@ pub fn retry_step(run: &RunRow, steps: &[StepRow], step: &str) -> Result<PlanWri
 /// # Errors
 /// [`Error::ActionNotAllowed`] for a finished run.
 pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
+    unwind(
+        "compensate",
+        run,
+        steps,
+        RunTrigger::OperatorCompensate,
+        "operator_compensate",
+    )
+}
+
+/// The writes of an operator's `compensate` or `cancel`: the run unwinds, and its failed
+/// compensations are due again.
+fn unwind(
+    name: &'static str,
+    run: &RunRow,
+    steps: &[StepRow],
+    on: RunTrigger,
+    event: &'static str,
+) -> Result<PlanWrite> {
     if run.state.is_final() {
         return Err(not_allowed(
-            "compensate",
+            name,
             run,
             format!("the run is already {}", run.state),
         ));
@@ -113,13 +131,7 @@ pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
     let w = writes(steps, Trigger::OperatorRetry, |s| {
         s.state == StepState::CompensationFailed
     });
-    action(
-        run,
-        RunTrigger::OperatorCompensate,
-        w,
-        "operator_compensate",
-        None,
-    )
+    action(run, on, w, event, None)
 }
 
 /// Cancels a run that is not finished: like [`compensate`], and the run's error envelope
@@ -130,17 +142,13 @@ pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
 /// # Errors
 /// [`Error::ActionNotAllowed`] for a finished run.
 pub fn cancel(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<PlanWrite> {
-    if run.state.is_final() {
-        return Err(not_allowed(
-            "cancel",
-            run,
-            format!("the run is already {}", run.state),
-        ));
-    }
-    let w = writes(steps, Trigger::OperatorRetry, |s| {
-        s.state == StepState::CompensationFailed
-    });
-    let mut plan = action(run, RunTrigger::OperatorCancel, w, "operator_cancel", None)?;
+    let mut plan = unwind(
+        "cancel",
+        run,
+        steps,
+        RunTrigger::OperatorCancel,
+        "operator_cancel",
+    )?;
     if run.error.is_none() {
         let message = match reason {
             Some(r) => format!("cancelled by an operator: {r}"),
