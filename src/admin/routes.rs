@@ -319,18 +319,77 @@ async fn run(State(s): State<AdminState>, Path(id): Path<String>) -> Result<Json
     })))
 }
 
-/// The actions `POST /api/v1/runs/{id}/actions/{action}` takes, and whether each names a step.
-pub(super) const ACTIONS: [(&str, bool); 6] = [
-    ("retry", true),
-    ("resume", false),
-    ("compensate", false),
-    ("cancel", false),
-    ("release", false),
-    ("mark_compensated", true),
-];
+/// The operator actions the API and the console take on a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    Retry,
+    Resume,
+    Compensate,
+    Cancel,
+    Release,
+    MarkCompensated,
+}
+
+impl Action {
+    /// Every action, in the order they are listed.
+    pub(super) const ALL: [Action; 6] = [
+        Self::Retry,
+        Self::Resume,
+        Self::Compensate,
+        Self::Cancel,
+        Self::Release,
+        Self::MarkCompensated,
+    ];
+
+    /// Its name in paths and forms.
+    pub(super) const fn name(self) -> &'static str {
+        match self {
+            Self::Retry => "retry",
+            Self::Resume => "resume",
+            Self::Compensate => "compensate",
+            Self::Cancel => "cancel",
+            Self::Release => "release",
+            Self::MarkCompensated => "mark_compensated",
+        }
+    }
+
+    /// The action named `name`.
+    pub(super) fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether it acts on one step, named with it.
+    pub(super) const fn needs_step(self) -> bool {
+        matches!(self, Self::Retry | Self::MarkCompensated)
+    }
+
+    /// Takes the action on run `id` (`step` for the actions that name one).
+    pub(super) async fn perform(
+        self,
+        op: &crate::Operator<'_>,
+        id: Uuid,
+        step: &str,
+    ) -> Result<RunState, Error> {
+        match self {
+            Self::Retry => op.retry_step(id, step).await,
+            Self::Resume => op.resume(id).await,
+            Self::Compensate => op.compensate(id).await,
+            Self::Cancel => op.cancel(id).await,
+            Self::Release => op.release(id).await,
+            Self::MarkCompensated => op.mark_compensated(id, step).await,
+        }
+    }
+}
 
 /// Longest reason an action records.
 pub(super) const REASON_MAX_CHARS: usize = 2_000;
+
+/// The reason of an action, trimmed, if it is one an action records: 1 to
+/// [`REASON_MAX_CHARS`] characters.
+pub(super) fn action_reason(reason: &str) -> Option<&str> {
+    let reason = reason.trim();
+    (!reason.is_empty() && reason.chars().count() <= REASON_MAX_CHARS).then_some(reason)
+}
 
 /// The body of an action.
 #[derive(Debug, Deserialize)]
@@ -352,8 +411,8 @@ async fn act(
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Operator)?;
     let id = run_id(&id)?;
-    let Some(&(action, needs_step)) = ACTIONS.iter().find(|(a, _)| *a == action) else {
-        let known: Vec<&str> = ACTIONS.iter().map(|(a, _)| *a).collect();
+    let Some(action) = Action::parse(&action) else {
+        let known: Vec<&str> = Action::ALL.iter().map(|a| a.name()).collect();
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_action",
@@ -361,8 +420,7 @@ async fn act(
         ));
     };
     let body: ActionBody = parse_body(body, r#"{"reason": "…", "step"?: "…"}"#)?;
-    let reason = body.reason.trim();
-    if reason.is_empty() || reason.chars().count() > REASON_MAX_CHARS {
+    let Some(reason) = action_reason(&body.reason) else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "reason_required",
@@ -370,14 +428,17 @@ async fn act(
                 "an action needs a reason of 1 to {REASON_MAX_CHARS} characters; it is recorded in the run's history"
             ),
         ));
-    }
-    let step = match (needs_step, body.step.as_deref()) {
+    };
+    let step = match (action.needs_step(), body.step.as_deref()) {
         (true, Some(step)) => step,
         (true, None) => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "step_required",
-                format!("`{action}` names the step it acts on: {{\"step\": \"…\"}}"),
+                format!(
+                    "`{}` names the step it acts on: {{\"step\": \"…\"}}",
+                    action.name()
+                ),
             ));
         }
         (false, _) => "",
@@ -386,26 +447,10 @@ async fn act(
         .engine
         .operator()
         .on_behalf_of(format!("api:{}", caller.name), reason);
-    let state = perform(&op, action, id, step).await?;
-    Ok(Json(json!({ "id": id, "action": action, "state": state })))
-}
-
-/// Takes one of the [`ACTIONS`] (already checked to be one) on a run; `step` for the actions
-/// that name one. The API and the console both act through here.
-pub(super) async fn perform(
-    op: &crate::Operator<'_>,
-    action: &str,
-    id: Uuid,
-    step: &str,
-) -> Result<RunState, Error> {
-    match action {
-        "retry" => op.retry_step(id, step).await,
-        "resume" => op.resume(id).await,
-        "compensate" => op.compensate(id).await,
-        "cancel" => op.cancel(id).await,
-        "release" => op.release(id).await,
-        _ => op.mark_compensated(id, step).await,
-    }
+    let state = action.perform(&op, id, step).await?;
+    Ok(Json(
+        json!({ "id": id, "action": action.name(), "state": state }),
+    ))
 }
 
 async fn alerts(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {

@@ -220,6 +220,16 @@ impl Workflow {
                 field: Some(f),
             })?;
         }
+        self.check_input_type(input)
+    }
+
+    /// Checks only that `input` deserialises into the declared input type: what a claim
+    /// checks of a stored input (accepted by [`Workflow::check_input`] once), without walking
+    /// the schema again on the hot path.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`].
+    pub fn check_input_type(&self, input: &serde_json::Value) -> Result<(), Error> {
         match &self.input_check {
             Some(check) => check(input).map_err(|reason| Error::InvalidInput {
                 workflow: self.name.clone(),

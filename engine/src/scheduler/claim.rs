@@ -179,7 +179,7 @@ fn request(
     {
         // The declared input type is checked again: a stored input edited (or written by
         // other code) since it was accepted is damage, not a business failure.
-        Some((raw, Ok(v))) => match wf.check_input(&v) {
+        Some((raw, Ok(v))) => match wf.check_input_type(&v) {
             Ok(()) => Arc::new(v),
             Err(e) => {
                 let reason = match e {

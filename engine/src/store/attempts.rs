@@ -145,13 +145,11 @@ impl StoreTx<'_> {
     /// ends that did not succeed): one statement per chunk, none for a batch of successes.
     async fn count_failed_attempts(&self, runs: &[Uuid]) -> Result<()> {
         const COLS: [(&str, &str); 2] = [("vid", "uuid"), ("n", "integer")];
-        let mut per_run: Vec<(Uuid, i32)> = Vec::new();
+        let mut per_run: std::collections::BTreeMap<Uuid, i32> = std::collections::BTreeMap::new();
         for &run in runs {
-            match per_run.iter_mut().find(|(id, _)| *id == run) {
-                Some((_, n)) => *n += 1,
-                None => per_run.push((run, 1)),
-            }
+            *per_run.entry(run).or_default() += 1;
         }
+        let per_run: Vec<(Uuid, i32)> = per_run.into_iter().collect();
         let s = self.store;
         for chunk in per_run.chunks(FINISH_CHUNK) {
             let rows = chunk

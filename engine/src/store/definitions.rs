@@ -133,12 +133,34 @@ impl Store {
         let rows = self
             .exec
             .query_all(self.stmt(
-                "SELECT workflow_key, name, version, description, published_by, published_at \
-                 FROM sagaflow_definitions ORDER BY name, version",
+                &format!(
+                    "SELECT {DEFINITION_COLS} FROM sagaflow_definitions ORDER BY name, version"
+                ),
                 vec![],
             ))
             .await?;
         rows.iter().map(decode).collect()
+    }
+
+    /// The published definition of `name@version`, if it is published.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn definition(
+        &self,
+        name: &str,
+        version: i32,
+    ) -> Result<Option<PublishedDefinition>> {
+        let row = self
+            .exec
+            .query_one(self.stmt(
+                &format!(
+                    "SELECT {DEFINITION_COLS} FROM sagaflow_definitions WHERE workflow_key = $1"
+                ),
+                vec![workflow_key(name, version).into()],
+            ))
+            .await?;
+        row.as_ref().map(decode).transpose()
     }
 
     /// The newest published version of the workflow `name`, if any is published.
@@ -149,14 +171,19 @@ impl Store {
         let row = self
             .exec
             .query_one(self.stmt(
-                "SELECT workflow_key, name, version, description, published_by, published_at \
-                 FROM sagaflow_definitions WHERE name = $1 ORDER BY version DESC LIMIT 1",
+                &format!(
+                    "SELECT {DEFINITION_COLS} FROM sagaflow_definitions WHERE name = $1 \
+                     ORDER BY version DESC LIMIT 1"
+                ),
                 vec![name.to_owned().into()],
             ))
             .await?;
         row.as_ref().map(decode).transpose()
     }
 }
+
+const DEFINITION_COLS: &str =
+    "workflow_key, name, version, description, published_by, published_at";
 
 fn decode(r: &Row) -> Result<PublishedDefinition> {
     let text: String = r.try_get("", "description")?;

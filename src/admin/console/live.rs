@@ -4,7 +4,7 @@
 //! alerts changed (woken by this instance's run events, and reading the run again every
 //! [`EVENTS_POLL`] for changes made by other instances). With `?page=…` (overview, runs,
 //! alerts) it sends one when the queue, the unfinished runs, recent throughput or the open
-//! alerts changed, read every [`EVENTS_POLL`]. Each stream ends when the engine shuts down.
+//! alerts changed, read every [`EVENTS_POLL`] (not on each run event). Each stream ends when the engine shuts down.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -87,7 +87,9 @@ async fn next_change(w: &mut Watch) -> Option<()> {
         loop {
             tokio::select! {
                 e = w.events.recv() => match e {
-                    Ok(e) if w.run.is_some_and(|id| id != e.run_id) => continue,
+                    // Pages without a run are read on the poll only: under load, run events
+                    // arrive by the thousand a second, and each would be a read per tab.
+                    Ok(e) if w.run != Some(e.run_id) => continue,
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => break,
                     Err(broadcast::error::RecvError::Closed) => return None,
                 },

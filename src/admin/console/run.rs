@@ -17,7 +17,7 @@ use super::session::Session;
 use super::view::{self, Page, Tab, badge, duration_ms, flash, time};
 use super::{Console, LiveSession, PageSession, check_post};
 use crate::admin::auth::Role;
-use crate::admin::routes::{ACTIONS, REASON_MAX_CHARS};
+use crate::admin::routes::{Action, REASON_MAX_CHARS, action_reason};
 use crate::{Engine, EntityState, Error, HistoryEvent, Run, RunState, Step, StepState};
 
 /// What a redirect after an action says.
@@ -34,10 +34,8 @@ pub(super) async fn page(
     Path(id): Path<String>,
     Query(notice): Query<Notice>,
 ) -> Response {
-    let message = ACTIONS
-        .iter()
-        .find(|(a, _)| *a == notice.done)
-        .map(|(a, _)| flash("ok", &format!("Done: {}.", a.replace('_', " "))));
+    let message = Action::parse(&notice.done)
+        .map(|a| flash("ok", &format!("Done: {}.", a.name().replace('_', " "))));
     render(&c.admin.engine, &s, &id, message, StatusCode::OK).await
 }
 
@@ -111,10 +109,10 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
     let alerts = engine.run_alerts(id).await?;
     let key = format!("{}@{}", run.workflow, run.version);
     let description = engine
-        .definitions()
+        .inner
+        .store
+        .definition(&run.workflow, run.version)
         .await?
-        .into_iter()
-        .find(|d| d.key == key)
         .and_then(|d| d.description.ok());
     let states = step_states(&steps, &history);
     let nodes: Vec<Node<'_>> = match &description {
@@ -370,32 +368,31 @@ pub(super) async fn act(
     let Ok(run_id) = id.parse::<Uuid>() else {
         return view::error_page(&s, StatusCode::NOT_FOUND, "A run id is a UUID.");
     };
-    let Some(&(action, needs_step)) = ACTIONS.iter().find(|(a, _)| *a == action) else {
+    let Some(action) = Action::parse(&action) else {
         return view::error_page(&s, StatusCode::NOT_FOUND, "No such action.");
     };
-    let reason = form.reason.trim();
     let step = form.step.trim();
     let refused = |status, msg: String| {
         let engine = engine.clone();
         let s = s.clone();
         async move { render(&engine, &s, &id, Some(flash("error", &msg)), status).await }
     };
-    if reason.is_empty() || reason.chars().count() > REASON_MAX_CHARS {
+    let Some(reason) = action_reason(&form.reason) else {
         return refused(
             StatusCode::BAD_REQUEST,
             format!("An action needs a reason of 1 to {REASON_MAX_CHARS} characters."),
         )
         .await;
-    }
-    if needs_step && step.is_empty() {
+    };
+    if action.needs_step() && step.is_empty() {
         return refused(StatusCode::BAD_REQUEST, "Name the step to act on.".into()).await;
     }
     let op = engine
         .operator()
         .on_behalf_of(format!("console:{}", s.name), reason);
-    let done = super::super::routes::perform(&op, action, run_id, step).await;
-    match done {
+    match action.perform(&op, run_id, step).await {
         Ok(state) => {
+            let action = action.name();
             tracing::info!(run_id = %run_id, action, by = %s.name, %state, "console action");
             Redirect::to(&format!("/console/runs/{run_id}?done={action}")).into_response()
         }
