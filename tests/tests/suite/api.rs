@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::fixtures::answer;
 use reqwest::StatusCode;
 use sagaflow::admin::{AdminConfig, AdminToken, Role};
 use sagaflow::{Engine, StepContext, StepError, Workflow};
@@ -88,13 +89,6 @@ async fn expect_refusal(r: reqwest::RequestBuilder, status: StatusCode, code: &s
         (status, Some(code)),
         "[{backend}] {body}"
     );
-}
-
-async fn answer(r: reqwest::RequestBuilder) -> (StatusCode, Value) {
-    let r = r.send().await.expect("request");
-    let status = r.status();
-    let body = r.json::<Value>().await.unwrap_or(Value::Null);
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -189,3 +189,14 @@ pub(crate) fn chain(
         .build()
         .expect("chain")
 }
+
+/// Sends an HTTP request; its status and its body as JSON (`null` when it is not JSON).
+pub(crate) async fn answer(r: reqwest::RequestBuilder) -> (reqwest::StatusCode, serde_json::Value) {
+    let r = r.send().await.expect("request");
+    let status = r.status();
+    let body = r
+        .json::<serde_json::Value>()
+        .await
+        .unwrap_or(serde_json::Value::Null);
+    (status, body)
+}

@@ -9,6 +9,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use crate::fixtures::answer;
 use reqwest::StatusCode;
 use sagaflow::admin::AdminConfig;
 use sagaflow::{
@@ -241,13 +242,6 @@ fn token_file(dir: &std::path::Path) -> std::path::PathBuf {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     }
     file
-}
-
-async fn answer(r: reqwest::RequestBuilder) -> (StatusCode, Value) {
-    let r = r.send().await.expect("request");
-    let status = r.status();
-    let body = r.json::<Value>().await.unwrap_or(Value::Null);
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
