@@ -68,9 +68,9 @@ pub use sagaflow_engine::store::{
 };
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error, FieldError,
-    HistoryEvent, HistoryKind, KeyPolicy, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent,
-    RunState, Step, StepAction, StepContext, StepDescription, StepError, StepKind, StepState,
-    Timestamp, TracingSink, Workflow, WorkflowBuilder, WorkflowDescription,
+    HistoryEvent, HistoryKind, KeyPolicy, OnFailure, Outcome, Result, RetryPolicy, Run, RunCounts,
+    RunEvent, RunState, Step, StepAction, StepContext, StepDescription, StepError, StepKind,
+    StepState, Timestamp, TracingSink, Workflow, WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::SupervisorStats;
 pub use start::{OnDuplicate, StartOptions, Started};
@@ -104,7 +104,7 @@ pub use uuid::{self, Uuid};
 /// The names most applications need.
 pub mod prelude {
     pub use crate::{
-        DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, RetryPolicy, RunState, StartOptions,
-        StepContext, StepError, StepState, Uuid, Workflow,
+        DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, OnFailure, RetryPolicy, RunState,
+        StartOptions, StepContext, StepError, StepState, Uuid, Workflow,
     };
 }

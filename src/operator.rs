@@ -62,7 +62,22 @@ impl Operator<'_> {
         Ok(self.after(a))
     }
 
-    /// Resumes a run in `Error`, retrying the failed steps of the phase it stopped in.
+    /// Pauses a pending, running or compensating run: it claims no new step until
+    /// [`resume`](Self::resume)d (or compensated, or cancelled). Attempts already in flight
+    /// finish and their results are recorded; steps that become due meanwhile wait. The run's
+    /// error envelope says `paused` with the reason.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`] for a run in any other state, [`Error::RunNotFound`],
+    /// [`Error::Db`].
+    pub async fn pause(&self, run_id: Uuid) -> Result<RunState> {
+        let a = operator::pause(&self.engine.inner.store, run_id, &self.audit).await?;
+        Ok(self.after(a))
+    }
+
+    /// Resumes a run in `Error` or `Paused`, retrying the failed steps of the phase it
+    /// stopped in; a paused run's waiting steps are due again and the error it held before
+    /// the pause is put back.
     ///
     /// # Errors
     /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].

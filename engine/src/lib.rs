@@ -18,9 +18,9 @@ pub mod store;
 pub mod transition;
 
 pub use definition::{
-    DeadlinePolicy, FieldError, KeyPolicy, Registry, RetryPolicy, StepAction, StepContext,
-    StepDescription, StepKind, StepSettings, Workflow, WorkflowBuilder, WorkflowDescription,
-    workflow_key,
+    DeadlinePolicy, FieldError, KeyPolicy, OnFailure, Registry, RetryPolicy, StepAction,
+    StepContext, StepDescription, StepKind, StepSettings, Workflow, WorkflowBuilder,
+    WorkflowDescription, workflow_key,
 };
 pub use error::{Error, Result};
 pub use model::{

@@ -118,12 +118,27 @@ pub async fn cancel(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalAp
     .await
 }
 
-/// Resumes a run in `Error` where it stopped: retries every failed step of the phase it was
-/// in (forward steps, or compensations).
+/// Pauses a pending, running or compensating run: it claims no new step until resumed;
+/// attempts in flight finish and are recorded.
 ///
 /// # Errors
-/// [`Error::ActionNotAllowed`] unless the run is in `Error`; [`Error::RunNotFound`];
+/// [`Error::ActionNotAllowed`] for a run in any other state; [`Error::RunNotFound`];
 /// [`Error::Db`].
+pub async fn pause(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalApplied> {
+    let reason = audit.reason.clone();
+    act(store, run_id, audit, |run, steps| {
+        crate::transition::pause::pause(run, steps, reason.as_deref())
+    })
+    .await
+}
+
+/// Resumes a run in `Error` or `Paused` where it stopped: retries every failed step of the
+/// phase it was in (forward steps, or compensations); a paused run's parked steps are due
+/// again.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is in `Error` or `Paused`;
+/// [`Error::RunNotFound`]; [`Error::Db`].
 pub async fn resume(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalApplied> {
     act(store, run_id, audit, decide::resume).await
 }

@@ -130,17 +130,24 @@ pub enum RunState {
     /// Needs an operator: an alert was raised. Moved by operator actions (retry a step,
     /// compensate, resume).
     Error,
+    /// Claims no new steps: paused by an operator, or parked by its workflow's
+    /// [`OnFailure::Pause`](crate::definition::OnFailure::Pause) policy where it would have
+    /// started compensating (an alert says so). Attempts already in flight finish and are
+    /// recorded; steps due meanwhile wait. Moved by an operator: resume (back to the phase it
+    /// was in, retrying that phase's failed steps), compensate or cancel.
+    Paused,
 }
 
 impl RunState {
     /// Every state.
-    pub const ALL: [RunState; 6] = [
+    pub const ALL: [RunState; 7] = [
         Self::Pending,
         Self::Running,
         Self::Compensating,
         Self::Completed,
         Self::Compensated,
         Self::Error,
+        Self::Paused,
     ];
 
     /// The stored spelling.
@@ -150,7 +157,10 @@ impl RunState {
 
     /// Whether the run will not move again without an operator.
     pub const fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Compensated | Self::Error)
+        matches!(
+            self,
+            Self::Completed | Self::Compensated | Self::Error | Self::Paused
+        )
     }
 
     /// Whether the run is finished for good (an `Error` run can still be retried).
@@ -197,7 +207,8 @@ mod tests {
                 "compensating",
                 "completed",
                 "compensated",
-                "error"
+                "error",
+                "paused"
             ]
         );
         assert!("bogus".parse::<StepState>().is_err());

@@ -326,17 +326,19 @@ pub(super) enum Action {
     Resume,
     Compensate,
     Cancel,
+    Pause,
     Release,
     MarkCompensated,
 }
 
 impl Action {
     /// Every action, in the order they are listed.
-    pub(super) const ALL: [Action; 6] = [
+    pub(super) const ALL: [Action; 7] = [
         Self::Retry,
         Self::Resume,
         Self::Compensate,
         Self::Cancel,
+        Self::Pause,
         Self::Release,
         Self::MarkCompensated,
     ];
@@ -348,6 +350,7 @@ impl Action {
             Self::Resume => "resume",
             Self::Compensate => "compensate",
             Self::Cancel => "cancel",
+            Self::Pause => "pause",
             Self::Release => "release",
             Self::MarkCompensated => "mark_compensated",
         }
@@ -375,6 +378,7 @@ impl Action {
             Self::Resume => op.resume(id).await,
             Self::Compensate => op.compensate(id).await,
             Self::Cancel => op.cancel(id).await,
+            Self::Pause => op.pause(id).await,
             Self::Release => op.release(id).await,
             Self::MarkCompensated => op.mark_compensated(id, step).await,
         }

@@ -12,8 +12,8 @@ use serde::de::DeserializeOwned;
 
 use super::step::FnAction;
 use super::{
-    DeadlinePolicy, InputCheck, KeyPolicy, RetryPolicy, StepAction, StepContext, StepDef, StepKind,
-    StepSettings, Workflow, validate,
+    DeadlinePolicy, InputCheck, KeyPolicy, OnFailure, RetryPolicy, StepAction, StepContext,
+    StepDef, StepKind, StepSettings, Workflow, validate,
 };
 use crate::{Error, StepError};
 
@@ -39,6 +39,7 @@ pub struct WorkflowBuilder {
     input_check: Option<InputCheck>,
     input_schema: Option<Arc<serde_json::Value>>,
     key_policy: KeyPolicy,
+    on_failure: OnFailure,
 }
 
 impl fmt::Debug for WorkflowBuilder {
@@ -61,6 +62,7 @@ impl WorkflowBuilder {
             input_check: None,
             input_schema: None,
             key_policy: KeyPolicy::default(),
+            on_failure: OnFailure::default(),
         }
     }
 
@@ -79,6 +81,13 @@ impl WorkflowBuilder {
     /// How long a run's business key stays taken (default: [`KeyPolicy::WhileRetained`]).
     pub fn business_keys(mut self, policy: KeyPolicy) -> Self {
         self.key_policy = policy;
+        self
+    }
+
+    /// What a run does when a step fails for good before the point of no return (default:
+    /// [`OnFailure::Compensate`]; [`OnFailure::Pause`] parks it for an operator instead).
+    pub fn on_failure(mut self, policy: OnFailure) -> Self {
+        self.on_failure = policy;
         self
     }
 
@@ -316,6 +325,7 @@ impl WorkflowBuilder {
             input_check: self.input_check,
             input_schema: self.input_schema,
             key_policy: self.key_policy,
+            on_failure: self.on_failure,
             without_code: false,
         })
     }

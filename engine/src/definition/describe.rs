@@ -14,7 +14,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::policy::millis;
-use super::{DeadlinePolicy, KeyPolicy, RetryPolicy, StepAction, StepContext, StepKind, Workflow};
+use super::{
+    DeadlinePolicy, KeyPolicy, OnFailure, RetryPolicy, StepAction, StepContext, StepKind, Workflow,
+};
 use crate::{Error, StepError};
 
 /// A workflow as published: its graph and policies.
@@ -27,11 +29,24 @@ pub struct WorkflowDescription {
     /// How long a run's business key stays taken: `while_active`, `while_retained` or
     /// `allow_after_failure`.
     pub business_keys: String,
+    /// What a run does when a step fails for good before the point of no return:
+    /// `compensate` or `pause`. Left out of the published text when it is `compensate`, so
+    /// definitions published before the policy existed read the same.
+    #[serde(default = "compensate", skip_serializing_if = "is_compensate")]
+    pub on_failure: String,
     /// The steps, in declaration order.
     pub steps: Vec<StepDescription>,
     /// JSON Schema (draft 2020-12) of the input, when the workflow declares an input type
     /// with [`WorkflowBuilder::input`](super::WorkflowBuilder::input).
     pub input_schema: Option<serde_json::Value>,
+}
+
+fn compensate() -> String {
+    OnFailure::Compensate.as_str().to_owned()
+}
+
+fn is_compensate(s: &str) -> bool {
+    s == OnFailure::Compensate.as_str()
 }
 
 /// One step of a [`WorkflowDescription`].
@@ -122,7 +137,14 @@ impl Workflow {
             "allow_after_failure" => KeyPolicy::AllowAfterFailure,
             other => return Err(invalid(format!("unknown business-key policy `{other}`"))),
         };
-        let mut b = Workflow::builder(d.name.clone(), d.version).business_keys(key_policy);
+        let on_failure = match d.on_failure.as_str() {
+            "compensate" => OnFailure::Compensate,
+            "pause" => OnFailure::Pause,
+            other => return Err(invalid(format!("unknown failure policy `{other}`"))),
+        };
+        let mut b = Workflow::builder(d.name.clone(), d.version)
+            .business_keys(key_policy)
+            .on_failure(on_failure);
         for s in &d.steps {
             b = b.step_with(s.name.clone(), WithoutCode);
             if !s.after.is_empty() {
@@ -196,6 +218,7 @@ impl Workflow {
             name: self.name.clone(),
             version: self.version,
             business_keys: self.key_policy.as_str().to_owned(),
+            on_failure: self.on_failure.as_str().to_owned(),
             steps,
             input_schema: self.input_schema.as_deref().cloned(),
         }

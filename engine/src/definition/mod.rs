@@ -69,6 +69,29 @@ impl KeyPolicy {
     }
 }
 
+/// What a run does when a step fails for good before the point of no return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    /// Undo what was done, in reverse order (the saga's answer). The default.
+    #[default]
+    Compensate,
+    /// Park the run in [`RunState::Paused`](crate::RunState::Paused) with a `run_paused`
+    /// alert instead, so that an operator chooses: fix the cause and resume (the failed steps
+    /// are retried), or compensate. For sagas whose compensation is costly or visible to
+    /// customers (a refund, a cancelled shipment), where a failure is often fixable.
+    Pause,
+}
+
+impl OnFailure {
+    /// The published spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Compensate => "compensate",
+            Self::Pause => "pause",
+        }
+    }
+}
+
 type InputCheck = Arc<dyn Fn(&serde_json::Value) -> Result<(), String> + Send + Sync>;
 
 /// One step of a built workflow.
@@ -136,6 +159,7 @@ pub struct Workflow {
     pub(crate) input_check: Option<InputCheck>,
     pub(crate) input_schema: Option<Arc<serde_json::Value>>,
     pub(crate) key_policy: KeyPolicy,
+    pub(crate) on_failure: OnFailure,
     /// Rebuilt from a published description: its steps have no code (see
     /// [`Workflow::from_description`]).
     pub(crate) without_code: bool,
@@ -186,6 +210,10 @@ impl Workflow {
     /// How long a run's business key stays taken.
     pub fn key_policy(&self) -> KeyPolicy {
         self.key_policy
+    }
+    /// What a run does when a step fails for good before the point of no return.
+    pub fn on_failure(&self) -> OnFailure {
+        self.on_failure
     }
     /// Its steps, in declaration order.
     pub fn steps(&self) -> &[StepDef] {

@@ -17,6 +17,9 @@ pub enum AlertKind {
     /// A run stopped in `Error`: a compensation failed, a step failed after the pivot, a
     /// retriable step failed for good, or the pivot may have taken effect.
     RunError,
+    /// A step failed and the run's workflow pauses instead of compensating: the run waits
+    /// in `Paused` for an operator to resume or compensate it.
+    RunPaused,
     /// A step was interrupted more often than its cap allows (it may crash its process).
     PoisonStep,
     /// Runs of a workflow version no engine instance registers are waiting.

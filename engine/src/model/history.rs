@@ -37,7 +37,9 @@ pub enum HistoryKind {
     OperatorCompensate,
     /// An operator cancelled the run.
     OperatorCancel,
-    /// An operator resumed a run in `Error`.
+    /// An operator paused the run.
+    OperatorPause,
+    /// An operator resumed a run in `Error` or `Paused`.
     OperatorResume,
     /// An operator marked a step compensated by hand.
     OperatorMarkCompensated,

@@ -41,6 +41,9 @@ pub struct PlanWrite {
     pub run_output: Option<String>,
     /// Run error JSON (when compensating or failing).
     pub run_error: Option<String>,
+    /// Clear the run's error (when `run_error` is `None`): a resumed run that held none
+    /// before it was paused.
+    pub clear_error: bool,
     /// Alert to raise in the same transaction.
     pub alert: Option<NewAlert>,
     /// Resolve the run's open alerts (operator actions).
@@ -133,7 +136,7 @@ impl StoreTx<'_> {
 
         // 2. Per run: what moved, the run's new state, history.
         let mut out = Vec::with_capacity(plans.len());
-        let mut same_state: BTreeMap<(RunState, bool), Vec<Uuid>> = BTreeMap::new();
+        let mut same_state: BTreeMap<(RunState, bool, bool), Vec<Uuid>> = BTreeMap::new();
         let mut finished: Vec<Uuid> = Vec::new();
         let mut stale_runs: Vec<Uuid> = Vec::new();
         let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
@@ -171,8 +174,11 @@ impl StoreTx<'_> {
                     error: write.run_error.clone(),
                     release_key,
                 });
-            } else if state != before.state {
-                same_state.entry((state, release_key)).or_default().push(id);
+            } else if state != before.state || write.clear_error {
+                same_state
+                    .entry((state, release_key, write.clear_error))
+                    .or_default()
+                    .push(id);
             }
             if state.is_final() && state != before.state {
                 finished.push(id);
@@ -215,11 +221,11 @@ impl StoreTx<'_> {
             s.alert_resolve_run(&self.txn, id).await?;
         }
         self.runs_set_payload(&with_payload).await?;
-        for ((state, release_key), ids) in &same_state {
+        for ((state, release_key, clear_error), ids) in &same_state {
             for chunk in ids.chunks(CHUNK) {
                 let (cond, ids) = s.in_list("id", 2, chunk)?;
                 let sql = format!(
-                    "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{}{} WHERE {cond}",
+                    "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{}{}{} WHERE {cond}",
                     if state.is_final() {
                         ", finished_at = {now}"
                     } else {
@@ -230,6 +236,7 @@ impl StoreTx<'_> {
                     } else {
                         ""
                     },
+                    if *clear_error { ", error = NULL" } else { "" },
                 );
                 let mut values: Vec<Value> = vec![state.as_str().into()];
                 values.extend(ids);

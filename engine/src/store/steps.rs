@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::attempts::{RescueCounts, StepFinish};
 use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
-use super::tx::mark_dirty;
+use super::tx::{CHUNK, mark_dirty};
 use super::{Backend, Store, placeholders};
 use crate::transition::{Trigger, step_rule};
 use crate::{Result, StepState};
@@ -293,6 +293,18 @@ impl Store {
         runs.dedup();
         mark_dirty(self, &tx.txn, &runs).await?;
         let applied = tx.write_attempts(items, fence).await?;
+        // A paused run claims no new step: what this re-queued for one waits parked (its
+        // evaluation, marked above, would park it too, but a claim could come first).
+        for chunk in runs.chunks(CHUNK) {
+            let (cond, values) = self.in_list("id", 1, chunk)?;
+            let sql = format!(
+                "UPDATE sagaflow_steps SET available_at = NULL \
+                 WHERE state IN ('ready', 'compensation_ready') AND available_at IS NOT NULL \
+                   AND run_id IN (SELECT id FROM sagaflow_runs WHERE {cond} AND state = '{paused}')",
+                paused = crate::RunState::Paused,
+            );
+            tx.txn.execute(self.stmt(&sql, values)).await?;
+        }
         let mut counts = RescueCounts::default();
         for (it, ok) in items.iter().zip(&applied) {
             match (ok, it.change.to, it.change.on) {

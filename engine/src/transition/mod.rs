@@ -18,6 +18,7 @@ use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
 
 mod doc;
 pub mod operator;
+pub mod pause;
 mod run;
 mod run_rules;
 mod step;
@@ -30,7 +31,9 @@ mod tests;
 
 pub use doc::{run_table, step_table};
 pub use run::plan;
-pub use run_rules::{OPERATOR_ACTIONS, RUN_RULES, RunRule, RunTrigger, run_rule, set_aside_rule};
+pub use run_rules::{
+    OPERATOR_ACTIONS, PAUSED_ACTIONS, RUN_RULES, RunRule, RunTrigger, run_rule, set_aside_rule,
+};
 pub use step::{
     Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_failure,
     on_interruption, on_timeout, step_rule,

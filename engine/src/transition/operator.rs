@@ -1,13 +1,14 @@
 //! Operator actions as transitions (SAS-7: "the operator can fix the cause and retry the step
 //! by hand"): each checks its preconditions on the locked run and returns the writes.
 
+use super::pause::{self, PausedRun};
 use super::run::{move_run, step_write};
 use super::run_rules::RunTrigger;
 use super::step::Trigger;
 use crate::store::{PlanWrite, RunRow, StepRow, StepWrite};
 use crate::{Error, Result, RunState, StepState};
 
-fn not_allowed(action: &'static str, run: &RunRow, reason: impl Into<String>) -> Error {
+pub(super) fn not_allowed(action: &'static str, run: &RunRow, reason: impl Into<String>) -> Error {
     Error::ActionNotAllowed {
         action,
         run_id: run.id,
@@ -128,10 +129,24 @@ fn unwind(
             format!("the run is already {}", run.state),
         ));
     }
-    let w = writes(steps, Trigger::OperatorRetry, |s| {
+    let mut w = writes(steps, Trigger::OperatorRetry, |s| {
         s.state == StepState::CompensationFailed
     });
-    action(run, on, w, event, None)
+    let paused = PausedRun::of(run, steps);
+    if paused.is_some() {
+        // Parked compensations are due again; parked forward steps are dropped by the
+        // evaluation that follows.
+        w.extend(
+            pause::unpark(steps)
+                .into_iter()
+                .filter(|s| s.from == StepState::CompensationReady),
+        );
+    }
+    let mut plan = action(run, on, w, event, None)?;
+    if let Some(p) = paused {
+        p.restore(&mut plan);
+    }
+    Ok(plan)
 }
 
 /// Cancels a run that is not finished: like [`compensate`], and the run's error envelope
@@ -149,7 +164,13 @@ pub fn cancel(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<P
         RunTrigger::OperatorCancel,
         "operator_cancel",
     )?;
-    if run.error.is_none() {
+    let had_error = match &plan.run_error {
+        Some(_) => true,
+        None if plan.clear_error => false,
+        None => run.error.is_some(),
+    };
+    if !had_error {
+        plan.clear_error = false;
         let message = match reason {
             Some(r) => format!("cancelled by an operator: {r}"),
             None => "cancelled by an operator".to_owned(),
@@ -172,13 +193,23 @@ pub const CANCELLED: &str = "cancelled";
 /// How a cancelled run's error envelope begins.
 pub const CANCELLED_PREFIX: &str = "{\"code\":\"cancelled\"";
 
-/// Resumes a run in `Error` where it stopped: retries every failed step of the phase it was
-/// in (forward steps, or compensations).
+/// Resumes a run in `Error` or `Paused` where it stopped: retries every failed step of the
+/// phase it was in (forward steps, or compensations); a paused run's parked steps are due
+/// again.
 ///
 /// # Errors
-/// [`Error::ActionNotAllowed`] unless the run is in `Error`.
+/// [`Error::ActionNotAllowed`] unless the run is in `Error` or `Paused`.
 pub fn resume(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
-    require_error("resume", run)?;
+    if let Some(paused) = PausedRun::of(run, steps) {
+        return pause::resume(run, steps, &paused);
+    }
+    if run.state != RunState::Error {
+        return Err(not_allowed(
+            "resume",
+            run,
+            format!("the run is {}, not error or paused", run.state),
+        ));
+    }
     let (from, on) = if was_compensating(steps) {
         (
             StepState::CompensationFailed,

@@ -19,10 +19,14 @@
 //! Running steps are waited for. The run is `Compensated` when nothing is left to undo, or
 //! `Error` when a compensation failed for good.
 
+use super::pause;
+use super::run_rules::PAUSED_ACTIONS;
 use super::run_rules::{OPERATOR_ACTIONS, RunTrigger, run_rule};
 use super::step::{Trigger, step_rule};
-use crate::RunState::{Compensated, Compensating, Completed, Error as RunError, Pending, Running};
-use crate::definition::{StepKind, Workflow};
+use crate::RunState::{
+    Compensated, Compensating, Completed, Error as RunError, Paused, Pending, Running,
+};
+use crate::definition::{OnFailure, StepKind, Workflow};
 use crate::store::{NewAlert, PlanWrite, RunRow, StepRow, StepWrite};
 use crate::{AlertKind, Error, Result, RunState, StepState};
 
@@ -146,7 +150,7 @@ impl<'a> Plan<'a> {
             return Ok(self.out);
         }
         if let Some(p) = (0..self.rows.len()).find(|&i| is_poison(self.rows[i]))
-            && !matches!(self.run.state, RunError | Completed | Compensated)
+            && !matches!(self.run.state, RunError | Completed | Compensated | Paused)
         {
             let name = &self.wf.steps[p].name;
             let reason = format!(
@@ -160,6 +164,7 @@ impl<'a> Plan<'a> {
         match self.run.state {
             Pending | Running => self.forward(),
             Compensating => self.unwind(),
+            Paused => Ok(self.hold()),
             Completed | Compensated | RunError => Ok(self.out),
         }
     }
@@ -200,6 +205,9 @@ impl<'a> Plan<'a> {
                 );
                 return self.stop(RunTrigger::RetriableFailed, f, reason);
             }
+            if self.wf.on_failure() == OnFailure::Pause {
+                return self.park_on_failure(f);
+            }
             self.out.run_error = self.rows[f].error.clone();
             move_run(&mut self.out, self.run.state, RunTrigger::StepFailed)?;
             return self.unwind();
@@ -230,6 +238,39 @@ impl<'a> Plan<'a> {
         } else if self.run.state == Pending {
             move_run(&mut self.out, Pending, RunTrigger::Progressed)?;
         }
+        Ok(self.out)
+    }
+
+    /// A paused run: nothing moves on, and steps that became due (a retry written by a
+    /// completion, a step re-queued by the supervisor) are parked.
+    fn hold(mut self) -> PlanWrite {
+        let parked = pause::park(self.rows.iter().copied());
+        self.out.steps.extend(parked);
+        self.out
+    }
+
+    /// Step `f` failed where the run would start compensating, and its workflow parks such
+    /// runs: the run is paused with an alert, its queued steps parked, the failure kept.
+    fn park_on_failure(mut self, f: usize) -> Result<PlanWrite> {
+        let name = &self.wf.steps[f].name;
+        let reason = format!(
+            "step `{name}` failed and workflow {} pauses instead of compensating: fix the \
+             cause and resume (the failed step is retried), or compensate",
+            self.wf.key()
+        );
+        let row = self.rows[f];
+        let message = format!("paused before compensating: step `{name}` failed");
+        self.out.run_error = Some(pause::envelope(&message, false, row.error.as_deref()));
+        let parked = pause::park(self.rows.iter().copied());
+        self.out.steps.extend(parked);
+        move_run(&mut self.out, self.run.state, RunTrigger::StepFailedPaused)?;
+        let kind = run_rule(self.run.state, RunTrigger::StepFailedPaused)
+            .and_then(|r| r.alert)
+            .map_or(AlertKind::RunError, AlertKind::named);
+        let mut alert = run_alert(self.run, kind, name, row, reason);
+        alert.actions = PAUSED_ACTIONS.iter().map(|a| (*a).to_owned()).collect();
+        alert.open_key = Some(format!("run_paused:{}", self.run.id));
+        self.out.alert = Some(alert);
         Ok(self.out)
     }
 

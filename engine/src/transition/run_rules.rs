@@ -2,10 +2,15 @@
 //! ([`RUN_RULES`]), and the look-ups the evaluator and the operator actions go through.
 
 use crate::RunState;
-use crate::RunState::{Compensated, Compensating, Completed, Error as RunError, Pending, Running};
+use crate::RunState::{
+    Compensated, Compensating, Completed, Error as RunError, Paused, Pending, Running,
+};
 
 /// Actions an operator can take on a run in `Error`, as listed in alerts.
 pub const OPERATOR_ACTIONS: [&str; 4] = ["retry_step", "compensate", "resume", "mark_compensated"];
+
+/// Actions an operator can take on a run parked in `Paused`, as listed in alerts.
+pub const PAUSED_ACTIONS: [&str; 3] = ["resume", "compensate", "cancel"];
 
 /// What happened to a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,6 +21,9 @@ pub enum RunTrigger {
     AllCompleted,
     /// A step failed before the pivot completed: undo what was done.
     StepFailed,
+    /// A step failed before the pivot completed, and the workflow parks such runs for an
+    /// operator instead of compensating them.
+    StepFailedPaused,
     /// Nothing (more) needs undoing.
     NothingLeftToUndo,
     /// A step failed after the pivot completed: nothing can be undone.
@@ -28,10 +36,13 @@ pub enum RunTrigger {
     PoisonStep,
     /// A compensation failed for good.
     CompensationFailed,
-    /// An operator retried a failed forward step, or resumed the forward phase.
+    /// An operator paused the run: it claims no new steps until resumed.
+    OperatorPause,
+    /// An operator retried a failed forward step, or resumed the forward phase (of a run in
+    /// `Error` or `Paused`).
     OperatorRetryForward,
-    /// An operator retried a failed compensation, resumed the compensation phase, or marked
-    /// a step compensated by hand.
+    /// An operator retried a failed compensation, resumed the compensation phase (of a run in
+    /// `Error` or `Paused`), or marked a step compensated by hand.
     OperatorRetryCompensation,
     /// An operator asked for compensation.
     OperatorCompensate,
@@ -50,12 +61,14 @@ impl RunTrigger {
             Self::Progressed => "progressed",
             Self::AllCompleted => "all_completed",
             Self::StepFailed => "step_failed",
+            Self::StepFailedPaused => "step_failed_paused",
             Self::NothingLeftToUndo => "nothing_left_to_undo",
             Self::FailedAfterPivot => "failed_after_pivot",
             Self::RetriableFailed => "retriable_failed",
             Self::PivotMaybeApplied => "pivot_maybe_applied",
             Self::PoisonStep => "poison_step",
             Self::CompensationFailed => "compensation_failed",
+            Self::OperatorPause => "operator_pause",
             Self::OperatorRetryForward => "operator_retry_forward",
             Self::OperatorRetryCompensation => "operator_retry_compensation",
             Self::OperatorCompensate => "operator_compensate",
@@ -79,6 +92,10 @@ pub struct RunRule {
 }
 
 const ACTIVE: &[RunState] = &[Pending, Running];
+/// Every state a run can be in before it finishes.
+const UNFINISHED: &[RunState] = &[Pending, Running, Compensating, RunError, Paused];
+/// The states an operator resumes a run from.
+const HALTED: &[RunState] = &[RunError, Paused];
 
 const fn rule(
     from: &'static [RunState],
@@ -99,6 +116,12 @@ pub const RUN_RULES: &[RunRule] = &[
     rule(&[Pending], RunTrigger::Progressed, Running, None),
     rule(ACTIVE, RunTrigger::AllCompleted, Completed, None),
     rule(ACTIVE, RunTrigger::StepFailed, Compensating, None),
+    rule(
+        ACTIVE,
+        RunTrigger::StepFailedPaused,
+        Paused,
+        Some("run_paused"),
+    ),
     rule(
         &[Pending, Running, Compensating],
         RunTrigger::NothingLeftToUndo,
@@ -136,30 +159,31 @@ pub const RUN_RULES: &[RunRule] = &[
         Some("run_error"),
     ),
     rule(
-        &[Pending, Running, Compensating, RunError],
+        UNFINISHED,
         RunTrigger::DamagedRow,
         RunError,
         Some("corrupt_row"),
     ),
-    rule(&[RunError], RunTrigger::OperatorRetryForward, Running, None),
     rule(
-        &[RunError],
+        &[Pending, Running, Compensating],
+        RunTrigger::OperatorPause,
+        Paused,
+        None,
+    ),
+    rule(HALTED, RunTrigger::OperatorRetryForward, Running, None),
+    rule(
+        HALTED,
         RunTrigger::OperatorRetryCompensation,
         Compensating,
         None,
     ),
     rule(
-        &[Pending, Running, Compensating, RunError],
+        UNFINISHED,
         RunTrigger::OperatorCompensate,
         Compensating,
         None,
     ),
-    rule(
-        &[Pending, Running, Compensating, RunError],
-        RunTrigger::OperatorCancel,
-        Compensating,
-        None,
-    ),
+    rule(UNFINISHED, RunTrigger::OperatorCancel, Compensating, None),
 ];
 
 /// The rule for a run in `from` on `on`, if the table has one.

@@ -38,13 +38,16 @@ pub enum Trigger {
     /// no longer matches the workflow's types): nothing was called, the attempt is given
     /// back without counting, and the step stays parked (not due) while its run is set aside.
     SetAside,
-    /// An operator released a set-aside run: its parked steps are due again.
+    /// An operator released a set-aside run or resumed a paused one: its parked steps are
+    /// due again.
     OperatorRelease,
+    /// The run is paused: a queued step is parked (not due) until an operator resumes it.
+    Paused,
 }
 
 impl Trigger {
     /// Every trigger.
-    pub const ALL: [Trigger; 15] = [
+    pub const ALL: [Trigger; 16] = [
         Self::Claimed,
         Self::Succeeded,
         Self::FailedWillRetry,
@@ -60,6 +63,7 @@ impl Trigger {
         Self::OperatorMarkCompensated,
         Self::SetAside,
         Self::OperatorRelease,
+        Self::Paused,
     ];
 
     /// The name used in history and docs.
@@ -80,6 +84,7 @@ impl Trigger {
             Self::OperatorMarkCompensated => "operator_mark_compensated",
             Self::SetAside => "set_aside",
             Self::OperatorRelease => "operator_release",
+            Self::Paused => "paused",
         }
     }
 

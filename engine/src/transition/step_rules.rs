@@ -113,6 +113,7 @@ pub const STEP_RULES: &[StepRule] = &[
         QUEUE,
     ),
     rule(Ready, Trigger::OperatorRelease, Ready, "operator", RELEASE),
+    rule(Ready, Trigger::Paused, Ready, "evaluator, operator", NONE),
     rule(Running, Trigger::Succeeded, Completed, "completion", DONE),
     rule(
         Running,
@@ -173,6 +174,13 @@ pub const STEP_RULES: &[StepRule] = &[
         CompensationReady,
         "operator",
         RELEASE,
+    ),
+    rule(
+        CompensationReady,
+        Trigger::Paused,
+        CompensationReady,
+        "evaluator, operator",
+        comp(NONE),
     ),
     rule(
         Compensating,

@@ -422,6 +422,7 @@ mod table {
         (Ready, Trigger::Dropped, Skipped),
         (Ready, Trigger::CompensationDue, CompensationReady),
         (Ready, Trigger::OperatorRelease, Ready),
+        (Ready, Trigger::Paused, Ready),
         (Running, Trigger::Succeeded, Completed),
         (Running, Trigger::FailedWillRetry, Ready),
         (Running, Trigger::FailedForGood, Failed),
@@ -439,6 +440,7 @@ mod table {
             Trigger::OperatorRelease,
             CompensationReady,
         ),
+        (CompensationReady, Trigger::Paused, CompensationReady),
         (Compensating, Trigger::SetAside, CompensationReady),
         (Compensating, Trigger::Succeeded, Compensated),
         (Compensating, Trigger::FailedWillRetry, CompensationReady),
@@ -499,8 +501,10 @@ mod table {
     #[test]
     fn effects_follow_the_rules_of_the_model() {
         for r in STEP_RULES {
-            // A set-aside step is queued but parked: never due until an operator releases it.
-            let queued = matches!(r.to, Ready | CompensationReady) && r.on != Trigger::SetAside;
+            // A set-aside or paused step is queued but parked: never due until an operator
+            // releases or resumes its run.
+            let queued = matches!(r.to, Ready | CompensationReady)
+                && !matches!(r.on, Trigger::SetAside | Trigger::Paused);
             assert_eq!(
                 r.effects.due != Due::Never,
                 queued,

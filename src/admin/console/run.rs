@@ -314,6 +314,11 @@ fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
         .and_then(Value::as_str)
         == Some("corrupt_row");
     let error = run.state == RunState::Error;
+    let paused = run.state == RunState::Paused;
+    let pausable = matches!(
+        run.state,
+        RunState::Pending | RunState::Running | RunState::Compensating
+    );
     html! {
         section.actions #actions {
             h2 { "Act on this run" }
@@ -326,6 +331,12 @@ fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
                         (action_form(run.id, "mark_compensated", Some(&st.name), "Mark compensated", s))
                     }
                     (action_form(run.id, "resume", None, "Resume", s))
+                }
+                @if paused {
+                    (action_form(run.id, "resume", None, "Resume", s))
+                }
+                @if pausable {
+                    (action_form(run.id, "pause", None, "Pause", s))
                 }
                 @if !run.state.is_final() && run.state != RunState::Compensating {
                     (action_form(run.id, "compensate", None, "Compensate", s))

@@ -23,6 +23,7 @@ mod frozen;
 mod interruption;
 mod list;
 mod operator;
+mod pause;
 mod published;
 mod secrets;
 mod serve;
