@@ -62,6 +62,23 @@ impl Operator<'_> {
         Ok(self.after(a))
     }
 
+    /// Gives the run's attempts in flight (forward steps and compensations) `by` more time:
+    /// their stored deadlines move later, so the supervisor does not time them out, and the
+    /// instances running them move their local deadlines too (this one at once, others
+    /// within [`CANCEL_POLL`](sagaflow_engine::scheduler::CANCEL_POLL)); the steps see it in
+    /// [`StepContext::deadline`](crate::StepContext::deadline). Later attempts get their
+    /// step's usual deadline.
+    ///
+    /// # Errors
+    /// [`Error::ActionNotAllowed`] when no attempt of the run is in flight, or `by` is zero
+    /// or over a day; [`Error::RunNotFound`], [`Error::Db`].
+    pub async fn extend(&self, run_id: Uuid, by: std::time::Duration) -> Result<RunState> {
+        let a = operator::extend(&self.engine.inner.store, run_id, by, &self.audit).await?;
+        let moved = self.engine.inner.scheduler.extend_attempts(run_id, by);
+        tracing::info!(%run_id, by_ms = by.as_millis(), moved, by = %self.audit.actor, "deadlines extended");
+        Ok(a.state)
+    }
+
     /// Pauses a pending, running or compensating run: it claims no new step until
     /// [`resume`](Self::resume)d (or compensated, or cancelled). Attempts already in flight
     /// finish and their results are recorded; steps that become due meanwhile wait. The run's

@@ -49,13 +49,14 @@ async fn execute(d: Dispatch, shutdown: CancellationToken) {
         action,
         context,
     } = request;
-    let deadline = context.deadline();
+    // The deadline can move while the attempt runs (an operator's `extend`): a handle on it.
+    let timer = context.clone();
     let token = context.cancellation().clone();
     // Its own task, so that a panic in the step is contained and reported as a failure.
     let mut handle = tokio::spawn(async move { action.run(context).await });
     let joined = tokio::select! {
         r = &mut handle => Some(r),
-        () = tokio::time::sleep_until(deadline) => None,
+        () = timer.deadline_reached() => None,
         () = shutdown.cancelled() => None,
         // The run was cancelled (the token is also a child of `shutdown`, which the check
         // below tells apart): the attempt stops and says so at once, its outcome unknown.
@@ -81,7 +82,7 @@ async fn execute(d: Dispatch, shutdown: CancellationToken) {
         tracing::debug!(run_id = %lease.run_id, step = %lease.step, attempt = lease.attempt, "attempt abandoned at its deadline");
         return;
     };
-    if tokio::time::Instant::now() >= deadline {
+    if tokio::time::Instant::now() >= timer.deadline() {
         return;
     }
     let result = match joined {

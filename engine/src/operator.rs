@@ -118,6 +118,25 @@ pub async fn cancel(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalAp
     .await
 }
 
+/// Gives the run's attempts in flight `by` more time (their stored deadlines move later).
+/// Moving the local deadlines of the instances running them is the scheduler's part
+/// ([`crate::scheduler::Scheduler::extend_attempts`]).
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] when nothing is in flight or `by` is out of range;
+/// [`Error::RunNotFound`]; [`Error::Db`].
+pub async fn extend(
+    store: &Store,
+    run_id: Uuid,
+    by: std::time::Duration,
+    audit: &Audit,
+) -> Result<EvalApplied> {
+    act(store, run_id, audit, |run, steps| {
+        decide::extend(run, steps, by)
+    })
+    .await
+}
+
 /// Pauses a pending, running or compensating run: it claims no new step until resumed;
 /// attempts in flight finish and are recorded.
 ///

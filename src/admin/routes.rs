@@ -9,6 +9,9 @@ use axum::{Extension, Json, Router, middleware};
 use sagaflow_engine::Error;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::time::Duration;
+
+use sagaflow_engine::transition::operator::EXTEND_MAX;
 use uuid::Uuid;
 
 use super::AdminState;
@@ -23,6 +26,7 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .route("/api/v1/runs/{id}", get(run))
         .route("/api/v1/runs/{id}/events", get(super::events::run_events))
         .route("/api/v1/runs/{id}/actions/{action}", post(act))
+        .route("/api/v1/runs/actions/{action}", post(act_many))
         .route("/api/v1/alerts", get(alerts))
         .route("/api/v1/stats", get(stats))
         .route("/api/v1/alerts/{id}/resolve", post(resolve_alert))
@@ -54,6 +58,11 @@ impl ApiError {
             message: message.into(),
             fields: None,
         }
+    }
+
+    /// The message, for people.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     pub(crate) fn unauthorized() -> Self {
@@ -246,6 +255,16 @@ pub(super) struct ListParams {
 }
 
 impl ListParams {
+    /// Whether any filter narrows the runs (sorting and paging do not).
+    fn filters(&self) -> bool {
+        let set = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
+        set(&self.workflow)
+            || set(&self.state)
+            || set(&self.business_key)
+            || self.created_after.is_some()
+            || self.created_before.is_some()
+    }
+
     /// The engine's query, or 400 naming the parameter that is wrong.
     pub(super) fn query(self) -> Result<RunQuery, ApiError> {
         let invalid = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
@@ -327,18 +346,20 @@ pub(super) enum Action {
     Compensate,
     Cancel,
     Pause,
+    Extend,
     Release,
     MarkCompensated,
 }
 
 impl Action {
     /// Every action, in the order they are listed.
-    pub(super) const ALL: [Action; 7] = [
+    pub(super) const ALL: [Action; 8] = [
         Self::Retry,
         Self::Resume,
         Self::Compensate,
         Self::Cancel,
         Self::Pause,
+        Self::Extend,
         Self::Release,
         Self::MarkCompensated,
     ];
@@ -351,6 +372,7 @@ impl Action {
             Self::Compensate => "compensate",
             Self::Cancel => "cancel",
             Self::Pause => "pause",
+            Self::Extend => "extend",
             Self::Release => "release",
             Self::MarkCompensated => "mark_compensated",
         }
@@ -366,12 +388,14 @@ impl Action {
         matches!(self, Self::Retry | Self::MarkCompensated)
     }
 
-    /// Takes the action on run `id` (`step` for the actions that name one).
+    /// Takes the action on run `id` (`step` for the actions that name one, `by` for
+    /// `extend`).
     pub(super) async fn perform(
         self,
         op: &crate::Operator<'_>,
         id: Uuid,
         step: &str,
+        by: Duration,
     ) -> Result<RunState, Error> {
         match self {
             Self::Retry => op.retry_step(id, step).await,
@@ -379,6 +403,7 @@ impl Action {
             Self::Compensate => op.compensate(id).await,
             Self::Cancel => op.cancel(id).await,
             Self::Pause => op.pause(id).await,
+            Self::Extend => op.extend(id, by).await,
             Self::Release => op.release(id).await,
             Self::MarkCompensated => op.mark_compensated(id, step).await,
         }
@@ -405,6 +430,89 @@ struct ActionBody {
     /// The step, for `retry` and `mark_compensated`.
     #[serde(default)]
     step: Option<String>,
+    /// Seconds to add to the deadlines in flight, for `extend`.
+    #[serde(default)]
+    by_seconds: Option<u64>,
+}
+
+/// The extension of an `extend` action from its `by_seconds`.
+pub(super) fn extension(action: Action, by_seconds: Option<u64>) -> Result<Duration, ApiError> {
+    match (action, by_seconds) {
+        (Action::Extend, Some(s)) if (1..=EXTEND_MAX.as_secs()).contains(&s) => {
+            Ok(Duration::from_secs(s))
+        }
+        (Action::Extend, _) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "extension_required",
+            format!(
+                "`extend` says by how much: {{\"by_seconds\": 1 to {}}}",
+                EXTEND_MAX.as_secs()
+            ),
+        )),
+        _ => Ok(Duration::ZERO),
+    }
+}
+
+/// An action with its checked arguments, as the API received it.
+struct Request {
+    action: Action,
+    reason: String,
+    step: String,
+    by: Duration,
+}
+
+impl Request {
+    /// The action named in the path with its body, or 404 / 400 saying what is wrong.
+    fn parse(action: &str, body: Result<Json<Value>, JsonRejection>) -> Result<Self, ApiError> {
+        let Some(action) = Action::parse(action) else {
+            let known: Vec<&str> = Action::ALL.iter().map(|a| a.name()).collect();
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_action",
+                format!("no action `{action}`; the actions are {}", known.join(", ")),
+            ));
+        };
+        let body: ActionBody =
+            parse_body(body, r#"{"reason": "…", "step"?: "…", "by_seconds"?: 300}"#)?;
+        let Some(reason) = action_reason(&body.reason) else {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "reason_required",
+                format!(
+                    "an action needs a reason of 1 to {REASON_MAX_CHARS} characters; it is recorded in the run's history"
+                ),
+            ));
+        };
+        let step = match (action.needs_step(), body.step) {
+            (true, Some(step)) => step,
+            (true, None) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "step_required",
+                    format!(
+                        "`{}` names the step it acts on: {{\"step\": \"…\"}}",
+                        action.name()
+                    ),
+                ));
+            }
+            (false, _) => String::new(),
+        };
+        let by = extension(action, body.by_seconds)?;
+        Ok(Self {
+            action,
+            reason: reason.to_owned(),
+            step,
+            by,
+        })
+    }
+
+    async fn perform(&self, s: &AdminState, caller: &Caller, id: Uuid) -> Result<RunState, Error> {
+        let op = s
+            .engine
+            .operator()
+            .on_behalf_of(format!("api:{}", caller.name), self.reason.clone());
+        self.action.perform(&op, id, &self.step, self.by).await
+    }
 }
 
 async fn act(
@@ -415,46 +523,71 @@ async fn act(
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Operator)?;
     let id = run_id(&id)?;
-    let Some(action) = Action::parse(&action) else {
-        let known: Vec<&str> = Action::ALL.iter().map(|a| a.name()).collect();
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_action",
-            format!("no action `{action}`; the actions are {}", known.join(", ")),
-        ));
-    };
-    let body: ActionBody = parse_body(body, r#"{"reason": "…", "step"?: "…"}"#)?;
-    let Some(reason) = action_reason(&body.reason) else {
+    let request = Request::parse(&action, body)?;
+    let state = request.perform(&s, &caller, id).await?;
+    Ok(Json(
+        json!({ "id": id, "action": request.action.name(), "state": state }),
+    ))
+}
+
+/// Runs one bulk action takes by default.
+pub(super) const BULK_DEFAULT: u32 = 100;
+
+/// `POST /api/v1/runs/actions/{action}?<the list's filters>`: the action on each run the
+/// filters select (one page of the list: `limit`, default [`BULK_DEFAULT`], at most
+/// [`RUN_PAGE_MAX`](crate::RUN_PAGE_MAX); `next` pages on), each through the same rules and
+/// audit as a single action; answered with a result per run. A filter is required: no
+/// action applies to every run by accident.
+async fn act_many(
+    State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
+    Path(action): Path<String>,
+    params: Result<Query<ListParams>, QueryRejection>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Operator)?;
+    let Query(mut params) = params
+        .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
+    let request = Request::parse(&action, body)?;
+    if !params.filters() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "reason_required",
-            format!(
-                "an action needs a reason of 1 to {REASON_MAX_CHARS} characters; it is recorded in the run's history"
-            ),
+            "filter_required",
+            "a bulk action needs at least one filter (workflow, state, business_key, created_after, created_before)",
         ));
-    };
-    let step = match (action.needs_step(), body.step.as_deref()) {
-        (true, Some(step)) => step,
-        (true, None) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "step_required",
-                format!(
-                    "`{}` names the step it acts on: {{\"step\": \"…\"}}",
-                    action.name()
-                ),
-            ));
+    }
+    params.limit = Some(params.limit.unwrap_or(BULK_DEFAULT));
+    let page = s.engine.list_runs(&params.query()?).await?;
+    let mut results = Vec::with_capacity(page.runs.len());
+    let (mut done, mut refused) = (0, 0);
+    for run in &page.runs {
+        match request.perform(&s, &caller, run.id).await {
+            Ok(state) => {
+                done += 1;
+                results.push(json!({ "id": run.id, "ok": true, "state": state }));
+            }
+            Err(e) => {
+                refused += 1;
+                let e = ApiError::from(e);
+                results.push(json!({
+                    "id": run.id,
+                    "ok": false,
+                    "status": e.status.as_u16(),
+                    "error": { "code": e.code, "message": e.message },
+                }));
+            }
         }
-        (false, _) => "",
-    };
-    let op = s
-        .engine
-        .operator()
-        .on_behalf_of(format!("api:{}", caller.name), reason);
-    let state = action.perform(&op, id, step).await?;
-    Ok(Json(
-        json!({ "id": id, "action": action.name(), "state": state }),
-    ))
+    }
+    tracing::info!(action = request.action.name(), done, refused, by = %caller.name, "bulk action over the API");
+    let damaged: Vec<String> = page.damaged.iter().map(ToString::to_string).collect();
+    Ok(Json(json!({
+        "action": request.action.name(),
+        "done": done,
+        "refused": refused,
+        "results": results,
+        "damaged": damaged,
+        "next": page.next,
+    })))
 }
 
 async fn alerts(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {

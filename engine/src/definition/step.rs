@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -53,7 +54,9 @@ pub struct StepContext {
     pub(crate) attempt: u32,
     pub(crate) idempotency_key: Arc<str>,
     pub(crate) forward_key: Arc<str>,
-    pub(crate) deadline: Instant,
+    /// The local instant of the deadline; an operator's `extend` moves it later while the
+    /// attempt runs.
+    pub(crate) deadline: Arc<watch::Sender<Instant>>,
     pub(crate) cancel: CancellationToken,
     pub(crate) input: Arc<serde_json::Value>,
     pub(crate) deps: Arc<BTreeMap<String, serde_json::Value>>,
@@ -93,7 +96,7 @@ impl StepContext {
             attempt,
             forward_key: idempotency_key.clone(),
             idempotency_key,
-            deadline,
+            deadline: Arc::new(watch::Sender::new(deadline)),
             cancel,
             input,
             deps,
@@ -141,12 +144,49 @@ impl StepContext {
 
     /// Time left before the deadline (zero once it passed).
     pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
+        self.deadline().saturating_duration_since(Instant::now())
     }
 
-    /// The local instant of the deadline.
+    /// The local instant of the deadline. An operator can extend the deadline of an attempt
+    /// in flight; this then answers the later instant.
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        *self.deadline.borrow()
+    }
+
+    /// Completes when the deadline passes, following any extension made meanwhile.
+    pub async fn deadline_reached(&self) {
+        let mut changes = self.deadline.subscribe();
+        loop {
+            let at = *changes.borrow_and_update();
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => return,
+                changed = changes.changed() => if changed.is_err() {
+                    tokio::time::sleep_until(at).await;
+                    return;
+                },
+            }
+        }
+    }
+
+    /// Moves the deadline to `at` if that is later by more than `margin`; returns whether it
+    /// moved.
+    pub(crate) fn extend_deadline(
+        cell: &watch::Sender<Instant>,
+        at: Instant,
+        margin: Duration,
+    ) -> bool {
+        cell.send_if_modified(|d| {
+            let later = at > *d + margin;
+            if later {
+                *d = at;
+            }
+            later
+        })
+    }
+
+    /// The deadline's cell, shared with the scheduler's record of attempts in flight.
+    pub(crate) fn deadline_cell(&self) -> Arc<watch::Sender<Instant>> {
+        self.deadline.clone()
     }
 
     /// Cancelled when the deadline passes, the engine shuts down, or an operator cancels the

@@ -37,6 +37,8 @@ pub enum HistoryKind {
     OperatorCompensate,
     /// An operator cancelled the run.
     OperatorCancel,
+    /// An operator extended the deadlines of the run's attempts in flight.
+    OperatorExtend,
     /// An operator paused the run.
     OperatorPause,
     /// An operator resumed a run in `Error` or `Paused`.

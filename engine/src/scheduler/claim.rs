@@ -253,7 +253,6 @@ fn request(
         c.idempotency_key.clone()
     };
     let token = cancel.child_token();
-    s.in_flight.started(&lease, token.clone());
     let context = StepContext::new(
         c.run_id,
         &c.name,
@@ -266,6 +265,7 @@ fn request(
         output,
     )
     .with_forward_key(&c.idempotency_key);
+    s.in_flight.started(&lease, &context);
     Ok(AgentRequest {
         lease,
         action,

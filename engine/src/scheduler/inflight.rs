@@ -10,23 +10,29 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
-use crate::StepState;
 use crate::protocol::StepLease;
+use crate::{StepContext, StepState};
 
 /// How often an instance with attempts in flight asks which of their runs were cancelled.
 pub const CANCEL_POLL: Duration = Duration::from_secs(1);
 
-/// One attempt: its step, fencing token, phase and cancellation token.
+/// Stored deadlines later than the local one by less than this are not extensions.
+const EXTENSION_MARGIN: Duration = Duration::from_millis(500);
+
+/// One attempt: its step, fencing token, phase, cancellation token and deadline.
 #[derive(Debug)]
 struct Attempt {
     step_id: i64,
     attempt: i32,
     forward: bool,
     token: CancellationToken,
+    deadline: Arc<watch::Sender<Instant>>,
 }
 
 /// Attempts in flight, by run.
@@ -41,12 +47,13 @@ impl InFlight {
     }
 
     /// Records an attempt handed to an agent.
-    pub(crate) fn started(&self, lease: &StepLease, token: CancellationToken) {
+    pub(crate) fn started(&self, lease: &StepLease, context: &StepContext) {
         let attempt = Attempt {
             step_id: lease.step_id,
             attempt: lease.attempt,
             forward: lease.state == StepState::Running,
-            token,
+            token: context.cancellation().clone(),
+            deadline: context.deadline_cell(),
         };
         self.with(|runs| runs.entry(lease.run_id).or_default().push(attempt));
     }
@@ -72,6 +79,44 @@ impl InFlight {
                 !list.is_empty()
             });
             runs.keys().copied().collect()
+        })
+    }
+
+    /// The attempts in flight, as (step row id, fencing token).
+    fn attempts(&self) -> Vec<(i64, i32)> {
+        self.with(|runs| {
+            runs.values()
+                .flatten()
+                .filter(|a| !a.token.is_cancelled())
+                .map(|a| (a.step_id, a.attempt))
+                .collect()
+        })
+    }
+
+    /// Moves the local deadline of one attempt to `at`, if that is later by more than
+    /// `margin`; returns whether it moved.
+    pub(crate) fn extend(&self, step_id: i64, attempt: i32, at: Instant, margin: Duration) -> bool {
+        self.with(|runs| {
+            runs.values()
+                .flatten()
+                .filter(|a| (a.step_id, a.attempt) == (step_id, attempt))
+                .any(|a| StepContext::extend_deadline(&a.deadline, at, margin))
+        })
+    }
+
+    /// Moves the local deadlines of the run's attempts later by `by`; returns how many.
+    pub(crate) fn extend_run(&self, run_id: Uuid, by: Duration) -> usize {
+        self.with(|runs| {
+            let Some(list) = runs.get(&run_id) else {
+                return 0;
+            };
+            list.iter()
+                .filter(|a| !a.token.is_cancelled())
+                .filter(|a| {
+                    let at = *a.deadline.borrow() + by;
+                    StepContext::extend_deadline(&a.deadline, at, Duration::ZERO)
+                })
+                .count()
         })
     }
 
@@ -112,5 +157,30 @@ pub(super) async fn watch(s: Arc<Scheduler>, cancel: CancellationToken) {
             }
             Err(e) => streak.failed("looking for cancelled runs", &e),
         }
+        follow_extensions(&s, &mut streak).await;
+    }
+}
+
+/// Moves the local deadlines of attempts whose deadline an operator extended (on this
+/// instance or another): the stored deadline is the one that counts (AT-2).
+async fn follow_extensions(s: &Scheduler, streak: &mut ErrorStreak) {
+    let attempts = s.in_flight.attempts();
+    if attempts.is_empty() {
+        return;
+    }
+    match s.store.step_deadlines(&attempts).await {
+        Ok(left) => {
+            streak.succeeded("reading deadlines in flight");
+            let now = Instant::now();
+            for (step_id, attempt, left_ms) in left {
+                let at = now + Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+                // The local deadline was set from the stored one at the claim; moves of
+                // less than the margin are the two clocks' reading delays, not extensions.
+                if s.in_flight.extend(step_id, attempt, at, EXTENSION_MARGIN) {
+                    tracing::debug!(step_id, attempt, left_ms, "deadline in flight extended");
+                }
+            }
+        }
+        Err(e) => streak.failed("reading deadlines in flight", &e),
     }
 }

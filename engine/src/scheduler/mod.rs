@@ -233,6 +233,13 @@ impl Scheduler {
         self.in_flight.cancel_forward(run_id)
     }
 
+    /// Moves the local deadlines of this instance's attempts of a run later by `by` (an
+    /// operator extended their stored deadlines). Returns how many. Other instances follow
+    /// the stored deadlines within [`CANCEL_POLL`].
+    pub fn extend_attempts(&self, run_id: uuid::Uuid, by: std::time::Duration) -> usize {
+        self.in_flight.extend_run(run_id, by)
+    }
+
     /// Spawns only the PostgreSQL wake-up listener (none on SQLite), which wakes through this
     /// scheduler's [`Signals`]. Test hook: [`Scheduler::spawn`] runs it with the other loops.
     #[doc(hidden)]

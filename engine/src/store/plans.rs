@@ -44,6 +44,11 @@ pub struct PlanWrite {
     /// Clear the run's error (when `run_error` is `None`): a resumed run that held none
     /// before it was paused.
     pub clear_error: bool,
+    /// Attempts in flight (step row id, fencing token) whose stored deadline moves later by
+    /// `extend_ms` (an operator's `extend`).
+    pub extend: Vec<(i64, i32)>,
+    /// Milliseconds added to the deadlines of `extend`.
+    pub extend_ms: i64,
     /// Alert to raise in the same transaction.
     pub alert: Option<NewAlert>,
     /// Resolve the run's open alerts (operator actions).
@@ -131,6 +136,16 @@ impl StoreTx<'_> {
                 for r in self.txn.query_all(s.stmt(&sql, values)).await? {
                     moved.insert(r.try_get::<i64>("", "id")?);
                 }
+            }
+        }
+
+        // Deadlines an operator extended: only while the same attempt is in flight.
+        for (_, p) in &plans {
+            for &(id, attempt) in &p.extend {
+                let sql = "UPDATE sagaflow_steps SET complete_by = complete_by + $1, updated_at = {now} \
+                           WHERE id = $2 AND attempt = $3 AND state IN ('running', 'compensating')";
+                let values = vec![p.extend_ms.into(), id.into(), attempt.into()];
+                self.txn.execute(s.stmt(sql, values)).await?;
             }
         }
 

@@ -94,6 +94,33 @@ impl Store {
         Ok(out)
     }
 
+    /// Milliseconds left before the stored deadline of each of these attempts (step row id,
+    /// fencing token) that is still in flight, by the database's clock.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn step_deadlines(&self, attempts: &[(i64, i32)]) -> Result<Vec<(i64, i32, i64)>> {
+        let mut out = Vec::new();
+        let wanted: std::collections::HashSet<(i64, i32)> = attempts.iter().copied().collect();
+        for chunk in attempts.chunks(super::tx::CHUNK) {
+            let ids: Vec<i64> = chunk.iter().map(|a| a.0).collect();
+            let (cond, values) = self.in_list("id", 1, &ids)?;
+            let sql = format!(
+                "SELECT id, attempt, complete_by - {{now}} AS left_ms FROM sagaflow_steps \
+                 WHERE {cond} AND state IN ('running', 'compensating')"
+            );
+            for r in &self.exec.query_all(self.stmt(&sql, values)).await? {
+                let id: i64 = r.try_get("", "id")?;
+                let attempt: i32 = r.try_get("", "attempt")?;
+                let left: Option<i64> = r.try_get("", "left_ms")?;
+                if let Some(left) = left.filter(|_| wanted.contains(&(id, attempt))) {
+                    out.push((id, attempt, left));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Workflow keys of unfinished runs, with counts (to spot runs pinned to a version this
     /// engine does not have).
     ///

@@ -193,6 +193,47 @@ pub const CANCELLED: &str = "cancelled";
 /// How a cancelled run's error envelope begins.
 pub const CANCELLED_PREFIX: &str = "{\"code\":\"cancelled\"";
 
+/// The longest an operator's `extend` moves a deadline at once.
+pub const EXTEND_MAX: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Gives the run's attempts in flight (forward steps and compensations) `by` more time: their
+/// stored deadlines move later, so the supervisor does not time them out; the instances
+/// running them move their local deadlines too.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] when `by` is zero or over [`EXTEND_MAX`], or no attempt of
+/// the run is in flight.
+pub fn extend(run: &RunRow, steps: &[StepRow], by: std::time::Duration) -> Result<PlanWrite> {
+    const ACTION: &str = "extend the deadlines of";
+    if by.is_zero() || by > EXTEND_MAX {
+        return Err(not_allowed(
+            ACTION,
+            run,
+            format!(
+                "an extension is 1 ms to {} hours",
+                EXTEND_MAX.as_secs() / 3600
+            ),
+        ));
+    }
+    let in_flight: Vec<&StepRow> = steps.iter().filter(|s| s.state.is_in_flight()).collect();
+    if in_flight.is_empty() {
+        return Err(not_allowed(
+            ACTION,
+            run,
+            format!("no attempt of the run is in flight (it is {})", run.state),
+        ));
+    }
+    let extend_ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+    let names: Vec<&str> = in_flight.iter().map(|s| s.name.as_str()).collect();
+    Ok(PlanWrite {
+        extend: in_flight.iter().map(|s| (s.id, s.attempt)).collect(),
+        extend_ms,
+        event: "operator_extend",
+        detail: Some(serde_json::json!({ "steps": names, "by_ms": extend_ms }).to_string()),
+        ..PlanWrite::default()
+    })
+}
+
 /// Resumes a run in `Error` or `Paused` where it stopped: retries every failed step of the
 /// phase it was in (forward steps, or compensations); a paused run's parked steps are due
 /// again.

@@ -17,8 +17,9 @@ use super::session::Session;
 use super::view::{self, Page, Tab, badge, duration_ms, flash, time};
 use super::{Console, LiveSession, PageSession, check_post};
 use crate::admin::auth::Role;
-use crate::admin::routes::{Action, REASON_MAX_CHARS, action_reason};
+use crate::admin::routes::{Action, REASON_MAX_CHARS, action_reason, extension};
 use crate::{Engine, EntityState, Error, HistoryEvent, Run, RunState, Step, StepState};
+use sagaflow_engine::transition::operator::EXTEND_MAX;
 
 /// What a redirect after an action says.
 #[derive(Debug, Default, Deserialize)]
@@ -293,6 +294,11 @@ fn action_form(run: Uuid, action: &str, step: Option<&str>, label: &str, s: &Ses
             form method="post" action={ "/console/runs/" (run) "/actions/" (action) } {
                 input type="hidden" name="csrf" value=(s.csrf);
                 @if let Some(st) = step { input type="hidden" name="step" value=(st); }
+                @if action == Action::Extend.name() {
+                    label { "Seconds to add to the deadlines in flight"
+                        input type="number" name="by_seconds" min="1" max=(EXTEND_MAX.as_secs()) value="300" required;
+                    }
+                }
                 label { "Reason (recorded in the run's history)"
                     textarea name="reason" required maxlength=(REASON_MAX_CHARS) rows="2" {}
                 }
@@ -338,6 +344,9 @@ fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
                 @if pausable {
                     (action_form(run.id, "pause", None, "Pause", s))
                 }
+                @if steps.iter().any(|st| st.state.is_in_flight()) {
+                    (action_form(run.id, "extend", None, "Extend deadlines", s))
+                }
                 @if !run.state.is_final() && run.state != RunState::Compensating {
                     (action_form(run.id, "compensate", None, "Compensate", s))
                 }
@@ -361,6 +370,8 @@ pub(super) struct ActionForm {
     reason: String,
     #[serde(default)]
     step: String,
+    #[serde(default)]
+    by_seconds: String,
 }
 
 /// `POST /console/runs/{id}/actions/{action}`: the action, recorded as done by
@@ -401,7 +412,24 @@ pub(super) async fn act(
     let op = engine
         .operator()
         .on_behalf_of(format!("console:{}", s.name), reason);
-    match action.perform(&op, run_id, step).await {
+    let by = match form.by_seconds.trim() {
+        "" => None,
+        n => match n.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return refused(
+                    StatusCode::BAD_REQUEST,
+                    "Seconds are a whole number.".into(),
+                )
+                .await;
+            }
+        },
+    };
+    let by = match extension(action, by) {
+        Ok(by) => by,
+        Err(e) => return refused(StatusCode::BAD_REQUEST, e.message().to_owned()).await,
+    };
+    match action.perform(&op, run_id, step, by).await {
         Ok(state) => {
             let action = action.name();
             tracing::info!(run_id = %run_id, action, by = %s.name, %state, "console action");

@@ -861,3 +861,152 @@ async fn runs_are_listed_with_filters_sorts_and_a_cursor() {
         server.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_pause_extend_and_resume_runs_one_by_one_or_by_filter() {
+    for db in backends().await {
+        let b = db.backend;
+        let gate = Arc::new(Semaphore::new(0));
+        let (engine, addr, server) = serve_with(&db, gate.clone()).await;
+        let http = reqwest::Client::new();
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(engine.start("gated", &json!(null)).await.expect("start"));
+        }
+        for id in &ids {
+            sagaflow_testkit::eventually(Duration::from_secs(20), "the step to run", || async {
+                let steps = engine.steps(*id).await.expect("steps");
+                steps
+                    .iter()
+                    .all(|s| s.state == sagaflow::StepState::Running)
+            })
+            .await;
+        }
+        let one = |action: &str, body: Value| {
+            http.post(format!(
+                "http://{addr}/api/v1/runs/{}/actions/{action}",
+                ids[0]
+            ))
+            .bearer_auth(OPS)
+            .json(&body)
+        };
+        let many = |action: &str, filters: &str, token: &str| {
+            http.post(format!(
+                "http://{addr}/api/v1/runs/actions/{action}?{filters}"
+            ))
+            .bearer_auth(token)
+            .json(&json!({ "reason": "payment provider maintenance" }))
+        };
+
+        // extend: by how much is required; then the deadline in flight moves.
+        expect_refusal(
+            one("extend", json!({ "reason": "slow bank" })),
+            StatusCode::BAD_REQUEST,
+            "extension_required",
+            b,
+        )
+        .await;
+        let (status, body) = answer(one(
+            "extend",
+            json!({ "reason": "slow bank", "by_seconds": 120 }),
+        ))
+        .await;
+        // (A run is `pending` until its first step answers.)
+        assert_eq!(
+            (status, body["state"].as_str()),
+            (StatusCode::OK, Some("pending")),
+            "[{b}] {body}"
+        );
+
+        // Bulk: a filter is required, an operator token too; one page of the filtered runs.
+        expect_refusal(
+            many("pause", "", OPS),
+            StatusCode::BAD_REQUEST,
+            "filter_required",
+            b,
+        )
+        .await;
+        expect_refusal(
+            many("pause", "workflow=gated", VIEW),
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            b,
+        )
+        .await;
+        let (status, body) = answer(many("pause", "workflow=gated&limit=2", OPS)).await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {body}");
+        assert_eq!(
+            (body["done"].as_u64(), body["refused"].as_u64()),
+            (Some(2), Some(0)),
+            "[{b}] {body}"
+        );
+        assert!(body["next"].is_string(), "[{b}] more runs match: {body}");
+        let results = body["results"].as_array().expect("results");
+        assert!(
+            results.iter().all(|r| r["state"] == "paused"),
+            "[{b}] {body}"
+        );
+        let next = body["next"].as_str().expect("a cursor").to_owned();
+        let (_, body) = answer(many("pause", &format!("workflow=gated&cursor={next}"), OPS)).await;
+        assert_eq!(
+            body["done"].as_u64(),
+            Some(1),
+            "[{b}] the third run: {body}"
+        );
+        assert!(body["next"].is_null(), "[{b}] the last page: {body}");
+
+        // A run already paused is refused with the reason, run by run.
+        let (status, body) = answer(many("pause", "workflow=gated", OPS)).await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {body}");
+        assert_eq!(
+            (body["done"].as_u64(), body["refused"].as_u64()),
+            (Some(0), Some(3)),
+            "[{b}] {body}"
+        );
+        let first = &body["results"][0];
+        assert_eq!(
+            (
+                first["ok"].as_bool(),
+                first["status"].as_u64(),
+                first["error"]["code"].as_str()
+            ),
+            (Some(false), Some(409), Some("action_not_allowed")),
+            "[{b}] {body}"
+        );
+        expect_refusal(
+            one("pause", json!({ "reason": "again" })),
+            StatusCode::CONFLICT,
+            "action_not_allowed",
+            b,
+        )
+        .await;
+
+        // Each run's history has the pause with the operator and the reason.
+        for id in &ids {
+            let history = engine.history(*id).await.expect("history");
+            let pause = history
+                .iter()
+                .find(|h| h.kind == sagaflow::HistoryKind::OperatorPause)
+                .unwrap_or_else(|| panic!("[{b}] the pause of {id}"));
+            assert_eq!(pause.actor, "api:ops", "[{b}]");
+            assert_eq!(
+                pause.detail.as_ref().and_then(|d| d["reason"].as_str()),
+                Some("payment provider maintenance"),
+                "[{b}]"
+            );
+        }
+
+        let (_, body) = answer(many("resume", "workflow=gated&state=paused", OPS)).await;
+        assert_eq!(body["done"].as_u64(), Some(3), "[{b}] {body}");
+        gate.add_permits(3);
+        for id in &ids {
+            let run = engine
+                .wait(*id, Duration::from_secs(30))
+                .await
+                .expect("ends");
+            assert_eq!(run.state, sagaflow::RunState::Completed, "[{b}]");
+        }
+        server.abort();
+        engine.shutdown().await;
+    }
+}

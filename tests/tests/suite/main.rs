@@ -14,6 +14,7 @@ mod console;
 mod crash;
 mod definitions;
 mod demo;
+mod extend;
 mod failover;
 mod failures;
 mod first_start;
