@@ -33,9 +33,9 @@ pub(crate) struct PausedRun {
 }
 
 impl PausedRun {
-    /// What `run`'s envelope keeps, if the run is paused. An envelope that does not say
-    /// (written by hand, or damaged) reads as the forward phase with no earlier error: the
-    /// evaluator finds the phase again from the steps when the run is resumed.
+    /// What `run`'s envelope keeps, if the run is paused. When the envelope does not say
+    /// (written by hand, or damaged), the phase is read from the steps (any in a
+    /// compensation state or skipped: compensating) and there was no earlier error.
     pub(crate) fn of(run: &RunRow, steps: &[StepRow]) -> Option<Self> {
         if run.state != RunState::Paused {
             return None;
@@ -92,21 +92,25 @@ pub(crate) fn envelope(message: &str, compensating: bool, cause: Option<&str>) -
 
 /// Parks the queued steps that are due: they stay queued, and wait for the run to resume.
 pub(crate) fn park<'a>(steps: impl IntoIterator<Item = &'a StepRow>) -> Vec<StepWrite> {
-    steps
-        .into_iter()
-        .filter(|s| matches!(s.state, StepState::Ready | StepState::CompensationReady))
-        .filter(|s| s.available_at.is_some())
-        .filter_map(|s| step_write(s, Trigger::Paused))
-        .collect()
+    queued(steps, true, Trigger::Paused)
 }
 
 /// Makes the parked steps due again.
 pub(crate) fn unpark(steps: &[StepRow]) -> Vec<StepWrite> {
+    queued(steps, false, Trigger::OperatorRelease)
+}
+
+/// The writes of `on` for the queued steps that are due (`due`) or parked (not `due`).
+fn queued<'a>(
+    steps: impl IntoIterator<Item = &'a StepRow>,
+    due: bool,
+    on: Trigger,
+) -> Vec<StepWrite> {
     steps
-        .iter()
+        .into_iter()
         .filter(|s| matches!(s.state, StepState::Ready | StepState::CompensationReady))
-        .filter(|s| s.available_at.is_none())
-        .filter_map(|s| step_write(s, Trigger::OperatorRelease))
+        .filter(|s| s.available_at.is_some() == due)
+        .filter_map(|s| step_write(s, on))
         .collect()
 }
 
