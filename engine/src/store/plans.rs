@@ -153,6 +153,7 @@ impl StoreTx<'_> {
         let mut out = Vec::with_capacity(plans.len());
         let mut same_state: BTreeMap<(RunState, bool, bool), Vec<Uuid>> = BTreeMap::new();
         let mut finished: Vec<Uuid> = Vec::new();
+        let mut totals: BTreeMap<(String, RunState), i64> = BTreeMap::new();
         let mut stale_runs: Vec<Uuid> = Vec::new();
         let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
         let mut resolve: Vec<Uuid> = Vec::new();
@@ -197,6 +198,7 @@ impl StoreTx<'_> {
             }
             if state.is_final() && state != before.state {
                 finished.push(id);
+                *totals.entry((before.workflow.clone(), state)).or_default() += 1;
             }
             if state != before.state || write.event.starts_with("operator") {
                 let event = if write.event.is_empty() {
@@ -272,7 +274,7 @@ impl StoreTx<'_> {
             self.notify = true;
         }
         // Last, so that the counter row is the last lock this transaction takes.
-        super::stats::count_finished(s, &self.txn, finished.len()).await?;
+        super::stats::count_finished(s, &self.txn, &totals).await?;
         Ok(out)
     }
 

@@ -267,18 +267,24 @@ impl Store {
             ))
             .await?;
         let txn = self.exec.begin().await?;
-        let ids: Vec<Uuid> = txn
+        let rows = txn
             .query_all(self.stmt(
-                "SELECT id FROM sagaflow_runs WHERE finished_at IS NOT NULL AND finished_at < {now} - $1 \
-                 ORDER BY finished_at LIMIT $2",
+                "SELECT id, workflow, state FROM sagaflow_runs WHERE finished_at IS NOT NULL \
+                 AND finished_at < {now} - $1 ORDER BY finished_at LIMIT $2",
                 vec![older_than_ms.into(), i64::from(limit).into()],
             ))
-            .await?
-            .iter()
-            .map(|r| r.try_get::<Uuid>("", "id"))
-            .collect::<Result<_, _>>()?;
-        if ids.is_empty() {
+            .await?;
+        if rows.is_empty() {
             return Ok(0);
+        }
+        let mut ids: Vec<Uuid> = Vec::with_capacity(rows.len());
+        // What the deleted runs took off the totals, per workflow and (stored) state.
+        let mut gone: std::collections::BTreeMap<(String, String), i64> =
+            std::collections::BTreeMap::new();
+        for r in &rows {
+            ids.push(r.try_get("", "id")?);
+            let key = (r.try_get("", "workflow")?, r.try_get("", "state")?);
+            *gone.entry(key).or_default() -= 1;
         }
         for table in ["sagaflow_history", "sagaflow_alerts"] {
             let (cond, values) = self.in_list("run_id", 1, &ids)?;
@@ -288,6 +294,13 @@ impl Store {
         let (cond, values) = self.in_list("id", 1, &ids)?;
         let sql = format!("DELETE FROM sagaflow_runs WHERE {cond}");
         let n = txn.execute(self.stmt(&sql, values)).await?;
+        // The totals are per run state: a stored state that is not one is left out.
+        let counted = gone.iter().filter_map(|((w, st), n)| {
+            st.parse::<crate::RunState>()
+                .ok()
+                .map(|st| (w.as_str(), st, *n))
+        });
+        super::stats::add_totals(self, &txn, 0, counted).await?;
         txn.commit().await?;
         Ok(n)
     }

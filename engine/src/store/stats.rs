@@ -1,16 +1,19 @@
 //! Figures for a console's overview, each meant to be read through an index rather than over
 //! every retained run: the queue (steps ready now, scheduled
-//! for later, running), the age of the oldest ready step, the unfinished runs per workflow and
-//! state, and the runs finished in the last 1, 5 and 15 minutes.
+//! for later, running), the age of the oldest ready step, the runs per workflow and state,
+//! and the runs finished in the last 1, 5 and 15 minutes.
 //!
-//! Lifetime totals of finished runs per workflow are left out on purpose: counting them reads
-//! every retained run (`Engine::run_counts` does, for monitoring that can afford it).
+//! Unfinished runs are counted over the runs (through the index of unfinished runs). Finished
+//! ones are not, since that would read every retained run: every transaction that finishes
+//! runs adds them to `sagaflow_run_totals` per workflow and final state, the retention sweep
+//! takes the runs it deletes off again, and the figures sum those rows.
 //!
 //! Recent throughput is not counted over the runs: every transaction that finishes runs adds
 //! their number to a row of `sagaflow_throughput` for the current ten seconds (one of
 //! sixteen rows, taken in turn, so that concurrent writers seldom share a row), and
 //! the figures sum those rows. "The last minute" is thus the last 50 to 60 seconds.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::Serialize;
@@ -33,11 +36,13 @@ pub struct Stats {
     pub oldest_ready_ms: i64,
     /// Unfinished runs per workflow and state.
     pub active: Vec<ActiveCount>,
+    /// Retained finished runs (`completed`, `compensated`) per workflow and state.
+    pub finished: Vec<ActiveCount>,
     /// Runs finished (completed or compensated) in the last 1, 5 and 15 minutes.
     pub finished_last: FinishedCounts,
 }
 
-/// Unfinished runs of one workflow in one state.
+/// Runs of one workflow in one state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ActiveCount {
     /// Workflow name.
@@ -65,20 +70,60 @@ pub(super) const THROUGHPUT_SLOTS: u32 = 16;
 /// How long throughput rows are kept (milliseconds): the longest window shown, with room.
 pub(super) const THROUGHPUT_KEEP_MS: i64 = 60 * 60 * 1000;
 
-/// Adds `n` finished runs to the current ten seconds' throughput, in the caller's transaction.
-pub(super) async fn count_finished(store: &Store, txn: &Txn, n: usize) -> Result<()> {
+/// Adds runs that finished, per workflow and final state, to the totals and to the current
+/// ten seconds' throughput, in the caller's transaction: the totals first, then throughput,
+/// each in key order, so that transactions sharing a slot take the rows in one order.
+pub(super) async fn count_finished(
+    store: &Store,
+    txn: &Txn,
+    finished: &BTreeMap<(String, RunState), i64>,
+) -> Result<()> {
     static NEXT_SLOT: AtomicU32 = AtomicU32::new(0);
-    if n == 0 {
+    if finished.is_empty() {
         return Ok(());
     }
-    let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % THROUGHPUT_SLOTS;
-    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    let slot = i64::from(NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % THROUGHPUT_SLOTS);
+    add_totals(
+        store,
+        txn,
+        slot,
+        finished.iter().map(|((w, st), n)| (w.as_str(), *st, *n)),
+    )
+    .await?;
+    let n: i64 = finished.values().sum();
     txn.execute(store.stmt(
         "INSERT INTO sagaflow_throughput (bucket, slot, finished) VALUES ({now} / 10000, $1, $2) \
          ON CONFLICT (bucket, slot) DO UPDATE SET finished = sagaflow_throughput.finished + excluded.finished",
-        vec![i64::from(slot).into(), n.into()],
+        vec![slot.into(), n.into()],
     ))
     .await?;
+    Ok(())
+}
+
+/// Adds `n` (negative: takes off) runs per workflow and final state to slot `slot` of the
+/// totals, in one statement.
+pub(super) async fn add_totals<'a>(
+    store: &Store,
+    txn: &Txn,
+    slot: i64,
+    counts: impl Iterator<Item = (&'a str, RunState, i64)>,
+) -> Result<()> {
+    let mut values: Vec<sea_orm::Value> = vec![slot.into()];
+    let mut rows = Vec::new();
+    for (workflow, state, n) in counts {
+        let i = values.len();
+        rows.push(format!("(${}, ${}, $1, ${})", i + 1, i + 2, i + 3));
+        values.extend([workflow.into(), state.as_str().into(), n.into()]);
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "INSERT INTO sagaflow_run_totals (workflow, state, slot, runs) VALUES {} \
+         ON CONFLICT (workflow, state, slot) DO UPDATE SET runs = sagaflow_run_totals.runs + excluded.runs",
+        rows.join(", ")
+    );
+    txn.execute(store.stmt(&sql, values)).await?;
     Ok(())
 }
 
@@ -120,33 +165,44 @@ impl Store {
             m5: get("m5")?,
             m15: get("m15")?,
         };
-        let rows = self
-            .exec
-            .query_all(self.stmt(
+        let active = self
+            .state_counts(
                 "SELECT workflow, state, COUNT(*) AS n FROM sagaflow_runs \
                  WHERE finished_at IS NULL GROUP BY workflow, state ORDER BY workflow, state",
-                vec![],
-            ))
+            )
             .await?;
-        let mut active = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let state: String = r.try_get("", "state")?;
-            // A damaged state is the concern of its run, not of the overview.
-            if let Ok(state) = state.parse::<RunState>() {
-                active.push(ActiveCount {
-                    workflow: r.try_get("", "workflow")?,
-                    state,
-                    runs: r.try_get("", "n")?,
-                });
-            }
-        }
+        let finished = self
+            .state_counts(
+                "SELECT workflow, state, CAST(SUM(runs) AS BIGINT) AS n FROM sagaflow_run_totals \
+                 GROUP BY workflow, state HAVING SUM(runs) > 0 ORDER BY workflow, state",
+            )
+            .await?;
         Ok(Stats {
             ready,
             scheduled,
             running,
             oldest_ready_ms: oldest_ready_ms.max(0),
             active,
+            finished,
             finished_last,
         })
+    }
+
+    /// Counts per workflow and state, read by `sql` (columns `workflow`, `state`, `n`).
+    async fn state_counts(&self, sql: &str) -> Result<Vec<ActiveCount>> {
+        let rows = self.exec.query_all(self.stmt(sql, vec![])).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let state: String = r.try_get("", "state")?;
+            // A damaged state is the concern of its run, not of the overview.
+            if let Ok(state) = state.parse::<RunState>() {
+                out.push(ActiveCount {
+                    workflow: r.try_get("", "workflow")?,
+                    state,
+                    runs: r.try_get("", "n")?,
+                });
+            }
+        }
+        Ok(out)
     }
 }

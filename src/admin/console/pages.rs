@@ -97,7 +97,7 @@ async fn overview_body(engine: &Engine) -> Result<Markup, Error> {
             }
         }
         section {
-            h2 { "Unfinished runs" }
+            h2 { "Runs per workflow and state" }
             (active_table(&stats))
         }
     })
@@ -130,14 +130,12 @@ fn throughput(stats: &Stats) -> Markup {
     }
 }
 
-/// Unfinished runs per workflow (rows) and state (columns), each count a link to the list.
+/// Runs per workflow (rows) and state (columns), unfinished and retained finished ones, each
+/// count a link to the list.
 fn active_table(stats: &Stats) -> Markup {
-    let states: Vec<RunState> = RunState::ALL
-        .into_iter()
-        .filter(|s| !s.is_final())
-        .collect();
+    let states = RunState::ALL;
     let mut by: BTreeMap<&str, BTreeMap<RunState, i64>> = BTreeMap::new();
-    for a in &stats.active {
+    for a in stats.active.iter().chain(&stats.finished) {
         *by.entry(&a.workflow)
             .or_default()
             .entry(a.state)
@@ -145,7 +143,7 @@ fn active_table(stats: &Stats) -> Markup {
     }
     html! {
         @if by.is_empty() {
-            p.muted { "No unfinished runs." }
+            p.muted { "No runs yet." }
         } @else {
             div.scroll {
                 table #active {

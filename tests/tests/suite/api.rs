@@ -737,6 +737,40 @@ async fn stats_show_the_queue_the_active_runs_and_recent_throughput() {
             stats["active"].as_array().is_some_and(Vec::is_empty),
             "[{b}] {stats}"
         );
+        let finished = |stats: &Value| -> Vec<(String, String, i64)> {
+            stats["finished"]
+                .as_array()
+                .expect("finished")
+                .iter()
+                .map(|f| {
+                    (
+                        f["workflow"].as_str().unwrap_or_default().to_owned(),
+                        f["state"].as_str().unwrap_or_default().to_owned(),
+                        f["runs"].as_i64().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            finished(&stats),
+            [
+                ("gated".into(), "completed".into(), 1),
+                ("order".into(), "completed".into(), 1)
+            ],
+            "[{b}] finished runs per workflow and state, counted as they finished: {stats}"
+        );
+        // The retention sweep takes what it deletes off the totals.
+        sagaflow_testkit::eventually(Duration::from_secs(20), "the runs to be purged", || async {
+            let purged = engine
+                .store()
+                .run_purge_finished(0, 1)
+                .await
+                .expect("purge");
+            purged == 0 && engine.run(done).await.ok().flatten().is_none()
+        })
+        .await;
+        let (_, stats) = read().await;
+        assert_eq!(finished(&stats), [], "[{b}] {stats}");
 
         engine.shutdown().await;
         server.abort();
