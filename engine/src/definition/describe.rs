@@ -19,6 +19,7 @@ use crate::{Error, StepError};
 
 /// A workflow as published: its graph and policies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowDescription {
     /// The workflow's name.
     pub name: String,
@@ -36,6 +37,7 @@ pub struct WorkflowDescription {
 
 /// One step of a [`WorkflowDescription`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepDescription {
     /// The step's name.
     pub name: String,

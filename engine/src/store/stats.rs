@@ -22,6 +22,7 @@ use crate::{Result, RunState};
 
 /// A snapshot of the queue and of recent throughput (database clock).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Stats {
     /// Steps due now (`ready`, `compensation_ready`).
     pub ready: i64,
@@ -39,6 +40,7 @@ pub struct Stats {
 
 /// Unfinished runs of one workflow in one state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActiveCount {
     /// Workflow name.
     pub workflow: String,
@@ -50,6 +52,7 @@ pub struct ActiveCount {
 
 /// Runs finished in the last 1, 5 and 15 minutes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FinishedCounts {
     /// In the last minute.
     pub m1: i64,

@@ -22,6 +22,7 @@ mod flow;
 mod frozen;
 mod interruption;
 mod list;
+mod openapi;
 mod operator;
 mod published;
 mod secrets;
