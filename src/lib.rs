@@ -84,6 +84,9 @@ pub mod internals {
         Registry, operator, protocol, scheduler, signals, store, transition,
     };
     pub use sagaflow_supervisor::{Supervisor, SupervisorConfig, SweepGate};
+
+    /// Every route of the HTTP API under `/api/v1` as (method, path): the router's own table.
+    pub const API_ROUTES: &[(&str, &str)] = crate::admin::API_ROUTES;
 }
 
 /// Re-exported so that an application derives `JsonSchema` for its input types (the

@@ -22,6 +22,7 @@
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum StepState {
     /// Waiting for its dependencies. Moved to `Ready` by the scheduler's evaluator when every
     /// dependency completed, or to `Skipped` when the run compensates.
@@ -113,6 +114,7 @@ impl StepState {
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum RunState {
     /// Accepted: stored with its root steps already queued. Moved by its first evaluation,
     /// normally when its first step result is written: to `Running` (or straight to

@@ -15,11 +15,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use sagaflow_engine::signals::RunEvent;
 use sagaflow_engine::{Error, RunState};
-use serde_json::json;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use super::AdminState;
+use super::answers::{ErrorBody, RunStateEvent};
 use super::routes::{ApiError, run_id};
 use crate::Engine;
 
@@ -35,6 +35,29 @@ struct Follow {
     ended: bool,
 }
 
+/// Follows a run's state
+///
+/// Server-sent events, one `state` event per state: the run's state now, then each change,
+/// until the run is `completed` or `compensated`, when the stream ends (an `error` run stays
+/// followed: an operator may resume it). Each event's `data` is a `RunStateEvent` in JSON.
+#[utoipa::path(
+    get,
+    path = "/api/v1/runs/{id}/events",
+    tag = "runs",
+    params(("id" = Uuid, Path, description = "The run's id")),
+    responses(
+        (
+            status = 200,
+            description = "A stream of `state` events whose `data` is a `RunStateEvent` (see the schema of that name)",
+            content_type = "text/event-stream",
+            body = String,
+            example = "event: state\ndata: {\"run_id\":\"0199a1b2-0000-7000-8000-000000000000\",\"state\":\"pending\"}\n\n",
+        ),
+        (status = 400, description = "`invalid_id`: not a UUID", body = ErrorBody),
+        (status = 404, description = "`run_not_found`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 pub(super) async fn run_events(
     State(s): State<AdminState>,
     Path(id): Path<String>,
@@ -56,11 +79,12 @@ pub(super) async fn run_events(
         let state = next_state(&mut f).await?;
         f.last = Some(state);
         f.ended = state.is_final();
-        let data = json!({ "run_id": f.id, "state": state });
-        Some((
-            Ok(Event::default().event("state").data(data.to_string())),
-            f,
-        ))
+        let data = RunStateEvent {
+            run_id: f.id,
+            state,
+        };
+        let data = serde_json::to_string(&data).unwrap_or_default();
+        Some((Ok(Event::default().event("state").data(data)), f))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

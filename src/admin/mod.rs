@@ -19,13 +19,16 @@
 //! | `GET /api/v1/alerts` | read | the open alerts |
 //! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert; 404 when it is not open |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
+//! | `GET /api/v1/openapi.json` | read | this API as an OpenAPI 3.1 document, generated from the code |
 //!
 //! The same router serves a web console under `/console/` (see `docs/console.md`): log in
 //! with one of these tokens, then browse runs, alerts and definitions and act on runs.
 
+mod answers;
 mod auth;
 mod console;
 mod events;
+mod openapi;
 mod routes;
 pub(crate) mod serve;
 mod token_file;
@@ -36,6 +39,8 @@ use axum::Router;
 
 pub use auth::{AdminToken, Role};
 pub use events::EVENTS_POLL;
+#[cfg(feature = "internals")]
+pub(crate) use routes::API_ROUTES;
 pub use token_file::{ADMIN_TOKEN_FILE_ENV, TOKEN_SECRET_MIN_CHARS, TokenFileError};
 
 use crate::Engine;

@@ -7,29 +7,82 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router, middleware};
 use sagaflow_engine::Error;
+use sagaflow_engine::FieldError;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::time::Duration;
+use utoipa::{IntoParams, ToSchema};
 
 use sagaflow_engine::transition::operator::EXTEND_MAX;
 use uuid::Uuid;
 
 use super::AdminState;
+use super::answers::{
+    ActionAnswer, AlertsAnswer, BulkAnswer, BulkResult, DefinitionAnswer, DefinitionsAnswer,
+    ErrorBody, ErrorDetail, HealthAnswer, ResolveAnswer, RunAnswer, RunsAnswer, StartAnswer, json,
+};
 use super::auth::{Caller, Role, require_token};
-use crate::{Health, RunOrder, RunQuery, RunState, StartOptions};
+use super::openapi::Security;
+use crate::{Health, RunOrder, RunQuery, RunState, StartOptions, Stats};
+
+/// Declares the routes under `/api/v1` once: the router that serves them and their table,
+/// [`API_ROUTES`], which the OpenAPI document is tested against.
+macro_rules! api_routes {
+    ($($method:ident $path:literal => $handler:path,)*) => {
+        /// Every route of the API under `/api/v1`: its method and path, as the router serves
+        /// it and as the OpenAPI document names it.
+        pub(crate) const API_ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
+
+        fn api_routes() -> Router<AdminState> {
+            Router::new()$(.route($path, $method($handler)))*
+        }
+    };
+}
+
+api_routes! {
+    get "/api/v1/definitions" => definitions,
+    post "/api/v1/workflows/{name}/runs" => start_run,
+    get "/api/v1/runs" => list_runs,
+    get "/api/v1/runs/{id}" => run,
+    get "/api/v1/runs/{id}/events" => super::events::run_events,
+    post "/api/v1/runs/{id}/actions/{action}" => act,
+    post "/api/v1/runs/actions/{action}" => act_many,
+    get "/api/v1/alerts" => alerts,
+    get "/api/v1/stats" => stats,
+    post "/api/v1/alerts/{id}/resolve" => resolve_alert,
+    get "/api/v1/openapi.json" => super::openapi::openapi_json,
+}
+
+/// The OpenAPI document of the API (served by [`super::openapi`]).
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "sagaflow HTTP API",
+        description = "Start workflow runs, follow and read them, take operator actions, read \
+                       alerts and statistics. Answers are JSON; an error answer is an \
+                       `ErrorBody`."
+    ),
+    paths(
+        healthz,
+        definitions,
+        start_run,
+        list_runs,
+        run,
+        super::events::run_events,
+        act,
+        act_many,
+        alerts,
+        resolve_alert,
+        stats,
+        super::openapi::openapi_json,
+    ),
+    components(schemas(ErrorBody, RunOrder, super::answers::RunStateEvent)),
+    modifiers(&Security),
+)]
+pub(super) struct ApiDoc;
 
 pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
-    let api = Router::new()
-        .route("/api/v1/definitions", get(definitions))
-        .route("/api/v1/workflows/{name}/runs", post(start_run))
-        .route("/api/v1/runs", get(list_runs))
-        .route("/api/v1/runs/{id}", get(run))
-        .route("/api/v1/runs/{id}/events", get(super::events::run_events))
-        .route("/api/v1/runs/{id}/actions/{action}", post(act))
-        .route("/api/v1/runs/actions/{action}", post(act_many))
-        .route("/api/v1/alerts", get(alerts))
-        .route("/api/v1/stats", get(stats))
-        .route("/api/v1/alerts/{id}/resolve", post(resolve_alert))
+    let api = api_routes()
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -47,7 +100,7 @@ pub(crate) struct ApiError {
     code: &'static str,
     message: String,
     /// Where an input is wrong: `[{"pointer", "message"}]`, JSON Pointers into the input.
-    fields: Option<Value>,
+    fields: Option<Vec<FieldError>>,
 }
 
 impl ApiError {
@@ -84,11 +137,14 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = json!({ "error": { "code": self.code, "message": self.message } });
-        if let Some(fields) = self.fields {
-            body["error"]["fields"] = fields;
-        }
-        (self.status, Json(body)).into_response()
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+                fields: self.fields,
+            },
+        };
+        (self.status, json(&body)).into_response()
     }
 }
 
@@ -103,7 +159,7 @@ impl From<Error> for ApiError {
             Error::InvalidQuery(_) => Self::new(S::BAD_REQUEST, "invalid_query", e.to_string()),
             Error::InvalidInput { field, .. } => {
                 let mut err = Self::new(S::BAD_REQUEST, "invalid_input", e.to_string());
-                err.fields = field.as_ref().map(|f| json!([f]));
+                err.fields = field.as_ref().map(|f| vec![f.clone()]);
                 err
             }
             Error::PayloadTooLarge { .. } => {
@@ -160,42 +216,71 @@ async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
+/// Whether the engine runs
+///
+/// No token needed: for load balancers and orchestrators.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    responses(
+        (status = 200, description = "The engine runs: `{\"status\": \"running\"}`", body = HealthAnswer),
+        (status = 503, description = "The engine stopped, and why", body = HealthAnswer),
+    ),
+)]
 async fn healthz(State(s): State<AdminState>) -> Response {
     match s.engine.health() {
-        Health::Running => Json(json!({ "status": "running" })).into_response(),
+        Health::Running => json(&HealthAnswer {
+            status: "running".to_owned(),
+        })
+        .into_response(),
         other => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "status": format!("{other:?}").to_lowercase() })),
+            json(&HealthAnswer {
+                status: format!("{other:?}").to_lowercase(),
+            }),
         )
             .into_response(),
     }
 }
 
+/// The published definitions
+///
+/// Each workflow version some engine published, with its graph, policies and input schema.
+#[utoipa::path(
+    get,
+    path = "/api/v1/definitions",
+    tag = "definitions",
+    responses(
+        (status = 200, description = "The published definitions", body = DefinitionsAnswer),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn definitions(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
     let defs = s.engine.definitions().await?;
-    let list: Vec<Value> = defs
+    let definitions = defs
         .into_iter()
         .map(|d| {
-            let (description, error) = match d.description {
-                Ok(desc) => (serde_json::to_value(desc).unwrap_or(Value::Null), None),
-                Err(e) => (Value::Null, Some(e)),
+            let (description, description_error) = match d.description {
+                Ok(desc) => (Some(desc), None),
+                Err(e) => (None, Some(e)),
             };
-            json!({
-                "key": d.key,
-                "name": d.name,
-                "version": d.version,
-                "description": description,
-                "description_error": error,
-                "published_by": d.published_by,
-                "published_at": d.published_at,
-            })
+            DefinitionAnswer {
+                key: d.key,
+                name: d.name,
+                version: d.version,
+                description,
+                description_error,
+                published_by: d.published_by,
+                published_at: d.published_at,
+            }
         })
         .collect();
-    Ok(Json(json!({ "definitions": list })))
+    Ok(json(&DefinitionsAnswer { definitions }))
 }
 
 /// The body of a start.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct StartBody {
     /// The run's input.
@@ -205,6 +290,27 @@ struct StartBody {
     business_key: Option<String>,
 }
 
+/// Starts a run
+///
+/// Starts a run of the newest version of workflow `name`, or returns the run that already
+/// holds the business key. Needs an operator token.
+#[utoipa::path(
+    post,
+    path = "/api/v1/workflows/{name}/runs",
+    tag = "runs",
+    params(("name" = String, Path, description = "The workflow's name")),
+    request_body = StartBody,
+    responses(
+        (status = 201, description = "A new run", body = StartAnswer),
+        (status = 200, description = "The run already holding the business key (`created`: `false`)", body = StartAnswer),
+        (status = 400, description = "`invalid_input`: the workflow refuses the input (where, in `error.fields`); `invalid_json` or `invalid_body`: the body is not JSON or not of this shape", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
+        (status = 404, description = "`workflow_not_found`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`: the body or the input is over its limit", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn start_run(
     State(s): State<AdminState>,
     Extension(caller): Extension<Caller>,
@@ -223,22 +329,24 @@ async fn start_run(
     } else {
         StatusCode::OK
     };
-    let answer = json!({
-        "id": started.id,
-        "state": started.state,
-        "created": started.created,
-    });
-    Ok((status, Json(answer)).into_response())
+    let answer = StartAnswer {
+        id: started.id,
+        state: started.state,
+        created: started.created,
+    };
+    Ok((status, json(&answer)).into_response())
 }
 
 /// The query string of `GET /api/v1/runs`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ListParams {
     /// Only runs of this workflow.
     pub(super) workflow: Option<String>,
     /// Only runs in this state (`pending`, `running`, `compensating`, `completed`,
     /// `compensated`, `error`).
+    #[param(value_type = Option<RunState>)]
     pub(super) state: Option<String>,
     /// Only runs started with this business key.
     pub(super) business_key: Option<String>,
@@ -247,6 +355,7 @@ pub(super) struct ListParams {
     /// Only runs created before this instant (epoch milliseconds).
     pub(super) created_before: Option<i64>,
     /// `created` (newest first, the default) or `attempts` (most failed attempts first).
+    #[param(value_type = Option<RunOrder>)]
     pub(super) sort: Option<String>,
     /// Rows per page (default 50, at most 500).
     pub(super) limit: Option<u32>,
@@ -301,6 +410,20 @@ impl ListParams {
     }
 }
 
+/// Lists runs
+///
+/// One page of runs, filtered and sorted; `next` is the cursor of the following page.
+#[utoipa::path(
+    get,
+    path = "/api/v1/runs",
+    tag = "runs",
+    params(ListParams),
+    responses(
+        (status = 200, description = "One page of runs", body = RunsAnswer),
+        (status = 400, description = "`invalid_query`: an unknown parameter, state or sort, or a cursor the list did not give out", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn list_runs(
     State(s): State<AdminState>,
     params: Result<Query<ListParams>, QueryRejection>,
@@ -309,11 +432,11 @@ async fn list_runs(
         .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
     let page = s.engine.list_runs(&params.query()?).await?;
     let damaged: Vec<String> = page.damaged.iter().map(ToString::to_string).collect();
-    Ok(Json(json!({
-        "runs": page.runs,
-        "damaged": damaged,
-        "next": page.next,
-    })))
+    Ok(json(&RunsAnswer {
+        runs: page.runs,
+        damaged,
+        next: page.next,
+    }))
 }
 
 /// A run id from the path.
@@ -322,6 +445,22 @@ pub(super) fn run_id(id: &str) -> Result<Uuid, ApiError> {
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", "a run id is a UUID"))
 }
 
+/// Reads a run
+///
+/// The run with its steps, its history and its alerts.
+#[utoipa::path(
+    get,
+    path = "/api/v1/runs/{id}",
+    tag = "runs",
+    operation_id = "get_run",
+    params(("id" = Uuid, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "The run", body = RunAnswer),
+        (status = 400, description = "`invalid_id`: not a UUID", body = ErrorBody),
+        (status = 404, description = "`run_not_found`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn run(State(s): State<AdminState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let id = run_id(&id)?;
     let Some(run) = s.engine.run(id).await? else {
@@ -330,12 +469,12 @@ async fn run(State(s): State<AdminState>, Path(id): Path<String>) -> Result<Json
     let steps = s.engine.steps(id).await?;
     let history = s.engine.history(id).await?;
     let alerts = s.engine.run_alerts(id).await?;
-    Ok(Json(json!({
-        "run": run,
-        "steps": steps,
-        "history": history,
-        "alerts": alerts,
-    })))
+    Ok(json(&RunAnswer {
+        run,
+        steps,
+        history,
+        alerts,
+    }))
 }
 
 /// The operator actions the API and the console take on a run.
@@ -421,11 +560,12 @@ pub(super) fn action_reason(reason: &str) -> Option<&str> {
 }
 
 /// The body of an action.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ActionBody {
     /// Why, in the operator's words (required: it goes into the run's history).
     #[serde(default)]
+    #[schema(required = true, min_length = 1)]
     reason: String,
     /// The step, for `retry` and `mark_compensated`.
     #[serde(default)]
@@ -515,6 +655,31 @@ impl Request {
     }
 }
 
+/// Takes an operator action on a run
+///
+/// Recorded in the run's history with the reason, as done by `api:<token name>`. Needs an
+/// operator token.
+#[utoipa::path(
+    post,
+    path = "/api/v1/runs/{id}/actions/{action}",
+    tag = "runs",
+    operation_id = "act_on_run",
+    params(
+        ("id" = Uuid, Path, description = "The run's id"),
+        ("action" = Action, Path, description = "The action"),
+    ),
+    request_body = ActionBody,
+    responses(
+        (status = 200, description = "Taken; the run's state after it", body = ActionAnswer),
+        (status = 400, description = "`reason_required` (1 to 2,000 characters), `step_required`, `extension_required` (`extend` needs `by_seconds`, 1 to 86,400), `invalid_id`, `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
+        (status = 404, description = "`unknown_action` or `run_not_found`", body = ErrorBody),
+        (status = 409, description = "`action_not_allowed`: the run's state does not allow it, and why", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn act(
     State(s): State<AdminState>,
     Extension(caller): Extension<Caller>,
@@ -525,19 +690,43 @@ async fn act(
     let id = run_id(&id)?;
     let request = Request::parse(&action, body)?;
     let state = request.perform(&s, &caller, id).await?;
-    Ok(Json(
-        json!({ "id": id, "action": request.action.name(), "state": state }),
-    ))
+    Ok(json(&ActionAnswer {
+        id,
+        action: request.action,
+        state,
+    }))
 }
 
 /// Runs one bulk action takes by default.
 pub(super) const BULK_DEFAULT: u32 = 100;
 
-/// `POST /api/v1/runs/actions/{action}?<the list's filters>`: the action on each run the
-/// filters select (one page of the list: `limit`, default [`BULK_DEFAULT`], at most
-/// [`RUN_PAGE_MAX`](crate::RUN_PAGE_MAX); `next` pages on), each through the same rules and
-/// audit as a single action; answered with a result per run. A filter is required: no
-/// action applies to every run by accident.
+/// Takes an operator action on every run of one page of the filtered list
+///
+/// The action on each run the filters select (one page of the list: `limit`, default 100, at
+/// most 500; `next` pages on), each through the same rules and audit as a single action;
+/// answered with a result per run, a refusal of one run not stopping the others. At least one
+/// filter is required, so that no action applies to every run by accident. Needs an operator
+/// token.
+#[utoipa::path(
+    post,
+    path = "/api/v1/runs/actions/{action}",
+    tag = "runs",
+    operation_id = "act_on_runs",
+    params(
+        ("action" = Action, Path, description = "The action"),
+        ListParams,
+    ),
+    request_body = ActionBody,
+    responses(
+        (status = 200, description = "Taken on each run that allowed it; a result per run", body = BulkAnswer),
+        (status = 400, description = "`filter_required`, `invalid_query`, `reason_required`, `step_required`, `extension_required`, `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
+        (status = 404, description = "`unknown_action`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn act_many(
     State(s): State<AdminState>,
     Extension(caller): Extension<Caller>,
@@ -564,37 +753,73 @@ async fn act_many(
         match request.perform(&s, &caller, run.id).await {
             Ok(state) => {
                 done += 1;
-                results.push(json!({ "id": run.id, "ok": true, "state": state }));
+                results.push(BulkResult {
+                    id: run.id,
+                    ok: true,
+                    state: Some(state),
+                    status: None,
+                    error: None,
+                });
             }
             Err(e) => {
                 refused += 1;
                 let e = ApiError::from(e);
-                results.push(json!({
-                    "id": run.id,
-                    "ok": false,
-                    "status": e.status.as_u16(),
-                    "error": { "code": e.code, "message": e.message },
-                }));
+                results.push(BulkResult {
+                    id: run.id,
+                    ok: false,
+                    state: None,
+                    status: Some(e.status.as_u16()),
+                    error: Some(ErrorDetail {
+                        code: e.code,
+                        message: e.message,
+                        fields: None,
+                    }),
+                });
             }
         }
     }
     tracing::info!(action = request.action.name(), done, refused, by = %caller.name, "bulk action over the API");
-    let damaged: Vec<String> = page.damaged.iter().map(ToString::to_string).collect();
-    Ok(Json(json!({
-        "action": request.action.name(),
-        "done": done,
-        "refused": refused,
-        "results": results,
-        "damaged": damaged,
-        "next": page.next,
-    })))
+    Ok(json(&BulkAnswer {
+        action: request.action,
+        done,
+        refused,
+        results,
+        damaged: page.damaged.iter().map(ToString::to_string).collect(),
+        next: page.next,
+    }))
 }
 
+/// The open alerts
+#[utoipa::path(
+    get,
+    path = "/api/v1/alerts",
+    tag = "alerts",
+    responses(
+        (status = 200, description = "The open alerts of every instance, oldest first", body = AlertsAnswer),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn alerts(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
     let open = s.engine.open_alerts().await?;
-    Ok(Json(json!({ "alerts": open })))
+    Ok(json(&AlertsAnswer { alerts: open }))
 }
 
+/// Resolves an open alert
+///
+/// Needs an operator token.
+#[utoipa::path(
+    post,
+    path = "/api/v1/alerts/{id}/resolve",
+    tag = "alerts",
+    params(("id" = i64, Path, description = "The alert's id")),
+    responses(
+        (status = 200, description = "Resolved", body = ResolveAnswer),
+        (status = 400, description = "`invalid_id`: not an integer", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
+        (status = 404, description = "`alert_not_open`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn resolve_alert(
     State(s): State<AdminState>,
     Extension(caller): Extension<Caller>,
@@ -610,7 +835,7 @@ async fn resolve_alert(
     })?;
     if s.engine.operator().resolve_alert(id).await? {
         tracing::info!(alert = id, by = %caller.name, "alert resolved over the API");
-        Ok(Json(json!({ "id": id, "resolved": true })))
+        Ok(json(&ResolveAnswer { id, resolved: true }))
     } else {
         Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -620,7 +845,20 @@ async fn resolve_alert(
     }
 }
 
+/// The queue and recent throughput
+///
+/// Steps due now, due later and in flight, the oldest due step's wait, unfinished runs per
+/// workflow and state, and runs finished in the last 1, 5 and 15 minutes.
+#[utoipa::path(
+    get,
+    path = "/api/v1/stats",
+    tag = "stats",
+    responses(
+        (status = 200, description = "The statistics", body = Stats),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
 async fn stats(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
     let stats = s.engine.stats().await?;
-    Ok(Json(serde_json::to_value(stats).unwrap_or(Value::Null)))
+    Ok(json(&stats))
 }

@@ -21,6 +21,7 @@ use crate::{Error, StepError};
 
 /// A workflow as published: its graph and policies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowDescription {
     /// The workflow's name.
     pub name: String,
@@ -51,6 +52,7 @@ fn is_compensate(s: &str) -> bool {
 
 /// One step of a [`WorkflowDescription`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepDescription {
     /// The step's name.
     pub name: String,

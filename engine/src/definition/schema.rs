@@ -24,6 +24,7 @@ const MAX_DEPTH: usize = 64;
 /// does not match the input's JSON Schema.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldError {
     /// A JSON Pointer (RFC 6901) to the offending value in the input: `""` for the input as a
     /// whole, `/lines/0/sku` for a field of the first line.

@@ -13,6 +13,7 @@ use super::Timestamp;
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AlertKind {
     /// A run stopped in `Error`: a compensation failed, a step failed after the pivot, a
     /// retriable step failed for good, or the pivot may have taken effect.
@@ -47,6 +48,7 @@ impl AlertKind {
 /// An operator alert, stored before it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Alert {
     /// Alert id.
     pub id: i64,
@@ -64,8 +66,10 @@ pub struct Alert {
     /// What the operator can do.
     pub actions: Vec<String>,
     /// When it was raised (database clock).
+    #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
     pub created_at: Timestamp,
     /// When it was resolved.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub resolved_at: Option<Timestamp>,
 }
 

@@ -14,6 +14,7 @@ use crate::{Error, Result, RunState, StepState};
 #[strum(serialize_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum HistoryKind {
     /// The run was accepted.
     Submitted,
@@ -55,6 +56,7 @@ pub enum HistoryKind {
 /// A state named in a history event: a run's or a step's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(tag = "of", content = "state", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum EntityState {
     /// A run state.
     Run(RunState),
@@ -92,6 +94,7 @@ impl std::fmt::Display for EntityState {
 /// One entry of a run's append-only history.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HistoryEvent {
     /// Sequence number (increasing within a database).
     pub id: i64,
@@ -110,6 +113,7 @@ pub struct HistoryEvent {
     /// Details: an error envelope, a note.
     pub detail: Option<Value>,
     /// When (database clock).
+    #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
     pub at: Timestamp,
 }
 

@@ -56,6 +56,7 @@ fn json_opt(
 /// One run of a workflow.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Run {
     /// Run id.
     pub id: Uuid,
@@ -74,10 +75,13 @@ pub struct Run {
     /// The error envelope (`code`, `message`, …) of the failure that stopped or unwound it.
     pub error: Option<Value>,
     /// When it was accepted.
+    #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
     pub created_at: Timestamp,
     /// When it last changed.
+    #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
     pub updated_at: Timestamp,
     /// When it finished (`Completed` or `Compensated`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub finished_at: Option<Timestamp>,
     /// Attempts of its steps (forward and compensation) that ended without success:
     /// failures, timeouts and interruptions.
@@ -112,6 +116,7 @@ impl RunRow {
 /// Attempts of one step, counted per phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Attempts {
     /// Attempts of the forward step so far.
     pub forward: i32,
@@ -130,6 +135,7 @@ pub struct Attempts {
 /// One step of an unfinished run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Step {
     /// The run it belongs to.
     pub run_id: Uuid,
@@ -145,10 +151,13 @@ pub struct Step {
     /// The engine instance running it, while it runs.
     pub locked_by: Option<String>,
     /// The deadline of the attempt in flight (`CompleteBy`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub complete_by: Option<Timestamp>,
     /// When it is due, while queued.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub available_at: Option<Timestamp>,
     /// The current length of an attempt's deadline.
+    #[cfg_attr(feature = "openapi", schema(value_type = DurationSchema))]
     pub deadline: Duration,
     /// The idempotency key its forward attempts send.
     pub idempotency_key: String,
@@ -200,6 +209,19 @@ impl StepRow {
             idempotency_key: r.idempotency_key,
         })
     }
+}
+
+/// A length of time as serde writes a [`Duration`]: whole seconds and the nanoseconds
+/// beyond them.
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[schema(as = Duration)]
+#[allow(dead_code)] // a schema, never built
+struct DurationSchema {
+    /// Whole seconds.
+    secs: u64,
+    /// Nanoseconds beyond them.
+    nanos: u32,
 }
 
 /// How many retained runs are in each state (a monitoring snapshot).

@@ -23,6 +23,7 @@ pub const RUN_PAGE_MAX: u32 = 500;
 /// The order of a run list.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum RunOrder {
     /// Newest first.
     #[default]
@@ -135,6 +136,7 @@ impl RunQuery {
 /// One run in a list: what a table row shows, without input and output.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunSummary {
     /// Run id.
     pub id: Uuid,
@@ -149,10 +151,13 @@ pub struct RunSummary {
     /// Attempts of its steps that ended without success (failures, timeouts, interruptions).
     pub failed_attempts: i64,
     /// When it was accepted.
+    #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
     pub created_at: Timestamp,
     /// When it last changed.
+    #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
     pub updated_at: Timestamp,
     /// When it finished.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub finished_at: Option<Timestamp>,
     /// The error envelope of the failure that stopped or unwound it.
     pub error: Option<serde_json::Value>,

@@ -25,6 +25,7 @@ use crate::{Result, RunState};
 
 /// A snapshot of the queue and of recent throughput (database clock).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Stats {
     /// Steps due now (`ready`, `compensation_ready`).
     pub ready: i64,
@@ -44,6 +45,7 @@ pub struct Stats {
 
 /// Runs of one workflow in one state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActiveCount {
     /// Workflow name.
     pub workflow: String,
@@ -55,6 +57,7 @@ pub struct ActiveCount {
 
 /// Runs finished in the last 1, 5 and 15 minutes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FinishedCounts {
     /// In the last minute.
     pub m1: i64,

@@ -23,6 +23,7 @@ mod flow;
 mod frozen;
 mod interruption;
 mod list;
+mod openapi;
 mod operator;
 mod pause;
 mod published;

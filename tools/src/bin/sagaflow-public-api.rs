@@ -25,6 +25,15 @@ use clap::Parser;
 /// The workspace crates whose items `sagaflow` re-exports.
 const DEFINING_CRATES: [&str; 2] = ["sagaflow_engine", "sagaflow_supervisor"];
 
+/// The features `sagaflow` builds a defining crate with, so that its listing holds the impls
+/// they add (`ToSchema` of the types the HTTP API answers with).
+fn features_of(krate: &str) -> &'static str {
+    match krate {
+        "sagaflow_engine" => "openapi",
+        _ => "",
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(about = "Write or check docs/public-api.txt, the listing of sagaflow's public API")]
 struct Args {
@@ -52,10 +61,15 @@ enum ListingError {
     },
 }
 
-/// The listing of one package (`cargo public-api -ss`: no blanket or auto-trait impls).
-fn listing(package: &str) -> Result<String, ListingError> {
-    let out = Command::new("cargo")
-        .args(["public-api", "-ss", "--color", "never", "-p", package])
+/// The listing of one package with `features` (`cargo public-api -ss`: no blanket or
+/// auto-trait impls).
+fn listing(package: &str, features: &str) -> Result<String, ListingError> {
+    let mut command = Command::new("cargo");
+    command.args(["public-api", "-ss", "--color", "never", "-p", package]);
+    if !features.is_empty() {
+        command.args(["--features", features]);
+    }
+    let out = command
         .env("RUSTC_BOOTSTRAP", "1")
         .output()
         .map_err(ListingError::Spawn)?;
@@ -139,7 +153,7 @@ fn user_paths(line: &str, reexported: &[String]) -> String {
 
 /// `sagaflow`'s listing with the lines of the items it re-exports from workspace crates.
 fn build() -> Result<String, ListingError> {
-    let own = listing("sagaflow")?;
+    let own = listing("sagaflow", "")?;
     let mut lines: BTreeSet<String> = BTreeSet::new();
     let mut reexported: Vec<String> = Vec::new();
     for line in own.lines() {
@@ -149,7 +163,7 @@ fn build() -> Result<String, ListingError> {
         lines.insert(line.to_owned());
     }
     for krate in DEFINING_CRATES {
-        let theirs = listing(&krate.replace('_', "-"))?;
+        let theirs = listing(&krate.replace('_', "-"), features_of(krate))?;
         for line in theirs.lines() {
             let s = subject(line);
             let Some(rest) = s.strip_prefix(krate).and_then(|r| r.strip_prefix("::")) else {

@@ -1,0 +1,180 @@
+//! The JSON bodies the API answers with: one type per answer, which the handler serializes
+//! and the OpenAPI document describes, so that the two cannot tell different stories.
+
+use axum::Json;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::{
+    Alert, FieldError, HistoryEvent, Run, RunState, RunSummary, Step, Timestamp,
+    WorkflowDescription,
+};
+
+use super::routes::Action;
+
+/// `answer` as the JSON body of a response, its object keys in alphabetical order at every
+/// level, as the API has always written them.
+pub(super) fn json<T: Serialize>(answer: &T) -> Json<Value> {
+    Json(serde_json::to_value(answer).unwrap_or(Value::Null))
+}
+
+/// The body of every error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What went wrong.
+    pub(crate) error: ErrorDetail,
+}
+
+/// What went wrong, for a program (`code`) and for a person (`message`).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// Machine-readable: each response of the document names the codes it carries.
+    pub(crate) code: &'static str,
+    /// What went wrong, in words.
+    pub(crate) message: String,
+    /// Where an input is wrong (`invalid_input` only): JSON Pointers into the input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fields: Option<Vec<FieldError>>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct HealthAnswer {
+    /// `running`; otherwise what stopped the engine (`stopped`, or `failed(…)` with why).
+    pub(super) status: String,
+}
+
+/// `GET /api/v1/definitions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct DefinitionsAnswer {
+    /// The published definitions, of every engine that shares the database.
+    pub(super) definitions: Vec<DefinitionAnswer>,
+}
+
+/// One published definition.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct DefinitionAnswer {
+    /// `name@version`.
+    pub(super) key: String,
+    /// The workflow's name.
+    pub(super) name: String,
+    /// Its version.
+    pub(super) version: i32,
+    /// Its graph, policies and input schema; `null` when the stored text does not decode.
+    pub(super) description: Option<WorkflowDescription>,
+    /// Why the stored description does not decode, when it does not.
+    pub(super) description_error: Option<String>,
+    /// The instance id of the engine that published it last.
+    pub(super) published_by: String,
+    /// When (database clock).
+    #[schema(value_type = chrono::DateTime<chrono::Utc>)]
+    pub(super) published_at: Timestamp,
+}
+
+/// `POST /api/v1/workflows/{name}/runs`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct StartAnswer {
+    /// The run's id.
+    pub(super) id: Uuid,
+    /// `pending` for a new run; the state of the run holding the business key otherwise.
+    pub(super) state: RunState,
+    /// Whether a new run was created (`false`: the run holding the business key).
+    pub(super) created: bool,
+}
+
+/// `GET /api/v1/runs`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct RunsAnswer {
+    /// The runs, in the query's order.
+    pub(super) runs: Vec<RunSummary>,
+    /// Rows of this page that could not be decoded, each as its error in words.
+    pub(super) damaged: Vec<String>,
+    /// The cursor of the next page (`cursor=…`); `null` on the last.
+    pub(super) next: Option<String>,
+}
+
+/// `GET /api/v1/runs/{id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct RunAnswer {
+    /// The run.
+    pub(super) run: Run,
+    /// Its steps, while it is unfinished.
+    pub(super) steps: Vec<Step>,
+    /// Its history, oldest first.
+    pub(super) history: Vec<HistoryEvent>,
+    /// Its alerts, open and resolved.
+    pub(super) alerts: Vec<Alert>,
+}
+
+/// `POST /api/v1/runs/{id}/actions/{action}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ActionAnswer {
+    /// The run.
+    pub(super) id: Uuid,
+    /// The action taken.
+    pub(super) action: Action,
+    /// The run's state after it.
+    pub(super) state: RunState,
+}
+
+/// `POST /api/v1/runs/actions/{action}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct BulkAnswer {
+    /// The action taken.
+    pub(super) action: Action,
+    /// On how many runs it was taken.
+    pub(super) done: usize,
+    /// How many runs refused it (their state did not allow it).
+    pub(super) refused: usize,
+    /// One per run of the page, in the list's order.
+    pub(super) results: Vec<BulkResult>,
+    /// Rows of the page that could not be decoded: not acted on.
+    pub(super) damaged: Vec<String>,
+    /// The cursor of the next page of runs the filters select; `null` on the last.
+    pub(super) next: Option<String>,
+}
+
+/// What an action did to one run of a bulk action.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct BulkResult {
+    /// The run.
+    pub(super) id: Uuid,
+    /// Whether the action was taken.
+    pub(super) ok: bool,
+    /// The run's state after it, when it was taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) state: Option<RunState>,
+    /// The status a single action would have answered, when it was refused (409 mostly).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) status: Option<u16>,
+    /// Why it was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) error: Option<ErrorDetail>,
+}
+
+/// `GET /api/v1/alerts`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct AlertsAnswer {
+    /// The open alerts, oldest first.
+    pub(super) alerts: Vec<Alert>,
+}
+
+/// `POST /api/v1/alerts/{id}/resolve`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ResolveAnswer {
+    /// The alert.
+    pub(super) id: i64,
+    /// Always `true`.
+    pub(super) resolved: bool,
+}
+
+/// The data of a `state` event of `GET /api/v1/runs/{id}/events`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct RunStateEvent {
+    /// The run.
+    pub(super) run_id: Uuid,
+    /// The state it is in now.
+    pub(super) state: RunState,
+}
