@@ -45,6 +45,7 @@ mod m0004_leader_progress;
 mod m0005_attempts_apart;
 mod m0006_definitions;
 mod m0007_run_list;
+mod m0008_start_and_priority;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -74,6 +75,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0005_attempts_apart::Migration),
             Box::new(m0006_definitions::Migration),
             Box::new(m0007_run_list::Migration),
+            Box::new(m0008_start_and_priority::Migration),
         ]
     }
 

@@ -24,6 +24,7 @@ mod interruption;
 mod list;
 mod operator;
 mod published;
+mod schedule;
 mod secrets;
 mod serve;
 mod shutdown;
