@@ -8,9 +8,8 @@ use sagaflow_agents::AgentPool;
 use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
 use sagaflow_engine::signals::{AlertSink, RunEvent, Signals};
 use sagaflow_engine::{
-    Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, RunRow, Step, StepRow,
-    Store,
-    store::{PublishedDefinition, Stats},
+    Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, Step, StepRow, Store,
+    store::{PublishedDefinition, RunView, Stats},
 };
 use sagaflow_supervisor::{Supervisor, SupervisorConfig, SupervisorStats};
 use sea_orm::DatabaseConnection;
@@ -273,9 +272,9 @@ impl Engine {
     pub async fn run(&self, id: Uuid) -> Result<Option<Run>> {
         self.inner
             .store
-            .run_get(id)
+            .run_view(id)
             .await?
-            .map(RunRow::into_run)
+            .map(RunView::into_run)
             .transpose()
     }
 
@@ -286,7 +285,7 @@ impl Engine {
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<Run>> {
         let row = self.inner.store.run_by_key(workflow, business_key).await?;
-        row.map(RunRow::into_run).transpose()
+        row.map(RunView::into_run).transpose()
     }
 
     /// The steps of an unfinished run (finished runs keep their history; see

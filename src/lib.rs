@@ -69,11 +69,13 @@ pub use sagaflow_engine::store::{
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error, FieldError,
     HistoryEvent, HistoryKind, KeyPolicy, OnFailure, Outcome, Result, RetryPolicy, Run, RunCounts,
-    RunEvent, RunState, Step, StepAction, StepContext, StepDescription, StepError, StepKind,
-    StepState, Timestamp, TracingSink, Workflow, WorkflowBuilder, WorkflowDescription,
+    RunEvent, RunState, StartOption, Step, StepAction, StepContext, StepDescription, StepError,
+    StepKind, StepState, Timestamp, TracingSink, Workflow, WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::SupervisorStats;
-pub use start::{OnDuplicate, StartOptions, Started};
+pub use start::{
+    OnDuplicate, PRIORITY_MAX, PRIORITY_MIN, START_AHEAD_MAX, StartOptions, StartTime, Started,
+};
 
 /// The engine's lower layers, for this project's own tests and tools (the `internals`
 /// feature). Not part of the product's API: no stability promise, absent from its listing.

@@ -3,10 +3,11 @@
 //! caller's own transaction).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sagaflow_engine::definition::millis;
-use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome};
-use sagaflow_engine::{Error, Result, RunState, Workflow};
+use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome, RunStart};
+use sagaflow_engine::{Error, Result, RunState, StartOption, Timestamp, Workflow};
 use sea_orm::ConnectionTrait;
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -28,6 +29,33 @@ pub enum OnDuplicate {
     Reject,
 }
 
+/// The lowest priority a run may have ([`StartOptions::priority`]).
+pub const PRIORITY_MIN: i32 = -1_000;
+
+/// The highest priority a run may have ([`StartOptions::priority`]).
+pub const PRIORITY_MAX: i32 = 1_000;
+
+/// How far ahead a run may be scheduled: 366 days. A start further ahead is refused with
+/// [`Error::InvalidStartOption`] (most likely a unit mistaken, seconds for milliseconds); work
+/// planned further out belongs in the application's own calendar.
+pub const START_AHEAD_MAX: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+
+/// When a run's first steps become due.
+///
+/// The database's clock decides when that is, as for every deadline of the engine: a delay
+/// is added to the database's time when the run is inserted, and an instant is compared
+/// with the database's time by the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartTime {
+    /// At once. The default.
+    #[default]
+    Now,
+    /// At this instant; at once if it has passed.
+    At(Timestamp),
+    /// This long after the run is stored.
+    After(Duration),
+}
+
 /// Options of a run start.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
@@ -36,6 +64,14 @@ pub struct StartOptions {
     pub business_key: Option<String>,
     /// What to do with a duplicate.
     pub on_duplicate: OnDuplicate,
+    /// When the run's first steps become due: at once by default. Until then the run is
+    /// `Pending` and its steps count as `scheduled` in [`Engine::stats`].
+    pub start: StartTime,
+    /// Claim priority, [`PRIORITY_MIN`] to [`PRIORITY_MAX`], 0 by default: among due steps,
+    /// those of runs of higher priority are claimed first, and steps of equal priority in
+    /// the order they became due. Every step of the run has it, compensations included.
+    /// Nothing ages: while higher-priority steps are due, lower ones wait.
+    pub priority: i32,
 }
 
 impl StartOptions {
@@ -44,7 +80,7 @@ impl StartOptions {
     pub fn keyed(key: impl Into<String>) -> Self {
         Self {
             business_key: Some(key.into()),
-            on_duplicate: OnDuplicate::ReturnExisting,
+            ..Self::default()
         }
     }
 
@@ -54,6 +90,91 @@ impl StartOptions {
         self.on_duplicate = d;
         self
     }
+
+    /// Starts the run at an instant rather than at once (at once if it has passed). At most
+    /// [`START_AHEAD_MAX`] ahead, as the application's clock sees it when the run is started.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sagaflow::StartOptions;
+    /// use sagaflow::Timestamp;
+    ///
+    /// let at: Timestamp = "2030-01-01T08:00:00Z".parse().expect("a time");
+    /// let options = StartOptions::keyed("o-1").start_at(at);
+    /// ```
+    #[must_use]
+    pub fn start_at(mut self, at: Timestamp) -> Self {
+        self.start = StartTime::At(at);
+        self
+    }
+
+    /// Starts the run this long after it is stored (by the database's clock), at most
+    /// [`START_AHEAD_MAX`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sagaflow::StartOptions;
+    ///
+    /// let options = StartOptions::default().start_after(Duration::from_secs(3600));
+    /// ```
+    #[must_use]
+    pub fn start_after(mut self, delay: Duration) -> Self {
+        self.start = StartTime::After(delay);
+        self
+    }
+
+    /// Sets the claim priority ([`PRIORITY_MIN`] to [`PRIORITY_MAX`]; higher is claimed
+    /// first).
+    #[must_use]
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The start as the store takes it, or the option that is out of range.
+    fn checked(&self) -> Result<(RunStart, i32)> {
+        let invalid =
+            |option: StartOption, reason: String| Error::InvalidStartOption { option, reason };
+        if !(PRIORITY_MIN..=PRIORITY_MAX).contains(&self.priority) {
+            return Err(invalid(
+                StartOption::Priority,
+                format!(
+                    "{} is outside {PRIORITY_MIN}..={PRIORITY_MAX}",
+                    self.priority
+                ),
+            ));
+        }
+        let ahead_max = || {
+            format!(
+                "more than {} days ahead",
+                START_AHEAD_MAX.as_secs() / 86_400
+            )
+        };
+        let start = match self.start {
+            StartTime::Now => RunStart::Now,
+            StartTime::After(delay) if delay > START_AHEAD_MAX => {
+                return Err(invalid(StartOption::StartAfter, ahead_max()));
+            }
+            StartTime::After(delay) => RunStart::After(millis(delay)),
+            // The one use of the application's clock: a bound to refuse nonsense, a year out.
+            // When the run is due is the database's to say.
+            StartTime::At(at) if at.timestamp_millis() > app_now_ms() + millis(START_AHEAD_MAX) => {
+                return Err(invalid(StartOption::StartAt, ahead_max()));
+            }
+            StartTime::At(at) => RunStart::At(at.timestamp_millis()),
+        };
+        Ok((start, self.priority))
+    }
+}
+
+/// The application's clock, in epoch milliseconds.
+fn app_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, millis)
 }
 
 /// The result of a start.
@@ -79,22 +200,24 @@ impl Engine {
             .map(|s| s.id)
     }
 
-    /// Starts a run with options (business key, duplicate policy). With a business key that
+    /// Starts a run with options (business key, duplicate policy, start time, priority). With
+    /// a start time, the run is stored `Pending` at once and its first steps wait until then.
+    /// With a business key that
     /// a retained run holds, nothing is created and that run is returned (or, with
     /// [`OnDuplicate::Reject`], [`Error::DuplicateKey`]): intake is idempotent for as long
     /// as the workflow's key policy keeps the key taken.
     ///
     /// # Errors
-    /// As [`Engine::start`], plus [`Error::DuplicateKey`] with [`OnDuplicate::Reject`].
+    /// As [`Engine::start`], plus [`Error::DuplicateKey`] with [`OnDuplicate::Reject`], and
+    /// [`Error::InvalidStartOption`] for a start more than [`START_AHEAD_MAX`] ahead or a
+    /// priority outside [`PRIORITY_MIN`]..=[`PRIORITY_MAX`].
     pub async fn start_with<I: Serialize>(
         &self,
         workflow: &str,
         input: &I,
         opts: StartOptions,
     ) -> Result<Started> {
-        let run = self
-            .prepare(workflow, input, opts.business_key.clone())
-            .await?;
+        let run = self.prepare(workflow, input, &opts).await?;
         let (reply, answer) = oneshot::channel();
         self.inner
             .submit
@@ -124,9 +247,7 @@ impl Engine {
         C: ConnectionTrait,
         I: Serialize,
     {
-        let run = self
-            .prepare(workflow, input, opts.business_key.clone())
-            .await?;
+        let run = self.prepare(workflow, input, &opts).await?;
         let outcome = self.inner.store.run_insert(conn, &run).await?;
         resolve(outcome, opts, workflow)
     }
@@ -136,8 +257,9 @@ impl Engine {
         &self,
         workflow: &str,
         input: &I,
-        business_key: Option<String>,
+        opts: &StartOptions,
     ) -> Result<NewRun> {
+        let (start, priority) = opts.checked()?;
         if let Some(fatal) = self.inner.signals.fatal() {
             return Err(fatal);
         }
@@ -165,7 +287,13 @@ impl Engine {
                 limit: self.inner.max_input_bytes,
             });
         }
-        Ok(new_run(wf, json, business_key))
+        Ok(new_run(
+            wf,
+            json,
+            opts.business_key.clone(),
+            start,
+            priority,
+        ))
     }
 
     /// The newest published version of `workflow`, rebuilt from its description (an engine
@@ -222,7 +350,13 @@ fn resolve(outcome: RunInsertOutcome, opts: StartOptions, workflow: &str) -> Res
     }
 }
 
-fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun {
+fn new_run(
+    wf: &Workflow,
+    input: String,
+    business_key: Option<String>,
+    start: RunStart,
+    priority: i32,
+) -> NewRun {
     let id = Uuid::now_v7();
     let steps = wf
         .steps()
@@ -244,6 +378,8 @@ fn new_run(wf: &Workflow, input: String, business_key: Option<String>) -> NewRun
         version: wf.version(),
         business_key,
         input,
+        priority,
+        start,
         steps,
     }
 }

@@ -100,6 +100,16 @@ pub enum Error {
         state: crate::RunState,
     },
 
+    /// A start option is out of its range: a start time further ahead than the engine
+    /// schedules, or a priority outside the allowed range.
+    #[error("start option `{option}` is invalid: {reason}")]
+    InvalidStartOption {
+        /// The option.
+        option: StartOption,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// A query the engine cannot answer as asked (a list cursor it did not give out, a
     /// filter of the wrong form); the message says what is wrong.
     #[error("invalid query: {0}")]
@@ -160,6 +170,27 @@ pub enum Error {
     /// The engine has been shut down.
     #[error("the engine is shut down")]
     Shutdown,
+}
+
+/// A start option that can be refused, named as `StartOptions` sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartOption {
+    /// A start at an instant (`start_at`).
+    StartAt,
+    /// A start after a delay (`start_after`).
+    StartAfter,
+    /// The claim priority (`priority`).
+    Priority,
+}
+
+impl std::fmt::Display for StartOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::StartAt => "start_at",
+            Self::StartAfter => "start_after",
+            Self::Priority => "priority",
+        })
+    }
 }
 
 /// Result alias for engine operations.

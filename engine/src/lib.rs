@@ -22,7 +22,7 @@ pub use definition::{
     StepContext, StepDescription, StepKind, StepSettings, Workflow, WorkflowBuilder,
     WorkflowDescription, workflow_key,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Result, StartOption};
 pub use model::{
     Alert, AlertKind, Attempts, EntityState, HistoryEvent, HistoryKind, Run, RunCounts, Step,
     Timestamp,

@@ -45,6 +45,7 @@ mod m0004_leader_progress;
 mod m0005_attempts_apart;
 mod m0006_definitions;
 mod m0007_run_list;
+mod m0008_start_and_priority;
 mod m0009_run_totals;
 
 /// Name of the table that records applied sagaflow migrations.
@@ -75,6 +76,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0005_attempts_apart::Migration),
             Box::new(m0006_definitions::Migration),
             Box::new(m0007_run_list::Migration),
+            Box::new(m0008_start_and_priority::Migration),
             Box::new(m0009_run_totals::Migration),
         ]
     }

@@ -23,7 +23,10 @@ use super::answers::{
 };
 use super::auth::{Caller, Role, require_token};
 use super::openapi::Security;
-use crate::{Health, RunOrder, RunQuery, RunState, StartOptions, Stats};
+use crate::{
+    Health, PRIORITY_MAX, PRIORITY_MIN, RunOrder, RunQuery, RunState, StartOption, StartOptions,
+    Stats,
+};
 
 /// Declares the routes under `/api/v1` once: the router that serves them and their table,
 /// [`API_ROUTES`], which the OpenAPI document is tested against.
@@ -288,6 +291,105 @@ struct StartBody {
     /// Business key: a run already holding it is returned instead of a new one.
     #[serde(default)]
     business_key: Option<String>,
+    /// When the run's first steps become due: an RFC 3339 time. Not with `start_after_ms`.
+    #[serde(default)]
+    #[schema(value_type = Option<chrono::DateTime<chrono::Utc>>)]
+    start_at: Option<Value>,
+    /// When the run's first steps become due: milliseconds after it is stored. Not with
+    /// `start_at`.
+    #[serde(default)]
+    #[schema(value_type = Option<u64>)]
+    start_after_ms: Option<Value>,
+    /// Claim priority, `PRIORITY_MIN` to `PRIORITY_MAX` (default 0; higher first).
+    #[serde(default)]
+    #[schema(value_type = Option<i32>, minimum = -1000, maximum = 1000)]
+    priority: Option<Value>,
+}
+
+/// The shape of [`StartBody`], for `invalid_body` messages.
+const START_BODY: &str = r#"{"input": …, "business_key"?: "…", "start_at"?: "<RFC 3339>" | "start_after_ms"?: <ms>, "priority"?: <integer>}"#;
+
+impl StartBody {
+    /// The start options it asks for, or a 400 `invalid_body` pointing at the field that is
+    /// wrong.
+    fn options(&self) -> Result<StartOptions, ApiError> {
+        let mut options = StartOptions {
+            business_key: self.business_key.clone(),
+            ..StartOptions::default()
+        };
+        match (&self.start_at, &self.start_after_ms) {
+            (Some(_), Some(_)) => {
+                let both = "give either start_at or start_after_ms, not both";
+                return Err(body_fields(&[
+                    ("/start_at", both),
+                    ("/start_after_ms", both),
+                ]));
+            }
+            (Some(at), None) => {
+                let at = at
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .ok_or_else(|| {
+                        body_fields(&[(
+                            "/start_at",
+                            "expected an RFC 3339 time, such as 2030-01-01T08:00:00Z",
+                        )])
+                    })?;
+                options = options.start_at(at.to_utc());
+            }
+            (None, Some(ms)) => {
+                let ms = ms.as_u64().ok_or_else(|| {
+                    body_fields(&[(
+                        "/start_after_ms",
+                        "expected a whole number of milliseconds, 0 or more",
+                    )])
+                })?;
+                options = options.start_after(std::time::Duration::from_millis(ms));
+            }
+            (None, None) => {}
+        }
+        if let Some(p) = &self.priority {
+            let range = format!("expected an integer from {PRIORITY_MIN} to {PRIORITY_MAX}");
+            let p = p
+                .as_i64()
+                .and_then(|p| i32::try_from(p).ok())
+                .ok_or_else(|| body_fields(&[("/priority", &range)]))?;
+            options = options.priority(p);
+        }
+        Ok(options)
+    }
+}
+
+/// 400 `invalid_body` with `error.fields` pointing into the request body.
+fn body_fields(fields: &[(&str, &str)]) -> ApiError {
+    let mut err = ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_body",
+        format!("invalid start options; expected {START_BODY}"),
+    );
+    err.fields = Some(
+        fields
+            .iter()
+            .map(|(pointer, message)| FieldError::new(*pointer, *message))
+            .collect(),
+    );
+    err
+}
+
+/// The engine's refusal of a start option, pointing at its body field; other errors as
+/// usual.
+fn start_error(e: Error) -> ApiError {
+    match &e {
+        Error::InvalidStartOption { option, reason } => {
+            let pointer = match option {
+                StartOption::StartAt => "/start_at",
+                StartOption::StartAfter => "/start_after_ms",
+                StartOption::Priority => "/priority",
+            };
+            body_fields(&[(pointer, reason)])
+        }
+        _ => e.into(),
+    }
 }
 
 /// Starts a run
@@ -318,12 +420,13 @@ async fn start_run(
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
-    let body: StartBody = parse_body(body, r#"{"input": …, "business_key"?: "…"}"#)?;
-    let options = StartOptions {
-        business_key: body.business_key,
-        ..StartOptions::default()
-    };
-    let started = s.engine.start_with(&name, &body.input, options).await?;
+    let body: StartBody = parse_body(body, START_BODY)?;
+    let options = body.options()?;
+    let started = s
+        .engine
+        .start_with(&name, &body.input, options)
+        .await
+        .map_err(start_error)?;
     let status = if started.created {
         StatusCode::CREATED
     } else {

@@ -33,6 +33,16 @@ pub struct FieldError {
     pub message: String,
 }
 
+impl FieldError {
+    /// What is wrong at `pointer` (a JSON Pointer into the document concerned).
+    pub fn new(pointer: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            pointer: pointer.into(),
+            message: message.into(),
+        }
+    }
+}
+
 impl std::fmt::Display for FieldError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.pointer.is_empty() {

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::{RunRow, StepRow};
+use crate::store::{RunView, StepRow};
 use crate::{Error, Result, RunState, StepState};
 
 mod alert;
@@ -86,16 +86,25 @@ pub struct Run {
     /// Attempts of its steps (forward and compensation) that ended without success:
     /// failures, timeouts and interruptions.
     pub failed_attempts: i64,
+    /// Its claim priority: among due steps, those of runs of higher priority are claimed
+    /// first (0 unless the start said otherwise).
+    pub priority: i32,
+    /// The start it was scheduled for, when it was started later (`StartOptions::start_at`,
+    /// `StartOptions::start_after`); `None` for a run started at once. Its first steps were
+    /// not claimed before then.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
+    pub start_at: Option<Timestamp>,
 }
 
-impl RunRow {
+impl RunView {
     /// The run as applications see it.
     ///
     /// # Errors
     /// [`Error::CorruptRow`] when a JSON column does not hold JSON.
     pub fn into_run(self) -> Result<Run> {
         const T: &str = "sagaflow_runs";
-        let r = self;
+        let (priority, start_at) = (self.priority, self.start_at.map(timestamp));
+        let r = self.run;
         Ok(Run {
             input: json(T, r.id, "input", &r.input)?,
             output: json_opt(T, r.id, "output", r.output.as_deref())?,
@@ -109,6 +118,8 @@ impl RunRow {
             updated_at: timestamp(r.updated_at),
             finished_at: r.finished_at.map(timestamp),
             failed_attempts: r.failed_attempts.into(),
+            priority,
+            start_at,
         })
     }
 }

@@ -6,26 +6,29 @@ use sea_orm::Value;
 use super::row::Exec;
 use uuid::Uuid;
 
-use super::rows::RUN_COLS;
+use super::rows::{RUN_COLS, RUN_VIEW_COLS};
 use super::tx::HistoryEntry;
-use super::{RunRow, Store};
+use super::{RunView, Store};
 use crate::{Error, Result, RunState, StepState};
 
 /// Rows per multi-row insert of runs or steps.
 const CHUNK_RUNS: usize = 400;
 
 /// Columns of a run to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const RUN_COLS_IN: [(&str, &str); 6] = [
+const RUN_COLS_IN: [(&str, &str); 9] = [
     ("id", "uuid"),
     ("workflow", "text"),
     ("version", "integer"),
     ("workflow_key", "text"),
     ("business_key", "text"),
     ("input", "text"),
+    ("priority", "integer"),
+    ("start_ms", "bigint"),
+    ("delay_ms", "bigint"),
 ];
 
 /// Columns of a step to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const STEP_COLS_IN: [(&str, &str); 10] = [
+const STEP_COLS_IN: [(&str, &str); 13] = [
     ("run_id", "uuid"),
     ("workflow_key", "text"),
     ("name", "text"),
@@ -36,7 +39,14 @@ const STEP_COLS_IN: [(&str, &str); 10] = [
     ("deadline_cap_ms", "bigint"),
     ("idempotency_key", "text"),
     ("ready", "boolean"),
+    ("priority", "integer"),
+    ("start_ms", "bigint"),
+    ("delay_ms", "bigint"),
 ];
+
+/// The start a run asked for, on the database clock, from the row source `v`: `{now}` plus
+/// the delay, or the instant given; `NULL` for a run started at once.
+const START: &str = "COALESCE({now} + v.delay_ms, v.start_ms)";
 
 /// `INSERT … SELECT` of runs from the row source `v` (columns of [`RUN_COLS_IN`]), state
 /// `pending`. A run whose business key is already active is skipped by the unique index;
@@ -45,22 +55,25 @@ const STEP_COLS_IN: [(&str, &str); 10] = [
 fn insert_runs_sql(source: &str) -> String {
     format!(
         "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-           input, dirty, created_at, updated_at) \
+           input, dirty, created_at, updated_at, priority, start_at) \
          SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
-           v.input, FALSE, {{now}}, {{now}} FROM {source} WHERE TRUE \
-         ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id"
+           v.input, FALSE, {{now}}, {{now}}, v.priority, {START} FROM {source} WHERE TRUE \
+         ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id, start_at"
     )
 }
 
 /// `INSERT … SELECT` of steps from the row source `v` (columns of [`STEP_COLS_IN`]), the rows
-/// chosen by `filter`. Root steps are due at once.
+/// chosen by `filter`. Root steps are due at the run's start, or at once when it has none or
+/// it has passed; every step takes the run's priority.
 fn insert_steps_sql(source: &str, filter: &str) -> String {
     format!(
         "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, max_interruptions, \
-           deadline_ms, initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at) \
+           deadline_ms, initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at, \
+           priority) \
          SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.max_interruptions, \
-           v.deadline_ms, v.deadline_ms, \
-           v.deadline_cap_ms, v.idempotency_key, CASE WHEN v.ready THEN {{now}} END, {{now}} \
+           v.deadline_ms, v.deadline_ms, v.deadline_cap_ms, v.idempotency_key, \
+           CASE WHEN v.ready THEN CASE WHEN {START} > {{now}} THEN {START} ELSE {{now}} END END, {{now}}, \
+           v.priority \
          FROM {source} WHERE {filter}"
     )
 }
@@ -74,11 +87,15 @@ fn run_row(r: &NewRun) -> Vec<Value> {
         crate::workflow_key(&r.workflow, r.version).into(),
         r.business_key.clone().into(),
         r.input.clone().into(),
+        r.priority.into(),
+        r.start.at_ms().into(),
+        r.start.delay_ms().into(),
     ]
 }
 
-/// The row of a step to insert (columns of [`STEP_COLS_IN`]).
-fn step_row(run: &NewRun, s: &NewStep) -> Vec<Value> {
+/// The row of a step to insert (columns of [`STEP_COLS_IN`]), due from `start` if it is a
+/// root step.
+fn step_row(run: &NewRun, s: &NewStep, start: RunStart) -> Vec<Value> {
     let state = if s.ready {
         StepState::Ready
     } else {
@@ -95,6 +112,9 @@ fn step_row(run: &NewRun, s: &NewStep) -> Vec<Value> {
         s.deadline_cap_ms.into(),
         s.idempotency_key.clone().into(),
         s.ready.into(),
+        run.priority.into(),
+        start.at_ms().into(),
+        start.delay_ms().into(),
     ]
 }
 
@@ -112,8 +132,40 @@ pub struct NewRun {
     pub business_key: Option<String>,
     /// Input JSON.
     pub input: String,
+    /// Claim priority, copied onto every step row: higher is claimed first.
+    pub priority: i32,
+    /// When its root steps become due.
+    pub start: RunStart,
     /// Its steps.
     pub steps: Vec<NewStep>,
+}
+
+/// When a new run's root steps become due, on the database clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunStart {
+    /// At once.
+    #[default]
+    Now,
+    /// At this instant (epoch milliseconds); at once if it has passed.
+    At(i64),
+    /// This many milliseconds after the insert (`{now}` + delay).
+    After(i64),
+}
+
+impl RunStart {
+    fn at_ms(self) -> Option<i64> {
+        match self {
+            Self::At(ms) => Some(ms),
+            Self::Now | Self::After(_) => None,
+        }
+    }
+
+    fn delay_ms(self) -> Option<i64> {
+        match self {
+            Self::After(ms) => Some(ms),
+            Self::Now | Self::At(_) => None,
+        }
+    }
 }
 
 /// A step row to insert with its run.
@@ -269,13 +321,18 @@ impl Store {
         }
         // Runs first, many per statement; a run whose business key is already active is
         // skipped by the unique index and reported as a duplicate of that run.
-        let mut fresh = std::collections::HashSet::with_capacity(runs.len());
+        // Each inserted run's start as the database resolved it: its steps are due from that
+        // instant (`{now}` moves between statements here, unlike within PostgreSQL's one).
+        let mut fresh = std::collections::HashMap::with_capacity(runs.len());
         for chunk in runs.chunks(CHUNK_RUNS) {
             let rows = chunk.iter().map(run_row).collect();
             let (source, values) = self.rows_source(1, &RUN_COLS_IN, rows)?;
             let sql = insert_runs_sql(&source);
             for r in conn.query_all(self.stmt(&sql, values)).await? {
-                fresh.insert(r.try_get::<Uuid>("", "id")?);
+                let start = r
+                    .try_get::<Option<i64>>("", "start_at")?
+                    .map_or(RunStart::Now, RunStart::At);
+                fresh.insert(r.try_get::<Uuid>("", "id")?, start);
             }
         }
         let (outcomes, inserted) = self.resolve_duplicates(conn, runs, &fresh).await?;
@@ -284,7 +341,10 @@ impl Store {
             .flat_map(|r| r.steps.iter().map(move |s| (*r, s)))
             .collect();
         for chunk in steps.chunks(CHUNK_RUNS) {
-            let rows = chunk.iter().map(|(run, s)| step_row(run, s)).collect();
+            let rows = chunk
+                .iter()
+                .map(|(run, s)| step_row(run, s, fresh.get(&run.id).copied().unwrap_or_default()))
+                .collect();
             let (source, values) = self.rows_source(1, &STEP_COLS_IN, rows)?;
             let sql = insert_steps_sql(&source, "TRUE");
             conn.execute(self.stmt(&sql, values)).await?;
@@ -315,12 +375,12 @@ impl Store {
         &self,
         conn: &C,
         runs: &'r [NewRun],
-        fresh: &std::collections::HashSet<Uuid>,
+        fresh: &std::collections::HashMap<Uuid, RunStart>,
     ) -> Result<(Vec<Option<RunInsertOutcome>>, Vec<&'r NewRun>)> {
         let mut outcomes = Vec::with_capacity(runs.len());
         let mut inserted: Vec<&NewRun> = Vec::with_capacity(runs.len());
         for run in runs {
-            if fresh.contains(&run.id) {
+            if fresh.contains_key(&run.id) {
                 outcomes.push(Some(RunInsertOutcome::Inserted(run.id)));
                 inserted.push(run);
                 continue;
@@ -359,7 +419,7 @@ impl Store {
         let step_rows = runs
             .iter()
             .flat_map(|r| r.steps.iter().map(move |s| (r, s)))
-            .map(|(run, s)| step_row(run, s))
+            .map(|(run, s)| step_row(run, s, run.start))
             .collect();
         let (run_src, mut values) = self.rows_source(1, &RUN_COLS_IN, run_rows)?;
         let (step_src, step_values) = self.rows_source(2, &STEP_COLS_IN, step_rows)?;
@@ -379,9 +439,10 @@ impl Store {
             channel = super::postgres::READY_CHANNEL,
             payload = super::Wake::CLAIM.payload(""),
         );
-        let mut fresh = std::collections::HashSet::with_capacity(runs.len());
+        // One statement, one `{now}`: the steps resolve the run's start exactly as the run did.
+        let mut fresh = std::collections::HashMap::with_capacity(runs.len());
         for r in conn.query_all(self.stmt(&sql, values)).await? {
-            fresh.insert(r.try_get::<Uuid>("", "id")?);
+            fresh.insert(r.try_get::<Uuid>("", "id")?, RunStart::Now);
         }
         Ok(self.resolve_duplicates(conn, runs, &fresh).await?.0)
     }
@@ -391,9 +452,9 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
-    pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<RunRow>> {
+    pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<RunView>> {
         let sql = format!(
-            "SELECT {RUN_COLS} FROM sagaflow_runs WHERE workflow = $1 AND business_key = $2 \
+            "SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs WHERE workflow = $1 AND business_key = $2 \
              ORDER BY created_at DESC LIMIT 1"
         );
         let row = self
@@ -403,6 +464,6 @@ impl Store {
                 vec![workflow.to_owned().into(), business_key.to_owned().into()],
             ))
             .await?;
-        row.as_ref().map(RunRow::decode).transpose()
+        row.as_ref().map(RunView::decode).transpose()
     }
 }

@@ -163,6 +163,42 @@ impl RunRow {
     }
 }
 
+/// A run as shown to applications: its row, and how it was queued. The engine's own units of
+/// work read [`RunRow`] alone; they never need the queueing columns.
+#[derive(Debug, Clone)]
+pub struct RunView {
+    /// The run.
+    pub run: RunRow,
+    /// Its claim priority.
+    pub priority: i32,
+    /// The start it was scheduled for (DB clock, epoch ms), when it was started later.
+    pub start_at: Option<i64>,
+}
+
+/// The columns a [`RunView`] reads beside [`RUN_COLS`].
+pub(super) const RUN_VIEW_COLS: &str = "priority, start_at";
+
+/// The queueing columns of a run.
+struct Queueing {
+    priority: i32,
+    start_at: Option<i64>,
+}
+
+from_row!(Queueing { priority, start_at });
+
+impl RunView {
+    pub(super) fn decode(r: &Row) -> Result<Self> {
+        let id: Uuid = r.try_get("", "id")?;
+        let run = decode_row("sagaflow_runs", id, r)?;
+        let q: Queueing = decode_row("sagaflow_runs", id, r)?;
+        Ok(Self {
+            run,
+            priority: q.priority,
+            start_at: q.start_at,
+        })
+    }
+}
+
 /// One step of an unfinished run.
 #[derive(Debug, Clone)]
 pub struct StepRow {

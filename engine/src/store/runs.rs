@@ -5,8 +5,8 @@ use sea_orm::Value;
 use super::row::Exec;
 use uuid::Uuid;
 
-use super::rows::{RUN_COLS, STEP_COLS};
-use super::{RunRow, StepRow, Store, placeholders};
+use super::rows::{RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
+use super::{RunRow, RunView, StepRow, Store, placeholders};
 use crate::model::{HistoryEvent, RunCounts};
 use crate::{Error, Result, RunState};
 
@@ -22,6 +22,19 @@ impl Store {
             .query_one(self.stmt(&sql, vec![id.into()]))
             .await?;
         row.as_ref().map(RunRow::decode).transpose()
+    }
+
+    /// A run by id, as shown to applications (with its priority and scheduled start).
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_view(&self, id: Uuid) -> Result<Option<RunView>> {
+        let sql = format!("SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs WHERE id = $1");
+        let row = self
+            .exec
+            .query_one(self.stmt(&sql, vec![id.into()]))
+            .await?;
+        row.as_ref().map(RunView::decode).transpose()
     }
 
     /// The steps of an unfinished run (a finished run's steps have left the hot table; see

@@ -75,7 +75,7 @@ impl Store {
              WHERE id IN ( \
                SELECT id FROM sagaflow_steps \
                WHERE state IN ('ready', 'compensation_ready') AND available_at <= {{now}} AND workflow_key IN ({keys}) \
-               ORDER BY available_at LIMIT $2 {lock}) \
+               ORDER BY priority DESC, available_at LIMIT $2 {lock}) \
              RETURNING id, run_id, workflow_key, name, state, attempt, forward_attempts, \
                compensation_attempts, failure_count, max_failures, \
                interruptions, max_interruptions, deadline_ms, deadline_cap_ms, complete_by, \

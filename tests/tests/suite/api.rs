@@ -304,6 +304,136 @@ async fn a_service_starts_a_run_with_one_call_and_reads_it_back() {
     }
 }
 
+/// A start later and a priority over HTTP: 201 with `start_at` and `priority`, read back on
+/// the run; refusals point at the body field with `error.fields`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_at_a_time_with_a_priority_and_the_refusals_point_at_the_field() {
+    for db in backends().await {
+        let b = db.backend;
+        let (engine, addr, server) = serve(&db).await;
+        let http = reqwest::Client::new();
+        let start = |body: Value| {
+            http.post(format!("http://{addr}/api/v1/workflows/order/runs"))
+                .bearer_auth(OPS)
+                .json(&body)
+        };
+        let input = json!({ "order_id": "o-1" });
+
+        let (status, created) = answer(start(json!({
+            "input": input,
+            "start_at": "2099-01-01T00:00:00+02:00",
+            "priority": 7,
+        })))
+        .await;
+        // More than a year ahead: refused, pointing at the field.
+        assert_eq!(status, StatusCode::BAD_REQUEST, "[{b}] {created}");
+        assert_eq!(created["error"]["code"], "invalid_body", "[{b}] {created}");
+        assert_eq!(
+            created["error"]["fields"][0]["pointer"], "/start_at",
+            "[{b}] {created}"
+        );
+
+        // A day ahead, on the test's clock, as RFC 3339 with an offset.
+        let day_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis()
+            + 86_400_000;
+        let day = sagaflow::Timestamp::from_timestamp_millis(i64::try_from(day_ms).expect("ms"))
+            .expect("an instant");
+        let in_a_day = day.to_rfc3339();
+        let (status, created) = answer(start(json!({
+            "input": input,
+            "start_at": in_a_day,
+            "priority": -3,
+        })))
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "[{b}] {created}");
+        let id = created["id"].as_str().expect("id");
+        let (_, run) = answer(
+            http.get(format!("http://{addr}/api/v1/runs/{id}"))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(
+            (&run["run"]["priority"], &run["run"]["state"]),
+            (&json!(-3), &json!("pending")),
+            "[{b}] {run}"
+        );
+        assert_eq!(run["run"]["start_at"], json!(day), "[{b}] {run}");
+
+        let (status, created) = answer(start(json!({
+            "input": input,
+            "start_after_ms": 3_600_000,
+        })))
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "[{b}] {created}");
+        let stats = engine.stats().await.expect("stats");
+        assert_eq!(stats.scheduled, 2, "[{b}] {stats:?}");
+
+        for (body, pointers) in [
+            (
+                json!({ "input": input, "start_at": "tomorrow" }),
+                vec!["/start_at"],
+            ),
+            (json!({ "input": input, "start_at": 17 }), vec!["/start_at"]),
+            (
+                json!({ "input": input, "start_after_ms": -1 }),
+                vec!["/start_after_ms"],
+            ),
+            (
+                json!({ "input": input, "start_after_ms": 400 * 86_400_000_u64 }),
+                vec!["/start_after_ms"],
+            ),
+            (
+                json!({ "input": input, "start_at": in_a_day, "start_after_ms": 5 }),
+                vec!["/start_at", "/start_after_ms"],
+            ),
+            (
+                json!({ "input": input, "priority": 1_001 }),
+                vec!["/priority"],
+            ),
+            (
+                json!({ "input": input, "priority": 1.5 }),
+                vec!["/priority"],
+            ),
+            (
+                json!({ "input": input, "priority": "high" }),
+                vec!["/priority"],
+            ),
+            (
+                json!({ "input": input, "priority": 4_000_000_000_u64 }),
+                vec!["/priority"],
+            ),
+        ] {
+            let (status, err) = answer(start(body.clone())).await;
+            assert_eq!(
+                (status, err["error"]["code"].as_str()),
+                (StatusCode::BAD_REQUEST, Some("invalid_body")),
+                "[{b}] {body}: {err}"
+            );
+            let got: Vec<&str> = err["error"]["fields"]
+                .as_array()
+                .map(|f| f.iter().filter_map(|f| f["pointer"].as_str()).collect())
+                .unwrap_or_default();
+            assert_eq!(got, pointers, "[{b}] {body}: {err}");
+        }
+        // An unknown field is still refused.
+        expect_refusal(
+            start(json!({ "input": input, "start_in": 5 })),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            b,
+        )
+        .await;
+        let stats = engine.stats().await.expect("stats");
+        assert_eq!(stats.scheduled, 2, "[{b}] nothing more stored: {stats:?}");
+
+        engine.shutdown().await;
+        server.abort();
+    }
+}
+
 /// Reads server-sent `state` events until `until` says stop or the stream ends (bounded).
 async fn read_states(
     resp: &mut reqwest::Response,

@@ -30,6 +30,8 @@ async fn seed(store: &Store, n: usize) {
                     version: 1,
                     business_key: None,
                     input: "null".into(),
+                    priority: 0,
+                    start: store::RunStart::Now,
                     steps: vec![store::NewStep {
                         name: "only".into(),
                         max_failures: 3,
@@ -224,6 +226,8 @@ async fn a_claim_brings_the_runs_input_and_the_outputs_its_steps_need() {
                 version: 1,
                 business_key: None,
                 input: input.into(),
+                priority: 0,
+                start: store::RunStart::Now,
                 steps: vec![step("first", id, true), step("second", id, false)],
             })
             .collect();

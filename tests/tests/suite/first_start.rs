@@ -181,6 +181,92 @@ async fn the_attempt_counters_of_earlier_steps_are_taken_from_their_history() {
     }
 }
 
+/// The start-time and priority migration goes down to the schema before it and up again:
+/// down, the due-steps index is the one of m0001 and the columns are gone; up again, a
+/// queued step's priority is 0 and the claim takes it through the recreated index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_and_priority_migration_goes_down_and_up_again() {
+    use sagaflow::internals::store::{NewRun, NewStep, RunStart};
+    use sagaflow_migrations::Migrator;
+    use sea_orm_migration::MigratorTrait;
+
+    for db in backends().await {
+        let b = db.backend;
+        let store = Store::connect(&db.url, Some(2)).await.expect("first start");
+        let id = sagaflow::Uuid::now_v7();
+        let run = NewRun {
+            id,
+            workflow: "m".into(),
+            version: 1,
+            business_key: None,
+            input: "null".into(),
+            priority: 5,
+            start: RunStart::Now,
+            steps: vec![NewStep {
+                name: "only".into(),
+                max_failures: 3,
+                max_interruptions: 5,
+                deadline_ms: 60_000,
+                deadline_cap_ms: 60_000,
+                idempotency_key: format!("{id}:only"),
+                ready: true,
+            }],
+        };
+        store.insert_runs(&[run]).await.expect("insert");
+        let conn = store.connection();
+        let one = async |sql: &str| -> Result<Option<String>, String> {
+            let row = conn
+                .query_one_raw(Statement::from_string(conn.get_database_backend(), sql))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(row.map(|r| r.try_get_by_index::<String>(0).expect("text")))
+        };
+        let index = if b == "postgres" {
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'sagaflow_steps_ready'"
+        } else {
+            "SELECT sql FROM sqlite_master WHERE name = 'sagaflow_steps_ready'"
+        };
+        let def = one(index).await.expect("index").expect("the index");
+        assert!(def.contains("priority DESC, available_at"), "[{b}] {def}");
+
+        // Down the migrations after it (m0009) and itself.
+        Migrator::down(conn, Some(2)).await.expect("down");
+        let def = one(index).await.expect("index").expect("the index");
+        assert!(!def.contains("priority"), "[{b}] {def}");
+        for sql in [
+            "SELECT CAST(priority AS TEXT) FROM sagaflow_steps",
+            "SELECT CAST(priority AS TEXT) FROM sagaflow_runs",
+            "SELECT CAST(start_at AS TEXT) FROM sagaflow_runs",
+        ] {
+            assert!(one(sql).await.is_err(), "[{b}] still there: {sql}");
+        }
+        drop(store);
+
+        let store = Store::connect(&db.url, Some(2)).await.expect("up again");
+        let conn = store.connection();
+        let one = async |sql: &str| {
+            conn.query_one_raw(Statement::from_string(conn.get_database_backend(), sql))
+                .await
+                .expect("query")
+                .map(|r| r.try_get_by_index::<String>(0).expect("text"))
+        };
+        let def = one(index).await.expect("the index");
+        assert!(def.contains("priority DESC, available_at"), "[{b}] {def}");
+        assert_eq!(
+            one("SELECT CAST(priority AS TEXT) FROM sagaflow_steps")
+                .await
+                .as_deref(),
+            Some("0"),
+            "[{b}] backfilled"
+        );
+        let claimed = store
+            .step_claim("m-test", &["m@1".to_owned()], 8)
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1, "[{b}]");
+    }
+}
+
 /// The child engine. Ignored in normal runs; the test above starts it in a subprocess. It
 /// prints `READY`, waits for a line on stdin, starts an engine on the fresh database, submits
 /// orders `index * ORDERS_EACH ..` (keyed, so they never collide with another child's),

@@ -87,7 +87,7 @@ async fn run_of(store: &Store, order: &Order) -> Uuid {
             .await
             .ok()
             .flatten()
-            .map(|r| r.id)
+            .map(|r| r.run.id)
     })
     .await
 }

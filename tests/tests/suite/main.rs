@@ -27,6 +27,7 @@ mod openapi;
 mod operator;
 mod pause;
 mod published;
+mod schedule;
 mod secrets;
 mod serve;
 mod shutdown;

@@ -32,6 +32,8 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
         version: wf.version(),
         business_key: None,
         input: "null".into(),
+        priority: 0,
+        start: store::RunStart::Now,
         steps: vec![store::NewStep {
             name: "only".into(),
             max_failures: 3,
