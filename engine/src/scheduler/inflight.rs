@@ -168,10 +168,11 @@ async fn follow_extensions(s: &Scheduler, streak: &mut ErrorStreak) {
     if attempts.is_empty() {
         return;
     }
+    // Taken before the read: a slow answer then shortens the local deadline, never stretches it.
+    let now = Instant::now();
     match s.store.step_deadlines(&attempts).await {
         Ok(left) => {
             streak.succeeded("reading deadlines in flight");
-            let now = Instant::now();
             for (step_id, attempt, left_ms) in left {
                 let at = now + Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
                 // The local deadline was set from the stored one at the claim; moves of
