@@ -202,33 +202,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
     }
     tracing::info!(database = %redact_url(&url), "serving; Ctrl-C or SIGTERM stops");
     let code = tokio::select! {
-        () = stop_signal() => ExitCode::SUCCESS,
+        () = sagaflow::admin::stop_signal() => ExitCode::SUCCESS,
         e = engine.fatal_error() => fail(format!("stopped: {e}")),
     };
     engine.shutdown().await;
     code
-}
-
-/// Ctrl-C or SIGTERM.
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = async {
-                match term.as_mut() {
-                    Some(t) => { t.recv().await; }
-                    None => std::future::pending().await,
-                }
-            } => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 #[cfg(test)]

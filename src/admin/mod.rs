@@ -41,6 +41,7 @@ pub use auth::{AdminToken, Role};
 pub use events::EVENTS_POLL;
 #[cfg(feature = "internals")]
 pub(crate) use routes::API_ROUTES;
+pub use serve::stop_signal;
 pub use token_file::{ADMIN_TOKEN_FILE_ENV, TOKEN_SECRET_MIN_CHARS, TokenFileError};
 
 use crate::Engine;

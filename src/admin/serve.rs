@@ -67,6 +67,30 @@ impl Engine {
     }
 }
 
+/// Completes on Ctrl-C, or on SIGTERM where there is one: what a process serving the console
+/// and API until it is told to stop waits for (`sagaflow serve`, the demo's `--serve`).
+pub async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Without a SIGTERM handler (it could not be installed), Ctrl-C alone stops it.
+        let mut term = signal(SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = async {
+                match term.as_mut() {
+                    Some(t) => { t.recv().await; }
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::check_address;

@@ -41,21 +41,7 @@ pub(crate) async fn serve(engine: &Engine, addr: SocketAddr) -> DemoResult<()> {
     );
     let app = engine.admin_router(config);
     axum::serve(listener, app)
-        .with_graceful_shutdown(stop_signal())
+        .with_graceful_shutdown(sagaflow::admin::stop_signal())
         .await?;
     Ok(())
-}
-
-/// Ctrl-C or SIGTERM.
-async fn stop_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = async {
-            match term.as_mut() {
-                Some(t) => { t.recv().await; }
-                None => std::future::pending().await,
-            }
-        } => {}
-    }
 }
