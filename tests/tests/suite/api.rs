@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::fixtures::answer;
+use crate::fixtures::{admin_tokens, answer, serve_admin};
 use reqwest::StatusCode;
 use sagaflow::admin::{AdminConfig, AdminToken, Role};
 use sagaflow::{Engine, StepContext, StepError, Workflow};
@@ -65,19 +65,8 @@ async fn serve_with(
         .start()
         .await
         .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
-    let app = engine.admin_router(
-        AdminConfig::new()
-            .with_token(AdminToken::new("ops", OPS, Role::Operator))
-            .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly))
-            .with_body_limit(4 * 1024),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
+    let config = admin_tokens(OPS, VIEW).with_body_limit(4 * 1024);
+    let (addr, server) = serve_admin(&engine, config).await;
     (engine, addr, server)
 }
 
@@ -565,16 +554,7 @@ async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_histo
             .start()
             .await
             .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
-        let app = engine.admin_router(
-            AdminConfig::new()
-                .with_token(AdminToken::new("ops", OPS, Role::Operator))
-                .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly)),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+        let (addr, server) = serve_admin(&engine, admin_tokens(OPS, VIEW)).await;
         let http = reqwest::Client::new();
 
         let id = engine.start("refund", &json!(null)).await.expect("start");

@@ -18,7 +18,6 @@ use std::time::Duration;
 use futures_util::FutureExt as _;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION, SET_COOKIE};
-use sagaflow::admin::{AdminConfig, AdminToken, Role};
 use sagaflow::{Engine, HistoryKind, RetryPolicy, RunState, StepContext, StepError, Workflow};
 use sagaflow_testkit::{TestDb, backends, eventually, expect_state, fast_builder, sqlite_db};
 use serde_json::{Value, json};
@@ -174,18 +173,8 @@ async fn serve(db: &TestDb, c: &Controls) -> Served {
         .start()
         .await
         .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
-    let app = engine.admin_router(
-        AdminConfig::new()
-            .with_token(AdminToken::new("ops", OPS, Role::Operator))
-            .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly)),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
+    let (addr, server) =
+        crate::fixtures::serve_admin(&engine, crate::fixtures::admin_tokens(OPS, VIEW)).await;
     Served {
         engine,
         addr,

@@ -200,3 +200,28 @@ pub(crate) async fn answer(r: reqwest::RequestBuilder) -> (reqwest::StatusCode, 
         .unwrap_or(serde_json::Value::Null);
     (status, body)
 }
+
+/// The admin configuration of the HTTP tests: an operator token `ops` and a read-only token
+/// `viewer` with these secrets.
+pub(crate) fn admin_tokens(ops: &str, view: &str) -> sagaflow::admin::AdminConfig {
+    use sagaflow::admin::{AdminConfig, AdminToken, Role};
+    AdminConfig::new()
+        .with_token(AdminToken::new("ops", ops, Role::Operator))
+        .with_token(AdminToken::new("viewer", view, Role::ReadOnly))
+}
+
+/// Serves `engine`'s console and API with `config` on 127.0.0.1 (an ephemeral port).
+pub(crate) async fn serve_admin(
+    engine: &Engine,
+    config: sagaflow::admin::AdminConfig,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let app = engine.admin_router(config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    (addr, server)
+}

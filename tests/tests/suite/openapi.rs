@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::fixtures::answer;
 use reqwest::StatusCode;
-use sagaflow::admin::{AdminConfig, AdminToken, Role};
 use sagaflow::internals::API_ROUTES;
 use sagaflow::{Engine, RunState, StepContext, StepError, Workflow};
 use sagaflow_testkit::{TestDb, backends, fast_builder};
@@ -63,18 +62,8 @@ async fn serve(db: &TestDb) -> (Engine, SocketAddr, tokio::task::JoinHandle<()>)
         .start()
         .await
         .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
-    let app = engine.admin_router(
-        AdminConfig::new()
-            .with_token(AdminToken::new("ops", OPS, Role::Operator))
-            .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly)),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
+    let (addr, server) =
+        crate::fixtures::serve_admin(&engine, crate::fixtures::admin_tokens(OPS, VIEW)).await;
     (engine, addr, server)
 }
 
