@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sagaflow_engine::scheduler::SchedulerConfig;
 use sagaflow_engine::store::{SqliteSync, StoreOptions, redact_url};
-use sagaflow_engine::{AlertSink, Error, Registry, Result, Store, TracingSink, Workflow};
+use sagaflow_engine::{AlertSink, Error, LogSink, Registry, Result, Store, Workflow};
 use sagaflow_supervisor::{HEARTBEAT_INTERVAL_DEFAULT, SupervisorConfig};
 
 use crate::engine::Engine;
@@ -51,7 +51,7 @@ impl Default for EngineBuilder {
             store_options: StoreOptions::default(),
             registry: Registry::new(),
             errors: Vec::new(),
-            sinks: vec![Arc::new(TracingSink)],
+            sinks: vec![Arc::new(LogSink)],
             scheduler: SchedulerConfig::new(id.clone()),
             supervisor: SupervisorConfig::new(id),
             run_supervisor: true,
@@ -127,9 +127,33 @@ impl EngineBuilder {
         }
     }
 
-    /// Adds an alert sink (the tracing sink is always present).
+    /// Adds a sink the outbox delivers notices to (alerts, and the finishes of runs whose
+    /// start asked for a notification): a [`crate::WebhookSink`], a
+    /// [`crate::ChannelSink`], or an application's own [`AlertSink`]. The supervisor leader
+    /// delivers each notice to every sink at least once; its name must be unique among the
+    /// engine's sinks and stay the same across restarts. The [`LogSink`] is present unless
+    /// [`EngineBuilder::without_log_sink`] is called.
     pub fn with_alert_sink(mut self, sink: impl AlertSink) -> Self {
         self.sinks.push(Arc::new(sink));
+        self
+    }
+
+    /// Leaves the [`LogSink`] out (notices are then only delivered to the sinks added).
+    pub fn without_log_sink(mut self) -> Self {
+        self.sinks.retain(|s| s.name() != LogSink.name());
+        self
+    }
+
+    /// How often the supervisor leader delivers pending notices when nothing wakes it
+    /// sooner (default 1 s; a notice stored by the leader's own instance wakes it at once).
+    pub fn with_delivery_interval(mut self, d: Duration) -> Self {
+        self.supervisor.delivery_interval = d;
+        self
+    }
+
+    /// How often the supervisor leader checks workflows' backlog alerts (default 10 s).
+    pub fn with_backlog_interval(mut self, d: Duration) -> Self {
+        self.supervisor.backlog_interval = d;
         self
     }
 
@@ -303,6 +327,22 @@ impl EngineBuilder {
         } else if self.registry.is_empty() {
             return Err(Error::Config("no workflow registered".into()));
         }
+        let mut names = std::collections::HashSet::new();
+        for sink in &self.sinks {
+            if sink.name().is_empty() || !names.insert(sink.name().to_owned()) {
+                return Err(Error::Config(format!(
+                    "alert sinks need distinct, non-empty names: `{}` is empty or taken",
+                    sink.name()
+                )));
+            }
+        }
+        let mut backlog: std::collections::BTreeMap<String, _> = Default::default();
+        for wf in self.registry.workflows() {
+            if let Some(b) = wf.backlog_alert() {
+                backlog.insert(wf.name().to_owned(), b);
+            }
+        }
+        self.supervisor.backlog_alerts = backlog.into_iter().collect();
         self.scheduler.validate()?;
         self.supervisor.validate()?;
         if self.max_input_bytes == 0 {

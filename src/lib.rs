@@ -58,6 +58,7 @@ mod instance;
 mod operator;
 mod start;
 mod submit;
+pub mod webhook;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
@@ -67,15 +68,18 @@ pub use sagaflow_engine::store::{
     RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, redact_url,
 };
 pub use sagaflow_engine::{
-    Alert, AlertKind, AlertSink, Attempts, Backend, DeadlinePolicy, EntityState, Error, FieldError,
-    HistoryEvent, HistoryKind, KeyPolicy, OnFailure, Outcome, Result, RetryPolicy, Run, RunCounts,
-    RunEvent, RunState, StartOption, Step, StepAction, StepContext, StepDescription, StepError,
-    StepKind, StepState, Timestamp, TracingSink, Workflow, WorkflowBuilder, WorkflowDescription,
+    Alert, AlertKind, AlertSink, Attempts, Backend, BacklogAlert, ChannelSink, DeadlinePolicy,
+    Delivery, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error, FieldError,
+    HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeTopic, OnFailure,
+    Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState, StartOption,
+    Step, StepAction, StepContext, StepDescription, StepError, StepKind, StepState, Timestamp,
+    Workflow, WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::SupervisorStats;
 pub use start::{
     OnDuplicate, PRIORITY_MAX, PRIORITY_MIN, START_AHEAD_MAX, StartOptions, StartTime, Started,
 };
+pub use webhook::WebhookSink;
 
 /// The engine's lower layers, for this project's own tests and tools (the `internals`
 /// feature). Not part of the product's API: no stability promise, absent from its listing.

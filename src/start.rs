@@ -72,6 +72,10 @@ pub struct StartOptions {
     /// the order they became due. Every step of the run has it, compensations included.
     /// Nothing ages: while higher-priority steps are due, lower ones wait.
     pub priority: i32,
+    /// Whether the run's finish is notified through the outbox (a `run_finished` notice to
+    /// the engine's sinks): `None` takes the workflow's default
+    /// ([`WorkflowBuilder::notify_on_finish`](crate::WorkflowBuilder::notify_on_finish)).
+    pub notify: Option<bool>,
 }
 
 impl StartOptions {
@@ -82,6 +86,14 @@ impl StartOptions {
             business_key: Some(key.into()),
             ..Self::default()
         }
+    }
+
+    /// Asks for a `run_finished` notice when the run finishes (`true`), or for none
+    /// (`false`), whatever the workflow's default.
+    #[must_use]
+    pub fn notify(mut self, on: bool) -> Self {
+        self.notify = Some(on);
+        self
     }
 
     /// Sets the duplicate policy.
@@ -293,6 +305,7 @@ impl Engine {
             opts.business_key.clone(),
             start,
             priority,
+            opts.notify.unwrap_or(wf.notify_on_finish()),
         ))
     }
 
@@ -356,6 +369,7 @@ fn new_run(
     business_key: Option<String>,
     start: RunStart,
     priority: i32,
+    notify: bool,
 ) -> NewRun {
     let id = Uuid::now_v7();
     let steps = wf
@@ -380,6 +394,7 @@ fn new_run(
         input,
         priority,
         start,
+        notify,
         steps,
     }
 }

@@ -18,17 +18,19 @@ pub mod store;
 pub mod transition;
 
 pub use definition::{
-    DeadlinePolicy, FieldError, KeyPolicy, OnFailure, Registry, RetryPolicy, StepAction,
-    StepContext, StepDescription, StepKind, StepSettings, Workflow, WorkflowBuilder,
+    BacklogAlert, DeadlinePolicy, FieldError, KeyPolicy, OnFailure, Registry, RetryPolicy,
+    StepAction, StepContext, StepDescription, StepKind, StepSettings, Workflow, WorkflowBuilder,
     WorkflowDescription, workflow_key,
 };
 pub use error::{Error, Result, StartOption};
 pub use model::{
-    Alert, AlertKind, Attempts, EntityState, HistoryEvent, HistoryKind, Run, RunCounts, Step,
-    Timestamp,
+    Alert, AlertKind, Attempts, Delivery, DeliveryState, EntityState, HistoryEvent, HistoryKind,
+    Notice, NoticeBody, NoticeTopic, Run, RunCounts, RunFinished, Step, Timestamp,
 };
 pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};
-pub use signals::{AlertSink, RunEvent, Signals, TracingSink};
+pub use signals::{
+    AlertSink, ChannelSink, DeliveryError, DeliveryPolicy, LogSink, RunEvent, Signals,
+};
 pub use state::{RunState, StepState};
 pub use store::{Backend, RunRow, StepRow, Store};

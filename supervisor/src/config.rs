@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use sagaflow_engine::{Error, Result};
+use sagaflow_engine::{BacklogAlert, Error, Result};
 
 use crate::gate::SweepGate;
 
@@ -38,6 +38,12 @@ pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_millis(500);
 /// the leader then releases its in-flight steps (as interruptions) and may take over a lease
 /// it held. With the 1 s sweep this rescues a dead instance's work within about 3 s.
 pub const INSTANCE_STALE_AFTER_DEFAULT: Duration = Duration::from_secs(2);
+/// How often the leader delivers the outbox's notices when nothing wakes it sooner (a notice
+/// stored on the leader's own instance wakes it at once).
+pub const DELIVERY_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// How often the leader compares the queues of workflows with a backlog alert to their
+/// thresholds.
+pub const BACKLOG_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
 /// How long finished runs and their history are kept (AT-5).
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -65,6 +71,13 @@ pub struct SupervisorConfig {
     /// intervals. At least two sweep intervals. The check runs before each renewal, so a
     /// stalled leader steps down within this plus one renew interval.
     pub sweep_stall_after: Option<Duration>,
+    /// How often pending notices are delivered to the sinks (see
+    /// [`DELIVERY_INTERVAL_DEFAULT`]).
+    pub delivery_interval: Duration,
+    /// Workflows with a backlog alert, by name.
+    pub backlog_alerts: Vec<(String, BacklogAlert)>,
+    /// How often their queues are checked (see [`BACKLOG_INTERVAL_DEFAULT`]).
+    pub backlog_interval: Duration,
     /// Test hook (see [`SweepGate`]); `None` in production.
     #[doc(hidden)]
     pub sweep_gate: Option<SweepGate>,
@@ -83,6 +96,9 @@ impl SupervisorConfig {
             retention: Some(RETENTION_DEFAULT),
             instance_stale_after: INSTANCE_STALE_AFTER_DEFAULT,
             sweep_stall_after: None,
+            delivery_interval: DELIVERY_INTERVAL_DEFAULT,
+            backlog_alerts: Vec::new(),
+            backlog_interval: BACKLOG_INTERVAL_DEFAULT,
             sweep_gate: None,
         }
     }
@@ -122,6 +138,11 @@ impl SupervisorConfig {
         if self.instance_stale_after.is_zero() {
             return Err(Error::Config(
                 "the instance staleness must be positive".into(),
+            ));
+        }
+        if self.delivery_interval.is_zero() || self.backlog_interval.is_zero() {
+            return Err(Error::Config(
+                "the delivery and backlog intervals must be positive".into(),
             ));
         }
         if self.sweep_interval.is_zero() || self.sweep_batch == 0 {

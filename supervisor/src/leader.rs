@@ -50,7 +50,7 @@ impl Supervisor {
     pub fn new(store: Store, signals: Arc<Signals>, config: SupervisorConfig) -> Result<Self> {
         config.validate()?;
         let rescue = Arc::new(Rescue::default());
-        let services = maintenance_services(&config, rescue.clone());
+        let services = maintenance_services(&config, rescue.clone(), &signals);
         Ok(Self {
             store,
             signals,

@@ -12,8 +12,8 @@ use serde::de::DeserializeOwned;
 
 use super::step::FnAction;
 use super::{
-    DeadlinePolicy, InputCheck, KeyPolicy, OnFailure, RetryPolicy, StepAction, StepContext,
-    StepDef, StepKind, StepSettings, Workflow, validate,
+    BacklogAlert, DeadlinePolicy, InputCheck, KeyPolicy, OnFailure, RetryPolicy, StepAction,
+    StepContext, StepDef, StepKind, StepSettings, Workflow, validate,
 };
 use crate::{Error, StepError};
 
@@ -40,6 +40,8 @@ pub struct WorkflowBuilder {
     input_schema: Option<Arc<serde_json::Value>>,
     key_policy: KeyPolicy,
     on_failure: OnFailure,
+    notify_on_finish: bool,
+    backlog_alert: Option<BacklogAlert>,
 }
 
 impl fmt::Debug for WorkflowBuilder {
@@ -63,6 +65,8 @@ impl WorkflowBuilder {
             input_schema: None,
             key_policy: KeyPolicy::default(),
             on_failure: OnFailure::default(),
+            notify_on_finish: false,
+            backlog_alert: None,
         }
     }
 
@@ -88,6 +92,22 @@ impl WorkflowBuilder {
     /// [`OnFailure::Compensate`]; [`OnFailure::Pause`] parks it for an operator instead).
     pub fn on_failure(mut self, policy: OnFailure) -> Self {
         self.on_failure = policy;
+        self
+    }
+
+    /// Notifies every run's finish (`completed`, `compensated`, `cancelled`) through the
+    /// outbox: a `run_finished` notice delivered at least once to the engine's sinks (a
+    /// webhook, a channel). A start can ask for it, or not, whatever this default
+    /// (`StartOptions::notify`).
+    pub fn notify_on_finish(mut self, on: bool) -> Self {
+        self.notify_on_finish = on;
+        self
+    }
+
+    /// Raises a `backlog_growing` alert while the workflow's queue is past `alert`'s
+    /// thresholds (checked by the supervisor leader).
+    pub fn backlog_alert(mut self, alert: BacklogAlert) -> Self {
+        self.backlog_alert = Some(alert);
         self
     }
 
@@ -326,6 +346,8 @@ impl WorkflowBuilder {
             input_schema: self.input_schema,
             key_policy: self.key_policy,
             on_failure: self.on_failure,
+            notify_on_finish: self.notify_on_finish,
+            backlog_alert: self.backlog_alert,
             without_code: false,
         })
     }

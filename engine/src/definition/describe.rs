@@ -35,6 +35,10 @@ pub struct WorkflowDescription {
     /// definitions published before the policy existed read the same.
     #[serde(default = "compensate", skip_serializing_if = "is_compensate")]
     pub on_failure: String,
+    /// Whether runs' finishes are notified by default ([`WorkflowBuilder::notify_on_finish`](super::WorkflowBuilder::notify_on_finish)).
+    /// Left out of the published text when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_on_finish: bool,
     /// The steps, in declaration order.
     pub steps: Vec<StepDescription>,
     /// JSON Schema (draft 2020-12) of the input, when the workflow declares an input type
@@ -146,7 +150,8 @@ impl Workflow {
         };
         let mut b = Workflow::builder(d.name.clone(), d.version)
             .business_keys(key_policy)
-            .on_failure(on_failure);
+            .on_failure(on_failure)
+            .notify_on_finish(d.notify_on_finish);
         for s in &d.steps {
             b = b.step_with(s.name.clone(), WithoutCode);
             if !s.after.is_empty() {
@@ -221,6 +226,7 @@ impl Workflow {
             version: self.version,
             business_keys: self.key_policy.as_str().to_owned(),
             on_failure: self.on_failure.as_str().to_owned(),
+            notify_on_finish: self.notify_on_finish,
             steps,
             input_schema: self.input_schema.as_deref().cloned(),
         }

@@ -92,6 +92,62 @@ impl OnFailure {
     }
 }
 
+/// When a workflow's queue is a backlog worth an operator's attention: the supervisor
+/// leader raises one `backlog_growing` alert for the workflow while its due steps number more
+/// than `ready_over`, or the oldest of them has waited longer than `oldest_ready_over`, and
+/// resolves it once neither holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct BacklogAlert {
+    /// Due (ready) steps of the workflow's runs above which the backlog is raised.
+    pub ready_over: Option<u64>,
+    /// Age of the oldest due step above which the backlog is raised.
+    pub oldest_ready_over: Option<std::time::Duration>,
+}
+
+impl BacklogAlert {
+    /// Alerts when more than `n` steps of the workflow are due.
+    pub fn ready_over(n: u64) -> Self {
+        Self {
+            ready_over: Some(n),
+            oldest_ready_over: None,
+        }
+    }
+
+    /// Alerts when a due step of the workflow has waited longer than `age`.
+    pub fn oldest_ready_over(age: std::time::Duration) -> Self {
+        Self {
+            ready_over: None,
+            oldest_ready_over: Some(age),
+        }
+    }
+
+    /// Alerts on either condition.
+    #[must_use]
+    pub fn and_oldest_ready_over(mut self, age: std::time::Duration) -> Self {
+        self.oldest_ready_over = Some(age);
+        self
+    }
+
+    /// Whether `ready` due steps, the oldest due for `oldest`, are past a threshold; and
+    /// which, in words.
+    pub fn exceeded(&self, ready: u64, oldest: Option<std::time::Duration>) -> Option<String> {
+        if let Some(n) = self.ready_over.filter(|&n| ready > n) {
+            return Some(format!(
+                "{ready} steps are due, more than the threshold of {n}"
+            ));
+        }
+        match (self.oldest_ready_over, oldest) {
+            (Some(limit), Some(age)) if age > limit => Some(format!(
+                "the oldest due step has waited {:.1} s, longer than the threshold of {:.1} s",
+                age.as_secs_f64(),
+                limit.as_secs_f64()
+            )),
+            _ => None,
+        }
+    }
+}
+
 type InputCheck = Arc<dyn Fn(&serde_json::Value) -> Result<(), String> + Send + Sync>;
 
 /// One step of a built workflow.
@@ -160,6 +216,8 @@ pub struct Workflow {
     pub(crate) input_schema: Option<Arc<serde_json::Value>>,
     pub(crate) key_policy: KeyPolicy,
     pub(crate) on_failure: OnFailure,
+    pub(crate) notify_on_finish: bool,
+    pub(crate) backlog_alert: Option<BacklogAlert>,
     /// Rebuilt from a published description: its steps have no code (see
     /// [`Workflow::from_description`]).
     pub(crate) without_code: bool,
@@ -214,6 +272,14 @@ impl Workflow {
     /// What a run does when a step fails for good before the point of no return.
     pub fn on_failure(&self) -> OnFailure {
         self.on_failure
+    }
+    /// Whether its runs' finishes are notified through the outbox by default.
+    pub fn notify_on_finish(&self) -> bool {
+        self.notify_on_finish
+    }
+    /// Its backlog thresholds, if it has any.
+    pub fn backlog_alert(&self) -> Option<BacklogAlert> {
+        self.backlog_alert
     }
     /// Its steps, in declaration order.
     pub fn steps(&self) -> &[StepDef] {

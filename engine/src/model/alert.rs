@@ -1,17 +1,14 @@
 //! Operator alerts as applications receive them: a typed kind, the reason in words, the
 //! attempts of the failed phase and the actions an operator can take.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::Timestamp;
 
 /// What an alert is about.
-#[derive(
-    Debug, Clone, PartialEq, Eq, Hash, Serialize, strum::EnumString, strum::AsRefStr, strum::Display,
-)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, strum::EnumString, strum::AsRefStr, strum::Display)]
 #[strum(serialize_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AlertKind {
@@ -32,6 +29,12 @@ pub enum AlertKind {
     /// An engine started with another step graph or other policies under a workflow version
     /// that has unfinished runs.
     DefinitionChanged,
+    /// A sink gave up on a notice (a webhook that kept failing, or refused it): the notice
+    /// is dead-lettered until an operator sends it again.
+    DeliveryDeadLettered,
+    /// A workflow's queue grew past its threshold: more due steps, or an older due step,
+    /// than its backlog alert allows.
+    BacklogGrowing,
     /// A kind this version does not know (raised by a newer one).
     #[strum(default)]
     Other(String),
@@ -45,8 +48,22 @@ impl AlertKind {
     }
 }
 
+/// Stored and sent as its name; a name this version does not know reads as `Other(name)`.
+impl Serialize for AlertKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_ref())
+    }
+}
+
+impl<'de> Deserialize<'de> for AlertKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Ok(Self::named(&name))
+    }
+}
+
 /// An operator alert, stored before it is delivered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Alert {

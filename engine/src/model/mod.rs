@@ -15,10 +15,12 @@ use crate::{Error, Result, RunState, StepState};
 
 mod alert;
 mod history;
+mod notice;
 
 pub use alert::{Alert, AlertKind};
 pub(crate) use history::HistoryColumns;
 pub use history::{EntityState, HistoryEvent, HistoryKind};
+pub use notice::{Delivery, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished};
 
 /// A point in time on the database's clock.
 pub type Timestamp = DateTime<Utc>;

@@ -73,7 +73,20 @@ pub(super) async fn insert_alert<C: Exec>(
             ],
         ))
         .await?;
-    row.as_ref().map(decode).transpose()
+    let Some(alert) = row.as_ref().map(decode).transpose()? else {
+        return Ok(None);
+    };
+    // The notice goes with the alert, in the same transaction: an alert is never stored
+    // without being queued for delivery.
+    super::outbox::insert_notice(
+        store,
+        conn,
+        Some(alert.id),
+        alert.run_id,
+        &super::outbox::alert_notice(&alert),
+    )
+    .await?;
+    Ok(Some(alert))
 }
 
 impl Store {
@@ -83,7 +96,10 @@ impl Store {
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn alert_insert(&self, alert: &NewAlert) -> Result<Option<Alert>> {
-        insert_alert(self, &self.exec, alert).await
+        let txn = self.exec.begin().await?;
+        let row = insert_alert(self, &txn, alert).await?;
+        txn.commit().await?;
+        Ok(row)
     }
 
     /// Open alerts, oldest first; or all alerts of one run.

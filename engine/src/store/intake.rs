@@ -15,7 +15,7 @@ use crate::{Error, Result, RunState, StepState};
 const CHUNK_RUNS: usize = 400;
 
 /// Columns of a run to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const RUN_COLS_IN: [(&str, &str); 9] = [
+const RUN_COLS_IN: [(&str, &str); 10] = [
     ("id", "uuid"),
     ("workflow", "text"),
     ("version", "integer"),
@@ -25,6 +25,7 @@ const RUN_COLS_IN: [(&str, &str); 9] = [
     ("priority", "integer"),
     ("start_ms", "bigint"),
     ("delay_ms", "bigint"),
+    ("notify", "boolean"),
 ];
 
 /// Columns of a step to insert, as sent in a JSON row batch (name, PostgreSQL type).
@@ -55,9 +56,9 @@ const START: &str = "COALESCE({now} + v.delay_ms, v.start_ms)";
 fn insert_runs_sql(source: &str) -> String {
     format!(
         "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-           input, dirty, created_at, updated_at, priority, start_at) \
+           input, dirty, created_at, updated_at, priority, start_at, notify) \
          SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
-           v.input, FALSE, {{now}}, {{now}}, v.priority, {START} FROM {source} WHERE TRUE \
+           v.input, FALSE, {{now}}, {{now}}, v.priority, {START}, v.notify FROM {source} WHERE TRUE \
          ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id, start_at"
     )
 }
@@ -90,6 +91,7 @@ fn run_row(r: &NewRun) -> Vec<Value> {
         r.priority.into(),
         r.start.at_ms().into(),
         r.start.delay_ms().into(),
+        r.notify.into(),
     ]
 }
 
@@ -136,6 +138,8 @@ pub struct NewRun {
     pub priority: i32,
     /// When its root steps become due.
     pub start: RunStart,
+    /// Whether its finish is notified through the outbox (a `run_finished` notice).
+    pub notify: bool,
     /// Its steps.
     pub steps: Vec<NewStep>,
 }

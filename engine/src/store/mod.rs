@@ -27,6 +27,7 @@ mod list;
 mod lite;
 mod open;
 mod options;
+mod outbox;
 mod plans;
 mod postgres;
 mod row;
@@ -57,13 +58,14 @@ pub use options::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
     LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, SqliteSync, StoreOptions, redact_url,
 };
+pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
 pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub(crate) use rows::phase_attempts;
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, RunView, StepRow, quote};
-pub use stats::{ActiveCount, FinishedCounts, Stats};
+pub use stats::{ActiveCount, FinishedCounts, Stats, WorkflowBacklog};
 pub use steps::StepInputs;
 pub use tx::{RunSteps, StoreTx};
 pub use wake::Wake;
@@ -193,8 +195,12 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn now_ms(&self) -> Result<i64> {
-        let row = self
-            .exec
+        self.now_ms_in(&self.exec).await
+    }
+
+    /// The database's clock, read through `conn` (in a transaction, for example).
+    pub(crate) async fn now_ms_in<C: Exec>(&self, conn: &C) -> Result<i64> {
+        let row = conn
             .query_one(self.stmt("SELECT {now} AS now", vec![]))
             .await?;
         row.map(|r| r.try_get::<i64>("", "now"))

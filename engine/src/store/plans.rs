@@ -9,9 +9,10 @@ use super::row::Exec;
 use uuid::Uuid;
 
 use super::alerts::{NewAlert, insert_alert};
+use super::outbox::{insert_notice, run_notice};
 use super::tx::{CHUNK, HistoryEntry, mark_dirty};
 use super::{RunRow, StoreTx};
-use crate::model::Alert;
+use crate::model::{Alert, RunFinished};
 use crate::transition::{Due, Effects, RunTrigger};
 use crate::{Result, RunState, StepState};
 
@@ -158,6 +159,7 @@ impl StoreTx<'_> {
         let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
         let mut resolve: Vec<Uuid> = Vec::new();
         let mut with_payload: Vec<RunPayload> = Vec::new();
+        let mut notices: Vec<RunFinished> = Vec::new();
         for (before, write) in plans {
             let id = before.id;
             let (mut ready, mut stale) = (0, 0);
@@ -199,6 +201,9 @@ impl StoreTx<'_> {
             if state.is_final() && state != before.state {
                 finished.push(id);
                 *totals.entry((before.workflow.clone(), state)).or_default() += 1;
+                if before.notify {
+                    notices.push(finished_notice(&before, &write, state));
+                }
             }
             if state != before.state || write.event.starts_with("operator") {
                 let event = if write.event.is_empty() {
@@ -270,6 +275,13 @@ impl StoreTx<'_> {
         for (i, a) in alerts {
             out[i].alert = insert_alert(s, &self.txn, &a).await?;
         }
+        if !notices.is_empty() {
+            let now = s.now_ms_in(&self.txn).await?;
+            for run in notices {
+                let id = run.id;
+                insert_notice(s, &self.txn, None, Some(id), &run_notice(run, now)).await?;
+            }
+        }
         if out.iter().any(|a| a.ready > 0) {
             self.notify = true;
         }
@@ -314,5 +326,24 @@ impl StoreTx<'_> {
             self.txn.execute(s.stmt(&sql, values)).await?;
         }
         Ok(())
+    }
+}
+
+/// What the `run_finished` notice of a run that `write` finishes in `state` says.
+fn finished_notice(before: &RunRow, write: &PlanWrite, state: RunState) -> RunFinished {
+    // Stored JSON; text that is not JSON (a damaged row) travels as a string.
+    let json = |text: Option<&String>| {
+        text.map(|t| {
+            serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.clone()))
+        })
+    };
+    RunFinished {
+        id: before.id,
+        workflow: before.workflow.clone(),
+        version: before.version,
+        business_key: before.business_key.clone(),
+        state,
+        output: json(write.run_output.as_ref().or(before.output.as_ref())),
+        error: json(write.run_error.as_ref().or(before.error.as_ref())),
     }
 }

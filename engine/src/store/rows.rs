@@ -137,6 +137,8 @@ pub struct RunRow {
     pub finished_at: Option<i64>,
     /// Attempts of its steps that ended without success.
     pub failed_attempts: i32,
+    /// Whether its finish is notified through the outbox.
+    pub notify: bool,
 }
 
 from_row!(RunRow {
@@ -152,9 +154,10 @@ from_row!(RunRow {
     updated_at,
     finished_at,
     failed_attempts,
+    notify,
 });
 
-pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts";
+pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts, notify";
 
 impl RunRow {
     pub(super) fn decode(r: &Row) -> Result<Self> {

@@ -209,3 +209,52 @@ impl Store {
         Ok(out)
     }
 }
+
+/// The due steps of one workflow (all its versions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowBacklog {
+    /// Workflow name.
+    pub workflow: String,
+    /// Steps due now.
+    pub ready: i64,
+    /// Milliseconds since the oldest of them became due.
+    pub oldest_ready_ms: i64,
+}
+
+impl Store {
+    /// Due steps per workflow, with the age of the oldest: what a backlog alert compares to
+    /// its thresholds. Reads every due step's entry (grouped by workflow), so it is run every
+    /// few seconds by the leader, not per request.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn backlog_by_workflow(&self) -> Result<Vec<WorkflowBacklog>> {
+        let rows = self
+            .exec
+            .query_all(self.stmt(
+                "SELECT workflow_key, COUNT(*) AS ready, {now} - MIN(available_at) AS oldest \
+                 FROM sagaflow_steps WHERE state IN ('ready', 'compensation_ready') \
+                 AND available_at <= {now} GROUP BY workflow_key",
+                vec![],
+            ))
+            .await?;
+        let mut by_name: BTreeMap<String, WorkflowBacklog> = BTreeMap::new();
+        for r in &rows {
+            let key: String = r.try_get("", "workflow_key")?;
+            let name = key
+                .rsplit_once('@')
+                .map_or(key.as_str(), |(n, _)| n)
+                .to_owned();
+            let ready: i64 = r.try_get("", "ready")?;
+            let oldest: i64 = r.try_get("", "oldest")?;
+            let e = by_name.entry(name.clone()).or_insert(WorkflowBacklog {
+                workflow: name,
+                ready: 0,
+                oldest_ready_ms: 0,
+            });
+            e.ready += ready;
+            e.oldest_ready_ms = e.oldest_ready_ms.max(oldest);
+        }
+        Ok(by_name.into_values().collect())
+    }
+}

@@ -45,6 +45,7 @@ fn run(state: RunState) -> RunRow {
         updated_at: 0,
         finished_at: None,
         failed_attempts: 0,
+        notify: false,
     }
 }
 

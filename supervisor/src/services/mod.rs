@@ -3,9 +3,13 @@
 
 use std::sync::Arc;
 
+use sagaflow_engine::Signals;
+
 use crate::config::SupervisorConfig;
 use crate::service::MaintenanceService;
 
+pub(crate) mod backlog;
+pub(crate) mod delivery;
 pub(crate) mod rescue;
 pub(crate) mod retention;
 
@@ -16,8 +20,11 @@ pub(crate) use rescue::Rescue;
 pub(crate) fn maintenance_services(
     config: &SupervisorConfig,
     rescue: Arc<Rescue>,
+    signals: &Arc<Signals>,
 ) -> Vec<Arc<dyn MaintenanceService>> {
-    let mut services: Vec<Arc<dyn MaintenanceService>> = vec![rescue];
+    let mut services: Vec<Arc<dyn MaintenanceService>> =
+        vec![rescue, Arc::new(delivery::Delivery::new(signals.clone()))];
     services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
+    services.extend(backlog::Backlog::from_config(config).map(|s| Arc::new(s) as _));
     services
 }

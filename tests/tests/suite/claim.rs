@@ -31,6 +31,7 @@ async fn seed(store: &Store, n: usize) {
                     business_key: None,
                     input: "null".into(),
                     priority: 0,
+                    notify: false,
                     start: store::RunStart::Now,
                     steps: vec![store::NewStep {
                         name: "only".into(),
@@ -227,6 +228,7 @@ async fn a_claim_brings_the_runs_input_and_the_outputs_its_steps_need() {
                 business_key: None,
                 input: input.into(),
                 priority: 0,
+                notify: false,
                 start: store::RunStart::Now,
                 steps: vec![step("first", id, true), step("second", id, false)],
             })

@@ -35,3 +35,4 @@ mod submission;
 mod supervisor;
 mod travel;
 mod wakeups;
+mod webhook;

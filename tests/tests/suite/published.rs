@@ -3,12 +3,9 @@
 //! validate them without the application's code. A changed graph under an unchanged version
 //! with unfinished runs raises a `definition_changed` alert.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sagaflow::{
-    Alert, AlertKind, AlertSink, Engine, StepContext, StepError, Workflow, WorkflowDescription,
-};
+use sagaflow::{AlertKind, Engine, StepContext, StepError, Workflow, WorkflowDescription};
 use sagaflow_testkit::{TestDb, backends, fast_builder};
 use serde::Deserialize;
 
@@ -38,32 +35,21 @@ fn order(ship: bool) -> Workflow {
     b.build().expect("valid")
 }
 
-/// Alerts handed to the engine's sink.
-#[derive(Clone, Default)]
-struct Collected(Arc<Mutex<Vec<Alert>>>);
-
-impl AlertSink for Collected {
-    fn deliver(&self, alert: &Alert) {
-        self.0.lock().expect("sink").push(alert.clone());
-    }
+/// The kinds of the open alerts (each stored with its notice for the sinks).
+async fn open_kinds(engine: &Engine) -> Vec<AlertKind> {
+    engine
+        .open_alerts()
+        .await
+        .expect("alerts")
+        .into_iter()
+        .map(|a| a.kind)
+        .collect()
 }
 
-impl Collected {
-    fn kinds(&self) -> Vec<AlertKind> {
-        self.0
-            .lock()
-            .expect("sink")
-            .iter()
-            .map(|a| a.kind.clone())
-            .collect()
-    }
-}
-
-async fn start(db: &TestDb, id: &str, wf: Workflow, sink: &Collected, workers: bool) -> Engine {
+async fn start(db: &TestDb, id: &str, wf: Workflow, workers: bool) -> Engine {
     fast_builder(db)
         .with_instance_id(id)
         .with_workflow(wf)
-        .with_alert_sink(sink.clone())
         .with_workers(workers)
         .start()
         .await
@@ -83,8 +69,7 @@ async fn published(engine: &Engine, backend: &str) -> (WorkflowDescription, Stri
 async fn an_engine_publishes_the_graph_roles_policies_and_input_schema_of_its_workflows() {
     for db in backends().await {
         let b = db.backend;
-        let sink = Collected::default();
-        let engine = start(&db, "publisher-1", order(false), &sink, true).await;
+        let engine = start(&db, "publisher-1", order(false), true).await;
         let (d, by) = published(&engine, b).await;
         assert_eq!(by, "publisher-1", "[{b}]");
         let steps: Vec<_> = d
@@ -116,10 +101,11 @@ async fn an_engine_publishes_the_graph_roles_policies_and_input_schema_of_its_wo
         engine.shutdown().await;
 
         // A client-only engine publishes too, and the same definition raises nothing.
-        let client = start(&db, "client-1", order(false), &sink, false).await;
+        let client = start(&db, "client-1", order(false), false).await;
         let (again, by) = published(&client, b).await;
         assert_eq!((again.steps.len(), by.as_str()), (2, "client-1"), "[{b}]");
-        assert!(sink.kinds().is_empty(), "[{b}] {:?}", sink.kinds());
+        let kinds = open_kinds(&client).await;
+        assert!(kinds.is_empty(), "[{b}] {kinds:?}");
         client.shutdown().await;
     }
 }
@@ -129,14 +115,14 @@ async fn a_changed_graph_under_an_unchanged_version_raises_an_alert_while_its_ru
 {
     for db in backends().await {
         let b = db.backend;
-        let sink = Collected::default();
 
         // Without unfinished runs a changed graph just replaces the published one.
-        let first = start(&db, "changer-1", order(false), &sink, false).await;
+        let first = start(&db, "changer-1", order(false), false).await;
         first.shutdown().await;
-        let second = start(&db, "changer-2", order(true), &sink, false).await;
+        let second = start(&db, "changer-2", order(true), false).await;
         assert_eq!(published(&second, b).await.0.steps.len(), 3, "[{b}]");
-        assert!(sink.kinds().is_empty(), "[{b}] {:?}", sink.kinds());
+        let kinds = open_kinds(&second).await;
+        assert!(kinds.is_empty(), "[{b}] {kinds:?}");
 
         // A run accepted under the three-step graph, unfinished; then the graph changes back.
         second
@@ -144,9 +130,13 @@ async fn a_changed_graph_under_an_unchanged_version_raises_an_alert_while_its_ru
             .await
             .expect("start");
         second.shutdown().await;
-        let third = start(&db, "changer-3", order(false), &sink, false).await;
+        let third = start(&db, "changer-3", order(false), false).await;
         assert_eq!(published(&third, b).await.0.steps.len(), 2, "[{b}]");
-        assert_eq!(sink.kinds(), [AlertKind::DefinitionChanged], "[{b}]");
+        assert_eq!(
+            open_kinds(&third).await,
+            [AlertKind::DefinitionChanged],
+            "[{b}]"
+        );
         let open = third.open_alerts().await.expect("alerts");
         let alert = open
             .iter()
@@ -160,8 +150,9 @@ async fn a_changed_graph_under_an_unchanged_version_raises_an_alert_while_its_ru
         third.shutdown().await;
 
         // Started again with the same graph: the alert stays open once, not raised again.
-        let fourth = start(&db, "changer-4", order(false), &sink, false).await;
-        assert_eq!(sink.kinds().len(), 1, "[{b}] {:?}", sink.kinds());
+        let fourth = start(&db, "changer-4", order(false), false).await;
+        let kinds = open_kinds(&fourth).await;
+        assert_eq!(kinds, [AlertKind::DefinitionChanged], "[{b}] {kinds:?}");
         tokio::time::timeout(Duration::from_secs(10), fourth.shutdown())
             .await
             .expect("shutdown");

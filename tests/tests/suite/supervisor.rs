@@ -33,6 +33,7 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
         business_key: None,
         input: "null".into(),
         priority: 0,
+        notify: false,
         start: store::RunStart::Now,
         steps: vec![store::NewStep {
             name: "only".into(),

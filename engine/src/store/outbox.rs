@@ -1,0 +1,338 @@
+//! The outbox: notices (alerts, finished runs) written in the transaction of the change they
+//! tell of, and their deliveries to each sink, recorded by the supervisor leader that makes
+//! them. See the `sagaflow_outbox` migration for the tables.
+
+use std::collections::HashMap;
+
+use sea_orm::Value;
+use uuid::Uuid;
+
+use super::Store;
+use super::row::{Exec, Row};
+use crate::Result;
+use crate::model::{
+    Alert, Delivery, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished, timestamp,
+};
+
+/// A notice not yet delivered to every sink, with what each sink made of it so far.
+#[derive(Debug, Clone)]
+pub struct PendingNotice {
+    /// The notice.
+    pub notice: Notice,
+    /// Per sink name: its delivery so far (none: never tried).
+    pub deliveries: HashMap<String, DeliveryRecord>,
+}
+
+/// One sink's delivery of one notice, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    /// Where it stands.
+    pub state: DeliveryState,
+    /// Tries so far.
+    pub attempts: i32,
+    /// When to try again (database clock, epoch ms).
+    pub next_at: i64,
+}
+
+/// A page of pending notices and the database's clock when it was read.
+#[derive(Debug, Clone)]
+pub struct PendingPage {
+    /// The notices, oldest first.
+    pub notices: Vec<PendingNotice>,
+    /// The database's clock (epoch ms).
+    pub now_ms: i64,
+}
+
+/// What one try of one sink came to, to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryResult {
+    /// Delivered.
+    Delivered,
+    /// Failed; try again `retry_in_ms` from now.
+    Retry {
+        /// Why.
+        error: String,
+        /// Delay before the next try.
+        retry_in_ms: i64,
+    },
+    /// Failed for good: dead-lettered.
+    Dead {
+        /// Why.
+        error: String,
+    },
+}
+
+/// Writes a notice in the caller's transaction.
+pub(super) async fn insert_notice<C: Exec>(
+    store: &Store,
+    conn: &C,
+    alert_id: Option<i64>,
+    run_id: Option<Uuid>,
+    body: &NoticeBody,
+) -> Result<()> {
+    // Strings, numbers and JSON values only: serialising cannot fail, but a failure would
+    // be reported rather than written as an empty notice.
+    let text = serde_json::to_string(body)
+        .map_err(|e| sea_orm::DbErr::Custom(format!("a notice could not be encoded: {e}")))?;
+    conn.execute(store.stmt(
+        "INSERT INTO sagaflow_outbox (dedupe_id, topic, alert_id, run_id, body, created_at) \
+         VALUES ($1, $2, $3, $4, $5, {now})",
+        vec![
+            body.dedupe_id.clone().into(),
+            body.topic.as_ref().to_owned().into(),
+            alert_id.into(),
+            run_id.into(),
+            text.into(),
+        ],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The notice of a stored alert.
+pub(super) fn alert_notice(alert: &Alert) -> NoticeBody {
+    NoticeBody {
+        dedupe_id: Uuid::now_v7().to_string(),
+        topic: NoticeTopic::Alert,
+        created_at: alert.created_at,
+        alert: Some(alert.clone()),
+        run: None,
+    }
+}
+
+/// The notice of a finished run, stamped `now_ms` (database clock).
+pub(super) fn run_notice(run: RunFinished, now_ms: i64) -> NoticeBody {
+    NoticeBody {
+        dedupe_id: Uuid::now_v7().to_string(),
+        topic: NoticeTopic::RunFinished,
+        created_at: timestamp(now_ms),
+        alert: None,
+        run: Some(run),
+    }
+}
+
+fn decode_delivery(r: &Row) -> Result<Delivery> {
+    let topic: String = r.try_get("", "topic")?;
+    let state: String = r.try_get("", "state")?;
+    Ok(Delivery {
+        notice_id: r.try_get("", "outbox_id")?,
+        dedupe_id: r.try_get("", "dedupe_id")?,
+        topic: topic.parse().unwrap_or(NoticeTopic::Alert),
+        alert_id: r.try_get("", "alert_id")?,
+        run_id: r.try_get("", "run_id")?,
+        sink: r.try_get("", "sink")?,
+        state: state.parse().unwrap_or(DeliveryState::Pending),
+        attempts: r.try_get("", "attempts")?,
+        last_error: r.try_get("", "last_error")?,
+        created_at: timestamp(r.try_get("", "created_at")?),
+        updated_at: timestamp(r.try_get("", "updated_at")?),
+    })
+}
+
+impl Store {
+    /// Up to `limit` notices not yet delivered to every sink, oldest first, with their
+    /// deliveries so far.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn outbox_pending(&self, limit: u32) -> Result<PendingPage> {
+        let rows = self
+            .exec
+            .query_all(self.stmt(
+                "SELECT id, dedupe_id, topic, body, {now} AS now_ms FROM sagaflow_outbox \
+                 WHERE done_at IS NULL ORDER BY id LIMIT $1",
+                vec![i64::from(limit).into()],
+            ))
+            .await?;
+        let mut now_ms = None;
+        let mut notices = Vec::with_capacity(rows.len());
+        for r in &rows {
+            now_ms = Some(r.try_get::<i64>("", "now_ms")?);
+            let topic: String = r.try_get("", "topic")?;
+            let Ok(topic) = topic.parse::<NoticeTopic>() else {
+                continue; // written by a newer version: its own leaders deliver it
+            };
+            notices.push(PendingNotice {
+                notice: Notice::new(
+                    r.try_get("", "id")?,
+                    r.try_get("", "dedupe_id")?,
+                    topic,
+                    r.try_get("", "body")?,
+                ),
+                deliveries: HashMap::new(),
+            });
+        }
+        let now_ms = match now_ms {
+            Some(n) => n,
+            None => self.now_ms().await?,
+        };
+        if !notices.is_empty() {
+            let ids: Vec<i64> = notices.iter().map(|n| n.notice.id).collect();
+            let (cond, values) = self.in_list("outbox_id", 1, &ids)?;
+            let sql = format!(
+                "SELECT outbox_id, sink, state, attempts, next_at FROM sagaflow_deliveries WHERE {cond}"
+            );
+            let index: HashMap<i64, usize> =
+                ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+            for r in self.exec.query_all(self.stmt(&sql, values)).await? {
+                let id: i64 = r.try_get("", "outbox_id")?;
+                let state: String = r.try_get("", "state")?;
+                let Some(&i) = index.get(&id) else { continue };
+                notices[i].deliveries.insert(
+                    r.try_get("", "sink")?,
+                    DeliveryRecord {
+                        state: state.parse().unwrap_or(DeliveryState::Pending),
+                        attempts: r.try_get("", "attempts")?,
+                        next_at: r.try_get("", "next_at")?,
+                    },
+                );
+            }
+        }
+        Ok(PendingPage { notices, now_ms })
+    }
+
+    /// Records one try of `sink` at notice `id` (its `attempts`-th). A delivery already
+    /// `delivered` or `dead` is not changed (a leader that lost its term and still finished a
+    /// try cannot undo what its successor recorded).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn delivery_record(
+        &self,
+        id: i64,
+        sink: &str,
+        attempts: i32,
+        result: &DeliveryResult,
+    ) -> Result<()> {
+        let (state, error, delay) = match result {
+            DeliveryResult::Delivered => (DeliveryState::Delivered, None, 0),
+            DeliveryResult::Retry { error, retry_in_ms } => {
+                (DeliveryState::Pending, Some(error.clone()), *retry_in_ms)
+            }
+            DeliveryResult::Dead { error } => (DeliveryState::Dead, Some(error.clone()), 0),
+        };
+        self.exec
+            .execute(self.stmt(
+                "INSERT INTO sagaflow_deliveries (outbox_id, sink, state, attempts, next_at, last_error, updated_at) \
+                 VALUES ($1, $2, $3, $4, {now} + $5, $6, {now}) \
+                 ON CONFLICT (outbox_id, sink) DO UPDATE SET state = excluded.state, \
+                   attempts = excluded.attempts, next_at = excluded.next_at, \
+                   last_error = COALESCE(excluded.last_error, sagaflow_deliveries.last_error), \
+                   updated_at = excluded.updated_at \
+                 WHERE sagaflow_deliveries.state = 'pending'",
+                vec![
+                    id.into(),
+                    sink.to_owned().into(),
+                    state.as_ref().to_owned().into(),
+                    attempts.into(),
+                    delay.into(),
+                    error.into(),
+                ],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Marks notices done: every sink delivered them or gave up.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn outbox_done(&self, ids: &[i64]) -> Result<()> {
+        for chunk in ids.chunks(super::tx::CHUNK) {
+            let (cond, values) = self.in_list("id", 1, chunk)?;
+            let sql = format!("UPDATE sagaflow_outbox SET done_at = {{now}} WHERE {cond}");
+            self.exec.execute(self.stmt(&sql, values)).await?;
+        }
+        Ok(())
+    }
+
+    /// Deliveries, newest change first: all of them, or those in `state`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn deliveries(
+        &self,
+        state: Option<DeliveryState>,
+        limit: u32,
+    ) -> Result<Vec<Delivery>> {
+        let mut values: Vec<Value> = Vec::new();
+        let mut sql = String::from(
+            "SELECT d.outbox_id, d.sink, d.state, d.attempts, d.last_error, d.updated_at, \
+                    o.dedupe_id, o.topic, o.alert_id, o.run_id, o.created_at \
+             FROM sagaflow_deliveries d JOIN sagaflow_outbox o ON o.id = d.outbox_id",
+        );
+        if let Some(s) = state {
+            sql.push_str(" WHERE d.state = $1");
+            values.push(s.as_ref().to_owned().into());
+        }
+        sql.push_str(&format!(
+            " ORDER BY d.updated_at DESC, d.outbox_id DESC LIMIT ${}",
+            values.len() + 1
+        ));
+        values.push(i64::from(limit).into());
+        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
+        rows.iter().map(decode_delivery).collect()
+    }
+
+    /// Sends a dead-lettered notice again: its dead deliveries start afresh (the sinks that
+    /// delivered it are not tried again). Returns whether any delivery was dead.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn delivery_redeliver(&self, notice_id: i64) -> Result<bool> {
+        // The notice first: should the process stop between the two statements, the leader
+        // finds it pending with nothing left to try and marks it done again.
+        self.exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_outbox SET done_at = NULL WHERE id = $1 AND EXISTS \
+                 (SELECT 1 FROM sagaflow_deliveries WHERE outbox_id = $1 AND state = 'dead')",
+                vec![notice_id.into()],
+            ))
+            .await?;
+        let n = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_deliveries SET state = 'pending', attempts = 0, next_at = {now}, \
+                 updated_at = {now} WHERE outbox_id = $1 AND state = 'dead'",
+                vec![notice_id.into()],
+            ))
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Deletes up to `batch` notices done more than `age_ms` ago that no sink dead-lettered,
+    /// with their deliveries; returns how many notices went.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn outbox_purge(&self, age_ms: i64, batch: u32) -> Result<u64> {
+        let rows = self
+            .exec
+            .query_all(self.stmt(
+                "SELECT id FROM sagaflow_outbox o WHERE done_at IS NOT NULL AND done_at < {now} - $1 \
+                 AND NOT EXISTS (SELECT 1 FROM sagaflow_deliveries d WHERE d.outbox_id = o.id AND d.state = 'dead') \
+                 ORDER BY done_at LIMIT $2",
+                vec![age_ms.into(), i64::from(batch).into()],
+            ))
+            .await?;
+        let ids: Vec<i64> = rows
+            .iter()
+            .map(|r| r.try_get("", "id"))
+            .collect::<std::result::Result<_, _>>()?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let (cond, values) = self.in_list("outbox_id", 1, &ids)?;
+        self.exec
+            .execute(self.stmt(
+                &format!("DELETE FROM sagaflow_deliveries WHERE {cond}"),
+                values,
+            ))
+            .await?;
+        let (cond, values) = self.in_list("id", 1, &ids)?;
+        self.exec
+            .execute(self.stmt(&format!("DELETE FROM sagaflow_outbox WHERE {cond}"), values))
+            .await?;
+        Ok(ids.len() as u64)
+    }
+}

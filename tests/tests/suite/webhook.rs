@@ -1,0 +1,525 @@
+//! Alerts and run notifications delivered through the outbox to a real webhook on loopback:
+//! at least once, signed, each delivery of a notice with the same dedupe id — through
+//! failing answers, and through an engine SIGKILLed while a delivery was in flight.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use sagaflow::webhook::{DELIVERY_HEADER, SIGNATURE_HEADER, TOPIC_HEADER, verify_signature};
+use sagaflow::{
+    AlertKind, DeliveryPolicy, DeliveryState, Engine, NoticeBody, NoticeTopic, OnFailure, RunState,
+    StartOptions, StepContext, StepError, WebhookSink, Workflow,
+};
+use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, eventually_some, fast_builder};
+use uuid::Uuid;
+
+const SECRET: &str = "a-webhook-secret-of-some-length";
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Received {
+    dedupe: String,
+    topic: String,
+    signature: String,
+    body: String,
+    /// Whether it was answered 2xx.
+    accepted: bool,
+}
+
+/// A loopback webhook receiver: records every request; answers 503 to the first `fail_first`
+/// ones, and never answers while `hang` is set.
+#[derive(Clone, Default)]
+struct Receiver {
+    got: Arc<Mutex<Vec<Received>>>,
+    fail_first: Arc<AtomicUsize>,
+    hang: Arc<AtomicBool>,
+}
+
+impl Receiver {
+    async fn serve(&self) -> String {
+        async fn hook(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+            let header = |k: &str| {
+                headers
+                    .get(k)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let fail = r
+                .fail_first
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let hang = r.hang.load(Ordering::SeqCst);
+            r.got.lock().expect("receiver").push(Received {
+                dedupe: header(DELIVERY_HEADER),
+                topic: header(TOPIC_HEADER),
+                signature: header(SIGNATURE_HEADER),
+                body: String::from_utf8_lossy(&body).into_owned(),
+                accepted: !fail && !hang,
+            });
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            if fail {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::NO_CONTENT
+            }
+        }
+        let app = Router::new()
+            .route("/hook", axum::routing::post(hook))
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/hook")
+    }
+
+    fn got(&self) -> Vec<Received> {
+        self.got.lock().expect("receiver").clone()
+    }
+
+    /// Notices answered 2xx, by dedupe id.
+    fn accepted(&self) -> Vec<NoticeBody> {
+        self.got()
+            .iter()
+            .filter(|r| r.accepted)
+            .map(|r| serde_json::from_str(&r.body).expect("a notice body"))
+            .collect()
+    }
+}
+
+fn sink(url: &str) -> WebhookSink {
+    WebhookSink::new("ops-hook", url, SECRET)
+        .expect("sink")
+        .with_policy(DeliveryPolicy::new(
+            20,
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+        ))
+}
+
+/// Pauses on a declined charge (a `run_paused` alert per run).
+fn declining() -> Workflow {
+    Workflow::builder("hooked_pause", 1)
+        .on_failure(OnFailure::Pause)
+        .step("reserve", |_: StepContext| async {
+            Ok::<_, StepError>("r")
+        })
+        .compensate(|_: StepContext| async { Ok::<_, StepError>(()) })
+        .step("charge", |_: StepContext| async {
+            Err::<(), _>(StepError::refused("card_declined", "the card was declined"))
+        })
+        .after(["reserve"])
+        .build()
+        .expect("valid")
+}
+
+/// Completes at once; its finishes are notified.
+fn notifying() -> Workflow {
+    Workflow::builder("hooked_ok", 1)
+        .notify_on_finish(true)
+        .step("only", |_: StepContext| async { Ok::<_, StepError>(7) })
+        .build()
+        .expect("valid")
+}
+
+/// Every request's signature verifies, and every delivery of one dedupe id carries the same
+/// body.
+fn check_signed_and_consistent(r: &Receiver, b: &str) {
+    let now = i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs(),
+    )
+    .expect("secs");
+    let got = r.got();
+    for g in &got {
+        verify_signature(
+            SECRET,
+            &g.signature,
+            g.body.as_bytes(),
+            now,
+            Duration::from_secs(600),
+        )
+        .unwrap_or_else(|e| panic!("[{b}] {e}: {g:?}"));
+        assert!(
+            verify_signature(
+                "another-secret-entirely",
+                &g.signature,
+                g.body.as_bytes(),
+                now,
+                Duration::from_secs(600)
+            )
+            .is_err(),
+            "[{b}] a wrong secret verifies"
+        );
+        let body: NoticeBody = serde_json::from_str(&g.body).expect("body");
+        assert_eq!(
+            body.dedupe_id, g.dedupe,
+            "[{b}] header and body dedupe ids differ"
+        );
+        assert_eq!(body.topic.as_ref(), g.topic, "[{b}]");
+        for other in got.iter().filter(|o| o.dedupe == g.dedupe) {
+            assert_eq!(other.body, g.body, "[{b}] one dedupe id, two bodies");
+        }
+    }
+}
+
+/// The stored alerts of `engine` are each among the notices the receiver accepted, and the
+/// outbox has nothing left to deliver.
+async fn every_alert_arrived(engine: &Engine, r: &Receiver, kinds: &[AlertKind]) -> bool {
+    let alerts = engine.open_alerts().await.expect("alerts");
+    let accepted = r.accepted();
+    let ids: Vec<i64> = accepted
+        .iter()
+        .filter_map(|n| n.alert.as_ref().map(|a| a.id))
+        .collect();
+    let relevant: Vec<_> = alerts.iter().filter(|a| kinds.contains(&a.kind)).collect();
+    !relevant.is_empty() && relevant.iter().all(|a| ids.contains(&a.id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_receives_every_alert_and_notification_through_failing_answers() {
+    for db in backends().await {
+        let b = db.backend;
+        let receiver = Receiver::default();
+        receiver.fail_first.store(4, Ordering::SeqCst);
+        let url = receiver.serve().await;
+        let engine = fast_builder(&db)
+            .with_workflow(declining())
+            .with_workflow(notifying())
+            .with_alert_sink(sink(&url))
+            .with_delivery_interval(Duration::from_millis(100))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let mut paused = Vec::new();
+        for i in 0..3 {
+            let s = engine
+                .start_with("hooked_pause", &i, StartOptions::default())
+                .await
+                .expect("start");
+            paused.push(s.id);
+        }
+        let mut done = Vec::new();
+        for i in 0..2 {
+            done.push(engine.start("hooked_ok", &i).await.expect("start"));
+        }
+        // One run of the notifying workflow asks for no notification.
+        let quiet = engine
+            .start_with("hooked_ok", &9, StartOptions::default().notify(false))
+            .await
+            .expect("start")
+            .id;
+        for id in paused.iter().chain(&done).chain([&quiet]) {
+            let want = if paused.contains(id) {
+                RunState::Paused
+            } else {
+                RunState::Completed
+            };
+            eventually(Duration::from_secs(20), "runs to settle", || async {
+                engine
+                    .run(*id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.state == want)
+            })
+            .await;
+        }
+        eventually(
+            Duration::from_secs(30),
+            "every notice to arrive",
+            || async {
+                let finished: Vec<Uuid> = receiver
+                    .accepted()
+                    .iter()
+                    .filter_map(|n| n.run.as_ref().map(|r| r.id))
+                    .collect();
+                every_alert_arrived(&engine, &receiver, &[AlertKind::RunPaused]).await
+                    && done.iter().all(|id| finished.contains(id))
+            },
+        )
+        .await;
+        let accepted = receiver.accepted();
+        assert!(
+            accepted
+                .iter()
+                .all(|n| n.run.as_ref().is_none_or(|r| r.id != quiet)),
+            "[{b}] a run that asked for no notification was notified"
+        );
+        let finished = accepted
+            .iter()
+            .find_map(|n| n.run.clone().filter(|r| r.id == done[0]))
+            .expect("notice");
+        assert_eq!(
+            (finished.state, finished.workflow.as_str()),
+            (RunState::Completed, "hooked_ok"),
+            "[{b}]"
+        );
+        assert_eq!(finished.output.expect("output")["only"], 7, "[{b}]");
+        assert!(
+            receiver.got().iter().filter(|g| !g.accepted).count() == 4,
+            "[{b}] the first four answers failed"
+        );
+        check_signed_and_consistent(&receiver, b);
+        // The failed ones were tried again: every delivery is recorded delivered.
+        let store = engine.store();
+        eventually(Duration::from_secs(10), "the outbox to be done", || async {
+            store
+                .deliveries(None, 100)
+                .await
+                .expect("deliveries")
+                .iter()
+                .filter(|d| d.sink == "ops-hook")
+                .all(|d| d.state == DeliveryState::Delivered)
+                && store
+                    .outbox_pending(10)
+                    .await
+                    .expect("pending")
+                    .notices
+                    .is_empty()
+        })
+        .await;
+        let notices = store.deliveries(None, 100).await.expect("deliveries");
+        let topics: Vec<NoticeTopic> = notices
+            .iter()
+            .filter(|d| d.sink == "ops-hook")
+            .map(|d| d.topic)
+            .collect();
+        assert_eq!(
+            (
+                topics.iter().filter(|t| **t == NoticeTopic::Alert).count(),
+                topics
+                    .iter()
+                    .filter(|t| **t == NoticeTopic::RunFinished)
+                    .count()
+            ),
+            (3, 2),
+            "[{b}] {notices:?}"
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_webhook_dead_letters_raises_one_alert_and_redelivers_on_demand() {
+    for db in backends().await {
+        let b = db.backend;
+        let receiver = Receiver::default();
+        receiver.fail_first.store(usize::MAX, Ordering::SeqCst);
+        let url = receiver.serve().await;
+        let engine = fast_builder(&db)
+            .with_workflow(declining())
+            .with_alert_sink(
+                WebhookSink::new("ops-hook", &url, SECRET)
+                    .expect("sink")
+                    .with_policy(DeliveryPolicy::new(
+                        2,
+                        Duration::from_millis(20),
+                        Duration::from_millis(40),
+                    )),
+            )
+            .with_delivery_interval(Duration::from_millis(50))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let run = engine.start("hooked_pause", &1).await.expect("start");
+        let store = engine.store().clone();
+        let dead = eventually_dead(&store).await;
+        assert_eq!(dead.attempts, 2, "[{b}] {dead:?}");
+        assert!(
+            dead.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("503")),
+            "[{b}] {dead:?}"
+        );
+        // One dead-letter alert for the sink, however many notices die.
+        eventually(Duration::from_secs(10), "the dead-letter alert", || async {
+            engine
+                .open_alerts()
+                .await
+                .expect("alerts")
+                .iter()
+                .filter(|a| a.kind == AlertKind::DeliveryDeadLettered)
+                .count()
+                == 1
+        })
+        .await;
+        // The receiver is fixed; the notice is sent again on demand and arrives.
+        receiver.fail_first.store(0, Ordering::SeqCst);
+        assert!(
+            store
+                .delivery_redeliver(dead.notice_id)
+                .await
+                .expect("redeliver"),
+            "[{b}]"
+        );
+        eventually(
+            Duration::from_secs(10),
+            "the redelivered notice",
+            || async {
+                receiver
+                    .accepted()
+                    .iter()
+                    .any(|n| n.alert.as_ref().is_some_and(|a| a.run_id == Some(run)))
+            },
+        )
+        .await;
+        // A sink that delivers again resolves its dead-letter alert.
+        eventually(
+            Duration::from_secs(10),
+            "the dead-letter alert to resolve",
+            || async {
+                !engine
+                    .open_alerts()
+                    .await
+                    .expect("alerts")
+                    .iter()
+                    .any(|a| a.kind == AlertKind::DeliveryDeadLettered)
+            },
+        )
+        .await;
+        engine.shutdown().await;
+    }
+}
+
+async fn eventually_dead(store: &sagaflow::internals::store::Store) -> sagaflow::Delivery {
+    eventually_some(
+        Duration::from_secs(15),
+        "a dead-lettered delivery",
+        || async {
+            store
+                .deliveries(Some(DeliveryState::Dead), 10)
+                .await
+                .expect("deliveries")
+                .into_iter()
+                .find(|d| d.topic == NoticeTopic::Alert)
+        },
+    )
+    .await
+}
+
+/// An engine process is SIGKILLed while its delivery of an alert is in flight (the receiver
+/// got the request and never answered); a second engine takes over and delivers every alert,
+/// the interrupted one again under the same dedupe id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_survive_an_engine_killed_between_commit_and_delivery() {
+    for db in backends().await {
+        let b = db.backend;
+        let receiver = Receiver::default();
+        receiver.hang.store(true, Ordering::SeqCst);
+        let url = receiver.serve().await;
+        let child = ChildTest::spawn(
+            "webhook::child_engine",
+            &[
+                ("SAGAFLOW_WEBHOOK_CHILD", "1".into()),
+                ("SAGAFLOW_WEBHOOK_DB", db.url.clone()),
+                ("SAGAFLOW_WEBHOOK_URL", url.clone()),
+            ],
+        );
+        eventually(
+            Duration::from_secs(30),
+            "the child to start its runs",
+            || async { child.printed("STARTED") },
+        )
+        .await;
+        eventually(Duration::from_secs(30), "a delivery in flight", || async {
+            !receiver.got().is_empty()
+        })
+        .await;
+        let pid = child.child.id().expect("running");
+        nix::sys::signal::kill(
+            Pid::from_raw(i32::try_from(pid).expect("pid")),
+            Signal::SIGKILL,
+        )
+        .expect("kill");
+        let (status, _) = child.finish(Duration::from_secs(10)).await;
+        assert!(!status.success(), "[{b}] the child was killed");
+        let in_flight = receiver.got()[0].dedupe.clone();
+        receiver.hang.store(false, Ordering::SeqCst);
+
+        let engine = successor(&db, &url).await;
+        eventually(Duration::from_secs(30), "every alert to arrive", || async {
+            every_alert_arrived(&engine, &receiver, &[AlertKind::RunPaused]).await
+        })
+        .await;
+        let alerts = engine.open_alerts().await.expect("alerts");
+        assert_eq!(
+            alerts
+                .iter()
+                .filter(|a| a.kind == AlertKind::RunPaused)
+                .count(),
+            3,
+            "[{b}]"
+        );
+        let again: Vec<Received> = receiver
+            .got()
+            .into_iter()
+            .filter(|g| g.dedupe == in_flight)
+            .collect();
+        assert!(
+            again.len() >= 2 && again.iter().any(|g| g.accepted),
+            "[{b}] the interrupted delivery was made again under its dedupe id: {again:?}"
+        );
+        check_signed_and_consistent(&receiver, b);
+        engine.shutdown().await;
+    }
+}
+
+async fn successor(db: &TestDb, url: &str) -> Engine {
+    fast_builder(db)
+        .with_instance_id("successor")
+        .with_workflow(declining())
+        .with_alert_sink(sink(url))
+        .with_delivery_interval(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend))
+}
+
+/// The child engine of the kill test: starts three runs that pause, prints `STARTED`, and
+/// delivers their alerts to a receiver that never answers, until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs only as the webhook test's child process"]
+async fn child_engine() {
+    if std::env::var("SAGAFLOW_WEBHOOK_CHILD").as_deref() != Ok("1") {
+        return;
+    }
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
+    let url = var("SAGAFLOW_WEBHOOK_URL");
+    let engine = Engine::builder()
+        .with_database_url(var("SAGAFLOW_WEBHOOK_DB"))
+        .with_instance_id("doomed")
+        .with_workflow(declining())
+        .with_poll_interval(Duration::from_millis(50))
+        .with_sweep_interval(Duration::from_millis(100))
+        .with_lease(Duration::from_secs(2), Duration::from_millis(400))
+        .with_alert_sink(
+            sink(&url).with_policy(
+                DeliveryPolicy::new(20, Duration::from_millis(50), Duration::from_millis(200))
+                    .with_timeout(Duration::from_secs(3600)),
+            ),
+        )
+        .with_delivery_interval(Duration::from_millis(100))
+        .start()
+        .await
+        .expect("child engine");
+    for i in 0..3 {
+        engine.start("hooked_pause", &i).await.expect("start");
+    }
+    println!("\nSTARTED");
+    std::future::pending::<()>().await;
+}
