@@ -7,10 +7,19 @@ use uuid::Uuid;
 use super::Timestamp;
 
 /// What an alert is about.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, strum::EnumString, strum::AsRefStr, strum::Display)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::EnumString,
+    strum::AsRefStr,
+    strum::Display,
+    strum::EnumIter,
+)]
 #[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AlertKind {
     /// A run stopped in `Error`: a compensation failed, a step failed after the pivot, a
     /// retriable step failed for good, or the pivot may have taken effect.
@@ -61,6 +70,28 @@ impl<'de> Deserialize<'de> for AlertKind {
         Ok(Self::named(&name))
     }
 }
+
+/// A string: the names of the known kinds, or a name a newer version raised.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for AlertKind {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use strum::IntoEnumIterator as _;
+        let known: Vec<String> = AlertKind::iter()
+            .filter(|k| !matches!(k, AlertKind::Other(_)))
+            .map(|k| k.to_string())
+            .collect();
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(format!(
+                "What the alert is about: {}; or a kind raised by a newer version",
+                known.join(", ")
+            )))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for AlertKind {}
 
 /// An operator alert, stored before it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
