@@ -324,6 +324,20 @@ impl Engine {
         self.inner.store.alert_list(None, true).await
     }
 
+    /// Deliveries of the outbox's notices to the sinks, most recently changed first: all of
+    /// them, or those in `state` (`DeliveryState::Dead`: the dead letters an operator may
+    /// send again with [`Operator::redeliver`](crate::Operator::redeliver)). At most `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn deliveries(
+        &self,
+        state: Option<sagaflow_engine::DeliveryState>,
+        limit: u32,
+    ) -> Result<Vec<sagaflow_engine::Delivery>> {
+        self.inner.store.deliveries(state, limit).await
+    }
+
     /// Alerts of one run, open or resolved.
     ///
     /// # Errors

@@ -136,6 +136,31 @@ impl Operator<'_> {
         self.engine.inner.store.alert_resolve(alert_id).await
     }
 
+    /// Sends a dead-lettered notice again: its dead deliveries start afresh, tried by the
+    /// supervisor leader as a new notice is (the sinks that delivered it are not tried again).
+    /// Returns whether one of its deliveries was dead. Logged with the operator and reason.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn redeliver(&self, notice_id: i64) -> Result<bool> {
+        let again = self
+            .engine
+            .inner
+            .store
+            .delivery_redeliver(notice_id)
+            .await?;
+        if again {
+            tracing::info!(
+                notice = notice_id,
+                actor = %self.audit.actor,
+                reason = self.audit.reason.as_deref().unwrap_or(""),
+                "dead-lettered notice sent again"
+            );
+            self.engine.inner.signals.wake_delivery();
+        }
+        Ok(again)
+    }
+
     fn after(&self, a: EvalApplied) -> RunState {
         let signals = &self.engine.inner.signals;
         signals.publish(RunEvent {

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::{
-    Alert, FieldError, HistoryEvent, Run, RunState, RunSummary, Step, Timestamp,
+    Alert, Delivery, FieldError, HistoryEvent, Run, RunState, RunSummary, Step, Timestamp,
     WorkflowDescription,
 };
 
@@ -168,6 +168,22 @@ pub(super) struct ResolveAnswer {
     pub(super) id: i64,
     /// Always `true`.
     pub(super) resolved: bool,
+}
+
+/// `GET /api/v1/deliveries`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct DeliveriesAnswer {
+    /// Deliveries of notices to sinks, most recently changed first.
+    pub(super) deliveries: Vec<Delivery>,
+}
+
+/// `POST /api/v1/deliveries/{notice}/redeliver`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct RedeliverAnswer {
+    /// The notice.
+    pub(super) notice_id: i64,
+    /// Always `true`: its dead deliveries are pending again.
+    pub(super) redelivered: bool,
 }
 
 /// The data of a `state` event of `GET /api/v1/runs/{id}/events`.

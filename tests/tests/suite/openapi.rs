@@ -407,6 +407,45 @@ async fn real_answers_match_the_schemas_the_document_gives_them() {
         assert_eq!(status, StatusCode::OK, "[{b}] {resolved}");
         answers.check("post", "/api/v1/alerts/{id}/resolve", status, &resolved, b);
 
+        // The alert's notice, delivered to the log sink by the supervisor leader.
+        let deliveries = sagaflow_testkit::eventually_some(
+            Duration::from_secs(15),
+            "the alert's delivery",
+            || async {
+                let (status, d) =
+                    answer(http.get(url("/api/v1/deliveries")).bearer_auth(VIEW)).await;
+                (status == StatusCode::OK
+                    && d["deliveries"].as_array().is_some_and(|a| !a.is_empty()))
+                .then_some(d)
+            },
+        )
+        .await;
+        assert_eq!(
+            deliveries["deliveries"][0]["sink"], "log",
+            "[{b}] {deliveries}"
+        );
+        answers.check("get", "/api/v1/deliveries", StatusCode::OK, &deliveries, b);
+        let (status, refused) = answer(
+            http.post(url(&format!(
+                "/api/v1/deliveries/{}/redeliver",
+                deliveries["deliveries"][0]["notice_id"]
+            )))
+            .bearer_auth(OPS),
+        )
+        .await;
+        assert_eq!(
+            (status, refused["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_dead_lettered")),
+            "[{b}] {refused}"
+        );
+        answers.check(
+            "post",
+            "/api/v1/deliveries/{id}/redeliver",
+            status,
+            &refused,
+            b,
+        );
+
         let (status, acted) = answer(
             http.post(url(&format!("/api/v1/runs/{stuck}/actions/compensate")))
                 .bearer_auth(OPS)
