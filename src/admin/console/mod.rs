@@ -64,6 +64,7 @@ where
         .route("/console/runs/{id}/actions/{action}", post(run::act))
         .route("/console/alerts", get(pages::alerts))
         .route("/console/alerts/{id}/resolve", post(pages::resolve))
+        .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))
         .route("/console/definitions", get(pages::definitions))
         .route("/console/fragments/overview", get(pages::overview_fragment))
         .route("/console/fragments/runs", get(pages::runs_fragment))

@@ -448,13 +448,83 @@ pub(super) async fn alerts_fragment(
 
 async fn alerts_body(engine: &Engine, s: &Session) -> Result<Markup, Error> {
     let open = engine.open_alerts().await?;
+    let dead = engine
+        .deliveries(Some(crate::DeliveryState::Dead), 100)
+        .await?;
     Ok(html! {
         @if open.is_empty() {
             p.muted { "No open alert." }
         } @else {
             (alerts_table(&open, s.is_operator().then_some(s)))
         }
+        h2 { "Dead-lettered notices" }
+        @if dead.is_empty() {
+            p.muted { "Every notice reached its sinks, or is still being tried." }
+        } @else {
+            (dead_letters_table(&dead, s.is_operator().then_some(s)))
+        }
     })
+}
+
+/// Notices a sink gave up on; with `redeliver`, each has a button to send it again.
+fn dead_letters_table(dead: &[crate::Delivery], redeliver: Option<&Session>) -> Markup {
+    html! {
+        div.scroll {
+            table.dead-letters {
+                thead { tr {
+                    th.num { "notice" } th { "topic" } th { "about" } th { "sink" }
+                    th.num { "tries" } th { "last error" } th { "given up" } th { "" }
+                } }
+                tbody {
+                    @for d in dead {
+                        tr data-notice=(d.notice_id) {
+                            td.num { (d.notice_id) }
+                            td { code { (d.topic) } }
+                            td {
+                                @if let Some(a) = d.alert_id { "alert " (a) " " }
+                                @if let Some(run) = d.run_id {
+                                    a href={ "/console/runs/" (run) } { "run " (view::short_id(&run)) }
+                                }
+                            }
+                            td { code { (d.sink) } }
+                            td.num { (d.attempts) }
+                            td.reason { (d.last_error.as_deref().unwrap_or("")) }
+                            td { (time(&d.updated_at)) }
+                            td {
+                                @if let Some(s) = redeliver {
+                                    form method="post" action={ "/console/deliveries/" (d.notice_id) "/redeliver" } {
+                                        input type="hidden" name="csrf" value=(s.csrf);
+                                        button type="submit" { "Send again" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `POST /console/deliveries/{id}/redeliver`.
+pub(super) async fn redeliver(
+    State(c): State<Console>,
+    PageSession(s): PageSession,
+    Path(id): Path<i64>,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if let Err(refused) = check_post(&s, &form.csrf, Role::Operator) {
+        return *refused;
+    }
+    let op = c
+        .admin
+        .engine
+        .operator()
+        .on_behalf_of(format!("console:{}", s.name), "sent again in the console");
+    match op.redeliver(id).await {
+        Ok(_) => Redirect::to("/console/alerts").into_response(),
+        Err(e) => failed(&s, &e),
+    }
 }
 
 /// `POST /console/alerts/{id}/resolve`.

@@ -578,6 +578,61 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
             "[{b}]"
         );
 
+        // A notice a sink gave up on is listed, escaped, and can be sent again.
+        let notice = sagaflow_testkit::eventually_some(
+            Duration::from_secs(15),
+            "the alert's notice to be delivered to the log",
+            || async {
+                s.engine
+                    .deliveries(None, 50)
+                    .await
+                    .expect("deliveries")
+                    .into_iter()
+                    .find(|d| d.alert_id == Some(alert.id))
+                    .map(|d| d.notice_id)
+            },
+        )
+        .await;
+        s.engine
+            .store()
+            .delivery_record(
+                notice,
+                "gone-sink",
+                3,
+                &sagaflow::internals::store::DeliveryResult::Dead {
+                    error: "<b>refused</b>".into(),
+                },
+            )
+            .await
+            .expect("record");
+        let redeliver = format!("/console/deliveries/{notice}/redeliver");
+        let (_, page) = get(&http, &s, "/console/alerts", &ops).await;
+        assert!(
+            page.contains(&redeliver) && page.contains("&lt;b&gt;refused&lt;/b&gt;"),
+            "[{b}] the dead letter is not listed"
+        );
+        let (_, page) = get(&http, &s, "/console/alerts", &viewer).await;
+        assert!(
+            !page.contains(&redeliver),
+            "[{b}] redeliver shown to read-only"
+        );
+        let (status, _, _) = post(&http, &s, &redeliver, &ops, &[]).await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "[{b}] without the CSRF token"
+        );
+        let (status, _, _) = post(&http, &s, &redeliver, &ops, &[("csrf", &csrf)]).await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "[{b}]");
+        assert!(
+            s.engine
+                .deliveries(Some(sagaflow::DeliveryState::Dead), 50)
+                .await
+                .expect("deliveries")
+                .is_empty(),
+            "[{b}] still dead after sending again"
+        );
+
         // Logging out needs the token too; then the session is gone.
         let (status, _, _) = post(&http, &s, "/console/logout", &ops, &[]).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "[{b}]");
