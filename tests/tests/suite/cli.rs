@@ -566,3 +566,56 @@ async fn only_migrate_changes_the_schema_and_dry_run_shows_its_sql() {
     code(&o, 1, "an unreachable database");
     assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_extend_and_cancel_a_run_no_engine_runs() {
+    for db in backends().await {
+        let b = db.backend;
+        let url = db.url.as_str();
+        // Published, then stopped: the run waits, `pending`, with no engine to run it.
+        let eng = engine(&db, vec![notify(Arc::new(AtomicBool::new(true)))]).await;
+        eng.shutdown().await;
+        let client = Engine::builder()
+            .with_database_url(url)
+            .with_published_workflows()
+            .start()
+            .await
+            .expect("client");
+        let id = client
+            .start("notify", &())
+            .await
+            .expect("start")
+            .to_string();
+        client.shutdown().await;
+
+        let paused = json(url, &["pause", &id, "--reason", "hold", "--as", "dora"]).await;
+        assert_eq!(paused["state"], "paused", "[{b}] {paused}");
+        let o = sagaflow(url, &["extend", &id, "--by", "30m", "--reason", "slow"]).await;
+        code(&o, 4, "extend with no attempt in flight");
+        let o = sagaflow(url, &["extend", &id, "--by", "0s", "--reason", "slow"]).await;
+        code(&o, 2, "a zero extension");
+        let cancelled = json(
+            url,
+            &["cancel", &id, "--reason", "customer left", "--as", "dora"],
+        )
+        .await;
+        assert_eq!(cancelled["action"], "cancel", "[{b}] {cancelled}");
+        let shown = json(url, &["runs", "show", &id]).await;
+        assert_eq!(shown["run"]["state"], cancelled["state"], "[{b}] {shown}");
+        let kinds: Vec<&str> = shown["history"]
+            .as_array()
+            .expect("history")
+            .iter()
+            .filter(|e| e["actor"] == "cli:dora")
+            .filter_map(|e| e["kind"].as_str())
+            .filter(|k| k.starts_with("operator_"))
+            .collect();
+        assert_eq!(
+            kinds,
+            ["operator_pause", "operator_cancel"],
+            "[{b}] {shown}"
+        );
+        let o = sagaflow(url, &["resume", &id, "--reason", "again"]).await;
+        code(&o, 4, "a cancelled run cannot be resumed");
+    }
+}
