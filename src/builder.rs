@@ -107,6 +107,16 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether [`EngineBuilder::start`] applies the schema migrations the database lacks
+    /// (default: yes, under the engines' migration lock). Off, the start changes no schema:
+    /// it fails with [`Error::SchemaOutOfDate`] unless the database's schema is exactly
+    /// this release's. For tools that must not migrate, such as the `sagaflow` command's
+    /// reads and actions.
+    pub fn with_migrations(mut self, on: bool) -> Self {
+        self.store_options.migrate = on;
+        self
+    }
+
     /// Registers a workflow definition (several versions of one name may be registered).
     pub fn with_workflow(mut self, wf: Workflow) -> Self {
         if let Err(e) = self.registry.register(wf) {

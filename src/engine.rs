@@ -338,6 +338,48 @@ impl Engine {
         self.inner.store.deliveries(state, limit).await
     }
 
+    /// Every alert, open or resolved, oldest first (from every instance sharing the
+    /// database; alerts of purged runs are gone with them).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn all_alerts(&self) -> Result<Vec<Alert>> {
+        self.inner.store.alert_list(None, false).await
+    }
+
+    /// How many finished runs (`Completed` or `Compensated`) finished more than
+    /// `older_than` ago (database clock): what [`Engine::purge_finished`] would delete.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn finished_count(&self, older_than: Duration) -> Result<u64> {
+        self.inner
+            .store
+            .run_count_finished(millis(older_than))
+            .await
+    }
+
+    /// Deletes the runs that finished more than `older_than` ago (database clock), with
+    /// their history and alerts, as the supervisor's retention sweep does (see
+    /// [`EngineBuilder::with_retention`](crate::EngineBuilder::with_retention)), in bounded
+    /// batches until none is left. Returns how many runs were deleted.
+    ///
+    /// # Errors
+    /// [`Error::Db`] (the batches deleted before it stay deleted).
+    pub async fn purge_finished(&self, older_than: Duration) -> Result<u64> {
+        /// Runs deleted per statement, as the retention sweep does.
+        const BATCH: u32 = 1000;
+        let age = millis(older_than);
+        let mut total = 0;
+        loop {
+            let n = self.inner.store.run_purge_finished(age, BATCH).await?;
+            total += n;
+            if n < u64::from(BATCH) {
+                return Ok(total);
+            }
+        }
+    }
+
     /// Alerts of one run, open or resolved.
     ///
     /// # Errors
@@ -472,4 +514,9 @@ impl Engine {
             tracing::debug!(error = %e, "could not mark the instance stopped");
         }
     }
+}
+
+/// A duration in whole milliseconds, saturating.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

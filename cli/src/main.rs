@@ -1,37 +1,144 @@
-//! `sagaflow`: commands for operating a sagaflow database without any workflow code.
+//! `sagaflow`: operating a sagaflow database from a shell, without any workflow code.
 //!
-//! `sagaflow serve` serves the console and the HTTP API over a database that the engines of
-//! an application use. It runs no step and no workflow code: it reads runs, definitions,
-//! alerts and statistics, acts as operator, and starts runs of the workflows those engines
-//! published, which the engines then execute.
+//! Finds and inspects runs, takes the operator's actions on them (recorded in their history
+//! as `cli:<operator>`), acknowledges alerts, watches the queue, lists the published
+//! definitions, applies the schema migrations on purpose and purges finished runs; and
+//! `sagaflow serve` serves the console and the HTTP API. It runs no step and no workflow
+//! code: it opens the database as a client-only engine, which never registers as a worker
+//! instance. Every command but `migrate` (and `serve`, which migrates as an engine start
+//! does) leaves the schema as it is and refuses one that is not this release's. The exit
+//! codes are in `exit.rs` and docs/cli.md.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+mod act;
+mod alerts;
+mod db;
+mod exit;
+mod output;
+mod overview;
+mod purge;
+mod runs;
+mod schema;
+mod serve;
+
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use sagaflow::admin::{ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, AdminConfig, TOKEN_SECRET_MIN_CHARS};
-use sagaflow::{Engine, redact_url};
+use clap::{CommandFactory, Parser, Subcommand};
+use sagaflow::Uuid;
 
-/// Environment variable holding the database URL of `sagaflow serve`.
-const DATABASE_URL_ENV: &str = "SAGAFLOW_DATABASE_URL";
-/// Environment variable holding the address `sagaflow serve` listens on.
-const LISTEN_ENV: &str = "SAGAFLOW_LISTEN";
+use crate::act::{Action, Audit};
+use crate::exit::{Failure, Outcome};
 
-/// Exit code of a usage error: a missing or invalid argument, no token.
-const USAGE: u8 = 2;
-
-/// Operate a sagaflow database: `sagaflow serve` serves its console and HTTP API without any
-/// workflow code.
+/// Operate a sagaflow database: find, inspect and fix runs, acknowledge alerts, watch the
+/// queue, migrate the schema, purge finished runs, or serve the console and HTTP API.
 #[derive(Debug, Parser)]
-#[command(name = "sagaflow", version)]
+#[command(
+    name = "sagaflow",
+    version,
+    after_help = "\
+Exit codes: 0 done; 1 failure (database unreachable, ...); 2 usage; 3 run, step or alert not \
+found; 4 action refused in the run's state; 5 schema not this release's (`sagaflow migrate`).
+
+Examples:
+  sagaflow runs list --state error --database-url ./orders.db
+  sagaflow runs show 0190c0de-... 
+  sagaflow retry 0190c0de-... --reason \"card service is back\""
+)]
 struct Cli {
+    /// The database: an SQLite file's path (never created), an `sqlite:` URL, or a
+    /// `postgres://` URL. Default: SAGAFLOW_DATABASE_URL, else DATABASE_URL.
+    #[arg(
+        long,
+        global = true,
+        env = db::DATABASE_URL_ENV,
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    database_url: Option<String>,
+
+    /// Machine output: one JSON document on standard output (shapes in docs/cli.md).
+    #[arg(long, global = true)]
+    json: bool,
+
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Lists runs, or shows one.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
+    /// Shows a run's history, oldest first: every transition, attempt and operator action.
+    History {
+        /// The run's id.
+        run: Uuid,
+    },
+    /// Retries a failed step (or failed compensation) of a run in `error`.
+    Retry {
+        #[command(flatten)]
+        audit: Audit,
+        /// The step; default: the run's failed step, when it has exactly one.
+        #[arg(long, value_name = "STEP")]
+        step: Option<String>,
+    },
+    /// Resumes a run in `error` or `paused`, retrying the failed steps of its phase.
+    Resume(Audit),
+    /// Compensates a run that is not finished: undoes what its steps did, in reverse order.
+    Compensate(Audit),
+    /// Cancels a run that is not finished: stops its attempts and compensates it.
+    Cancel(Audit),
+    /// Gives the run's attempts in flight more time (e.g. `--by 30m`).
+    Extend {
+        #[command(flatten)]
+        audit: Audit,
+        /// How much more time: `90s`, `30m`, `2h` (at most a day).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        by: Duration,
+    },
+    /// Pauses a pending, running or compensating run: it starts no new step until resumed.
+    Pause(Audit),
+    /// Releases a run set aside for a damaged row, once the row is repaired.
+    Release(Audit),
+    /// Records that a step's effect was undone by hand after its compensation failed.
+    MarkCompensated {
+        #[command(flatten)]
+        audit: Audit,
+        /// The step undone by hand.
+        #[arg(long, value_name = "STEP")]
+        step: String,
+    },
+    /// Lists or acknowledges alerts.
+    #[command(subcommand)]
+    Alerts(alerts::AlertsCommand),
+    /// The queue: steps ready, scheduled and running, the oldest wait, runs per workflow and
+    /// state, and recent throughput.
+    Queue,
+    /// The workflow definitions engines published: name, version, steps.
+    Definitions,
+    /// Applies the schema migrations the database lacks, under the engines' migration lock.
+    #[command(after_help = "\
+Other commands never migrate: on a database that lacks migrations they exit with code 5.")]
+    Migrate {
+        /// Print the SQL the pending migrations would execute, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Deletes finished runs (with their history and alerts) older than an age, as the
+    /// supervisor's retention does.
+    Purge {
+        /// The age: runs that finished longer ago go (`30d`, `12h`).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        older_than: Duration,
+        /// Count them, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Prints a completion script for a shell (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Serve the console and the HTTP API of a database, without any workflow code.
     ///
     /// Reads runs, definitions, alerts and statistics, acts as operator, and starts runs of
@@ -48,191 +155,103 @@ Examples:
   sagaflow serve --database-url ./orders.db --token-file /etc/sagaflow/tokens
   SAGAFLOW_ADMIN_TOKEN=... sagaflow serve --database-url postgres://app@db/orders \\
       --listen 0.0.0.0:8080")]
-    Serve(ServeArgs),
+    Serve(serve::ServeArgs),
 }
 
-#[derive(Debug, Args)]
-struct ServeArgs {
-    /// The database: an SQLite file's path, an `sqlite:` URL, or a `postgres://` URL. It must
-    /// exist (an SQLite path is never created).
-    #[arg(long, env = DATABASE_URL_ENV, value_name = "URL", hide_env_values = true)]
-    database_url: String,
-
-    /// The address to listen on. An address beyond loopback needs a token (always given).
-    #[arg(long, env = LISTEN_ENV, value_name = "ADDR", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-
-    /// A token file: one `name role secret` per line. Without it, the operator token of
-    /// SAGAFLOW_ADMIN_TOKEN (named `admin`) is used.
-    #[arg(long, env = ADMIN_TOKEN_FILE_ENV, value_name = "FILE")]
-    token_file: Option<PathBuf>,
+/// A duration as people write it (`30m`, `2h 30m`, `7d`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 90s, 30m, 2h, 7d)"))?;
+    if d.is_zero() {
+        return Err("must be more than zero".into());
+    }
+    Ok(d)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let serving = matches!(cli.command, Command::Serve(_));
+    // The commands log only warnings (on standard error, never mixed with their output);
+    // the server logs what it does.
+    let default_filter = if serving {
+        "info,sqlx=warn,sea_orm=warn"
+    } else {
+        "warn,sqlx=error,sea_orm=error"
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn,sea_orm=warn".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .init();
+    if let Command::Completions { shell } = cli.command {
+        let mut command = Cli::command();
+        clap_complete::generate(shell, &mut command, "sagaflow", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
     {
         Ok(r) => r,
-        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+        Err(e) => return Failure::failed(format!("cannot start the runtime: {e}")).report(),
     };
-    match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+    if let Command::Serve(args) = cli.command {
+        return runtime.block_on(serve::serve(args, cli.database_url));
+    }
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(f) => f.report(),
     }
 }
 
-/// Prints `sagaflow: …` and gives the failure exit code.
-fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("sagaflow: {message}");
-    ExitCode::FAILURE
-}
-
-/// Prints `sagaflow serve: …` and gives the usage exit code.
-fn usage(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("sagaflow serve: {message}");
-    ExitCode::from(USAGE)
-}
-
-/// The tokens: the token file's, else `SAGAFLOW_ADMIN_TOKEN`'s; none is a usage error.
-fn tokens(args: &ServeArgs) -> Result<AdminConfig, String> {
-    let config = match args
-        .token_file
-        .as_deref()
-        .filter(|p| !p.as_os_str().is_empty())
-    {
-        Some(file) => AdminConfig::from_token_file(file).map_err(|e| e.to_string())?,
-        None => {
-            // The same floor as a token file's secrets.
-            let chars = std::env::var(ADMIN_TOKEN_ENV)
-                .map(|t| t.trim().chars().count())
-                .unwrap_or(0);
-            if chars > 0 && chars < TOKEN_SECRET_MIN_CHARS {
-                return Err(format!(
-                    "{ADMIN_TOKEN_ENV} has {chars} characters, fewer than the \
-                     {TOKEN_SECRET_MIN_CHARS} required"
-                ));
-            }
-            AdminConfig::from_env()
-        }
-    };
-    if config.has_tokens() {
-        Ok(config)
-    } else {
-        Err(format!(
-            "no token: give --token-file FILE (or {ADMIN_TOKEN_FILE_ENV}), or an operator token \
-             in {ADMIN_TOKEN_ENV}; every route but /healthz needs one"
-        ))
+/// Runs a command other than `serve` and `completions`.
+async fn run(cli: Cli) -> Outcome {
+    let url = db::url(cli.database_url.as_deref())?;
+    let json = cli.json;
+    if let Command::Migrate { dry_run } = cli.command {
+        return schema::migrate(&url, dry_run, json).await;
     }
-}
-
-/// The URL the engine opens: URLs as given; a plain path as an existing SQLite file (read
-/// and written, never created).
-fn database_url(arg: &str) -> Result<String, String> {
-    let arg = arg.trim();
-    if arg.is_empty() {
-        return Err(format!("--database-url (or {DATABASE_URL_ENV}) is empty"));
-    }
-    if arg.starts_with("sqlite:") || arg.starts_with("postgres:") || arg.starts_with("postgresql:")
-    {
-        return Ok(arg.to_owned());
-    }
-    if arg.contains("://") {
-        return Err(format!(
-            "unsupported database URL `{}`: give an SQLite file's path, an sqlite: URL or a \
-             postgres:// URL",
-            redact_url(arg)
-        ));
-    }
-    let path = Path::new(arg);
-    if !path.is_file() {
-        return Err(format!(
-            "no SQLite database at {}: serve opens the database of existing engines and \
-             creates none",
-            path.display()
-        ));
-    }
-    Ok(format!("sqlite://{}?mode=rw", path.display()))
-}
-
-async fn serve(args: ServeArgs) -> ExitCode {
-    let config = match tokens(&args) {
-        Ok(c) => c,
-        Err(e) => return usage(e),
-    };
-    let url = match database_url(&args.database_url) {
-        Ok(u) => u,
-        Err(e) => return usage(e),
-    };
-    // Migrations: serve opens the database as every engine start does, applying under the
-    // engines' migration lock the migrations it lacks. A console of a release is run beside
-    // the engines of that release; refusing an older schema would only make the operator run
-    // the same migrations by starting an engine first. A database migrated by a newer release
-    // is refused (its migrations are unknown here), with the migrator's message.
-    let engine = match Engine::builder()
-        .with_database_url(url.clone())
-        .with_published_workflows()
-        .with_admin(args.listen, config)
-        .start()
-        .await
-    {
-        Ok(e) => e,
-        Err(e) => {
-            let mut message = format!("cannot serve {}: {e}", redact_url(&url));
-            if message.contains("has been applied but its file is missing") {
-                message.push_str(
-                    "\n  (a newer release of sagaflow migrated this database: serve it with \
-                     the sagaflow command of that release)",
-                );
-            }
-            return fail(message);
-        }
-    };
-    match engine.admin_addr() {
-        Some(addr) => println!("sagaflow serve: listening on http://{addr}"),
-        None => println!("sagaflow serve: listening on http://{}", args.listen),
-    }
-    tracing::info!(database = %redact_url(&url), "serving; Ctrl-C or SIGTERM stops");
-    let code = tokio::select! {
-        () = sagaflow::admin::stop_signal() => ExitCode::SUCCESS,
-        e = engine.fatal_error() => fail(format!("stopped: {e}")),
-    };
+    let engine = db::client(&url).await?;
+    let outcome = command(&engine, cli.command, json).await;
     engine.shutdown().await;
-    code
+    outcome
+}
+
+async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Outcome {
+    match command {
+        Command::Runs(c) => runs::runs(engine, c, json).await,
+        Command::History { run } => runs::history(engine, run, json).await,
+        Command::Retry { audit, step } => act::act(engine, &audit, Action::Retry(step), json).await,
+        Command::Resume(a) => act::act(engine, &a, Action::Resume, json).await,
+        Command::Compensate(a) => act::act(engine, &a, Action::Compensate, json).await,
+        Command::Cancel(a) => act::act(engine, &a, Action::Cancel, json).await,
+        Command::Extend { audit, by } => act::act(engine, &audit, Action::Extend(by), json).await,
+        Command::Pause(a) => act::act(engine, &a, Action::Pause, json).await,
+        Command::Release(a) => act::act(engine, &a, Action::Release, json).await,
+        Command::MarkCompensated { audit, step } => {
+            act::act(engine, &audit, Action::MarkCompensated(step), json).await
+        }
+        Command::Alerts(c) => alerts::alerts(engine, c, json).await,
+        Command::Queue => overview::queue(engine, json).await,
+        Command::Definitions => overview::definitions(engine, json).await,
+        Command::Purge {
+            older_than,
+            dry_run,
+        } => purge::purge(engine, older_than, dry_run, json).await,
+        Command::Migrate { .. } | Command::Completions { .. } | Command::Serve(_) => Ok(()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
 
-    use super::{Cli, database_url};
+    use super::Cli;
 
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn urls_are_used_as_given_and_a_path_must_be_an_existing_file() {
-        assert_eq!(
-            database_url("postgres://u@h/db").as_deref(),
-            Ok("postgres://u@h/db")
-        );
-        assert_eq!(
-            database_url("sqlite://x.db?mode=rw").as_deref(),
-            Ok("sqlite://x.db?mode=rw")
-        );
-        assert!(database_url("mysql://u@h/db").is_err());
-        assert!(database_url("").is_err());
-        let e = database_url("/nonexistent/orders.db").expect_err("refused");
-        assert!(e.contains("creates none"), "{e}");
     }
 }

@@ -170,6 +170,41 @@ pub enum Error {
     /// The engine has been shut down.
     #[error("the engine is shut down")]
     Shutdown,
+
+    /// The database's schema is not this release's, and the engine was told not to migrate
+    /// it (`StoreOptions::migrate` off): it lacks migrations of this release (`pending`), or
+    /// a newer release migrated it (`unknown`).
+    #[error(
+        "the schema of {target} is not this release's: {}",
+        schema_mismatch(pending, unknown)
+    )]
+    SchemaOutOfDate {
+        /// The database, as a URL without password.
+        target: String,
+        /// Migrations of this release it lacks, oldest first.
+        pending: Vec<String>,
+        /// Migrations it has that this release does not know.
+        unknown: Vec<String>,
+    },
+}
+
+/// Says what a [`Error::SchemaOutOfDate`] lacks or has in excess.
+fn schema_mismatch(pending: &[String], unknown: &[String]) -> String {
+    let mut parts = Vec::new();
+    if !pending.is_empty() {
+        parts.push(format!(
+            "{} migration(s) pending ({})",
+            pending.len(),
+            pending.join(", ")
+        ));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!(
+            "migrated by a newer release ({} unknown here)",
+            unknown.join(", ")
+        ));
+    }
+    parts.join("; ")
 }
 
 /// A start option that can be refused, named as `StartOptions` sets it.

@@ -33,9 +33,12 @@
 //! `VACUUM`, …) and must not opt out with `use_transaction() == Some(false)` expecting to
 //! run outside one.
 
+use std::sync::{Arc, Mutex};
+
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{
-    DbBackend, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    DatabaseTransaction, DbBackend, SqliteTransactionMode, Statement, TransactionOptions,
+    TransactionTrait,
 };
 
 mod m0001_initial;
@@ -99,7 +102,135 @@ impl MigratorTrait for Migrator {
 /// applied then); on SQLite, `database is locked` when another process holds the write lock
 /// for longer than the busy timeout.
 pub async fn migrate(db: &sea_orm_migration::sea_orm::DatabaseConnection) -> Result<(), DbErr> {
-    let txn = match db.get_database_backend() {
+    apply(db).await.map(drop)
+}
+
+/// Brings the database schema up to date as [`migrate`] does, and names the migrations it
+/// applied (none when the schema was up to date), oldest first.
+///
+/// # Errors
+/// As [`migrate`].
+pub async fn apply(
+    db: &sea_orm_migration::sea_orm::DatabaseConnection,
+) -> Result<Vec<String>, DbErr> {
+    let txn = begin_locked(db).await?;
+    let pending: Vec<String> = Migrator::get_pending_migrations(&txn)
+        .await?
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect();
+    Migrator::up(&txn, None).await?;
+    txn.commit().await?;
+    Ok(pending)
+}
+
+/// Where a database's schema stands against this release's migrations, read without
+/// changing anything (not even creating [`MIGRATION_TABLE`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SchemaStatus {
+    /// Migrations of this release the database lacks, oldest first.
+    pub pending: Vec<String>,
+    /// Migrations recorded as applied that this release does not know: a newer release
+    /// migrated the database.
+    pub unknown: Vec<String>,
+}
+
+impl SchemaStatus {
+    /// Whether the schema is exactly this release's.
+    pub fn is_current(&self) -> bool {
+        self.pending.is_empty() && self.unknown.is_empty()
+    }
+}
+
+/// Reads which migrations the database lacks, and which it has that this release does not
+/// know, without writing anything.
+///
+/// # Errors
+/// Any database error of the reads.
+pub async fn status(
+    db: &sea_orm_migration::sea_orm::DatabaseConnection,
+) -> Result<SchemaStatus, DbErr> {
+    let manager = SchemaManager::new(db);
+    let applied: Vec<String> = if manager.has_table(MIGRATION_TABLE).await? {
+        let rows = db
+            .query_all_raw(Statement::from_string(
+                db.get_database_backend(),
+                format!("SELECT version FROM {MIGRATION_TABLE}"),
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String>("", "version"))
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    let known: Vec<String> = Migrator::migrations()
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect();
+    Ok(SchemaStatus {
+        pending: known
+            .iter()
+            .filter(|k| !applied.contains(k))
+            .cloned()
+            .collect(),
+        unknown: applied.into_iter().filter(|a| !known.contains(a)).collect(),
+    })
+}
+
+/// One pending migration and the SQL statements it would execute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlannedMigration {
+    /// Its name (as recorded in [`MIGRATION_TABLE`] once applied).
+    pub name: String,
+    /// The statements it executes on this database, in order. Statements that a migration
+    /// makes conditional on the schema (a column added only when missing) are listed only
+    /// when they would run.
+    pub statements: Vec<String>,
+}
+
+tokio::task_local! {
+    /// Where [`execute`] records the statements it runs, during [`plan`].
+    static RECORDER: Arc<Mutex<Vec<String>>>;
+}
+
+/// The SQL that [`migrate`] would execute on this database, changing nothing: the pending
+/// migrations are applied in one transaction, under the same lock, each statement recorded,
+/// and the transaction is rolled back. The bookkeeping rows of [`MIGRATION_TABLE`] are not
+/// listed.
+///
+/// # Errors
+/// As [`migrate`]; nothing is applied either way.
+pub async fn plan(
+    db: &sea_orm_migration::sea_orm::DatabaseConnection,
+) -> Result<Vec<PlannedMigration>, DbErr> {
+    let txn = begin_locked(db).await?;
+    let pending: Vec<String> = Migrator::get_pending_migrations(&txn)
+        .await?
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect();
+    let mut planned = Vec::with_capacity(pending.len());
+    for name in pending {
+        let recorded = Arc::new(Mutex::new(Vec::new()));
+        RECORDER
+            .scope(recorded.clone(), Migrator::up(&txn, Some(1)))
+            .await?;
+        let statements = std::mem::take(&mut *recorded.lock().unwrap_or_else(|e| e.into_inner()));
+        planned.push(PlannedMigration { name, statements });
+    }
+    txn.rollback().await?;
+    Ok(planned)
+}
+
+/// Begins the transaction migrations run in, holding the database-wide migration lock (see
+/// [Concurrent starts](crate#concurrent-starts)).
+async fn begin_locked(
+    db: &sea_orm_migration::sea_orm::DatabaseConnection,
+) -> Result<DatabaseTransaction, DbErr> {
+    match db.get_database_backend() {
         DbBackend::Postgres => {
             let txn = db.begin().await?;
             // The engine's sessions stop waiting for a lock after a few seconds and for a
@@ -115,7 +246,7 @@ pub async fn migrate(db: &sea_orm_migration::sea_orm::DatabaseConnection) -> Res
                 "SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
             ))
             .await?;
-            txn
+            Ok(txn)
         }
         // A deferred transaction would take the write lock only at its first write, and
         // SQLite cannot wait for a lock upgrade from a stale read snapshot (it fails with
@@ -125,16 +256,24 @@ pub async fn migrate(db: &sea_orm_migration::sea_orm::DatabaseConnection) -> Res
                 sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
                 ..TransactionOptions::default()
             })
-            .await?
+            .await
         }
-        other => {
-            return Err(DbErr::Migration(format!(
-                "sagaflow does not support the {other:?} backend"
-            )));
-        }
-    };
-    Migrator::up(&txn, None).await?;
-    txn.commit().await
+        other => Err(DbErr::Migration(format!(
+            "sagaflow does not support the {other:?} backend"
+        ))),
+    }
+}
+
+/// Executes one statement of a migration (recorded while [`plan`] runs).
+async fn execute(manager: &SchemaManager<'_>, sql: &str) -> Result<(), DbErr> {
+    // Outside `plan` there is no recorder, and nothing is recorded.
+    let _ = RECORDER.try_with(|r| {
+        r.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(sql.to_owned());
+    });
+    manager.get_connection().execute_unprepared(sql).await?;
+    Ok(())
 }
 
 /// Runs a list of SQL statements, choosing the PostgreSQL or SQLite variant.
@@ -152,9 +291,8 @@ async fn run_all(
             )));
         }
     };
-    let conn = manager.get_connection();
     for sql in stmts {
-        conn.execute_unprepared(sql).await?;
+        execute(manager, sql).await?;
     }
     Ok(())
 }
@@ -183,11 +321,9 @@ async fn add_column_if_missing(
     if manager.has_column(table, column).await? {
         return Ok(());
     }
-    manager
-        .get_connection()
-        .execute_unprepared(&format!(
-            "ALTER TABLE {table} ADD COLUMN {column} {definition}"
-        ))
-        .await?;
-    Ok(())
+    execute(
+        manager,
+        &format!("ALTER TABLE {table} ADD COLUMN {column} {definition}"),
+    )
+    .await
 }

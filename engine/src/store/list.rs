@@ -55,6 +55,8 @@ pub struct RunQuery {
     pub workflow: Option<String>,
     /// Only runs in this state.
     pub state: Option<RunState>,
+    /// Only runs in one of these states (with [`RunQuery::state`] too, in any of them all).
+    pub states: Vec<RunState>,
     /// Only runs started with this business key.
     pub business_key: Option<String>,
     /// Only runs created at or after this instant (epoch milliseconds, database clock).
@@ -86,6 +88,13 @@ impl RunQuery {
     #[must_use]
     pub fn state(mut self, state: RunState) -> Self {
         self.state = Some(state);
+        self
+    }
+
+    /// Only runs in one of `states` (added to those already asked for).
+    #[must_use]
+    pub fn states(mut self, states: impl IntoIterator<Item = RunState>) -> Self {
+        self.states.extend(states);
         self
     }
 
@@ -312,9 +321,25 @@ impl Store {
             let p = bind(&mut values, w.clone().into());
             conds.push(format!("workflow = {p}"));
         }
-        if let Some(state) = query.state {
-            let p = bind(&mut values, state.as_str().into());
-            conds.push(format!("state = {p}"));
+        let mut states: Vec<RunState> = query.state.into_iter().collect();
+        for s in &query.states {
+            if !states.contains(s) {
+                states.push(*s);
+            }
+        }
+        match states.as_slice() {
+            [] => {}
+            [state] => {
+                let p = bind(&mut values, state.as_str().into());
+                conds.push(format!("state = {p}"));
+            }
+            several => {
+                let ps: Vec<String> = several
+                    .iter()
+                    .map(|s| bind(&mut values, s.as_str().into()))
+                    .collect();
+                conds.push(format!("state IN ({})", ps.join(", ")));
+            }
         }
         if let Some(k) = &query.business_key {
             let p = bind(&mut values, k.clone().into());

@@ -60,7 +60,9 @@ impl Store {
         .await
     }
 
-    /// Connects to `url`, brings the schema up to date and proves the database writable.
+    /// Connects to `url`, brings the schema up to date (or, with [`StoreOptions::migrate`]
+    /// off, checks that it is this release's and changes nothing) and proves the database
+    /// writable.
     ///
     /// SQLite gets one pooled connection (it has one writer anyway, and a single connection
     /// rules out lock-upgrade deadlocks between our own transactions) and WAL journaling.
@@ -69,7 +71,9 @@ impl Store {
     /// # Errors
     /// [`Error::Config`] for an unsupported or malformed URL; [`Error::Connect`] with the
     /// driver's cause when the database cannot be reached in `connect_timeout`;
-    /// [`Error::ReadOnly`] when it cannot be written; [`Error::Db`] when a migration fails.
+    /// [`Error::ReadOnly`] when it cannot be written; [`Error::Db`] when a migration fails;
+    /// [`Error::SchemaOutOfDate`] when migrations are off and the schema is not this
+    /// release's.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Self> {
         options.validate()?;
         let backend = if url.starts_with("sqlite:") {
@@ -202,14 +206,27 @@ impl Store {
                 e
             }
         };
+        if !options.migrate {
+            // Checked before anything is written, even the journal mode.
+            let status = sagaflow_migrations::status(&store.db).await?;
+            if !status.is_current() {
+                return Err(Error::SchemaOutOfDate {
+                    target,
+                    pending: status.pending,
+                    unknown: status.unknown,
+                });
+            }
+        }
         if backend == Backend::Sqlite {
             super::sqlite::enable_wal(&store.db)
                 .await
                 .map_err(read_only)?;
         }
-        sagaflow_migrations::migrate(&store.db)
-            .await
-            .map_err(read_only)?;
+        if options.migrate {
+            sagaflow_migrations::migrate(&store.db)
+                .await
+                .map_err(read_only)?;
+        }
         if let (Some(path), true) = (file.as_deref(), store.file.is_some()) {
             // On a file, the engine's own statements take the fast path; the pool stays for
             // applications' transactions (`Engine::connection`). An in-memory database

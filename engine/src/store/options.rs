@@ -59,6 +59,10 @@ pub struct StoreOptions {
     pub idle_in_transaction_timeout: Duration,
     /// SQLite's `synchronous` setting.
     pub sqlite_sync: SqliteSync,
+    /// Whether opening applies the schema migrations the database lacks (the default), under
+    /// the engines' migration lock. Off, opening changes no schema: it fails with
+    /// [`Error::SchemaOutOfDate`] unless the schema is exactly this release's.
+    pub migrate: bool,
 }
 
 impl Default for StoreOptions {
@@ -71,6 +75,7 @@ impl Default for StoreOptions {
             lock_timeout: LOCK_TIMEOUT_DEFAULT,
             idle_in_transaction_timeout: IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
             sqlite_sync: SqliteSync::Full,
+            migrate: true,
         }
     }
 }

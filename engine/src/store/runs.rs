@@ -266,6 +266,27 @@ impl Store {
             .collect()
     }
 
+    /// How many runs finished more than `older_than_ms` ago (DB clock): what
+    /// [`Store::run_purge_finished`] would delete.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_count_finished(&self, older_than_ms: i64) -> Result<u64> {
+        let row = self
+            .exec
+            .query_one(self.stmt(
+                "SELECT COUNT(*) AS n FROM sagaflow_runs WHERE finished_at IS NOT NULL \
+                 AND finished_at < {now} - $1",
+                vec![older_than_ms.into()],
+            ))
+            .await?;
+        let n: i64 = match row {
+            Some(r) => r.try_get("", "n")?,
+            None => 0,
+        };
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Deletes finished runs (and their history and alerts) that finished more than
     /// `older_than_ms` ago (DB clock): the retention policy. Returns how many runs.
     ///

@@ -10,6 +10,7 @@ mod business_key;
 mod cancel;
 mod chaos;
 mod claim;
+mod cli;
 mod console;
 mod crash;
 mod definitions;

@@ -1,0 +1,195 @@
+//! The operator actions: `retry`, `resume`, `compensate`, `cancel`, `extend`, `pause`,
+//! `release` and `mark-compensated`, each through the engine's `Operator` (the rules the API
+//! and the console follow), recorded in the run's history as done by `cli:<operator>`.
+
+use std::time::Duration;
+
+use clap::Args;
+use sagaflow::{Engine, RunState, StepState, Uuid};
+use serde::Serialize;
+
+use crate::exit::{Failure, Outcome};
+use crate::output;
+
+/// Environment variable naming the operator when `--as` is not given.
+pub(crate) const OPERATOR_ENV: &str = "SAGAFLOW_OPERATOR";
+/// Longest reason an action records (as over the API).
+const REASON_MAX_CHARS: usize = 2_000;
+
+/// What every action takes: the run, why, and who.
+#[derive(Debug, Args)]
+pub(crate) struct Audit {
+    /// The run's id.
+    pub(crate) run: Uuid,
+    /// Why, in your words (recorded in the run's history; 1 to 2,000 characters).
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) reason: String,
+    /// Who acts, as recorded (`cli:NAME`); default: SAGAFLOW_OPERATOR, else the OS user.
+    #[arg(long = "as", value_name = "NAME", env = OPERATOR_ENV)]
+    pub(crate) operator: Option<String>,
+}
+
+/// An action and what it needs beyond the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    Retry(Option<String>),
+    Resume,
+    Compensate,
+    Cancel,
+    Extend(Duration),
+    Pause,
+    Release,
+    MarkCompensated(String),
+}
+
+impl Action {
+    /// Its name, as the HTTP API names it.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Retry(_) => "retry",
+            Self::Resume => "resume",
+            Self::Compensate => "compensate",
+            Self::Cancel => "cancel",
+            Self::Extend(_) => "extend",
+            Self::Pause => "pause",
+            Self::Release => "release",
+            Self::MarkCompensated(_) => "mark_compensated",
+        }
+    }
+}
+
+/// `--json` of an action: the answer of `POST /api/v1/runs/{id}/actions/{action}`, with the
+/// step acted on and the actor recorded.
+#[derive(Debug, Serialize)]
+struct ActionAnswer<'a> {
+    id: Uuid,
+    action: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<&'a str>,
+    state: RunState,
+    actor: &'a str,
+}
+
+/// The actor recorded: `cli:` and the operator's name (`--as`, `SAGAFLOW_OPERATOR`, else the
+/// OS user: `USER`, `LOGNAME`, else the account's name).
+pub(crate) fn actor(operator: Option<&str>) -> Result<String, Failure> {
+    let name = operator
+        .map(str::to_owned)
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .or_else(|| whoami::username().ok())
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty());
+    match name {
+        Some(n) if n.chars().all(|c| !c.is_control()) && n.chars().count() <= 100 => {
+            Ok(format!("cli:{n}"))
+        }
+        Some(_) => Err(Failure::usage(
+            "the operator's name (--as) must be 1 to 100 printable characters",
+        )),
+        None => Err(Failure::usage(format!(
+            "who acts? give --as NAME (or {OPERATOR_ENV}); no OS user name is set"
+        ))),
+    }
+}
+
+/// The reason, trimmed, if an action can record it.
+pub(crate) fn reason(text: &str) -> Result<String, Failure> {
+    let r = text.trim();
+    if r.is_empty() || r.chars().count() > REASON_MAX_CHARS {
+        return Err(Failure::usage(format!(
+            "--reason takes 1 to {REASON_MAX_CHARS} characters; it is recorded in the run's \
+             history"
+        )));
+    }
+    Ok(r.to_owned())
+}
+
+/// Takes `action` on the run, prints the run's new state.
+pub(crate) async fn act(engine: &Engine, audit: &Audit, action: Action, json: bool) -> Outcome {
+    let reason = reason(&audit.reason)?;
+    let actor = actor(audit.operator.as_deref())?;
+    let id = audit.run;
+    let step = match &action {
+        Action::Retry(step) => Some(step_to_retry(engine, id, step.as_deref()).await?),
+        Action::MarkCompensated(step) => Some(known_step(engine, id, step).await?),
+        _ => None,
+    };
+    let op = engine.operator().on_behalf_of(actor.clone(), reason);
+    let state = match &action {
+        Action::Retry(_) | Action::MarkCompensated(_) => {
+            let step = step.as_deref().unwrap_or_default();
+            if matches!(action, Action::Retry(_)) {
+                op.retry_step(id, step).await?
+            } else {
+                op.mark_compensated(id, step).await?
+            }
+        }
+        Action::Resume => op.resume(id).await?,
+        Action::Compensate => op.compensate(id).await?,
+        Action::Cancel => op.cancel(id).await?,
+        Action::Extend(by) => op.extend(id, *by).await?,
+        Action::Pause => op.pause(id).await?,
+        Action::Release => op.release(id).await?,
+    };
+    if json {
+        return output::json(&ActionAnswer {
+            id,
+            action: action.name(),
+            step: step.as_deref(),
+            state,
+            actor: &actor,
+        });
+    }
+    let what = match &step {
+        Some(s) => format!("{} of step {s}", action.name()),
+        None => action.name().to_owned(),
+    };
+    output::line(format!(
+        "run {id}: {what} recorded as {actor}; the run is now {state}"
+    ));
+    Ok(())
+}
+
+/// The run's steps, or exit 3 when the run does not exist.
+async fn steps(engine: &Engine, id: Uuid) -> Result<Vec<sagaflow::Step>, Failure> {
+    crate::runs::find(engine, id).await?;
+    Ok(engine.steps(id).await?)
+}
+
+/// `step` when the run has it (exit 3 otherwise; a finished run keeps no steps, and the
+/// engine says why it refuses then).
+async fn known_step(engine: &Engine, id: Uuid, step: &str) -> Result<String, Failure> {
+    let steps = steps(engine, id).await?;
+    if !steps.is_empty() && !steps.iter().any(|s| s.name == step) {
+        let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+        return Err(Failure::not_found(format!(
+            "run {id} has no step `{step}`; its steps are {}",
+            names.join(", ")
+        )));
+    }
+    Ok(step.to_owned())
+}
+
+/// The step to retry: the one named, else the run's only failed step.
+async fn step_to_retry(engine: &Engine, id: Uuid, step: Option<&str>) -> Result<String, Failure> {
+    if let Some(step) = step {
+        return known_step(engine, id, step).await;
+    }
+    let steps = steps(engine, id).await?;
+    let failed: Vec<&str> = steps
+        .iter()
+        .filter(|s| matches!(s.state, StepState::Failed | StepState::CompensationFailed))
+        .map(|s| s.name.as_str())
+        .collect();
+    match failed.as_slice() {
+        [one] => Ok((*one).to_owned()),
+        [] => Err(Failure::refused(format!(
+            "cannot retry run {id}: it has no failed step"
+        ))),
+        several => Err(Failure::usage(format!(
+            "run {id} has several failed steps ({}): name one with --step",
+            several.join(", ")
+        ))),
+    }
+}
