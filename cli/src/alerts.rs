@@ -31,6 +31,43 @@ pub(crate) enum AlertsCommand {
         #[arg(long = "as", value_name = "NAME", env = crate::act::OPERATOR_ENV)]
         operator: Option<String>,
     },
+    /// Lists the deliveries of notices (alerts, run notifications) to the sinks, most
+    /// recently changed first: `--dead` for the dead letters a sink gave up on.
+    Deliveries {
+        /// Only the dead-lettered ones.
+        #[arg(long)]
+        dead: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=500))]
+        limit: u32,
+    },
+    /// Sends a dead-lettered notice again to the sinks that gave up on it (the supervisor
+    /// leader of a running engine delivers it).
+    Redeliver {
+        /// The notice (the first column of `alerts deliveries`).
+        notice: i64,
+        /// Why (logged with the operator).
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// Who; default: SAGAFLOW_OPERATOR, else the OS user.
+        #[arg(long = "as", value_name = "NAME", env = crate::act::OPERATOR_ENV)]
+        operator: Option<String>,
+    },
+}
+
+/// `alerts deliveries --json`: the answer of `GET /api/v1/deliveries`.
+#[derive(Debug, Serialize)]
+struct DeliveriesAnswer {
+    deliveries: Vec<sagaflow::Delivery>,
+}
+
+/// `alerts redeliver --json`.
+#[derive(Debug, Serialize)]
+struct RedeliverAnswer {
+    notice_id: i64,
+    redelivered: bool,
+    actor: String,
+    reason: String,
 }
 
 /// `alerts list --json`: the answer of `GET /api/v1/alerts`.
@@ -112,6 +149,75 @@ pub(crate) async fn alerts(engine: &Engine, command: AlertsCommand, json: bool) 
                 });
             }
             output::line(format!("alert {id} resolved by {actor}: {reason}"));
+            Ok(())
+        }
+        AlertsCommand::Deliveries { dead, limit } => {
+            let state = dead.then_some(sagaflow::DeliveryState::Dead);
+            let deliveries = engine.deliveries(state, limit).await?;
+            if json {
+                return output::json(&DeliveriesAnswer { deliveries });
+            }
+            if deliveries.is_empty() {
+                output::line(if dead {
+                    "no dead letters"
+                } else {
+                    "no deliveries"
+                });
+                return Ok(());
+            }
+            let mut t = output::table(&[
+                "NOTICE",
+                "TOPIC",
+                "ALERT",
+                "RUN",
+                "SINK",
+                "STATE",
+                "TRIES",
+                "CHANGED",
+                "LAST ERROR",
+            ]);
+            for d in &deliveries {
+                t.add_row([
+                    d.notice_id.to_string(),
+                    d.topic.to_string(),
+                    d.alert_id.map_or_else(|| "-".to_owned(), |a| a.to_string()),
+                    d.run_id.map_or_else(|| "-".to_owned(), |r| r.to_string()),
+                    d.sink.clone(),
+                    d.state.to_string(),
+                    d.attempts.to_string(),
+                    ago(d.updated_at),
+                    or_dash(d.last_error.as_deref()),
+                ]);
+            }
+            output::print_table(&t);
+            Ok(())
+        }
+        AlertsCommand::Redeliver {
+            notice,
+            reason,
+            operator,
+        } => {
+            let reason = crate::act::reason(&reason)?;
+            let actor = crate::act::actor(operator.as_deref())?;
+            let op = engine
+                .operator()
+                .on_behalf_of(format!("cli:{actor}"), reason.clone());
+            if !op.redeliver(notice).await? {
+                return Err(Failure::not_found(format!(
+                    "notice {notice} has no dead-lettered delivery"
+                )));
+            }
+            if json {
+                return output::json(&RedeliverAnswer {
+                    notice_id: notice,
+                    redelivered: true,
+                    actor,
+                    reason,
+                });
+            }
+            output::line(format!(
+                "notice {notice} is pending again ({actor}: {reason}); the supervisor leader delivers it"
+            ));
             Ok(())
         }
     }

@@ -321,7 +321,55 @@ async fn alerts_queue_definitions_purge_and_completions() {
             .expect("start")
             .id;
         expect_state(&eng, done, RunState::Completed, b).await;
+        // The failed run's alert, delivered to the log; a sink that gave up on it.
+        let notice = sagaflow_testkit::eventually_some(
+            Duration::from_secs(15),
+            "the alert's delivery",
+            || async {
+                eng.deliveries(None, 20)
+                    .await
+                    .ok()?
+                    .into_iter()
+                    .find(|d| d.run_id == Some(failed))
+                    .map(|d| d.notice_id)
+            },
+        )
+        .await;
+        eng.store()
+            .delivery_record(
+                notice,
+                "gone-hook",
+                2,
+                &sagaflow::internals::store::DeliveryResult::Dead {
+                    error: "refused".into(),
+                },
+            )
+            .await
+            .expect("record");
         eng.shutdown().await;
+
+        // The dead letter, sent again once; a second time there is none.
+        let dead = json(url, &["alerts", "deliveries", "--dead"]).await;
+        assert_eq!(dead["deliveries"][0]["sink"], "gone-hook", "[{b}] {dead}");
+        assert_eq!(dead["deliveries"][0]["notice_id"], notice, "[{b}] {dead}");
+        let n = notice.to_string();
+        let again = [
+            "alerts",
+            "redeliver",
+            n.as_str(),
+            "--reason",
+            "hook fixed",
+            "--as",
+            "alice",
+        ];
+        code(&sagaflow(url, &again).await, 0, "redeliver");
+        code(&sagaflow(url, &again).await, 3, "redeliver twice");
+        let dead = json(url, &["alerts", "deliveries", "--dead"]).await;
+        assert_eq!(
+            dead["deliveries"].as_array().map(Vec::len),
+            Some(0),
+            "[{b}] {dead}"
+        );
 
         // The queue: one run in error, one finished, of `notify`.
         let queue = json(url, &["queue"]).await;
