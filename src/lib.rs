@@ -59,6 +59,9 @@ mod operator;
 mod start;
 mod submit;
 
+#[cfg(feature = "otel")]
+pub mod otel;
+
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
@@ -83,7 +86,7 @@ pub use start::{
 #[doc(hidden)]
 pub mod internals {
     pub use sagaflow_engine::{
-        Registry, operator, protocol, scheduler, signals, store, transition,
+        Registry, operator, protocol, scheduler, signals, store, trace, transition,
     };
     pub use sagaflow_supervisor::{Supervisor, SupervisorConfig, SweepGate};
 

@@ -47,6 +47,7 @@ mod m0006_definitions;
 mod m0007_run_list;
 mod m0008_start_and_priority;
 mod m0009_run_totals;
+mod m0011_trace_context;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -78,6 +79,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0007_run_list::Migration),
             Box::new(m0008_start_and_priority::Migration),
             Box::new(m0009_run_totals::Migration),
+            Box::new(m0011_trace_context::Migration),
         ]
     }
 

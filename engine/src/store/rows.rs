@@ -137,6 +137,11 @@ pub struct RunRow {
     pub finished_at: Option<i64>,
     /// Attempts of its steps that ended without success.
     pub failed_attempts: i32,
+    /// The W3C `traceparent` of the run's trace (`None` for a run stored before the engine
+    /// kept trace contexts).
+    pub trace_parent: Option<String>,
+    /// The W3C `tracestate` kept with it.
+    pub trace_state: Option<String>,
 }
 
 from_row!(RunRow {
@@ -152,9 +157,11 @@ from_row!(RunRow {
     updated_at,
     finished_at,
     failed_attempts,
+    trace_parent,
+    trace_state,
 });
 
-pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts";
+pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts, trace_parent, trace_state";
 
 impl RunRow {
     pub(super) fn decode(r: &Row) -> Result<Self> {

@@ -45,6 +45,8 @@ fn run(state: RunState) -> RunRow {
         updated_at: 0,
         finished_at: None,
         failed_attempts: 0,
+        trace_parent: None,
+        trace_state: None,
     }
 }
 

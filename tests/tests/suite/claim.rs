@@ -32,6 +32,7 @@ async fn seed(store: &Store, n: usize) {
                     input: "null".into(),
                     priority: 0,
                     start: store::RunStart::Now,
+                    trace: None,
                     steps: vec![store::NewStep {
                         name: "only".into(),
                         max_failures: 3,
@@ -228,6 +229,7 @@ async fn a_claim_brings_the_runs_input_and_the_outputs_its_steps_need() {
                 input: input.into(),
                 priority: 0,
                 start: store::RunStart::Now,
+                trace: None,
                 steps: vec![step("first", id, true), step("second", id, false)],
             })
             .collect();

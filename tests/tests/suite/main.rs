@@ -33,5 +33,6 @@ mod serve;
 mod shutdown;
 mod submission;
 mod supervisor;
+mod trace;
 mod travel;
 mod wakeups;

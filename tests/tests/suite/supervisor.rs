@@ -34,6 +34,7 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
         input: "null".into(),
         priority: 0,
         start: store::RunStart::Now,
+        trace: None,
         steps: vec![store::NewStep {
             name: "only".into(),
             max_failures: 3,
