@@ -99,6 +99,10 @@ if [[ "${SAGAFLOW_SKIP_LINT:-0}" != "1" ]]; then
     banner "cargo clippy --workspace --all-targets --locked -- -D warnings"
     cargo clippy --workspace --all-targets --locked -- -D warnings
 
+    # The OpenTelemetry bridge is behind the `otel` feature, off by default: lint it too.
+    banner "cargo clippy -p sagaflow --features otel --locked -- -D warnings"
+    cargo clippy -p sagaflow --features otel --locked -- -D warnings
+
     banner "cargo doc --workspace --no-deps --locked (warnings denied)"
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 

@@ -60,6 +60,9 @@ mod start;
 mod submit;
 pub mod webhook;
 
+#[cfg(feature = "otel")]
+pub mod otel;
+
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
@@ -87,7 +90,7 @@ pub use webhook::WebhookSink;
 #[doc(hidden)]
 pub mod internals {
     pub use sagaflow_engine::{
-        Registry, operator, protocol, scheduler, signals, store, transition,
+        Registry, operator, protocol, scheduler, signals, store, trace, transition,
     };
     pub use sagaflow_supervisor::{Supervisor, SupervisorConfig, SweepGate};
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sagaflow_engine::definition::millis;
 use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome, RunStart};
+use sagaflow_engine::trace::TraceContext;
 use sagaflow_engine::{Error, Result, RunState, StartOption, Timestamp, Workflow};
 use sea_orm::ConnectionTrait;
 use serde::Serialize;
@@ -76,6 +77,13 @@ pub struct StartOptions {
     /// the engine's sinks): `None` takes the workflow's default
     /// ([`WorkflowBuilder::notify_on_finish`](crate::WorkflowBuilder::notify_on_finish)).
     pub notify: Option<bool>,
+    /// The W3C `traceparent` the run continues (`00-<trace id>-<parent id>-<flags>`): every
+    /// attempt of its steps belongs to that trace. Without one the run gets a new trace of
+    /// its own (with the `otel` feature: the caller's current OpenTelemetry span, if any).
+    pub trace_parent: Option<String>,
+    /// The W3C `tracestate` kept with [`trace_parent`](Self::trace_parent) and sent
+    /// downstream with it.
+    pub trace_state: Option<String>,
 }
 
 impl StartOptions {
@@ -144,6 +152,40 @@ impl StartOptions {
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
         self
+    }
+
+    /// Continues the trace of this W3C `traceparent` header value
+    /// (`00-<32 hex>-<16 hex>-<2 hex>`); the run's attempts belong to it, and
+    /// [`StepContext::trace_parent`](crate::StepContext::trace_parent) carries it downstream.
+    /// Checked when the run is started.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sagaflow::StartOptions;
+    ///
+    /// let options = StartOptions::keyed("o-1")
+    ///     .trace_parent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    /// ```
+    #[must_use]
+    pub fn trace_parent(mut self, traceparent: impl Into<String>) -> Self {
+        self.trace_parent = Some(traceparent.into());
+        self
+    }
+
+    /// Keeps this W3C `tracestate` with the trace parent (ignored without one).
+    #[must_use]
+    pub fn trace_state(mut self, tracestate: impl Into<String>) -> Self {
+        self.trace_state = Some(tracestate.into());
+        self
+    }
+
+    /// The trace context given, checked; `None` when none was given.
+    fn trace(&self) -> Result<Option<TraceContext>> {
+        self.trace_parent
+            .as_deref()
+            .map(|tp| TraceContext::parse(tp, self.trace_state.as_deref()))
+            .transpose()
     }
 
     /// The start as the store takes it, or the option that is out of range.
@@ -221,8 +263,10 @@ impl Engine {
     ///
     /// # Errors
     /// As [`Engine::start`], plus [`Error::DuplicateKey`] with [`OnDuplicate::Reject`], and
-    /// [`Error::InvalidStartOption`] for a start more than [`START_AHEAD_MAX`] ahead or a
-    /// priority outside [`PRIORITY_MIN`]..=[`PRIORITY_MAX`].
+    /// [`Error::InvalidStartOption`] for a start more than [`START_AHEAD_MAX`] ahead, a
+    /// priority outside [`PRIORITY_MIN`]..=[`PRIORITY_MAX`], or a malformed
+    /// [`trace_parent`](StartOptions::trace_parent) or
+    /// [`trace_state`](StartOptions::trace_state).
     pub async fn start_with<I: Serialize>(
         &self,
         workflow: &str,
@@ -272,6 +316,7 @@ impl Engine {
         opts: &StartOptions,
     ) -> Result<NewRun> {
         let (start, priority) = opts.checked()?;
+        let trace = opts.trace()?.unwrap_or_else(caller_trace);
         if let Some(fatal) = self.inner.signals.fatal() {
             return Err(fatal);
         }
@@ -306,6 +351,7 @@ impl Engine {
             start,
             priority,
             opts.notify.unwrap_or(wf.notify_on_finish()),
+            trace,
         ))
     }
 
@@ -370,6 +416,7 @@ fn new_run(
     start: RunStart,
     priority: i32,
     notify: bool,
+    trace: TraceContext,
 ) -> NewRun {
     let id = Uuid::now_v7();
     let steps = wf
@@ -395,6 +442,17 @@ fn new_run(
         priority,
         start,
         notify,
+        trace: Some(trace),
         steps,
     }
+}
+
+/// The trace of a run started without a trace context: the caller's current OpenTelemetry
+/// span when there is one (feature `otel`), a new trace otherwise.
+pub(crate) fn caller_trace() -> TraceContext {
+    #[cfg(feature = "otel")]
+    if let Some(current) = sagaflow_engine::trace::otel::current() {
+        return current;
+    }
+    TraceContext::generate()
 }

@@ -7,6 +7,7 @@ use sagaflow_engine::protocol::{AgentRequest, AgentResponse, Dispatch};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 /// Runs step attempts received on the scheduler's request channel.
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,7 +54,10 @@ async fn execute(d: Dispatch, shutdown: CancellationToken) {
     let timer = context.clone();
     let token = context.cancellation().clone();
     // Its own task, so that a panic in the step is contained and reported as a failure.
-    let mut handle = tokio::spawn(async move { action.run(context).await });
+    // The step's code runs in the attempt's span: its own events carry the run, step,
+    // attempt, idempotency key and trace id.
+    let span = context.span().clone();
+    let mut handle = tokio::spawn(async move { action.run(context).await }.instrument(span));
     let joined = tokio::select! {
         r = &mut handle => Some(r),
         () = timer.deadline_reached() => None,

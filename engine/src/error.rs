@@ -100,8 +100,9 @@ pub enum Error {
         state: crate::RunState,
     },
 
-    /// A start option is out of its range: a start time further ahead than the engine
-    /// schedules, or a priority outside the allowed range.
+    /// A start option is out of its range or malformed: a start time further ahead than the
+    /// engine schedules, a priority outside the allowed range, or a W3C trace context that
+    /// does not parse.
     #[error("start option `{option}` is invalid: {reason}")]
     InvalidStartOption {
         /// The option.
@@ -216,6 +217,10 @@ pub enum StartOption {
     StartAfter,
     /// The claim priority (`priority`).
     Priority,
+    /// The W3C `traceparent` the run continues (`trace_parent`).
+    TraceParent,
+    /// The W3C `tracestate` kept with it (`trace_state`).
+    TraceState,
 }
 
 impl std::fmt::Display for StartOption {
@@ -224,6 +229,8 @@ impl std::fmt::Display for StartOption {
             Self::StartAt => "start_at",
             Self::StartAfter => "start_after",
             Self::Priority => "priority",
+            Self::TraceParent => "trace_parent",
+            Self::TraceState => "trace_state",
         })
     }
 }

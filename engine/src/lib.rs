@@ -15,6 +15,7 @@ pub mod protocol;
 pub mod scheduler;
 pub mod signals;
 pub mod store;
+pub mod trace;
 pub mod transition;
 
 pub use definition::{

@@ -32,6 +32,7 @@ mod openapi;
 mod routes;
 pub(crate) mod serve;
 mod token_file;
+mod traceparent;
 
 use std::sync::Arc;
 

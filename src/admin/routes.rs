@@ -2,7 +2,7 @@
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router, middleware};
@@ -390,6 +390,8 @@ fn start_error(e: Error) -> ApiError {
                 StartOption::StartAt => "/start_at",
                 StartOption::StartAfter => "/start_after_ms",
                 StartOption::Priority => "/priority",
+                // The headers are checked before the start, and a malformed one ignored.
+                StartOption::TraceParent | StartOption::TraceState => "/",
             };
             body_fields(&[(pointer, reason)])
         }
@@ -400,12 +402,18 @@ fn start_error(e: Error) -> ApiError {
 /// Starts a run
 ///
 /// Starts a run of the newest version of workflow `name`, or returns the run that already
-/// holds the business key. Needs an operator token.
+/// holds the business key. Needs an operator token. A W3C `traceparent` header (and
+/// `tracestate`) makes the run continue the caller's trace; a malformed one is ignored and
+/// the run starts a new trace.
 #[utoipa::path(
     post,
     path = "/api/v1/workflows/{name}/runs",
     tag = "runs",
-    params(("name" = String, Path, description = "The workflow's name")),
+    params(
+        ("name" = String, Path, description = "The workflow's name"),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context the run continues: `00-<trace id>-<parent id>-<flags>`; ignored when malformed"),
+        ("tracestate" = Option<String>, Header, description = "W3C trace state kept with `traceparent`; ignored when malformed"),
+    ),
     request_body = StartBody,
     responses(
         (status = 201, description = "A new run", body = StartAnswer),
@@ -422,11 +430,12 @@ async fn start_run(
     State(s): State<AdminState>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let body: StartBody = parse_body(body, START_BODY)?;
-    let options = body.options()?;
+    let options = super::traceparent::with_trace_headers(body.options()?, &headers);
     let started = s
         .engine
         .start_with(&name, &body.input, options)

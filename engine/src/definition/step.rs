@@ -11,9 +11,11 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Span;
 use uuid::Uuid;
 
 use crate::StepError;
+use crate::trace::TraceContext;
 
 /// The body of a step or of its compensation.
 ///
@@ -61,6 +63,10 @@ pub struct StepContext {
     pub(crate) input: Arc<serde_json::Value>,
     pub(crate) deps: Arc<BTreeMap<String, serde_json::Value>>,
     pub(crate) output: Option<Arc<serde_json::Value>>,
+    /// The attempt's trace context: the run's trace, the attempt's span id.
+    pub(crate) trace: Arc<TraceContext>,
+    /// The attempt's span (disabled until the scheduler opens one).
+    pub(crate) span: Span,
 }
 
 impl fmt::Debug for StepContext {
@@ -70,13 +76,16 @@ impl fmt::Debug for StepContext {
             .field("step", &self.step)
             .field("attempt", &self.attempt)
             .field("idempotency_key", &self.idempotency_key)
+            .field("trace_parent", &self.trace.traceparent())
             .finish_non_exhaustive()
     }
 }
 
 impl StepContext {
     /// Builds a context; used by the scheduler and by tests of step bodies. `attempt` is the
-    /// 1-based attempt number within the phase (see [`StepContext::attempt`]).
+    /// 1-based attempt number within the phase (see [`StepContext::attempt`]). Its trace is
+    /// the run id read as a trace id, with a new span id, and it has no span; the scheduler
+    /// gives it the run's stored trace and the attempt's span.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         run_id: Uuid,
@@ -101,7 +110,67 @@ impl StepContext {
             input,
             deps,
             output,
+            trace: Arc::new(TraceContext::of_run(run_id)),
+            span: Span::none(),
         }
+    }
+
+    /// Gives the context the run's trace and opens the attempt's span under it (the
+    /// scheduler does, for every attempt).
+    #[must_use]
+    pub(crate) fn traced(mut self, run: &TraceContext, workflow: &str, compensation: bool) -> Self {
+        let (span, trace) = crate::trace::attempt_span(
+            run,
+            self.run_id,
+            workflow,
+            &self.step,
+            compensation,
+            self.attempt,
+            &self.idempotency_key,
+        );
+        self.trace = Arc::new(trace);
+        self.span = span;
+        self
+    }
+
+    /// The `traceparent` header value to send downstream (W3C Trace Context): the run's
+    /// trace id, this attempt's span id, and the run's trace flags. Every attempt of every
+    /// step of a run carries the same trace id, on whichever instance it runs, after any
+    /// restart: it is stored with the run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sagaflow_engine::{StepContext, StepError};
+    ///
+    /// async fn charge(ctx: StepContext) -> Result<(), StepError> {
+    ///     let _headers = [
+    ///         ("idempotency-key", ctx.idempotency_key().to_owned()),
+    ///         ("traceparent", ctx.trace_parent()),
+    ///     ];
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn trace_parent(&self) -> String {
+        self.trace.traceparent()
+    }
+
+    /// The `tracestate` given with the run's trace context, to send downstream with
+    /// [`trace_parent`](Self::trace_parent).
+    pub fn trace_state(&self) -> Option<&str> {
+        self.trace.trace_state()
+    }
+
+    /// The run's trace id: 32 lowercase hex digits.
+    pub fn trace_id(&self) -> String {
+        self.trace.trace_id()
+    }
+
+    /// The span of this attempt (`sagaflow.step`), which the step's code runs in: events it
+    /// logs carry the run id, step, attempt, idempotency key and trace id. Enter it in tasks
+    /// the step spawns to keep them in the attempt's trace.
+    pub fn span(&self) -> &Span {
+        &self.span
     }
 
     /// The run this attempt belongs to.

@@ -264,7 +264,8 @@ fn request(
         Arc::new(deps),
         output,
     )
-    .with_forward_key(&c.idempotency_key);
+    .with_forward_key(&c.idempotency_key)
+    .traced(&inputs.trace_of(c.run_id), &c.workflow_key, compensation);
     s.in_flight.started(&lease, &context);
     Ok(AgentRequest {
         lease,

@@ -158,7 +158,9 @@ pub async fn plan_and_apply(
                 continue;
             }
         };
-        match plan_run(registry, &run, &rows) {
+        let planned =
+            crate::trace::evaluate_span(&run).in_scope(|| plan_run(registry, &run, &rows));
+        match planned {
             Ok(p) => plans.push((run, p)),
             Err(e @ Error::CorruptRow { .. }) => set_aside(Some(run.state), Damage::of(run.id, e)),
             Err(e) => failed.push((run.id, e)),
@@ -199,7 +201,8 @@ pub(super) fn after_eval(s: &Scheduler, a: &EvalApplied) -> bool {
         s.signals.wake_evaluator();
     }
     if a.state != a.before.state {
-        tracing::debug!(run_id = %a.before.id, from = %a.before.state, to = %a.state, "run moved");
+        let trace_id = crate::trace::StoredTraceId(a.before.trace_parent.as_deref());
+        tracing::debug!(run_id = %a.before.id, %trace_id, from = %a.before.state, to = %a.state, "run moved");
         s.signals.publish(RunEvent {
             run_id: a.before.id,
             workflow: a.before.workflow.clone(),

@@ -9,13 +9,14 @@ use uuid::Uuid;
 use super::rows::{RUN_COLS, RUN_VIEW_COLS};
 use super::tx::HistoryEntry;
 use super::{RunView, Store};
+use crate::trace::TraceContext;
 use crate::{Error, Result, RunState, StepState};
 
 /// Rows per multi-row insert of runs or steps.
 const CHUNK_RUNS: usize = 400;
 
 /// Columns of a run to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const RUN_COLS_IN: [(&str, &str); 10] = [
+const RUN_COLS_IN: [(&str, &str); 12] = [
     ("id", "uuid"),
     ("workflow", "text"),
     ("version", "integer"),
@@ -26,6 +27,8 @@ const RUN_COLS_IN: [(&str, &str); 10] = [
     ("start_ms", "bigint"),
     ("delay_ms", "bigint"),
     ("notify", "boolean"),
+    ("trace_parent", "text"),
+    ("trace_state", "text"),
 ];
 
 /// Columns of a step to insert, as sent in a JSON row batch (name, PostgreSQL type).
@@ -56,9 +59,10 @@ const START: &str = "COALESCE({now} + v.delay_ms, v.start_ms)";
 fn insert_runs_sql(source: &str) -> String {
     format!(
         "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-           input, dirty, created_at, updated_at, priority, start_at, notify) \
+           input, dirty, created_at, updated_at, priority, start_at, notify, trace_parent, trace_state) \
          SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
-           v.input, FALSE, {{now}}, {{now}}, v.priority, {START}, v.notify FROM {source} WHERE TRUE \
+           v.input, FALSE, {{now}}, {{now}}, v.priority, {START}, v.notify, v.trace_parent, v.trace_state \
+         FROM {source} WHERE TRUE \
          ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id, start_at"
     )
 }
@@ -92,6 +96,11 @@ fn run_row(r: &NewRun) -> Vec<Value> {
         r.start.at_ms().into(),
         r.start.delay_ms().into(),
         r.notify.into(),
+        r.trace.as_ref().map(TraceContext::traceparent).into(),
+        r.trace
+            .as_ref()
+            .and_then(|t| t.trace_state().map(str::to_owned))
+            .into(),
     ]
 }
 
@@ -140,6 +149,8 @@ pub struct NewRun {
     pub start: RunStart,
     /// Whether its finish is notified through the outbox (a `run_finished` notice).
     pub notify: bool,
+    /// Its W3C trace context (`None`: its attempts read the run id as the trace id).
+    pub trace: Option<TraceContext>,
     /// Its steps.
     pub steps: Vec<NewStep>,
 }

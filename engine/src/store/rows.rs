@@ -139,6 +139,11 @@ pub struct RunRow {
     pub failed_attempts: i32,
     /// Whether its finish is notified through the outbox.
     pub notify: bool,
+    /// The W3C `traceparent` of the run's trace (`None` for a run stored before the engine
+    /// kept trace contexts).
+    pub trace_parent: Option<String>,
+    /// The W3C `tracestate` kept with it.
+    pub trace_state: Option<String>,
 }
 
 from_row!(RunRow {
@@ -155,9 +160,11 @@ from_row!(RunRow {
     finished_at,
     failed_attempts,
     notify,
+    trace_parent,
+    trace_state,
 });
 
-pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts, notify";
+pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts, notify, trace_parent, trace_state";
 
 impl RunRow {
     pub(super) fn decode(r: &Row) -> Result<Self> {

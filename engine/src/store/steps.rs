@@ -13,7 +13,8 @@ use super::attempts::{RescueCounts, StepFinish};
 use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
 use super::tx::{CHUNK, mark_dirty};
-use super::{Backend, Store, placeholders};
+use super::{Backend, Row, Store, placeholders};
+use crate::trace::TraceContext;
 use crate::transition::{Trigger, step_rule};
 use crate::{Result, StepState};
 
@@ -22,13 +23,37 @@ fn claimed(from: StepState) -> StepState {
     step_rule(from, Trigger::Claimed).map_or(from, |r| r.to)
 }
 
-/// Inputs a batch of claimed steps needs: run inputs and the outputs of completed steps.
+/// Inputs a batch of claimed steps needs: run inputs, their trace contexts and the outputs
+/// of completed steps.
 #[derive(Debug, Clone, Default)]
 pub struct StepInputs {
     /// Input JSON per run.
     pub inputs: HashMap<Uuid, String>,
     /// Output JSON per (run, completed step).
     pub outputs: HashMap<(Uuid, String), String>,
+    /// The stored trace context per run (`traceparent`, `tracestate`), read with the input.
+    pub traces: HashMap<Uuid, (String, Option<String>)>,
+}
+
+impl StepInputs {
+    /// The trace context of `run`: the stored one, or (none stored, or one that no longer
+    /// parses) the run id read as the trace id.
+    pub fn trace_of(&self, run: Uuid) -> TraceContext {
+        self.traces
+            .get(&run)
+            .and_then(|(tp, ts)| TraceContext::parse(tp, ts.as_deref()).ok())
+            .unwrap_or_else(|| TraceContext::of_run(run))
+    }
+
+    fn keep_trace(&mut self, r: &Row, run: Uuid, prefix: &str) {
+        if let Ok(Some(tp)) = r.try_get::<Option<String>>("", &format!("{prefix}trace_parent")) {
+            let ts = r
+                .try_get::<Option<String>>("", &format!("{prefix}trace_state"))
+                .ok()
+                .flatten();
+            self.traces.insert(run, (tp, ts));
+        }
+    }
 }
 
 /// The claim's parameters: `$1` the owner, `$2` the limit, `$3…` the workflow keys.
@@ -128,7 +153,8 @@ impl Store {
         // `[name, output]` pairs per claimed step.
         let sql = format!(
             "WITH c AS ({claim}) \
-             SELECT c.*, r.input AS run_input, \
+             SELECT c.*, r.input AS run_input, r.trace_parent AS run_trace_parent, \
+               r.trace_state AS run_trace_state, \
                (SELECT json_agg(json_build_array(d.name, d.output))::text FROM sagaflow_steps d \
                 WHERE d.run_id = c.run_id AND d.output IS NOT NULL) AS run_outputs \
              FROM c LEFT JOIN sagaflow_runs r ON r.id = c.run_id",
@@ -147,6 +173,7 @@ impl Store {
             if let Ok(input) = r.try_get::<String>("", "run_input") {
                 inputs.inputs.insert(c.run_id, input);
             }
+            inputs.keep_trace(r, c.run_id, "run_");
             if needs_outputs(&c)
                 && let Ok(Some(outputs)) = r.try_get::<Option<String>>("", "run_outputs")
                 && let Ok(pairs) = serde_json::from_str::<Vec<(String, String)>>(&outputs)
@@ -172,13 +199,16 @@ impl Store {
             return Ok(out);
         }
         let (cond, values) = self.in_list("id", 1, runs)?;
-        let sql = format!("SELECT id, input FROM sagaflow_runs WHERE {cond}");
+        let sql =
+            format!("SELECT id, input, trace_parent, trace_state FROM sagaflow_runs WHERE {cond}");
         for r in self.exec.query_all(self.stmt(&sql, values)).await? {
             // An unreadable input is left out: the step's request reports it as damage of
             // that run alone.
+            let id = r.try_get("", "id")?;
             if let Ok(input) = r.try_get("", "input") {
-                out.inputs.insert(r.try_get("", "id")?, input);
+                out.inputs.insert(id, input);
             }
+            out.keep_trace(&r, id, "");
         }
         if with_outputs.is_empty() {
             return Ok(out);

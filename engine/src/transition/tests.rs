@@ -46,6 +46,8 @@ fn run(state: RunState) -> RunRow {
         finished_at: None,
         failed_attempts: 0,
         notify: false,
+        trace_parent: None,
+        trace_state: None,
     }
 }
 

@@ -1,6 +1,6 @@
 //! The client a step body calls the [`EffectServer`](super::EffectServer) with.
 
-use sagaflow::StepError;
+use sagaflow::{StepContext, StepError};
 use serde::Serialize;
 
 use crate::services::http_client::Http;
@@ -18,7 +18,7 @@ use crate::services::http_client::Http;
 /// let wf = Workflow::builder("trip", 1)
 ///     .step_using("hotel", hotels, |hotels, ctx: StepContext| async move {
 ///         let body = serde_json::json!({ "nights": 3 });
-///         hotels.call(ctx.idempotency_key(), "book_hotel", &body).await
+///         hotels.call_in(&ctx, "book_hotel", &body).await
 ///     })
 ///     .build();
 /// assert!(wf.is_ok());
@@ -66,5 +66,26 @@ impl EffectClient {
     ) -> Result<serde_json::Value, StepError> {
         let path = format!("/{operation}");
         Ok(self.http.post(&path, key, body).await?)
+    }
+
+    /// [`call`](Self::call) from a step attempt: the step's idempotency key, and its W3C
+    /// trace context in the `traceparent` (and `tracestate`) headers, which the server
+    /// records per call ([`EffectServer::calls`](super::EffectServer::calls)).
+    ///
+    /// # Errors
+    /// As [`call`](Self::call).
+    pub async fn call_in<B: Serialize + ?Sized>(
+        &self,
+        ctx: &StepContext,
+        operation: &str,
+        body: &B,
+    ) -> Result<serde_json::Value, StepError> {
+        let path = format!("/{operation}");
+        let parent = ctx.trace_parent();
+        let trace = Some((parent.as_str(), ctx.trace_state()));
+        Ok(self
+            .http
+            .post_traced(&path, ctx.idempotency_key(), trace, body)
+            .await?)
     }
 }

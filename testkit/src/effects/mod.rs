@@ -12,6 +12,8 @@
 //! * [`EffectServer::script`] queues [`Scripted`](crate::services::Scripted) outcomes for the
 //!   next calls of an operation: a 503 or 429 without applying, a refusal, a reply lost after
 //!   applying (a reset connection, a 502 or a 504), or a hang that applies and never answers.
+//! * [`EffectServer::calls`] lists every request received, with its W3C `traceparent` and
+//!   `tracestate` headers ([`EffectClient::call_in`] sends the step attempt's).
 //! * [`EffectClient::call`] is what a step body calls: it maps each answer to the
 //!   [`StepError`](sagaflow::StepError) the engine expects (refused and not applied, retryable
 //!   and not applied, or retryable with an unknown outcome).
@@ -48,4 +50,4 @@ mod tests;
 pub use client::EffectClient;
 pub use ledger::{Effect, EffectLedger, Pairs};
 pub use refusal::Refusal;
-pub use server::{EffectError, EffectServer, EffectServerBuilder};
+pub use server::{Call, EffectError, EffectServer, EffectServerBuilder};

@@ -20,7 +20,10 @@ use super::client::EffectClient;
 use super::ledger::EffectLedger;
 use super::refusal::Refusal;
 use crate::services::faults::Fault;
-use crate::services::http_server::{self, ServerHandle, key_and_body, respond, stopped};
+use crate::services::http_server::{
+    self, IDEMPOTENCY_KEY_HEADER, ServerHandle, TRACEPARENT_HEADER, TRACESTATE_HEADER,
+    key_and_body, respond, stopped,
+};
 use crate::services::{FaultCounts, Scripted, ServiceError};
 
 /// What an operation does with a request: its response, or a refusal.
@@ -55,6 +58,20 @@ struct Shared {
     handlers: BTreeMap<String, Handler>,
     ledger: EffectLedger,
     scripts: Mutex<Scripts>,
+    calls: Mutex<Vec<Call>>,
+}
+
+/// One request the server received, recorded as it arrives (before any scripted fault).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The operation called.
+    pub operation: String,
+    /// Its idempotency key (empty when it had none).
+    pub key: String,
+    /// Its `traceparent` header, if any.
+    pub traceparent: Option<String>,
+    /// Its `tracestate` header, if any.
+    pub tracestate: Option<String>,
 }
 
 impl Shared {
@@ -128,6 +145,7 @@ impl EffectServerBuilder {
             handlers,
             ledger: EffectLedger::new(),
             scripts: Mutex::new(Scripts::default()),
+            calls: Mutex::new(Vec::new()),
         });
         let state = shared.clone();
         let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
@@ -248,6 +266,15 @@ impl EffectServer {
         scripts.queued.get(operation).map_or(0, VecDeque::len)
     }
 
+    /// Every request received so far, in order of arrival, with its trace headers.
+    pub fn calls(&self) -> Vec<Call> {
+        self.shared
+            .calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Faults injected so far by scripts, over all operations.
     pub fn fault_counts(&self) -> FaultCounts {
         self.shared.scripts().counts
@@ -280,6 +307,22 @@ async fn call(
         let err = ServiceError::Permanent(format!("no operation {operation:?}"));
         return (StatusCode::NOT_FOUND, axum::Json(err)).into_response();
     };
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    st.shared
+        .calls
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Call {
+            operation: operation.clone(),
+            key: header(IDEMPOTENCY_KEY_HEADER).unwrap_or_default(),
+            traceparent: header(TRACEPARENT_HEADER),
+            tracestate: header(TRACESTATE_HEADER),
+        });
     let (key, request) = match key_and_body::<Value>(&headers, &body) {
         Ok(parts) => parts,
         Err(bad_request) => return bad_request.into_response(),

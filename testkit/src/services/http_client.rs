@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ServiceError;
 use super::fault_plan::FaultCounts;
-use super::http_server::IDEMPOTENCY_KEY_HEADER;
+use super::http_server::{IDEMPOTENCY_KEY_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER};
 use super::inventory::{InventoryApi, ReleaseRequest, Released, Reservation, ReserveRequest};
 use super::ledger::EffectRecord;
 use super::operation::Service;
@@ -50,14 +50,29 @@ impl Http {
         key: &str,
         request: &Req,
     ) -> Result<Resp, ServiceError> {
-        let response = self
+        self.post_traced(path, key, None, request).await
+    }
+
+    /// [`post`](Self::post) with the W3C trace context of the calling step attempt
+    /// (`traceparent`, and `tracestate` when there is one).
+    pub(crate) async fn post_traced<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        key: &str,
+        trace: Option<(&str, Option<&str>)>,
+        request: &Req,
+    ) -> Result<Resp, ServiceError> {
+        let mut builder = self
             .client
             .post(self.url(path))
-            .header(IDEMPOTENCY_KEY_HEADER, key)
-            .json(request)
-            .send()
-            .await
-            .map_err(from_reqwest)?;
+            .header(IDEMPOTENCY_KEY_HEADER, key);
+        if let Some((parent, state)) = trace {
+            builder = builder.header(TRACEPARENT_HEADER, parent);
+            if let Some(state) = state {
+                builder = builder.header(TRACESTATE_HEADER, state);
+            }
+        }
+        let response = builder.json(request).send().await.map_err(from_reqwest)?;
         decode(response).await
     }
 

@@ -52,6 +52,13 @@ use super::error::{LostReply, ServiceError};
 /// Name of the header carrying the idempotency key.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
+/// The W3C Trace Context header a step's call carries: the run's trace id and the attempt's
+/// span id ([`StepContext::trace_parent`](sagaflow::StepContext::trace_parent)).
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// The W3C Trace Context header of vendor state sent with [`TRACEPARENT_HEADER`].
+pub const TRACESTATE_HEADER: &str = "tracestate";
+
 /// How long [`ServerHandle::shutdown`] waits for open connections before aborting.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 

@@ -38,7 +38,9 @@ pub use error::{LostReply, ServiceError};
 pub use fault_plan::{FaultCounts, FaultPlan, Scripted};
 pub use faults::Faults;
 pub use http_client::{HttpInventory, HttpPayments, HttpServices, HttpShipping};
-pub use http_server::{IDEMPOTENCY_KEY_HEADER, ServerHandle, serve};
+pub use http_server::{
+    IDEMPOTENCY_KEY_HEADER, ServerHandle, TRACEPARENT_HEADER, TRACESTATE_HEADER, serve,
+};
 pub use inventory::{
     Inventory, InventoryApi, ReleaseRequest, Released, Reservation, ReserveRequest,
 };

@@ -33,6 +33,7 @@ async fn seed(store: &Store, n: usize) {
                     priority: 0,
                     notify: false,
                     start: store::RunStart::Now,
+                    trace: None,
                     steps: vec![store::NewStep {
                         name: "only".into(),
                         max_failures: 3,
@@ -230,6 +231,7 @@ async fn a_claim_brings_the_runs_input_and_the_outputs_its_steps_need() {
                 priority: 0,
                 notify: false,
                 start: store::RunStart::Now,
+                trace: None,
                 steps: vec![step("first", id, true), step("second", id, false)],
             })
             .collect();

@@ -203,6 +203,7 @@ async fn the_start_and_priority_migration_goes_down_and_up_again() {
             priority: 5,
             notify: false,
             start: RunStart::Now,
+            trace: None,
             steps: vec![NewStep {
                 name: "only".into(),
                 max_failures: 3,

@@ -34,6 +34,7 @@ mod serve;
 mod shutdown;
 mod submission;
 mod supervisor;
+mod trace;
 mod travel;
 mod wakeups;
 mod webhook;

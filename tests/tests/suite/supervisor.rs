@@ -35,6 +35,7 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
         priority: 0,
         notify: false,
         start: store::RunStart::Now,
+        trace: None,
         steps: vec![store::NewStep {
             name: "only".into(),
             max_failures: 3,
