@@ -151,6 +151,7 @@ impl Signals {
 
     /// Delivers a stored alert to every sink and subscriber.
     pub fn alert(&self, alert: &Alert) {
+        crate::metrics::alert_raised(&alert.kind);
         for s in &self.sinks {
             s.deliver(alert);
         }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::config::SupervisorConfig;
 use crate::service::MaintenanceService;
 
+pub(crate) mod gauges;
 pub(crate) mod rescue;
 pub(crate) mod retention;
 
@@ -19,5 +20,6 @@ pub(crate) fn maintenance_services(
 ) -> Vec<Arc<dyn MaintenanceService>> {
     let mut services: Vec<Arc<dyn MaintenanceService>> = vec![rescue];
     services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
+    services.push(Arc::new(gauges::QueueGauges));
     services
 }
