@@ -324,6 +324,8 @@ impl EngineBuilder {
         if let Some(e) = self.errors.drain(..).next() {
             return Err(e);
         }
+        // Whichever recorder the process installed learns what the metrics mean.
+        sagaflow_engine::metrics::describe();
         if self.published {
             if !self.registry.is_empty() {
                 return Err(Error::Config(

@@ -205,6 +205,15 @@ impl Engine {
         self.inner.store.stats().await
     }
 
+    /// Reads the queue per workflow from the database and sets the metrics' queue gauges
+    /// (see [`crate::metrics`]).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn refresh_queue_gauges(&self) -> Result<()> {
+        sagaflow_engine::metrics::refresh_queue_gauges(&self.inner.store).await
+    }
+
     /// One page of runs, filtered by workflow, state, business key and creation time,
     /// newest first or most failed attempts first, from an opaque cursor (the previous page's
     /// [`RunPage::next`]). Every page is one indexed range read, however far it is.

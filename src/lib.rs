@@ -55,6 +55,7 @@ pub mod admin;
 mod builder;
 mod engine;
 mod instance;
+pub mod metrics;
 mod operator;
 mod start;
 mod submit;

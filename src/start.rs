@@ -305,6 +305,11 @@ impl Engine {
     {
         let run = self.prepare(workflow, input, &opts).await?;
         let outcome = self.inner.store.run_insert(conn, &run).await?;
+        if matches!(outcome, RunInsertOutcome::Inserted(_)) {
+            // Counted when written: the caller's transaction commits it (or rolls it back)
+            // out of the engine's sight.
+            sagaflow_engine::metrics::run_started(&run.workflow);
+        }
         resolve(outcome, opts, workflow)
     }
 

@@ -91,6 +91,7 @@ pub(crate) fn spawn(
 /// `Pending` before anything the run does next.
 fn accepted(signals: &Signals, run: &NewRun, outcome: &RunInsertOutcome) {
     if matches!(outcome, RunInsertOutcome::Inserted(_)) {
+        sagaflow_engine::metrics::run_started(&run.workflow);
         signals.publish(RunEvent {
             run_id: run.id,
             workflow: run.workflow.clone(),

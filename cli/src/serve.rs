@@ -86,6 +86,10 @@ pub(crate) async fn serve(args: ServeArgs, database: Option<String>) -> ExitCode
     // the engines of that release; refusing an older schema would only make the operator run
     // the same migrations by starting an engine first. A database migrated by a newer release
     // is refused (its migrations are unknown here), with the migrator's message.
+    // GET /metrics: the recorder is the process's, installed before the engine starts.
+    if let Err(e) = sagaflow::metrics::install_prometheus() {
+        return fail(e);
+    }
     let engine = match Engine::builder()
         .with_database_url(url.clone())
         .with_published_workflows()

@@ -10,6 +10,7 @@ mod outcome;
 mod state;
 
 pub mod definition;
+pub mod metrics;
 pub mod operator;
 pub mod protocol;
 pub mod scheduler;

@@ -69,10 +69,13 @@ where
         .map_err(|d| d.to_error())?;
     let mut write = plan(&run, &steps)?;
     write.detail = audit.detail(write.detail.take());
-    let applied = tx
-        .apply(vec![(run, write)], &audit.actor)
-        .await?
-        .pop()
+    let plans = vec![(run, write)];
+    let cancelled = crate::metrics::cancelled_runs(&plans);
+    let applied = tx.apply(plans, &audit.actor).await?;
+    tx.metrics.runs_moved(&applied, &cancelled);
+    let applied = applied
+        .into_iter()
+        .next()
         .ok_or(Error::RunNotFound(run_id))?;
     tx.commit().await?;
     Ok(applied)

@@ -35,6 +35,8 @@ pub struct StepLease {
     pub counters: Counters,
     /// The scheduler instance that claimed it (`LockedBy`).
     pub owner: String,
+    /// When this instance claimed it (its clock): the attempt's duration is measured from it.
+    pub claimed_at: tokio::time::Instant,
 }
 
 /// The work for an agent: what to run, with which context, until when.

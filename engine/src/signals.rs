@@ -368,6 +368,7 @@ impl Signals {
     /// Publishes a stored alert to this instance's live subscribers, and wakes the delivery
     /// of the outbox, which hands it (stored with the alert) to the sinks.
     pub fn alert(&self, alert: &Alert) {
+        crate::metrics::alert_raised(&alert.kind);
         let _ = self.alerts.send(alert.clone());
         self.wake_delivery();
     }

@@ -20,6 +20,7 @@
 //! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert; 404 when it is not open |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
 //! | `GET /api/v1/openapi.json` | read | this API as an OpenAPI 3.1 document, generated from the code |
+//! | `GET /metrics` | read | the engine's metrics in the Prometheus text format ([`crate::metrics`]); 501 when the process installed no Prometheus recorder |
 //!
 //! The same router serves a web console under `/console/` (see `docs/console.md`): log in
 //! with one of these tokens, then browse runs, alerts and definitions and act on runs.
@@ -30,6 +31,7 @@ mod console;
 mod events;
 mod openapi;
 mod routes;
+mod scrape;
 pub(crate) mod serve;
 mod token_file;
 mod traceparent;

@@ -57,6 +57,7 @@ api_routes! {
     get "/api/v1/deliveries" => deliveries,
     post "/api/v1/deliveries/{id}/redeliver" => redeliver,
     get "/api/v1/openapi.json" => super::openapi::openapi_json,
+    get "/metrics" => super::scrape::metrics,
 }
 
 /// The OpenAPI document of the API (served by [`super::openapi`]).
@@ -83,6 +84,7 @@ api_routes! {
         redeliver,
         stats,
         super::openapi::openapi_json,
+        super::scrape::metrics,
     ),
     components(schemas(ErrorBody, RunOrder, super::answers::RunStateEvent)),
     modifiers(&Security),
@@ -131,6 +133,14 @@ impl ApiError {
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "a valid bearer token is required (Authorization: Bearer …)",
+        )
+    }
+
+    pub(crate) fn metrics_not_installed() -> Self {
+        Self::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "metrics_not_installed",
+            "this process exports no Prometheus metrics (sagaflow::metrics::install_prometheus was not called)",
         )
     }
 

@@ -174,6 +174,7 @@ impl Supervisor {
             self.stats.clone(),
         ));
         self.set_term(Some(ctx.clone()));
+        let gauge = sagaflow_engine::metrics::LeaderGauge::raise();
         Counters::add(&self.stats.terms_won, 1);
         let work = cancel.child_token();
         // Each service is dropped as soon as the work is cancelled, even in the middle of a
@@ -194,6 +195,7 @@ impl Supervisor {
         work.cancel();
         services.wait().await;
         self.set_term(None);
+        drop(gauge);
         let end = if cancel.is_cancelled() {
             TermEnd::Shutdown
         } else if stalled {

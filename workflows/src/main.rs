@@ -43,6 +43,13 @@ async fn main() -> ExitCode {
         Ok(db) => db,
         Err(e) => return fail(e),
     };
+    // With --serve, the API also serves /metrics: the recorder is installed before the
+    // engine starts, so that the demo's runs are counted.
+    if args.serve.is_some()
+        && let Err(e) = sagaflow::metrics::install_prometheus()
+    {
+        return fail(e);
+    }
     let services = setup::services(&args);
     let settings = setup::order_settings(&args);
     setup::print_header(&args, &db, &settings);

@@ -137,6 +137,7 @@ fn request(
         attempt: c.attempt,
         counters: c.counters,
         owner: s.config.owner.clone(),
+        claimed_at,
     };
     let fail = |lease: StepLease, e: Error| {
         // Nothing was called: the step could not even start. Undecodable stored data sets
@@ -150,6 +151,9 @@ fn request(
     let Some(wf) = s.registry.by_key(&c.workflow_key) else {
         return Err(fail(lease, Error::WorkflowNotFound(c.workflow_key)));
     };
+    // The run's first step, claimed for the first time: its wait is the run's start latency.
+    let first_of_run = c.attempt == 1 && wf.position(&c.name) == Some(0);
+    crate::metrics::claimed(&c.workflow_key, c.due_at, c.db_now, first_of_run);
     let Some(def) = wf.step(&c.name) else {
         return Err(fail(
             lease,

@@ -261,6 +261,8 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
     StepFinish {
         id: lease.step_id,
         run_id: lease.run_id,
+        elapsed: Some(lease.claimed_at.elapsed()),
+        workflow_key: lease.workflow_key,
         name: lease.step,
         attempt: lease.attempt,
         owner: lease.owner,

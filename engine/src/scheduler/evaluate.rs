@@ -126,9 +126,14 @@ pub async fn plan_and_apply(
 ) -> Result<Evaluated, Error> {
     let set_aside_from = transition::set_aside_rule().from;
     let mut aside: Vec<(Option<RunState>, Damage)> = Vec::new();
-    let mut set_aside = |phase: Option<RunState>, d: Damage| {
+    // The workflows and phases of the set-aside runs whose rows decoded, for the metrics.
+    let mut aside_of: Vec<(String, RunState)> = Vec::new();
+    let mut set_aside = |phase: Option<RunState>, workflow: Option<&str>, d: Damage| {
         // A finished run is not reopened for damage found after it finished.
         if phase.is_none_or(|p| set_aside_from.contains(&p)) {
+            if let (Some(p), Some(w)) = (phase, workflow) {
+                aside_of.push((w.to_owned(), p));
+            }
             aside.push((phase, d));
         }
     };
@@ -136,10 +141,10 @@ pub async fn plan_and_apply(
     for run in runs {
         match run {
             Ok(run) => match damaged.remove(&run.id) {
-                Some(d) => set_aside(Some(run.state), d),
+                Some(d) => set_aside(Some(run.state), Some(&run.workflow), d),
                 None => healthy.push(run),
             },
-            Err(d) => set_aside(None, d),
+            Err(d) => set_aside(None, None, d),
         }
     }
     for (run, d) in &damaged {
@@ -154,7 +159,7 @@ pub async fn plan_and_apply(
         let rows = match steps.take(run.id) {
             Ok(rows) => rows,
             Err(d) => {
-                set_aside(Some(run.state), d);
+                set_aside(Some(run.state), Some(&run.workflow), d);
                 continue;
             }
         };
@@ -162,7 +167,9 @@ pub async fn plan_and_apply(
             crate::trace::evaluate_span(&run).in_scope(|| plan_run(registry, &run, &rows));
         match planned {
             Ok(p) => plans.push((run, p)),
-            Err(e @ Error::CorruptRow { .. }) => set_aside(Some(run.state), Damage::of(run.id, e)),
+            Err(e @ Error::CorruptRow { .. }) => {
+                set_aside(Some(run.state), Some(&run.workflow), Damage::of(run.id, e));
+            }
             Err(e) => failed.push((run.id, e)),
         }
     }
@@ -171,7 +178,12 @@ pub async fn plan_and_apply(
         tx.mark_dirty(&ids).await?;
     }
     let set_aside = tx.set_aside(&aside, actor).await?;
+    for (workflow, phase) in &aside_of {
+        tx.metrics.set_aside(workflow, *phase);
+    }
+    let cancelled = crate::metrics::cancelled_runs(&plans);
     let applied = tx.apply(plans, actor).await?;
+    tx.metrics.runs_moved(&applied, &cancelled);
     Ok(Evaluated {
         applied,
         failed,

@@ -56,30 +56,41 @@ impl InFlight {
             deadline: context.deadline_cell(),
         };
         self.with(|runs| runs.entry(lease.run_id).or_default().push(attempt));
+        crate::metrics::in_flight(1.0);
     }
 
     /// Forgets an attempt its agent answered for.
     pub(crate) fn ended(&self, lease: &StepLease) {
-        self.with(|runs| {
-            if let Some(list) = runs.get_mut(&lease.run_id) {
-                list.retain(|a| (a.step_id, a.attempt) != (lease.step_id, lease.attempt));
-                if list.is_empty() {
-                    runs.remove(&lease.run_id);
-                }
+        let removed = self.with(|runs| {
+            let Some(list) = runs.get_mut(&lease.run_id) else {
+                return 0;
+            };
+            let before = list.len();
+            list.retain(|a| (a.step_id, a.attempt) != (lease.step_id, lease.attempt));
+            let removed = before - list.len();
+            if list.is_empty() {
+                runs.remove(&lease.run_id);
             }
+            removed
         });
+        forgotten(removed);
     }
 
     /// The runs with attempts in flight. Attempts whose token already fired (abandoned at
     /// their deadline, which answers nothing) are forgotten on the way.
     fn runs(&self) -> Vec<Uuid> {
-        self.with(|runs| {
+        let (ids, removed) = self.with(|runs| {
+            let mut removed = 0;
             runs.retain(|_, list| {
+                let before = list.len();
                 list.retain(|a| !a.token.is_cancelled());
+                removed += before - list.len();
                 !list.is_empty()
             });
-            runs.keys().copied().collect()
-        })
+            (runs.keys().copied().collect(), removed)
+        });
+        forgotten(removed);
+        ids
     }
 
     /// The attempts in flight, as (step row id, fencing token).
@@ -133,6 +144,22 @@ impl InFlight {
             }
             fired
         })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // The attempts of an engine that stopped are no longer in flight here.
+        let left = self.with(|runs| runs.values().map(Vec::len).sum());
+        forgotten(left);
+    }
+}
+
+/// Takes `n` forgotten attempts off the in-flight gauge.
+fn forgotten(n: usize) {
+    if n > 0 {
+        #[allow(clippy::cast_precision_loss)] // at most the in-flight limit
+        crate::metrics::in_flight(-(n as f64));
     }
 }
 

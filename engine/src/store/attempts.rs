@@ -43,6 +43,8 @@ pub struct StepFinish {
     pub id: i64,
     /// Run id.
     pub run_id: Uuid,
+    /// `name@version` of the step's workflow.
+    pub workflow_key: String,
     /// Step name.
     pub name: String,
     /// The fencing token of the lease.
@@ -57,6 +59,8 @@ pub struct StepFinish {
     pub error: Option<StepError>,
     /// The deadline condition.
     pub guard: DeadlineGuard,
+    /// How long the attempt ran, when an agent answered for it (for the metrics).
+    pub elapsed: Option<std::time::Duration>,
 }
 
 impl StepFinish {
@@ -136,6 +140,7 @@ impl StoreTx<'_> {
                 actor: fence.map_or_else(|| it.owner.clone(), LeaderFence::actor),
                 detail: it.error.as_ref().map(StepError::to_json),
             });
+            self.metrics.attempt(it);
         }
         self.count_failed_attempts(&failed_runs).await?;
         Ok(items.iter().map(|it| done.contains(&it.id)).collect())

@@ -326,6 +326,8 @@ pub struct ClaimedStep {
     pub complete_by: i64,
     /// The DB clock when claimed: `complete_by - db_now` is the time the agent has.
     pub db_now: i64,
+    /// When the step fell due (epoch ms, DB clock), if the claim read it.
+    pub due_at: Option<i64>,
     /// Idempotency key of the forward step.
     pub idempotency_key: String,
     /// The step's output (for a compensation).
@@ -346,6 +348,7 @@ impl FromRow for ClaimedStep {
             counters: Counters::from_row(r)?,
             complete_by: r.try_get("", "complete_by")?,
             db_now: r.try_get("", "db_now")?,
+            due_at: r.try_get::<Option<i64>>("", "due_at").ok().flatten(),
             idempotency_key: r.try_get("", "idempotency_key")?,
             output: r.try_get("", "output")?,
         })
@@ -386,6 +389,8 @@ pub struct ExpiredStep {
     pub id: i64,
     /// Run id.
     pub run_id: Uuid,
+    /// `name@version` of the workflow.
+    pub workflow_key: String,
     /// Step name.
     pub name: String,
     /// `Running` or `Compensating`.
@@ -401,7 +406,7 @@ pub struct ExpiredStep {
 }
 
 impl ExpiredStep {
-    pub(super) const COLS: &str = "id, run_id, name, state, attempt, locked_by, failure_count, \
+    pub(super) const COLS: &str = "id, run_id, workflow_key, name, state, attempt, locked_by, failure_count, \
         max_failures, interruptions, max_interruptions, deadline_ms, deadline_cap_ms";
 
     pub(super) fn decode(r: &Row) -> Result<Self> {
@@ -410,6 +415,7 @@ impl ExpiredStep {
         Ok(Self {
             id,
             run_id: r.try_get("", "run_id")?,
+            workflow_key: r.try_get("", "workflow_key")?,
             name: r.try_get("", "name")?,
             state,
             attempt: r.try_get("", "attempt")?,

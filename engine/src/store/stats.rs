@@ -67,6 +67,21 @@ pub struct FinishedCounts {
     pub m15: i64,
 }
 
+/// The queue of one workflow (all its versions), as the metrics' gauges show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowQueue {
+    /// Workflow name.
+    pub workflow: String,
+    /// Steps due now (`ready`, `compensation_ready`).
+    pub ready: i64,
+    /// Steps queued for later.
+    pub scheduled: i64,
+    /// Steps with an attempt in flight (`running`, `compensating`).
+    pub running: i64,
+    /// Milliseconds since the oldest due step became due; 0 when none is.
+    pub oldest_ready_ms: i64,
+}
+
 /// Rows per ten seconds that finishing transactions spread their counts over.
 pub(super) const THROUGHPUT_SLOTS: u32 = 16;
 
@@ -189,6 +204,47 @@ impl Store {
             finished,
             finished_last,
         })
+    }
+
+    /// The queue per workflow: the figures of [`Stats`] (`ready`, `scheduled`, `running`,
+    /// `oldest_ready_ms`) for each workflow with unfinished steps, in one statement over the
+    /// steps table (which holds the steps of unfinished runs only).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn queue_by_workflow(&self) -> Result<Vec<WorkflowQueue>> {
+        const DUE: &str = "state IN ('ready', 'compensation_ready')";
+        let sql = format!(
+            "SELECT workflow_key, \
+               SUM(CASE WHEN {DUE} AND available_at <= {{now}} THEN 1 ELSE 0 END) AS ready, \
+               SUM(CASE WHEN {DUE} AND available_at > {{now}} THEN 1 ELSE 0 END) AS scheduled, \
+               SUM(CASE WHEN state IN ('running', 'compensating') THEN 1 ELSE 0 END) AS running, \
+               {{now}} - MIN(CASE WHEN {DUE} AND available_at <= {{now}} THEN available_at END) AS oldest \
+             FROM sagaflow_steps WHERE state IN ('ready', 'compensation_ready', 'running', 'compensating') \
+             GROUP BY workflow_key"
+        );
+        let rows = self.exec.query_all(self.stmt(&sql, vec![])).await?;
+        let mut by_name: BTreeMap<String, WorkflowQueue> = BTreeMap::new();
+        for r in &rows {
+            let key: String = r.try_get("", "workflow_key")?;
+            let name = key.rsplit_once('@').map_or(key.as_str(), |(n, _)| n);
+            let get =
+                |col: &str| -> Result<i64> { Ok(r.try_get::<Option<i64>>("", col)?.unwrap_or(0)) };
+            let q = by_name
+                .entry(name.to_owned())
+                .or_insert_with(|| WorkflowQueue {
+                    workflow: name.to_owned(),
+                    ready: 0,
+                    scheduled: 0,
+                    running: 0,
+                    oldest_ready_ms: 0,
+                });
+            q.ready += get("ready")?;
+            q.scheduled += get("scheduled")?;
+            q.running += get("running")?;
+            q.oldest_ready_ms = q.oldest_ready_ms.max(get("oldest")?);
+        }
+        Ok(by_name.into_values().collect())
     }
 
     /// Counts per workflow and state, read by `sql` (columns `workflow`, `state`, `n`).

@@ -63,8 +63,30 @@ fn claim_values(owner: &str, workflow_keys: &[String], limit: u32) -> Vec<Value>
     values
 }
 
+/// The claim's writes (`$1` the owner): the next state, owner, fencing token, phase attempt
+/// and deadline.
+fn claim_set() -> String {
+    format!(
+        "SET \
+           state = CASE WHEN state = '{ready}' THEN '{running}' ELSE '{compensating}' END, \
+           locked_by = $1, attempt = attempt + 1, \
+           forward_attempts = forward_attempts + CASE WHEN state = '{ready}' THEN 1 ELSE 0 END, \
+           compensation_attempts = compensation_attempts + CASE WHEN state = '{ready}' THEN 0 ELSE 1 END, \
+           complete_by = {{now}} + deadline_ms, available_at = NULL, updated_at = {{now}}",
+        ready = StepState::Ready,
+        running = claimed(StepState::Ready),
+        compensating = claimed(StepState::CompensationReady),
+    )
+}
+
+/// The columns a SQLite claim returns.
+const CLAIM_RETURNING: &str = "id, run_id, workflow_key, name, state, attempt, forward_attempts, \
+    compensation_attempts, failure_count, max_failures, interruptions, max_interruptions, \
+    deadline_ms, deadline_cap_ms, complete_by, idempotency_key, output, {now} AS db_now";
+
 impl Store {
-    /// Claims up to `limit` due steps for `owner` in one atomic statement (AT-3, SAS-7):
+    /// Claims up to `limit` due steps for `owner` atomically (AT-3, SAS-7): one statement on
+    /// PostgreSQL, one write-locked transaction on SQLite. It
     /// sets `LockedBy`, `CompleteBy = now + deadline`, state `Running` (or `Compensating`),
     /// `attempt + 1` (the fencing token, whatever the phase) and `forward_attempts + 1` (or
     /// `compensation_attempts + 1`). Only steps of the given workflow keys are taken.
@@ -80,36 +102,105 @@ impl Store {
         if workflow_keys.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
-        let sql = self.claim_sql(workflow_keys.len());
-        let rows = self
-            .exec
-            .query_all(self.stmt(&sql, claim_values(owner, workflow_keys, limit)))
-            .await?;
-        rows.iter().map(ClaimedStep::decode).collect()
+        if self.backend == Backend::Postgres {
+            let sql = self.claim_sql(workflow_keys.len());
+            let values = claim_values(owner, workflow_keys, limit);
+            let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
+            return rows.iter().map(ClaimedStep::decode).collect();
+        }
+        // SQLite's RETURNING sees only the updated row, whose `available_at` the claim
+        // clears. So the due steps are read first, with when they fell due, and claimed by
+        // id, in one transaction: it holds the file's write lock from its first statement,
+        // and the claim's own condition still requires each step to be due, so a step is
+        // never claimed twice.
+        let txn = self.exec.begin().await?;
+        let claimed = self.claim_read_due(&txn, owner, workflow_keys, limit).await;
+        match claimed {
+            Ok(claimed) => {
+                txn.commit().await?;
+                Ok(claimed)
+            }
+            Err(e) => {
+                let _ = txn.rollback().await;
+                Err(e)
+            }
+        }
     }
 
-    /// The claim statement: `$1` the owner, `$2` the limit, `$3…` the workflow keys.
+    /// The SQLite claim in `txn`: the due steps (with when they fell due), then the claim
+    /// of those by id.
+    async fn claim_read_due(
+        &self,
+        txn: &super::conn::Txn,
+        owner: &str,
+        workflow_keys: &[String],
+        limit: u32,
+    ) -> Result<Vec<ClaimedStep>> {
+        let due = self.claim_due_times(txn, workflow_keys, limit).await?;
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = due.keys().copied().collect();
+        let (cond, ids) = self.in_list("id", 2, &ids)?;
+        let sql = format!(
+            "UPDATE sagaflow_steps {set} WHERE {cond} \
+             AND state IN ('ready', 'compensation_ready') AND available_at <= {{now}} \
+             RETURNING {CLAIM_RETURNING}",
+            set = claim_set(),
+        );
+        let mut values: Vec<Value> = vec![owner.to_owned().into()];
+        values.extend(ids);
+        let rows = txn.query_all(self.stmt(&sql, values)).await?;
+        let mut claimed = rows
+            .iter()
+            .map(ClaimedStep::decode)
+            .collect::<Result<Vec<_>>>()?;
+        for c in &mut claimed {
+            c.due_at = due.get(&c.id).copied();
+        }
+        Ok(claimed)
+    }
+
+    /// When the steps the claim is about to take fell due, by step id (SQLite).
+    async fn claim_due_times(
+        &self,
+        txn: &super::conn::Txn,
+        workflow_keys: &[String],
+        limit: u32,
+    ) -> Result<HashMap<i64, i64>> {
+        let sql = format!(
+            "SELECT id, available_at FROM sagaflow_steps \
+             WHERE state IN ('ready', 'compensation_ready') AND available_at <= {{now}} AND workflow_key IN ({keys}) \
+             ORDER BY priority DESC, available_at LIMIT $1",
+            keys = placeholders(2, workflow_keys.len()),
+        );
+        let mut values: Vec<Value> = vec![i64::from(limit).into()];
+        values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
+        let mut due = HashMap::new();
+        for r in txn.query_all(self.stmt(&sql, values)).await? {
+            due.insert(r.try_get("", "id")?, r.try_get("", "available_at")?);
+        }
+        Ok(due)
+    }
+
+    /// The claim statement: `$1` the owner, `$2` the limit, `$3…` the workflow keys. On
+    /// PostgreSQL it returns when each step fell due (`due_at`) from the rows it selected
+    /// (`step_claim` claims differently on SQLite, whose RETURNING cannot).
     fn claim_sql(&self, keys: usize) -> String {
         format!(
-            "UPDATE sagaflow_steps SET \
-               state = CASE WHEN state = '{ready}' THEN '{running}' ELSE '{compensating}' END, \
-               locked_by = $1, attempt = attempt + 1, \
-               forward_attempts = forward_attempts + CASE WHEN state = '{ready}' THEN 1 ELSE 0 END, \
-               compensation_attempts = compensation_attempts + CASE WHEN state = '{ready}' THEN 0 ELSE 1 END, \
-               complete_by = {{now}} + deadline_ms, available_at = NULL, updated_at = {{now}} \
-             WHERE id IN ( \
-               SELECT id FROM sagaflow_steps \
+            "UPDATE sagaflow_steps AS s {set} FROM ( \
+               SELECT id, available_at FROM sagaflow_steps \
                WHERE state IN ('ready', 'compensation_ready') AND available_at <= {{now}} AND workflow_key IN ({keys}) \
-               ORDER BY priority DESC, available_at LIMIT $2 {lock}) \
-             RETURNING id, run_id, workflow_key, name, state, attempt, forward_attempts, \
-               compensation_attempts, failure_count, max_failures, \
-               interruptions, max_interruptions, deadline_ms, deadline_cap_ms, complete_by, \
-               idempotency_key, output, {{now}} AS db_now",
+               ORDER BY priority DESC, available_at LIMIT $2 {lock}) AS q \
+             WHERE s.id = q.id \
+             RETURNING s.id, s.run_id, s.workflow_key, s.name, s.state, s.attempt, \
+               s.forward_attempts, s.compensation_attempts, s.failure_count, s.max_failures, \
+               s.interruptions, s.max_interruptions, s.deadline_ms, s.deadline_cap_ms, \
+               s.complete_by, s.idempotency_key, s.output, {{now}} AS db_now, \
+               q.available_at AS due_at",
+            set = claim_set(),
             keys = placeholders(3, keys),
             lock = self.claim_lock(),
-            ready = StepState::Ready,
-            running = claimed(StepState::Ready),
-            compensating = claimed(StepState::CompensationReady),
         )
     }
 

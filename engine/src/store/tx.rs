@@ -68,6 +68,8 @@ pub struct StoreTx<'s> {
     pub(super) txn: Txn,
     pub(super) history: Vec<HistoryEntry>,
     pub(super) notify: bool,
+    /// What this unit of work did, for the metrics recorded when it commits.
+    pub(crate) metrics: crate::metrics::Pending,
 }
 
 impl Store {
@@ -81,6 +83,7 @@ impl Store {
             txn: self.exec.begin().await?,
             history: Vec::new(),
             notify: false,
+            metrics: crate::metrics::Pending::default(),
         })
     }
 
@@ -371,6 +374,8 @@ impl StoreTx<'_> {
             .history_insert_notifying(&self.txn, &self.history, notify)
             .await?;
         self.txn.commit().await?;
+        // Counted by the instance that committed, once it did.
+        self.metrics.emit();
         Ok(())
     }
 }

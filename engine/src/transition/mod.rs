@@ -70,6 +70,7 @@ pub fn rescue(step: &ExpiredStep) -> StepFinish {
     StepFinish {
         id: step.id,
         run_id: step.run_id,
+        workflow_key: step.workflow_key.clone(),
         name: step.name.clone(),
         attempt: step.attempt,
         owner: step.locked_by.clone(),
@@ -77,5 +78,6 @@ pub fn rescue(step: &ExpiredStep) -> StepFinish {
         output: None,
         error: Some(error),
         guard,
+        elapsed: None,
     }
 }

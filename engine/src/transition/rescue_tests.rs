@@ -8,6 +8,7 @@ fn expired(failure_count: i32, max_failures: i32, deadline_ms: i64, dead: bool) 
     ExpiredStep {
         id: 1,
         run_id: Default::default(),
+        workflow_key: "w@1".into(),
         name: "s".into(),
         state: StepState::Running,
         attempt: 1,

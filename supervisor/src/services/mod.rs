@@ -10,6 +10,7 @@ use crate::service::MaintenanceService;
 
 pub(crate) mod backlog;
 pub(crate) mod delivery;
+pub(crate) mod gauges;
 pub(crate) mod rescue;
 pub(crate) mod retention;
 
@@ -26,5 +27,6 @@ pub(crate) fn maintenance_services(
         vec![rescue, Arc::new(delivery::Delivery::new(signals.clone()))];
     services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
     services.extend(backlog::Backlog::from_config(config).map(|s| Arc::new(s) as _));
+    services.push(Arc::new(gauges::QueueGauges));
     services
 }

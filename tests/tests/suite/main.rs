@@ -24,6 +24,7 @@ mod flow;
 mod frozen;
 mod interruption;
 mod list;
+mod metrics;
 mod openapi;
 mod operator;
 mod pause;

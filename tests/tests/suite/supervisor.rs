@@ -112,6 +112,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
         let late = store::StepFinish {
             id: lease.id,
             run_id,
+            workflow_key: lease.workflow_key.clone(),
             name: "only".into(),
             attempt: 1,
             owner: "ghost-1".into(),
@@ -119,6 +120,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
             output: Some("\"late\"".into()),
             error: None,
             guard: store::DeadlineGuard::Live,
+            elapsed: None,
         };
         assert_eq!(
             finish_batch(&store, &registry, std::slice::from_ref(&late), "test")

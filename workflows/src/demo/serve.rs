@@ -39,6 +39,7 @@ pub(crate) async fn serve(engine: &Engine, addr: SocketAddr) -> DemoResult<()> {
     println!(
         "               curl -H \"Authorization: Bearer {shown}\" http://{addr}/api/v1/definitions"
     );
+    println!("               curl -H \"Authorization: Bearer {shown}\" http://{addr}/metrics");
     let app = engine.admin_router(config);
     axum::serve(listener, app)
         .with_graceful_shutdown(sagaflow::admin::stop_signal())
