@@ -452,8 +452,16 @@ async fn alerts_survive_an_engine_killed_between_commit_and_delivery() {
         receiver.hang.store(false, Ordering::SeqCst);
 
         let engine = successor(&db, &url).await;
+        // The runs the child did not get to are paused by the successor: three alerts in all.
         eventually(Duration::from_secs(30), "every alert to arrive", || async {
-            every_alert_arrived(&engine, &receiver, &[AlertKind::RunPaused]).await
+            let paused = engine
+                .open_alerts()
+                .await
+                .expect("alerts")
+                .iter()
+                .filter(|a| a.kind == AlertKind::RunPaused)
+                .count();
+            paused == 3 && every_alert_arrived(&engine, &receiver, &[AlertKind::RunPaused]).await
         })
         .await;
         let alerts = engine.open_alerts().await.expect("alerts");
