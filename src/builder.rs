@@ -161,7 +161,8 @@ impl EngineBuilder {
         self
     }
 
-    /// How often the supervisor leader checks workflows' backlog alerts (default 10 s).
+    /// How often the supervisor leader reads the workflows' queues (default 10 s): it sets
+    /// the metrics' queue gauges and checks the workflows' backlog alerts.
     pub fn with_backlog_interval(mut self, d: Duration) -> Self {
         self.supervisor.backlog_interval = d;
         self

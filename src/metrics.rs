@@ -16,7 +16,7 @@
 //! - An application that exports metrics of its own installs its own recorder (any
 //!   `metrics` recorder) before building its engines, and calls [`describe`] after
 //!   installing it. It receives the same metric names; the supervisor leader refreshes the
-//!   queue gauges every 15 seconds.
+//!   queue gauges every 10 seconds (`with_backlog_interval`).
 //!
 //! Counters move after the transaction that made the change commits, by the instance that
 //! committed it, so summing them over the instances counts each change once. The queue

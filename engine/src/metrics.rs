@@ -23,7 +23,7 @@ use ::metrics::{
 use uuid::Uuid;
 
 use crate::model::AlertKind;
-use crate::store::{EvalApplied, PlanWrite, RunRow, StepFinish, Store};
+use crate::store::{EvalApplied, PlanWrite, RunRow, StepFinish, Store, WorkflowQueue};
 use crate::transition::Trigger;
 use crate::transition::operator::CANCELLED_PREFIX;
 use crate::{Result, RunState};
@@ -445,14 +445,20 @@ impl Drop for LeaderGauge {
 }
 
 /// Reads the queue per workflow from the database and sets the queue gauges
-/// ([`STEPS_READY`], [`STEPS_SCHEDULED`], [`STEPS_RUNNING`], [`OLDEST_READY_AGE`]). A
-/// workflow whose queue emptied since the last refresh is set to 0.
+/// ([`set_queue_gauges`]).
 ///
 /// # Errors
 /// [`crate::Error::Db`].
 pub async fn refresh_queue_gauges(store: &Store) -> Result<()> {
+    set_queue_gauges(&store.queue_by_workflow().await?);
+    Ok(())
+}
+
+/// Sets the queue gauges ([`STEPS_READY`], [`STEPS_SCHEDULED`], [`STEPS_RUNNING`],
+/// [`OLDEST_READY_AGE`]) from the queues read by [`Store::queue_by_workflow`]. A workflow
+/// whose queue emptied since the last call is set to 0.
+pub fn set_queue_gauges(queues: &[WorkflowQueue]) {
     static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let queues = store.queue_by_workflow().await?;
     let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
     let seen = seen.get_or_insert_with(HashSet::new);
     let now: HashSet<&str> = queues.iter().map(|q| q.workflow.as_str()).collect();
@@ -468,15 +474,14 @@ pub async fn refresh_queue_gauges(store: &Store) -> Result<()> {
         }
     }
     #[allow(clippy::cast_precision_loss)] // counts of steps: exact in an f64
-    for q in &queues {
+    for q in queues {
         let workflow = label(&q.workflow);
         gauge!(STEPS_READY, "workflow" => workflow.clone()).set(q.ready as f64);
         gauge!(STEPS_SCHEDULED, "workflow" => workflow.clone()).set(q.scheduled as f64);
         gauge!(STEPS_RUNNING, "workflow" => workflow.clone()).set(q.running as f64);
         gauge!(OLDEST_READY_AGE, "workflow" => workflow).set(millis_to_secs(q.oldest_ready_ms));
     }
-    *seen = queues.into_iter().map(|q| q.workflow).collect();
-    Ok(())
+    *seen = queues.iter().map(|q| q.workflow.clone()).collect();
 }
 
 #[cfg(test)]

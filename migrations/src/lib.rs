@@ -116,11 +116,7 @@ pub async fn apply(
     db: &sea_orm_migration::sea_orm::DatabaseConnection,
 ) -> Result<Vec<String>, DbErr> {
     let txn = begin_locked(db).await?;
-    let pending: Vec<String> = Migrator::get_pending_migrations(&txn)
-        .await?
-        .iter()
-        .map(|m| m.name().to_owned())
-        .collect();
+    let pending = pending_names(&txn).await?;
     Migrator::up(&txn, None).await?;
     txn.commit().await?;
     Ok(pending)
@@ -198,6 +194,15 @@ tokio::task_local! {
     static RECORDER: Arc<Mutex<Vec<String>>>;
 }
 
+/// The names of the migrations `txn`'s database lacks, oldest first.
+async fn pending_names(txn: &DatabaseTransaction) -> Result<Vec<String>, DbErr> {
+    Ok(Migrator::get_pending_migrations(txn)
+        .await?
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect())
+}
+
 /// The SQL that [`migrate`] would execute on this database, changing nothing: the pending
 /// migrations are applied in one transaction, under the same lock, each statement recorded,
 /// and the transaction is rolled back. The bookkeeping rows of [`MIGRATION_TABLE`] are not
@@ -209,11 +214,7 @@ pub async fn plan(
     db: &sea_orm_migration::sea_orm::DatabaseConnection,
 ) -> Result<Vec<PlannedMigration>, DbErr> {
     let txn = begin_locked(db).await?;
-    let pending: Vec<String> = Migrator::get_pending_migrations(&txn)
-        .await?
-        .iter()
-        .map(|m| m.name().to_owned())
-        .collect();
+    let pending = pending_names(&txn).await?;
     let mut planned = Vec::with_capacity(pending.len());
     for name in pending {
         let recorded = Arc::new(Mutex::new(Vec::new()));

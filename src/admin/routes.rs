@@ -953,13 +953,7 @@ async fn resolve_alert(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Operator)?;
-    let id: i64 = id.parse().map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-            "an alert id is an integer",
-        )
-    })?;
+    let id = integer_id(&id, "an alert")?;
     if s.engine.operator().resolve_alert(id).await? {
         tracing::info!(alert = id, by = %caller.name, "alert resolved over the API");
         Ok(json(&ResolveAnswer { id, resolved: true }))
@@ -970,6 +964,17 @@ async fn resolve_alert(
             format!("no open alert {id}"),
         ))
     }
+}
+
+/// An alert's or a notice's id from the path: 400 `invalid_id` when it is no integer.
+fn integer_id(id: &str, what: &str) -> Result<i64, ApiError> {
+    id.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            format!("{what} id is an integer"),
+        )
+    })
 }
 
 /// The parameters of `GET /api/v1/deliveries`.
@@ -1045,13 +1050,7 @@ async fn redeliver(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Operator)?;
-    let id: i64 = id.parse().map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-            "a notice id is an integer",
-        )
-    })?;
+    let id = integer_id(&id, "a notice")?;
     let op = s
         .engine
         .operator()

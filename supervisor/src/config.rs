@@ -41,8 +41,8 @@ pub const INSTANCE_STALE_AFTER_DEFAULT: Duration = Duration::from_secs(2);
 /// How often the leader delivers the outbox's notices when nothing wakes it sooner (a notice
 /// stored on the leader's own instance wakes it at once).
 pub const DELIVERY_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
-/// How often the leader compares the queues of workflows with a backlog alert to their
-/// thresholds.
+/// How often the leader reads the workflows' queues: to set the metrics' queue gauges and
+/// to compare the queues of workflows with a backlog alert to their thresholds.
 pub const BACKLOG_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
 /// How long finished runs and their history are kept (AT-5).
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);

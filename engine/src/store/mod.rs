@@ -65,7 +65,7 @@ pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub(crate) use rows::phase_attempts;
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, RunView, StepRow, quote};
-pub use stats::{ActiveCount, FinishedCounts, Stats, WorkflowBacklog, WorkflowQueue};
+pub use stats::{ActiveCount, FinishedCounts, Stats, WorkflowQueue};
 pub use steps::StepInputs;
 pub use tx::{RunSteps, StoreTx};
 pub use wake::Wake;

@@ -8,9 +8,8 @@ use sagaflow_engine::Signals;
 use crate::config::SupervisorConfig;
 use crate::service::MaintenanceService;
 
-pub(crate) mod backlog;
 pub(crate) mod delivery;
-pub(crate) mod gauges;
+pub(crate) mod queue;
 pub(crate) mod rescue;
 pub(crate) mod retention;
 
@@ -26,7 +25,6 @@ pub(crate) fn maintenance_services(
     let mut services: Vec<Arc<dyn MaintenanceService>> =
         vec![rescue, Arc::new(delivery::Delivery::new(signals.clone()))];
     services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
-    services.extend(backlog::Backlog::from_config(config).map(|s| Arc::new(s) as _));
-    services.push(Arc::new(gauges::QueueGauges));
+    services.push(Arc::new(queue::QueueWatch::new(config)));
     services
 }

@@ -1,7 +1,13 @@
-//! The backlog service: compares the queue of each workflow that declares a backlog alert
-//! ([`sagaflow_engine::BacklogAlert`]) with its thresholds, raises one `backlog_growing` alert
-//! per workflow while it is past them, and resolves it once the queue is back under both. It
-//! is not listed when no workflow declares one.
+//! The queue service: reads each workflow's queue from the database once per pass (steps
+//! ready, scheduled and running, and the age of the oldest ready step) and
+//!
+//! - sets the metrics' queue gauges from it, so that an application exporting through its
+//!   own metrics recorder sees them move without a scrape handler of sagaflow's (the
+//!   figures are the database's, the same on every instance: the leader sets them);
+//! - compares the queues of workflows that declare a backlog alert
+//!   ([`sagaflow_engine::BacklogAlert`]) with their thresholds, raises one
+//!   `backlog_growing` alert per workflow while it is past them, and resolves it once the
+//!   queue is back under both.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,18 +18,18 @@ use sagaflow_engine::{AlertKind, BacklogAlert, Result};
 use crate::config::SupervisorConfig;
 use crate::service::{LeaderContext, MaintenanceService, ServiceReport};
 
-/// Checks workflows' queues against their backlog thresholds.
+/// Watches the workflows' queues.
 #[derive(Debug)]
-pub(crate) struct Backlog {
+pub(crate) struct QueueWatch {
     thresholds: HashMap<String, BacklogAlert>,
 }
 
-impl Backlog {
-    /// The service for `config`, or `None` when no workflow declares a backlog alert.
-    pub(crate) fn from_config(config: &SupervisorConfig) -> Option<Self> {
-        (!config.backlog_alerts.is_empty()).then(|| Self {
+impl QueueWatch {
+    /// The service for `config`.
+    pub(crate) fn new(config: &SupervisorConfig) -> Self {
+        Self {
             thresholds: config.backlog_alerts.iter().cloned().collect(),
-        })
+        }
     }
 }
 
@@ -32,9 +38,9 @@ fn backlog_key(workflow: &str) -> String {
 }
 
 #[async_trait::async_trait]
-impl MaintenanceService for Backlog {
+impl MaintenanceService for QueueWatch {
     fn name(&self) -> &'static str {
-        "backlog"
+        "queue"
     }
 
     fn interval(&self, config: &SupervisorConfig) -> Duration {
@@ -42,16 +48,14 @@ impl MaintenanceService for Backlog {
     }
 
     async fn run_once(&self, ctx: &LeaderContext) -> Result<ServiceReport> {
-        let queues: HashMap<String, (i64, i64)> = ctx
-            .store
-            .backlog_by_workflow()
-            .await?
-            .into_iter()
-            .map(|b| (b.workflow, (b.ready, b.oldest_ready_ms)))
-            .collect();
+        let queues = ctx.store.queue_by_workflow().await?;
+        sagaflow_engine::metrics::set_queue_gauges(&queues);
         let (mut raised, mut resolved) = (0, 0);
         for (workflow, threshold) in &self.thresholds {
-            let (ready, oldest_ms) = queues.get(workflow).copied().unwrap_or((0, 0));
+            let (ready, oldest_ms) = queues
+                .iter()
+                .find(|q| &q.workflow == workflow)
+                .map_or((0, 0), |q| (q.ready, q.oldest_ready_ms));
             let oldest =
                 (ready > 0).then(|| Duration::from_millis(u64::try_from(oldest_ms).unwrap_or(0)));
             let key = backlog_key(workflow);
