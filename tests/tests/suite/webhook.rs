@@ -531,3 +531,71 @@ async fn child_engine() {
     println!("\nSTARTED");
     std::future::pending::<()>().await;
 }
+
+/// A workflow's queue past its backlog threshold raises one `backlog_growing` alert, and the
+/// alert resolves itself once the queue drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growing_backlog_raises_one_alert_and_resolves_it_when_the_queue_drains() {
+    for db in backends().await {
+        let b = db.backend;
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let wf = Workflow::builder("backlogged", 1)
+            .backlog_alert(sagaflow::BacklogAlert::ready_over(2))
+            .step_using("slow", gate.clone(), |g, _: StepContext| async move {
+                let _permit = g
+                    .acquire()
+                    .await
+                    .map_err(|_| StepError::terminal("closed", "gate closed"))?;
+                Ok::<_, StepError>(())
+            })
+            .build()
+            .expect("valid");
+        let engine = fast_builder(&db)
+            .with_workflow(wf)
+            .with_max_in_flight(1)
+            .with_backlog_interval(Duration::from_millis(100))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let mut runs = Vec::new();
+        for i in 0..5 {
+            runs.push(engine.start("backlogged", &i).await.expect("start"));
+        }
+        let backlog = |engine: &Engine| {
+            let engine = engine.clone();
+            async move {
+                engine
+                    .open_alerts()
+                    .await
+                    .expect("alerts")
+                    .into_iter()
+                    .filter(|a| a.kind == AlertKind::BacklogGrowing)
+                    .collect::<Vec<_>>()
+            }
+        };
+        eventually(Duration::from_secs(15), "the backlog alert", || async {
+            backlog(&engine).await.len() == 1
+        })
+        .await;
+        let alert = backlog(&engine).await.remove(0);
+        assert!(
+            alert.reason.contains("`backlogged`") && alert.reason.contains("threshold of 2"),
+            "[{b}] {}",
+            alert.reason
+        );
+        gate.add_permits(100);
+        for id in runs {
+            engine
+                .wait(id, Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|e| panic!("[{b}] {e}"));
+        }
+        eventually(
+            Duration::from_secs(15),
+            "the backlog alert to resolve",
+            || async { backlog(&engine).await.is_empty() },
+        )
+        .await;
+        engine.shutdown().await;
+    }
+}
