@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use sagaflow_engine::scheduler::SchedulerConfig;
 use sagaflow_engine::store::{SqliteSync, StoreOptions, redact_url};
-use sagaflow_engine::{AlertSink, Error, LogSink, Registry, Result, Store, Workflow};
+use sagaflow_engine::{
+    Alert, AlertSink, Error, LogSink, Registry, Result, Store, Workflow, WorkflowDescription,
+};
 use sagaflow_supervisor::{HEARTBEAT_INTERVAL_DEFAULT, SupervisorConfig};
 
 use crate::engine::Engine;
@@ -385,21 +387,9 @@ impl EngineBuilder {
         // What this engine runs, published for consoles and HTTP clients; alerts about a
         // changed graph under an unchanged version are delivered once the engine is up.
         let descriptions: Vec<_> = self.registry.workflows().map(|w| w.describe()).collect();
-        let changed = store
-            .definitions_publish(&descriptions, &self.scheduler.owner)
-            .await?;
-        let heartbeat = if self.workers {
-            let incarnation = uuid::Uuid::new_v4().simple().to_string();
-            crate::instance::register(
-                &store,
-                &self.scheduler.owner,
-                &incarnation,
-                self.supervisor.instance_stale_after,
-            )
-            .await?;
-            Some((incarnation, self.heartbeat_every))
-        } else {
-            None
+        let (changed, heartbeat) = match self.register(&store, &descriptions).await {
+            Ok(registered) => registered,
+            Err(e) => return Err(store.lost_or(e)),
         };
         let engine = Engine::launch(
             store,
@@ -419,5 +409,31 @@ impl EngineBuilder {
             engine.serve_admin(listener, config);
         }
         Ok(engine)
+    }
+
+    /// Publishes the definitions and, for an engine with workers, registers the instance;
+    /// returns the alerts about changed definitions and the heartbeat to keep.
+    async fn register(
+        &self,
+        store: &Store,
+        descriptions: &[WorkflowDescription],
+    ) -> Result<(Vec<Alert>, Option<(String, Duration)>)> {
+        let changed = store
+            .definitions_publish(descriptions, &self.scheduler.owner)
+            .await?;
+        let heartbeat = if self.workers {
+            let incarnation = uuid::Uuid::new_v4().simple().to_string();
+            crate::instance::register(
+                store,
+                &self.scheduler.owner,
+                &incarnation,
+                self.supervisor.instance_stale_after,
+            )
+            .await?;
+            Some((incarnation, self.heartbeat_every))
+        } else {
+            None
+        };
+        Ok((changed, heartbeat))
     }
 }

@@ -78,4 +78,10 @@ impl Store {
             None => Ok(()),
         }
     }
+
+    /// `e`, unless the SQLite file was deleted or replaced meanwhile: then that is the cause
+    /// to report, whatever the lost file answered (SQLite says "disk I/O error").
+    pub fn lost_or(&self, e: Error) -> Error {
+        self.check_file().err().unwrap_or(e)
+    }
 }

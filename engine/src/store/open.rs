@@ -190,6 +190,29 @@ impl Store {
         let mut store = Self::from_connection(db)?;
         store.target = Arc::from(target.as_str());
         store.file = file.as_deref().and_then(FileIdentity::of).map(Arc::new);
+        let identity = store.file.clone();
+        store
+            .prepare(url, target, file, backend, options)
+            .await
+            // SQLite answers for a file deleted mid-start with "disk I/O error": the lost
+            // file is the cause to report.
+            .map_err(|e| match identity.map(|f| f.check()) {
+                Some(Err(lost)) => Error::DatabaseLost(lost),
+                _ => e,
+            })
+    }
+
+    /// The rest of [`Store::open`] once connected: checks or migrates the schema, switches
+    /// SQLite to WAL and its fast path, and proves the database writable.
+    async fn prepare(
+        mut self,
+        url: &str,
+        target: String,
+        file: Option<std::path::PathBuf>,
+        backend: Backend,
+        options: &StoreOptions,
+    ) -> Result<Self> {
+        let store = &mut self;
         let read_only = |source: DbErr| {
             let e = Error::Db(source);
             if e.sqlite_code().is_some_and(|c| c & 0xff == 8)
@@ -263,7 +286,7 @@ impl Store {
         if backend == Backend::Postgres {
             store.warn_if_commits_are_asynchronous().await;
         }
-        Ok(store)
+        Ok(self)
     }
 
     /// Proves the database writable: a write that changes nothing, rolled back. A read-only
