@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sagaflow_engine::resource::Resource;
 use sagaflow_engine::scheduler::SchedulerConfig;
 use sagaflow_engine::store::{SqliteSync, StoreOptions, redact_url};
 use sagaflow_engine::{
@@ -24,6 +25,7 @@ pub struct EngineBuilder {
     registry: Registry,
     errors: Vec<Error>,
     sinks: Vec<Arc<dyn AlertSink>>,
+    resources: Vec<Resource>,
     pub(crate) scheduler: SchedulerConfig,
     pub(crate) supervisor: SupervisorConfig,
     run_supervisor: bool,
@@ -54,6 +56,7 @@ impl Default for EngineBuilder {
             registry: Registry::new(),
             errors: Vec::new(),
             sinks: vec![Arc::new(LogSink)],
+            resources: Vec::new(),
             scheduler: SchedulerConfig::new(id.clone()),
             supervisor: SupervisorConfig::new(id),
             run_supervisor: true,
@@ -147,6 +150,33 @@ impl EngineBuilder {
     /// [`EngineBuilder::without_log_sink`] is called.
     pub fn with_alert_sink(mut self, sink: impl AlertSink) -> Self {
         self.sinks.push(Arc::new(sink));
+        self
+    }
+
+    /// Declares a remote resource and the limits its steps' attempts obey
+    /// ([`WorkflowBuilder::resource`](crate::WorkflowBuilder::resource)): concurrency across
+    /// every instance, per flow key, and rate. The limits are written to the database at
+    /// start as the resource's defaults; an operator's override, set at run time, wins over
+    /// them until cleared. Every resource a registered step names must be declared.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sagaflow::{Engine, Resource};
+    ///
+    /// let builder = Engine::builder()
+    ///     .with_resource(Resource::new("payments-api").max_in_flight(8).rate(20, Duration::from_secs(1)));
+    /// ```
+    pub fn with_resource(mut self, resource: Resource) -> Self {
+        if let Err(e) = resource.check() {
+            self.errors.push(e);
+        } else if self.resources.iter().any(|r| r.name() == resource.name()) {
+            self.errors.push(Error::Config(format!(
+                "resource `{}` is declared twice",
+                resource.name()
+            )));
+        } else {
+            self.resources.push(resource);
+        }
         self
     }
 
@@ -358,6 +388,20 @@ impl EngineBuilder {
             }
         }
         self.supervisor.backlog_alerts = backlog.into_iter().collect();
+        for wf in self.registry.workflows() {
+            for step in wf.steps() {
+                if let Some(r) = step.resource()
+                    && !self.resources.iter().any(|d| d.name() == r)
+                {
+                    return Err(Error::Config(format!(
+                        "step `{}` of workflow `{}` calls resource `{r}`, which is not declared: \
+                         add with_resource(Resource::new(\"{r}\")) with its limits",
+                        step.name(),
+                        wf.name()
+                    )));
+                }
+            }
+        }
         self.scheduler.validate()?;
         self.supervisor.validate()?;
         if self.max_input_bytes == 0 {
@@ -421,6 +465,7 @@ impl EngineBuilder {
         let changed = store
             .definitions_publish(descriptions, &self.scheduler.owner)
             .await?;
+        store.resources_publish(&self.resources).await?;
         let heartbeat = if self.workers {
             let incarnation = uuid::Uuid::new_v4().simple().to_string();
             crate::instance::register(

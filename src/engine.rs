@@ -205,6 +205,16 @@ impl Engine {
         self.inner.store.stats().await
     }
 
+    /// The remote resources declared by the fleet's engines: their limits (the code's
+    /// defaults and an operator's override), and how many attempts are in flight and how
+    /// many due steps wait, by name.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn resources(&self) -> Result<Vec<crate::ResourceView>> {
+        self.inner.store.resources().await
+    }
+
     /// Reads the queue per workflow from the database and sets the metrics' queue gauges
     /// (see [`crate::metrics`]).
     ///

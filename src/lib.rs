@@ -67,6 +67,7 @@ pub mod otel;
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
+pub use sagaflow_engine::resource::{Rate, Resource, ResourceLimits, ResourceView};
 pub use sagaflow_engine::store::{
     ActiveCount, FinishedCounts, PublishedDefinition, RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder,
     RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, redact_url,

@@ -136,6 +136,33 @@ impl Operator<'_> {
         self.engine.inner.store.alert_resolve(alert_id).await
     }
 
+    /// Overrides the limits of a remote resource for every instance of the fleet (`Some`),
+    /// or clears the override so that the limits the code declares apply again (`None`);
+    /// the claims that follow obey the change. Returns whether the resource is known (some
+    /// engine declared it). Recorded on the resource with the operator and reason.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for limits that are not valid (a zero limit, period or burst);
+    /// [`Error::Db`].
+    pub async fn set_resource_limits(
+        &self,
+        resource: &str,
+        limits: Option<crate::ResourceLimits>,
+    ) -> Result<bool> {
+        let reason = self.audit.reason.as_deref().unwrap_or("");
+        let known = self
+            .engine
+            .inner
+            .store
+            .resource_override(resource, limits, &self.audit.actor, reason)
+            .await?;
+        if known {
+            // This instance's claim loop reads the new limits at once.
+            self.engine.inner.signals.wake_claimer();
+        }
+        Ok(known)
+    }
+
     /// Sends a dead-lettered notice again: its dead deliveries start afresh, tried by the
     /// supervisor leader as a new notice is (the sinks that delivered it are not tried again).
     /// Returns whether one of its deliveries was dead. Logged with the operator and reason.

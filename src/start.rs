@@ -36,6 +36,9 @@ pub const PRIORITY_MIN: i32 = -1_000;
 /// The highest priority a run may have ([`StartOptions::priority`]).
 pub const PRIORITY_MAX: i32 = 1_000;
 
+/// The longest flow key a run may carry, in bytes.
+const FLOW_KEY_MAX: usize = 200;
+
 /// How far ahead a run may be scheduled: 366 days. A start further ahead is refused with
 /// [`Error::InvalidStartOption`] (most likely a unit mistaken, seconds for milliseconds); work
 /// planned further out belongs in the application's own calendar.
@@ -84,6 +87,10 @@ pub struct StartOptions {
     /// The W3C `tracestate` kept with [`trace_parent`](Self::trace_parent) and sent
     /// downstream with it.
     pub trace_state: Option<String>,
+    /// The run's flow key (a tenant, a customer), which per-key limits of resources count
+    /// by; `None` takes it from the input where the workflow says
+    /// ([`WorkflowBuilder::flow_key`](crate::WorkflowBuilder::flow_key)). At most 200 bytes.
+    pub flow_key: Option<String>,
 }
 
 impl StartOptions {
@@ -170,6 +177,13 @@ impl StartOptions {
     #[must_use]
     pub fn trace_parent(mut self, traceparent: impl Into<String>) -> Self {
         self.trace_parent = Some(traceparent.into());
+        self
+    }
+
+    /// Sets the run's flow key (see [`StartOptions::flow_key`](Self::flow_key)).
+    #[must_use]
+    pub fn flow_key(mut self, key: impl Into<String>) -> Self {
+        self.flow_key = Some(key.into());
         self
     }
 
@@ -349,7 +363,15 @@ impl Engine {
                 limit: self.inner.max_input_bytes,
             });
         }
-        Ok(new_run(
+        let flow_key = opts.flow_key.clone().or_else(|| wf.flow_key_of(&value));
+        if flow_key.as_ref().is_some_and(|k| k.len() > FLOW_KEY_MAX) {
+            return Err(Error::InvalidInput {
+                workflow: workflow.to_owned(),
+                reason: format!("the flow key is longer than {FLOW_KEY_MAX} bytes"),
+                field: None,
+            });
+        }
+        let mut run = new_run(
             wf,
             json,
             opts.business_key.clone(),
@@ -357,7 +379,9 @@ impl Engine {
             priority,
             opts.notify.unwrap_or(wf.notify_on_finish()),
             trace,
-        ))
+        );
+        run.flow_key = flow_key;
+        Ok(run)
     }
 
     /// The newest published version of `workflow`, rebuilt from its description (an engine
@@ -436,6 +460,7 @@ fn new_run(
             // SAS-2: stable across every retry of this step in this run.
             idempotency_key: format!("{id}:{}", s.name()),
             ready: s.is_root(),
+            resource: s.resource().map(str::to_owned),
         })
         .collect();
     NewRun {
@@ -448,6 +473,7 @@ fn new_run(
         start,
         notify,
         trace: Some(trace),
+        flow_key: None,
         steps,
     }
 }

@@ -13,6 +13,7 @@ pub mod definition;
 pub mod metrics;
 pub mod operator;
 pub mod protocol;
+pub mod resource;
 pub mod scheduler;
 pub mod signals;
 pub mod store;

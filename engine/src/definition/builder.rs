@@ -25,6 +25,7 @@ struct Draft {
     compensation: Option<Arc<dyn StepAction>>,
     retry: Option<RetryPolicy>,
     deadline: Option<DeadlinePolicy>,
+    resource: Option<Arc<str>>,
 }
 
 /// Builds a [`Workflow`]. Step-level methods (`after`, `compensate`, `pivot`, …) apply to the
@@ -42,6 +43,7 @@ pub struct WorkflowBuilder {
     on_failure: OnFailure,
     notify_on_finish: bool,
     backlog_alert: Option<BacklogAlert>,
+    flow_key: Option<String>,
 }
 
 impl fmt::Debug for WorkflowBuilder {
@@ -67,6 +69,7 @@ impl WorkflowBuilder {
             on_failure: OnFailure::default(),
             notify_on_finish: false,
             backlog_alert: None,
+            flow_key: None,
         }
     }
 
@@ -175,6 +178,7 @@ impl WorkflowBuilder {
             compensation: None,
             retry: None,
             deadline: None,
+            resource: None,
         });
         self
     }
@@ -269,6 +273,34 @@ impl WorkflowBuilder {
         self
     }
 
+    /// Declares the remote resource the last step calls (`"payments-api"`): its attempts
+    /// obey the resource's limits (concurrency across every instance, per-key concurrency,
+    /// rate), declared with `EngineBuilder::with_resource` and changeable at run time. A step
+    /// waiting for a limit spends no attempt and burns no deadline.
+    pub fn resource(mut self, name: impl Into<String>) -> Self {
+        let name: String = name.into();
+        if let Some(d) = self.last("resource") {
+            d.resource = Some(Arc::from(name));
+        }
+        self
+    }
+
+    /// Where a run's flow key is read from its input: a JSON Pointer (`/customer_id`). Steps
+    /// with a resource whose limits set a per-key concurrency share it fairly between keys,
+    /// so one tenant's burst cannot starve the others. A string is taken as it is, a number
+    /// or boolean as its JSON text; a missing value or another type gives no key.
+    /// `StartOptions::flow_key` overrides it per run.
+    pub fn flow_key(mut self, pointer: impl Into<String>) -> Self {
+        let pointer = pointer.into();
+        if !pointer.starts_with('/') {
+            self.misuse.push(format!(
+                "flow_key `{pointer}` is not a JSON Pointer: it starts with `/`, as in `/customer_id`"
+            ));
+        }
+        self.flow_key = Some(pointer);
+        self
+    }
+
     /// Overrides the whole deadline policy of the last step.
     pub fn deadline_policy(mut self, policy: DeadlinePolicy) -> Self {
         if let Some(d) = self.last("deadline_policy") {
@@ -295,6 +327,9 @@ impl WorkflowBuilder {
         let mut index = HashMap::new();
         for (i, d) in self.drafts.iter().enumerate() {
             validate::check_name(&d.name).map_err(&invalid)?;
+            if let Some(r) = &d.resource {
+                validate::check_resource(&d.name, r).map_err(&invalid)?;
+            }
             if index.insert(d.name.clone(), i).is_some() {
                 return Err(invalid(format!("duplicate step name `{}`", d.name)));
             }
@@ -328,6 +363,7 @@ impl WorkflowBuilder {
                 action: d.action.clone(),
                 compensation: d.compensation.clone(),
                 settings,
+                resource: d.resource.clone(),
             });
         }
         for i in 0..steps.len() {
@@ -347,6 +383,7 @@ impl WorkflowBuilder {
             key_policy: self.key_policy,
             on_failure: self.on_failure,
             notify_on_finish: self.notify_on_finish,
+            flow_key: self.flow_key,
             backlog_alert: self.backlog_alert,
             without_code: false,
         })

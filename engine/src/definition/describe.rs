@@ -39,6 +39,10 @@ pub struct WorkflowDescription {
     /// Left out of the published text when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub notify_on_finish: bool,
+    /// The JSON Pointer into the input that gives a run's flow key. Left out of the
+    /// published text when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_key: Option<String>,
     /// The steps, in declaration order.
     pub steps: Vec<StepDescription>,
     /// JSON Schema (draft 2020-12) of the input, when the workflow declares an input type
@@ -78,6 +82,10 @@ pub struct StepDescription {
     pub deadline_ms: i64,
     /// The cap the deadline is doubled up to after timeouts, in milliseconds.
     pub deadline_cap_ms: i64,
+    /// The remote resource it calls, whose limits its attempts obey. Left out of the
+    /// published text when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
 }
 
 impl StepKind {
@@ -152,6 +160,9 @@ impl Workflow {
             .business_keys(key_policy)
             .on_failure(on_failure)
             .notify_on_finish(d.notify_on_finish);
+        if let Some(pointer) = &d.flow_key {
+            b = b.flow_key(pointer.clone());
+        }
         for s in &d.steps {
             b = b.step_with(s.name.clone(), WithoutCode);
             if !s.after.is_empty() {
@@ -178,6 +189,9 @@ impl Workflow {
                 max_interruptions: s.max_interruptions,
                 ..RetryPolicy::default()
             };
+            if let Some(r) = &s.resource {
+                b = b.resource(r.clone());
+            }
             b = b.retry(retry).deadline_policy(DeadlinePolicy::new(
                 duration(s.deadline_ms),
                 duration(s.deadline_cap_ms),
@@ -218,6 +232,7 @@ impl Workflow {
                     max_interruptions: retry.max_interruptions,
                     deadline_ms: millis(deadline.initial),
                     deadline_cap_ms: millis(deadline.cap),
+                    resource: s.resource.as_deref().map(str::to_owned),
                 }
             })
             .collect();
@@ -227,6 +242,7 @@ impl Workflow {
             business_keys: self.key_policy.as_str().to_owned(),
             on_failure: self.on_failure.as_str().to_owned(),
             notify_on_finish: self.notify_on_finish,
+            flow_key: self.flow_key.clone(),
             steps,
             input_schema: self.input_schema.as_deref().cloned(),
         }

@@ -160,6 +160,7 @@ pub struct StepDef {
     pub(crate) action: Arc<dyn StepAction>,
     pub(crate) compensation: Option<Arc<dyn StepAction>>,
     pub(crate) settings: StepSettings,
+    pub(crate) resource: Option<Arc<str>>,
 }
 
 impl fmt::Debug for StepDef {
@@ -186,6 +187,10 @@ impl StepDef {
     /// Whether the step depends on no other step (it is queued when the run starts).
     pub fn is_root(&self) -> bool {
         self.deps.is_empty()
+    }
+    /// The remote resource it calls, whose limits its attempts obey.
+    pub fn resource(&self) -> Option<&str> {
+        self.resource.as_deref()
     }
     /// Whether the step has a compensation.
     pub fn has_compensation(&self) -> bool {
@@ -218,6 +223,7 @@ pub struct Workflow {
     pub(crate) on_failure: OnFailure,
     pub(crate) notify_on_finish: bool,
     pub(crate) backlog_alert: Option<BacklogAlert>,
+    pub(crate) flow_key: Option<String>,
     /// Rebuilt from a published description: its steps have no code (see
     /// [`Workflow::from_description`]).
     pub(crate) without_code: bool,
@@ -276,6 +282,26 @@ impl Workflow {
     /// Whether its runs' finishes are notified through the outbox by default.
     pub fn notify_on_finish(&self) -> bool {
         self.notify_on_finish
+    }
+
+    /// The flow key of a run of this workflow with `input`: the value at the workflow's
+    /// [`flow_key`](WorkflowBuilder::flow_key) pointer, when it is a string, a number or a
+    /// boolean.
+    pub fn flow_key_of(&self, input: &serde_json::Value) -> Option<String> {
+        match input.pointer(self.flow_key.as_deref()?)? {
+            serde_json::Value::String(s) => Some(s.clone()),
+            v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => Some(v.to_string()),
+            _ => None,
+        }
+    }
+
+    /// The resources its steps call, each once, in step order.
+    pub fn resources(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::HashSet::new();
+        self.steps
+            .iter()
+            .filter_map(StepDef::resource)
+            .filter(move |r| seen.insert(*r))
     }
     /// Its backlog thresholds, if it has any.
     pub fn backlog_alert(&self) -> Option<BacklogAlert> {

@@ -4,6 +4,11 @@ use super::{StepDef, StepKind};
 
 const NAME_MAX: usize = 64;
 
+/// Checks the resource a step names.
+pub(super) fn check_resource(step: &str, name: &str) -> Result<(), String> {
+    crate::resource::check_name(name).map_err(|e| format!("step `{step}`: {e}"))
+}
+
 pub(super) fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > NAME_MAX {
         return Err(format!(

@@ -20,6 +20,8 @@ pub(super) async fn run(
     reply: mpsc::Sender<AgentResponse>,
 ) {
     let mut streak = ErrorStreak::default();
+    let mut resource_streak = ErrorStreak::default();
+    let mut turn = 0usize;
     let mut claimed_at;
     loop {
         // Wait for one free slot, then take as many more as are free (up to a batch).
@@ -60,7 +62,7 @@ pub(super) async fn run(
         let claim = s
             .store
             .step_claim_with_inputs(&s.config.owner, &s.keys, limit, needs_outputs);
-        let (claimed, inputs) = match claim.await {
+        let (mut claimed, mut inputs) = match claim.await {
             Ok(c) => {
                 claimed_at = Instant::now();
                 streak.succeeded("claiming steps");
@@ -77,11 +79,36 @@ pub(super) async fn run(
                 continue;
             }
         };
+        // Steps of remote resources are claimed apart, within their limits, with the slots
+        // the ordinary claim left.
+        let mut idle_pause = s.config.empty_poll_pause;
+        if claimed.len() < permits.len() && !s.resources.is_empty() {
+            turn = turn.wrapping_add(1);
+            let room = u32::try_from(permits.len() - claimed.len()).unwrap_or(u32::MAX);
+            let (more, wait) = claim_resources(&s, room, turn, &mut resource_streak).await;
+            if let Some(wait) = wait {
+                idle_pause = idle_pause.min(wait);
+            }
+            if !more.is_empty() {
+                claimed_at = Instant::now();
+                match resource_inputs(&s, &more).await {
+                    Ok(more_inputs) => {
+                        inputs.inputs.extend(more_inputs.inputs);
+                        inputs.outputs.extend(more_inputs.outputs);
+                        inputs.traces.extend(more_inputs.traces);
+                        claimed.extend(more);
+                    }
+                    // The claims stand: their deadlines expire and the supervisor re-queues
+                    // them, as after a failed read of the ordinary claim.
+                    Err(e) => resource_streak.failed("reading the inputs of claimed steps", &e),
+                }
+            }
+        }
         if claimed.is_empty() {
             drop(permits);
             tokio::select! {
                 () = s.signals.claimer_woken() => {}
-                () = tokio::time::sleep(s.config.empty_poll_pause) => {}
+                () = tokio::time::sleep(idle_pause) => {}
                 () = cancel.cancelled() => return,
             }
             continue;
@@ -121,6 +148,65 @@ pub(super) async fn run(
 }
 
 /// Builds the agent request of a claimed step, or the error that fails it at once.
+/// Claims up to `room` steps of the resources the registered workflows call, one resource
+/// after the other, starting with a different one each `turn` so that none takes every free
+/// slot for good. Returns the steps and, when a rate held some back, how soon one may start.
+/// A resource whose claim fails (its stored limits unreadable, a database error) is skipped:
+/// its steps wait, the others' go on.
+async fn claim_resources(
+    s: &Scheduler,
+    mut room: u32,
+    turn: usize,
+    streak: &mut ErrorStreak,
+) -> (Vec<ClaimedStep>, Option<Duration>) {
+    let mut claimed = Vec::new();
+    let mut wait: Option<Duration> = None;
+    let n = s.resources.len();
+    for i in 0..n {
+        if room == 0 {
+            break;
+        }
+        let name = &s.resources[(turn + i) % n];
+        match s
+            .store
+            .resource_claim(&s.config.owner, name, &s.keys, room)
+            .await
+        {
+            Ok(c) => {
+                streak.succeeded("claiming steps of resources");
+                if let Some(ms) = c.retry_in_ms {
+                    let d = Duration::from_millis(ms);
+                    wait = Some(wait.map_or(d, |w| w.min(d)));
+                }
+                room = room.saturating_sub(u32::try_from(c.claimed.len()).unwrap_or(u32::MAX));
+                claimed.extend(c.claimed);
+            }
+            Err(e) => streak.failed("claiming steps of resources", &e),
+        }
+    }
+    (claimed, wait)
+}
+
+/// What steps claimed for resources need: their runs' inputs and, for steps with
+/// dependencies, the outputs of their runs' completed steps.
+async fn resource_inputs(
+    s: &Scheduler,
+    claimed: &[ClaimedStep],
+) -> crate::Result<crate::store::StepInputs> {
+    let runs: Vec<uuid::Uuid> = claimed.iter().map(|c| c.run_id).collect();
+    let with_outputs: Vec<uuid::Uuid> = claimed
+        .iter()
+        .filter(|c| {
+            s.registry
+                .by_key(&c.workflow_key)
+                .and_then(|wf| wf.step(&c.name))
+                .is_none_or(|d| !d.is_root())
+        })
+        .map(|c| c.run_id)
+        .collect();
+    s.store.step_inputs(&runs, &with_outputs).await
+}
+
 fn request(
     s: &Scheduler,
     cancel: &CancellationToken,

@@ -55,6 +55,8 @@ pub(super) async fn run(
         for r in &batch {
             s.in_flight.ended(&r.lease);
         }
+        // An attempt that ends frees room under its resource's limits: claim again at once.
+        let frees_resource = batch.iter().any(|r| s.holds_resource(&r.lease));
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| attempt_end(&s, r)).collect();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
@@ -86,6 +88,9 @@ pub(super) async fn run(
                         s.signals.wake_evaluator();
                     }
                     streak.succeeded("writing step results");
+                    if frees_resource {
+                        s.signals.wake_claimer();
+                    }
                     // The row's `available_at` was computed by the database during the write,
                     // so measure from after it, with a margin for clock granularity.
                     let base = Instant::now() + RETRY_WAKE_MARGIN;

@@ -175,10 +175,22 @@ pub struct Scheduler {
     config: SchedulerConfig,
     slots: Arc<Semaphore>,
     keys: Vec<String>,
+    /// The resources the registered workflows' steps call, claimed each on its own.
+    resources: Vec<String>,
     in_flight: inflight::InFlight,
 }
 
 impl Scheduler {
+    /// Whether the leased step calls a resource (its attempt counts against its limits).
+    fn holds_resource(&self, lease: &crate::protocol::StepLease) -> bool {
+        !self.resources.is_empty()
+            && self
+                .registry
+                .by_key(&lease.workflow_key)
+                .and_then(|w| w.step(&lease.step))
+                .is_some_and(|d| d.resource().is_some())
+    }
+
     /// A scheduler over `store` running the workflows of `registry`.
     ///
     /// # Errors
@@ -191,6 +203,12 @@ impl Scheduler {
     ) -> Result<Self> {
         config.validate()?;
         let keys = registry.keys();
+        let mut resources: Vec<String> = registry
+            .workflows()
+            .flat_map(|w| w.resources().map(str::to_owned).collect::<Vec<_>>())
+            .collect();
+        resources.sort();
+        resources.dedup();
         Ok(Self {
             slots: Arc::new(Semaphore::new(config.max_in_flight)),
             store,
@@ -198,6 +216,7 @@ impl Scheduler {
             signals,
             config,
             keys,
+            resources,
             in_flight: inflight::InFlight::default(),
         })
     }

@@ -16,7 +16,7 @@ use crate::{Error, Result, RunState, StepState};
 const CHUNK_RUNS: usize = 400;
 
 /// Columns of a run to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const RUN_COLS_IN: [(&str, &str); 12] = [
+const RUN_COLS_IN: [(&str, &str); 13] = [
     ("id", "uuid"),
     ("workflow", "text"),
     ("version", "integer"),
@@ -29,10 +29,11 @@ const RUN_COLS_IN: [(&str, &str); 12] = [
     ("notify", "boolean"),
     ("trace_parent", "text"),
     ("trace_state", "text"),
+    ("flow_key", "text"),
 ];
 
 /// Columns of a step to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const STEP_COLS_IN: [(&str, &str); 13] = [
+const STEP_COLS_IN: [(&str, &str); 15] = [
     ("run_id", "uuid"),
     ("workflow_key", "text"),
     ("name", "text"),
@@ -46,6 +47,8 @@ const STEP_COLS_IN: [(&str, &str); 13] = [
     ("priority", "integer"),
     ("start_ms", "bigint"),
     ("delay_ms", "bigint"),
+    ("resource", "text"),
+    ("flow_key", "text"),
 ];
 
 /// The start a run asked for, on the database clock, from the row source `v`: `{now}` plus
@@ -59,9 +62,9 @@ const START: &str = "COALESCE({now} + v.delay_ms, v.start_ms)";
 fn insert_runs_sql(source: &str) -> String {
     format!(
         "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
-           input, dirty, created_at, updated_at, priority, start_at, notify, trace_parent, trace_state) \
+           input, dirty, created_at, updated_at, priority, start_at, notify, trace_parent, trace_state, flow_key) \
          SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
-           v.input, FALSE, {{now}}, {{now}}, v.priority, {START}, v.notify, v.trace_parent, v.trace_state \
+           v.input, FALSE, {{now}}, {{now}}, v.priority, {START}, v.notify, v.trace_parent, v.trace_state, v.flow_key \
          FROM {source} WHERE TRUE \
          ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id, start_at"
     )
@@ -74,11 +77,11 @@ fn insert_steps_sql(source: &str, filter: &str) -> String {
     format!(
         "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, max_interruptions, \
            deadline_ms, initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at, \
-           priority) \
+           priority, resource, flow_key) \
          SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.max_interruptions, \
            v.deadline_ms, v.deadline_ms, v.deadline_cap_ms, v.idempotency_key, \
            CASE WHEN v.ready THEN CASE WHEN {START} > {{now}} THEN {START} ELSE {{now}} END END, {{now}}, \
-           v.priority \
+           v.priority, v.resource, v.flow_key \
          FROM {source} WHERE {filter}"
     )
 }
@@ -101,6 +104,7 @@ fn run_row(r: &NewRun) -> Vec<Value> {
             .as_ref()
             .and_then(|t| t.trace_state().map(str::to_owned))
             .into(),
+        r.flow_key.clone().into(),
     ]
 }
 
@@ -126,6 +130,8 @@ fn step_row(run: &NewRun, s: &NewStep, start: RunStart) -> Vec<Value> {
         run.priority.into(),
         start.at_ms().into(),
         start.delay_ms().into(),
+        s.resource.clone().into(),
+        run.flow_key.clone().into(),
     ]
 }
 
@@ -151,6 +157,9 @@ pub struct NewRun {
     pub notify: bool,
     /// Its W3C trace context (`None`: its attempts read the run id as the trace id).
     pub trace: Option<TraceContext>,
+    /// Its flow key (a tenant, a customer), copied onto every step row: the key that
+    /// per-key limits of resources count by.
+    pub flow_key: Option<String>,
     /// Its steps.
     pub steps: Vec<NewStep>,
 }
@@ -201,6 +210,8 @@ pub struct NewStep {
     /// Whether the step has no dependencies: it is queued at once, so a run needs no
     /// evaluation to start.
     pub ready: bool,
+    /// The remote resource whose limits its attempts obey.
+    pub resource: Option<String>,
 }
 
 /// What inserting a run did.

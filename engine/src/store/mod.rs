@@ -30,6 +30,7 @@ mod options;
 mod outbox;
 mod plans;
 mod postgres;
+mod resources;
 mod row;
 mod rows;
 mod runs;
@@ -61,6 +62,7 @@ pub use options::{
 pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
+pub use resources::ResourceClaim;
 pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub(crate) use rows::phase_attempts;

@@ -153,14 +153,22 @@ impl Store {
     pub async fn stats(&self) -> Result<Stats> {
         // One statement, so that the figures are of one moment: a step claimed between two
         // reads would count as both due and running.
+        // Steps with and without a resource are queued in two partial indexes: each count
+        // goes through one.
         const DUE: &str = "state IN ('ready', 'compensation_ready')";
+        const FREE: &str = "resource IS NULL";
+        const HELD: &str = "resource IS NOT NULL";
         let sql = format!(
             "SELECT \
-               (SELECT COUNT(*) FROM sagaflow_steps WHERE {DUE} AND available_at <= {{now}}) AS ready, \
-               (SELECT COUNT(*) FROM sagaflow_steps WHERE {DUE} AND available_at > {{now}}) AS scheduled, \
+               (SELECT COUNT(*) FROM sagaflow_steps WHERE {DUE} AND {FREE} AND available_at <= {{now}}) \
+                 + (SELECT COUNT(*) FROM sagaflow_steps WHERE {DUE} AND {HELD} AND available_at <= {{now}}) AS ready, \
+               (SELECT COUNT(*) FROM sagaflow_steps WHERE {DUE} AND {FREE} AND available_at > {{now}}) \
+                 + (SELECT COUNT(*) FROM sagaflow_steps WHERE {DUE} AND {HELD} AND available_at > {{now}}) AS scheduled, \
                (SELECT COUNT(*) FROM sagaflow_steps WHERE state IN ('running', 'compensating')) AS running, \
                (SELECT {{now}} - MIN(available_at) FROM sagaflow_steps \
-                 WHERE {DUE} AND available_at <= {{now}}) AS oldest, \
+                 WHERE {DUE} AND {FREE} AND available_at <= {{now}}) AS oldest, \
+               (SELECT {{now}} - MIN(available_at) FROM sagaflow_steps \
+                 WHERE {DUE} AND {HELD} AND available_at <= {{now}}) AS oldest_held, \
                (SELECT CAST(SUM(finished) AS BIGINT) FROM sagaflow_throughput WHERE bucket > {{now}} / 10000 - 6) AS m1, \
                (SELECT CAST(SUM(finished) AS BIGINT) FROM sagaflow_throughput WHERE bucket > {{now}} / 10000 - 30) AS m5, \
                (SELECT CAST(SUM(finished) AS BIGINT) FROM sagaflow_throughput WHERE bucket > {{now}} / 10000 - 90) AS m15"
@@ -176,7 +184,7 @@ impl Store {
             get("ready")?,
             get("scheduled")?,
             get("running")?,
-            get("oldest")?,
+            get("oldest")?.max(get("oldest_held")?),
         );
         let finished_last = FinishedCounts {
             m1: get("m1")?,

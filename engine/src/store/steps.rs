@@ -137,6 +137,16 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<ClaimedStep>> {
         let due = self.claim_due_times(txn, workflow_keys, limit).await?;
+        self.claim_by_ids(txn, owner, &due).await
+    }
+
+    /// Claims the steps of `due` (step id → when it fell due) that are still due, in `txn`.
+    pub(super) async fn claim_by_ids(
+        &self,
+        txn: &super::conn::Txn,
+        owner: &str,
+        due: &HashMap<i64, i64>,
+    ) -> Result<Vec<ClaimedStep>> {
         if due.is_empty() {
             return Ok(Vec::new());
         }
@@ -170,7 +180,8 @@ impl Store {
     ) -> Result<HashMap<i64, i64>> {
         let sql = format!(
             "SELECT id, available_at FROM sagaflow_steps \
-             WHERE state IN ('ready', 'compensation_ready') AND available_at <= {{now}} AND workflow_key IN ({keys}) \
+             WHERE state IN ('ready', 'compensation_ready') AND resource IS NULL AND available_at <= {{now}} \
+               AND workflow_key IN ({keys}) \
              ORDER BY priority DESC, available_at LIMIT $1",
             keys = placeholders(2, workflow_keys.len()),
         );
@@ -190,7 +201,8 @@ impl Store {
         format!(
             "UPDATE sagaflow_steps AS s {set} FROM ( \
                SELECT id, available_at FROM sagaflow_steps \
-               WHERE state IN ('ready', 'compensation_ready') AND available_at <= {{now}} AND workflow_key IN ({keys}) \
+               WHERE state IN ('ready', 'compensation_ready') AND resource IS NULL AND available_at <= {{now}} \
+               AND workflow_key IN ({keys}) \
                ORDER BY priority DESC, available_at LIMIT $2 {lock}) AS q \
              WHERE s.id = q.id \
              RETURNING s.id, s.run_id, s.workflow_key, s.name, s.state, s.attempt, \

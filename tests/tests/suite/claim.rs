@@ -34,6 +34,7 @@ async fn seed(store: &Store, n: usize) {
                     notify: false,
                     start: store::RunStart::Now,
                     trace: None,
+                    flow_key: None,
                     steps: vec![store::NewStep {
                         name: "only".into(),
                         max_failures: 3,
@@ -42,6 +43,7 @@ async fn seed(store: &Store, n: usize) {
                         deadline_cap_ms: 600_000,
                         idempotency_key: format!("{id}:only"),
                         ready: true,
+                        resource: None,
                     }],
                 }
             })
@@ -218,6 +220,7 @@ async fn a_claim_brings_the_runs_input_and_the_outputs_its_steps_need() {
             deadline_cap_ms: 600_000,
             idempotency_key: format!("{id}:{name}"),
             ready,
+            resource: None,
         };
         let (a, z) = (Uuid::now_v7(), Uuid::now_v7());
         let runs: Vec<store::NewRun> = [(a, r#"{"order":"a"}"#), (z, r#"{"order":"z"}"#)]
@@ -232,6 +235,7 @@ async fn a_claim_brings_the_runs_input_and_the_outputs_its_steps_need() {
                 notify: false,
                 start: store::RunStart::Now,
                 trace: None,
+                flow_key: None,
                 steps: vec![step("first", id, true), step("second", id, false)],
             })
             .collect();

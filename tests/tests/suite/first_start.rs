@@ -204,6 +204,7 @@ async fn the_start_and_priority_migration_goes_down_and_up_again() {
             notify: false,
             start: RunStart::Now,
             trace: None,
+            flow_key: None,
             steps: vec![NewStep {
                 name: "only".into(),
                 max_failures: 3,
@@ -212,6 +213,7 @@ async fn the_start_and_priority_migration_goes_down_and_up_again() {
                 deadline_cap_ms: 60_000,
                 idempotency_key: format!("{id}:only"),
                 ready: true,
+                resource: None,
             }],
         };
         store.insert_runs(&[run]).await.expect("insert");

@@ -21,6 +21,7 @@ mod failures;
 mod first_start;
 mod fixtures;
 mod flow;
+mod flow_control;
 mod frozen;
 mod interruption;
 mod list;

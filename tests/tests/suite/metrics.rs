@@ -285,9 +285,14 @@ async fn the_counters_equal_the_database_and_the_gauges_show_the_queue() {
             async move { engine.supervisor()?.is_leader().then_some(()) }
         })
         .await;
-        let (status, text) = scrape(addr, Some(VIEW)).await;
-        assert_eq!(status, StatusCode::OK, "[{b}] {text}");
-        let m = samples(&text, &w.workflow);
+        // The gauge follows the flag as the leader's term begins: scrape until it shows.
+        let (text, m) = eventually_some(Duration::from_secs(10), "the leader gauge", || async {
+            let (status, text) = scrape(addr, Some(VIEW)).await;
+            assert_eq!(status, StatusCode::OK, "[{b}] {text}");
+            let m = samples(&text, &w.workflow);
+            (total(&m, "sagaflow_leader", &[]) >= 1.0).then_some((text, m))
+        })
+        .await;
         let wf = w.workflow.as_str();
         let (runs, attempts) = database_counts(&w).await;
 

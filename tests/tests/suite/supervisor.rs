@@ -36,6 +36,7 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
         notify: false,
         start: store::RunStart::Now,
         trace: None,
+        flow_key: None,
         steps: vec![store::NewStep {
             name: "only".into(),
             max_failures: 3,
@@ -44,6 +45,7 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
             deadline_cap_ms: 400,
             idempotency_key: format!("{id}:only"),
             ready: true,
+            resource: None,
         }],
     };
     store

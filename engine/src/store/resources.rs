@@ -1,0 +1,378 @@
+//! Resources: their limits as stored, and the claim of due steps that obey them (see
+//! [`crate::resource`]).
+
+use std::collections::HashMap;
+
+use sea_orm::Value;
+
+use super::row::Exec;
+use super::rows::ClaimedStep;
+use super::{Backend, Row, Store, placeholders};
+use crate::resource::{Resource, ResourceLimits, ResourceView};
+use crate::{Error, Result};
+
+/// What one claim for a resource took, and when it is worth trying again.
+#[derive(Debug, Default)]
+pub struct ResourceClaim {
+    /// The steps claimed.
+    pub claimed: Vec<ClaimedStep>,
+    /// When the rate limit lets the next attempt start, in milliseconds from now, if it held
+    /// steps back; `None` when nothing waits on the rate (a concurrency limit frees up when an
+    /// attempt ends, which wakes the claim loop).
+    pub retry_in_ms: Option<u64>,
+}
+
+/// The stored limits of one resource, as its claim reads them.
+struct Stored {
+    limits: ResourceLimits,
+    tat_us: i64,
+    now_ms: i64,
+}
+
+fn limits_of(name: &str, column: &str, json: &str) -> Result<ResourceLimits> {
+    let limits: ResourceLimits = serde_json::from_str(json).map_err(|e| Error::CorruptRow {
+        table: "sagaflow_resources",
+        id: name.to_owned(),
+        reason: format!("{column}: {e}"),
+    })?;
+    limits.check().map_err(|e| Error::CorruptRow {
+        table: "sagaflow_resources",
+        id: name.to_owned(),
+        reason: format!("{column}: {e}"),
+    })?;
+    Ok(limits)
+}
+
+impl Store {
+    /// Writes the limits the application's code declares for each resource (its defaults),
+    /// leaving an operator's override and the rate limiter's state alone.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn resources_publish(&self, resources: &[Resource]) -> Result<()> {
+        if resources.is_empty() {
+            return Ok(());
+        }
+        let txn = self.exec.begin().await?;
+        for r in resources {
+            let defaults =
+                serde_json::to_string(r.limits()).map_err(|e| Error::Config(e.to_string()))?;
+            txn.execute(self.stmt(
+                "INSERT INTO sagaflow_resources (name, defaults, tat_us, updated_at) \
+                 VALUES ($1, $2, 0, {now}) \
+                 ON CONFLICT (name) DO UPDATE SET defaults = excluded.defaults, updated_at = {now}",
+                vec![r.name().to_owned().into(), defaults.into()],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// Sets (`Some`) or clears (`None`) the operator's override of a resource's limits,
+    /// recording who and why. `false` when no such resource is stored.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for limits that [`ResourceLimits::check`] refuses; [`Error::Db`].
+    pub async fn resource_override(
+        &self,
+        name: &str,
+        limits: Option<ResourceLimits>,
+        actor: &str,
+        reason: &str,
+    ) -> Result<bool> {
+        let json = match limits {
+            Some(l) => {
+                l.check()
+                    .map_err(|e| Error::Config(format!("resource `{name}`: {e}")))?;
+                Some(serde_json::to_string(&l).map_err(|e| Error::Config(e.to_string()))?)
+            }
+            None => None,
+        };
+        let (by, why) = if json.is_some() {
+            (Some(actor.to_owned()), Some(reason.to_owned()))
+        } else {
+            (None, None)
+        };
+        let done = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_resources SET override = $2, override_by = $3, \
+                 override_reason = $4, updated_at = {now} WHERE name = $1",
+                vec![name.to_owned().into(), json.into(), by.into(), why.into()],
+            ))
+            .await?;
+        tracing::info!(
+            resource = name,
+            actor,
+            reason,
+            cleared = limits.is_none(),
+            "resource limits changed"
+        );
+        Ok(done > 0)
+    }
+
+    /// Every stored resource with its limits and its load now, by name.
+    ///
+    /// # Errors
+    /// [`Error::Db`]; a row whose limits cannot be read is left out and logged.
+    pub async fn resources(&self) -> Result<Vec<ResourceView>> {
+        let sql = "SELECT r.name, r.defaults, r.override, r.override_by, r.override_reason, \
+               (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
+                 AND s.state IN ('running', 'compensating') AND s.resource IS NOT NULL) AS in_flight, \
+               (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
+                 AND s.state IN ('ready', 'compensation_ready') AND s.resource IS NOT NULL \
+                 AND s.available_at <= {now}) AS waiting \
+             FROM sagaflow_resources r ORDER BY r.name";
+        let rows = self.exec.query_all(self.stmt(sql, vec![])).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            match view(r) {
+                Ok(v) => out.push(v),
+                Err(e) => tracing::error!(error = %e, "a resource row cannot be read; left out"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Claims up to `limit` due steps of resource `name` (of the given workflow keys) for
+    /// `owner`, within the resource's limits, in one transaction that holds the resource's
+    /// row: instances claiming for the same resource take turns, so a limit holds across a
+    /// fleet. Attempts in flight are counted from the running steps; per-key limits serve
+    /// the keys with the fewest attempts in flight first; the rate limiter's state is written
+    /// back with the claim.
+    ///
+    /// # Errors
+    /// [`Error::Db`]; [`Error::CorruptRow`] when the resource's stored limits cannot be read
+    /// (its steps then wait; other resources are not concerned).
+    pub async fn resource_claim(
+        &self,
+        owner: &str,
+        name: &str,
+        workflow_keys: &[String],
+        limit: u32,
+    ) -> Result<ResourceClaim> {
+        if workflow_keys.is_empty() || limit == 0 {
+            return Ok(ResourceClaim::default());
+        }
+        let txn = self.exec.begin().await?;
+        let result = self
+            .resource_claim_in(&txn, owner, name, workflow_keys, limit)
+            .await;
+        match result {
+            Ok(c) if !c.claimed.is_empty() => {
+                txn.commit().await?;
+                Ok(c)
+            }
+            Ok(c) => {
+                txn.rollback().await?;
+                Ok(c)
+            }
+            Err(e) => {
+                let _ = txn.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn resource_claim_in(
+        &self,
+        txn: &super::conn::Txn,
+        owner: &str,
+        name: &str,
+        workflow_keys: &[String],
+        limit: u32,
+    ) -> Result<ResourceClaim> {
+        let Some(stored) = self.resource_lock(txn, name).await? else {
+            return Ok(ResourceClaim::default());
+        };
+        let limits = stored.limits;
+        let mut room = limit;
+        if let Some(max) = limits.max_in_flight {
+            let running = self.resource_running(txn, name).await?;
+            room = room.min(max.saturating_sub(u32::try_from(running).unwrap_or(u32::MAX)));
+        }
+        let now_us = stored.now_ms.saturating_mul(1000);
+        let mut retry_in_ms = None;
+        if let Some(rate) = limits.rate {
+            let (allowed, wait_us) = rate.allowance(stored.tat_us, now_us);
+            if allowed == 0 {
+                retry_in_ms = Some(u64::try_from((wait_us + 999) / 1000).unwrap_or(1).max(1));
+            }
+            room = room.min(allowed);
+        }
+        if room == 0 {
+            return Ok(ResourceClaim {
+                claimed: Vec::new(),
+                retry_in_ms,
+            });
+        }
+        let due = match limits.max_in_flight_per_key {
+            None => self.resource_due(txn, name, workflow_keys, room).await?,
+            Some(per_key) => {
+                self.resource_due_fair(txn, name, workflow_keys, room, per_key)
+                    .await?
+            }
+        };
+        let claimed = self.claim_by_ids(txn, owner, &due).await?;
+        if let (Some(rate), false) = (limits.rate, claimed.is_empty()) {
+            let n = u32::try_from(claimed.len()).unwrap_or(u32::MAX);
+            let tat = rate.advance(stored.tat_us, now_us, n);
+            txn.execute(self.stmt(
+                "UPDATE sagaflow_resources SET tat_us = $2 WHERE name = $1",
+                vec![name.to_owned().into(), tat.into()],
+            ))
+            .await?;
+        }
+        Ok(ResourceClaim {
+            claimed,
+            retry_in_ms,
+        })
+    }
+
+    /// Reads a resource's limits, locking its row until the transaction ends (PostgreSQL;
+    /// an SQLite transaction holds the file's write lock already).
+    async fn resource_lock(&self, txn: &super::conn::Txn, name: &str) -> Result<Option<Stored>> {
+        let lock = match self.backend {
+            Backend::Postgres => " FOR UPDATE",
+            Backend::Sqlite => "",
+        };
+        let sql = format!(
+            "SELECT defaults, override, tat_us, {{now}} AS db_now FROM sagaflow_resources \
+             WHERE name = $1{lock}"
+        );
+        let Some(r) = txn
+            .query_one(self.stmt(&sql, vec![name.to_owned().into()]))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let limits = match r.try_get::<Option<String>>("", "override")? {
+            Some(o) => limits_of(name, "override", &o)?,
+            None => limits_of(name, "defaults", &r.try_get::<String>("", "defaults")?)?,
+        };
+        Ok(Some(Stored {
+            limits,
+            tat_us: r.try_get("", "tat_us")?,
+            now_ms: r.try_get("", "db_now")?,
+        }))
+    }
+
+    /// Attempts of the resource's steps in flight, whoever runs them.
+    async fn resource_running(&self, txn: &super::conn::Txn, name: &str) -> Result<i64> {
+        let r = txn
+            .query_one(self.stmt(
+                "SELECT COUNT(*) AS n FROM sagaflow_steps \
+                 WHERE resource = $1 AND state IN ('running', 'compensating') AND resource IS NOT NULL",
+                vec![name.to_owned().into()],
+            ))
+            .await?;
+        Ok(match r {
+            Some(r) => r.try_get("", "n")?,
+            None => 0,
+        })
+    }
+
+    /// Up to `room` due steps of the resource in claim order, with when they fell due.
+    async fn resource_due(
+        &self,
+        txn: &super::conn::Txn,
+        name: &str,
+        workflow_keys: &[String],
+        room: u32,
+    ) -> Result<HashMap<i64, i64>> {
+        let sql = format!(
+            "SELECT id, available_at FROM sagaflow_steps \
+             WHERE resource = $1 AND state IN ('ready', 'compensation_ready') AND resource IS NOT NULL \
+               AND available_at <= {{now}} AND workflow_key IN ({keys}) \
+             ORDER BY priority DESC, available_at LIMIT $2",
+            keys = placeholders(3, workflow_keys.len()),
+        );
+        let mut values: Vec<Value> = vec![name.to_owned().into(), i64::from(room).into()];
+        values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
+        let mut due = HashMap::new();
+        for r in txn.query_all(self.stmt(&sql, values)).await? {
+            due.insert(r.try_get("", "id")?, r.try_get("", "available_at")?);
+        }
+        Ok(due)
+    }
+
+    /// Up to `room` due steps of the resource, at most `per_key` in flight per flow key,
+    /// shared fairly: the next step of the key with the fewest attempts in flight (counting
+    /// those taken by this claim) goes first; among equals, the claim order (priority, then
+    /// when due). Reads the due steps of the resource up to `per_key` per key, ranked per key
+    /// by a window function.
+    async fn resource_due_fair(
+        &self,
+        txn: &super::conn::Txn,
+        name: &str,
+        workflow_keys: &[String],
+        room: u32,
+        per_key: u32,
+    ) -> Result<HashMap<i64, i64>> {
+        let mut running: HashMap<Option<String>, i64> = HashMap::new();
+        for r in txn
+            .query_all(self.stmt(
+                "SELECT flow_key, COUNT(*) AS n FROM sagaflow_steps \
+                 WHERE resource = $1 AND state IN ('running', 'compensating') AND resource IS NOT NULL \
+                 GROUP BY flow_key",
+                vec![name.to_owned().into()],
+            ))
+            .await?
+        {
+            running.insert(r.try_get("", "flow_key")?, r.try_get("", "n")?);
+        }
+        let sql = format!(
+            "SELECT id, flow_key, available_at, priority, rn FROM ( \
+               SELECT id, flow_key, available_at, priority, \
+                 ROW_NUMBER() OVER (PARTITION BY flow_key ORDER BY priority DESC, available_at, id) AS rn \
+               FROM sagaflow_steps \
+               WHERE resource = $1 AND state IN ('ready', 'compensation_ready') AND resource IS NOT NULL \
+                 AND available_at <= {{now}} AND workflow_key IN ({keys})) AS ranked \
+             WHERE rn <= $2",
+            keys = placeholders(3, workflow_keys.len()),
+        );
+        let mut values: Vec<Value> = vec![name.to_owned().into(), i64::from(per_key).into()];
+        values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
+        // (load of its key once taken, priority, due time, id)
+        let mut candidates: Vec<(i64, i32, i64, i64)> = Vec::new();
+        for r in txn.query_all(self.stmt(&sql, values)).await? {
+            let key: Option<String> = r.try_get("", "flow_key")?;
+            let rn: i64 = r.try_get("", "rn")?;
+            let load = running.get(&key).copied().unwrap_or(0) + rn;
+            if load <= i64::from(per_key) {
+                candidates.push((
+                    load,
+                    r.try_get("", "priority")?,
+                    r.try_get("", "available_at")?,
+                    r.try_get("", "id")?,
+                ));
+            }
+        }
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+        Ok(candidates
+            .into_iter()
+            .take(room as usize)
+            .map(|(_, _, due, id)| (id, due))
+            .collect())
+    }
+}
+
+fn view(r: &Row) -> Result<ResourceView> {
+    let name: String = r.try_get("", "name")?;
+    let defaults = limits_of(&name, "defaults", &r.try_get::<String>("", "defaults")?)?;
+    let override_limits = r
+        .try_get::<Option<String>>("", "override")?
+        .map(|o| limits_of(&name, "override", &o))
+        .transpose()?;
+    Ok(ResourceView {
+        limits: override_limits.unwrap_or(defaults),
+        defaults,
+        override_limits,
+        override_by: r.try_get("", "override_by")?,
+        override_reason: r.try_get("", "override_reason")?,
+        in_flight: r.try_get("", "in_flight")?,
+        waiting: r.try_get("", "waiting")?,
+        name,
+    })
+}
