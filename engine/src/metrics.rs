@@ -64,8 +64,13 @@ pub const STEPS_IN_FLIGHT: &str = "sagaflow_steps_in_flight";
 /// Gauge: 1 while an engine of this process is the supervisor leader, else 0.
 pub const LEADER: &str = "sagaflow_leader";
 
+/// Gauge: attempts of a resource's steps in flight, by `resource`; fleet-wide.
+pub const RESOURCE_IN_FLIGHT: &str = "sagaflow_resource_in_flight";
+/// Gauge: due steps of a resource waiting for a claim, by `resource`; fleet-wide.
+pub const RESOURCE_WAITING: &str = "sagaflow_resource_waiting";
+
 /// Every metric name, with its kind (`counter`, `histogram`, `gauge`).
-pub const ALL: [(&str, &str); 15] = [
+pub const ALL: [(&str, &str); 17] = [
     (RUNS_STARTED, "counter"),
     (RUNS_FINISHED, "counter"),
     (RUNS_ERRORED, "counter"),
@@ -81,6 +86,8 @@ pub const ALL: [(&str, &str); 15] = [
     (OLDEST_READY_AGE, "gauge"),
     (STEPS_IN_FLIGHT, "gauge"),
     (LEADER, "gauge"),
+    (RESOURCE_IN_FLIGHT, "gauge"),
+    (RESOURCE_WAITING, "gauge"),
 ];
 
 /// Buckets (seconds) of [`STEP_ATTEMPT_DURATION`]: a local call to a slow remote one.
@@ -142,6 +149,16 @@ pub fn describe() {
         STEP_CLAIM_LATENCY,
         Unit::Seconds,
         "Time from a step falling due to its claim, per workflow."
+    );
+    describe_gauge!(
+        RESOURCE_IN_FLIGHT,
+        Unit::Count,
+        "Attempts of a remote resource's steps in flight on any instance (from the database)."
+    );
+    describe_gauge!(
+        RESOURCE_WAITING,
+        Unit::Count,
+        "Due steps of a remote resource waiting for a claim: for its limits, or a free slot (from the database)."
     );
     describe_gauge!(
         STEPS_READY,
@@ -451,7 +468,18 @@ impl Drop for LeaderGauge {
 /// [`crate::Error::Db`].
 pub async fn refresh_queue_gauges(store: &Store) -> Result<()> {
     set_queue_gauges(&store.queue_by_workflow().await?);
+    set_resource_gauges(&store.resources().await?);
     Ok(())
+}
+
+/// Sets the resource gauges ([`RESOURCE_IN_FLIGHT`], [`RESOURCE_WAITING`]) from
+/// [`Store::resources`]. Resources are declared in code, a handful: no series is dropped.
+pub fn set_resource_gauges(resources: &[crate::resource::ResourceView]) {
+    #[allow(clippy::cast_precision_loss)] // counts of steps: exact in an f64
+    for r in resources {
+        gauge!(RESOURCE_IN_FLIGHT, "resource" => r.name.clone()).set(r.in_flight as f64);
+        gauge!(RESOURCE_WAITING, "resource" => r.name.clone()).set(r.waiting as f64);
+    }
 }
 
 /// Sets the queue gauges ([`STEPS_READY`], [`STEPS_SCHEDULED`], [`STEPS_RUNNING`],

@@ -50,6 +50,7 @@ impl MaintenanceService for QueueWatch {
     async fn run_once(&self, ctx: &LeaderContext) -> Result<ServiceReport> {
         let queues = ctx.store.queue_by_workflow().await?;
         sagaflow_engine::metrics::set_queue_gauges(&queues);
+        sagaflow_engine::metrics::set_resource_gauges(&ctx.store.resources().await?);
         let (mut raised, mut resolved) = (0, 0);
         for (workflow, threshold) in &self.thresholds {
             let (ready, oldest_ms) = queues
