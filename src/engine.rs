@@ -357,6 +357,36 @@ impl Engine {
         self.inner.store.deliveries(state, limit).await
     }
 
+    /// How the outbox's notices stand with the sink named `sink`: how many it delivered,
+    /// has still to deliver, and gave up on. For a sink of this engine only the topics it
+    /// takes are counted as pending. Zero pending means every notice stored so far reached
+    /// it or was dead-lettered; an application about to stop can wait for that to hand its
+    /// last alerts over (the next engine to lead on the database delivers what is left).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo(engine: sagaflow::Engine) -> sagaflow::Result<()> {
+    /// let hook = engine.delivery_counts("ops-webhook").await?;
+    /// println!("{} delivered, {} pending, {} dead", hook.delivered, hook.pending, hook.dead);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn delivery_counts(&self, sink: &str) -> Result<sagaflow_engine::DeliveryCounts> {
+        let own = self
+            .inner
+            .signals
+            .sinks()
+            .iter()
+            .find(|s| s.name() == sink)
+            .cloned();
+        self.inner
+            .store
+            .delivery_counts(sink, |topic| own.as_ref().is_none_or(|s| s.accepts(topic)))
+            .await
+    }
+
     /// Every alert, open or resolved, oldest first (from every instance sharing the
     /// database; alerts of purged runs are gone with them).
     ///

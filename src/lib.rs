@@ -74,11 +74,11 @@ pub use sagaflow_engine::store::{
 };
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, BacklogAlert, ChannelSink, DeadlinePolicy,
-    Delivery, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error, FieldError,
-    HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeTopic, OnFailure,
-    Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState, StartOption,
-    Step, StepAction, StepContext, StepDescription, StepError, StepKind, StepState, Timestamp,
-    Workflow, WorkflowBuilder, WorkflowDescription,
+    Delivery, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error,
+    FieldError, HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeTopic,
+    OnFailure, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState,
+    StartOption, Step, StepAction, StepContext, StepDescription, StepError, StepKind, StepState,
+    Timestamp, Workflow, WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::SupervisorStats;
 pub use start::{

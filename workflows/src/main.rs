@@ -36,6 +36,14 @@ async fn main() -> ExitCode {
         eprintln!("error: --transient plus --hang must not exceed 1");
         return ExitCode::from(2);
     }
+    // Checked before the database is prepared (the demo's own file is recreated then).
+    let webhook = match demo::webhook::webhook_sink(&args) {
+        Ok(sink) => sink,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let logs = LogWriter::default();
     init_logging(&args, logs.clone());
 
@@ -57,7 +65,7 @@ async fn main() -> ExitCode {
         Ok(wf) => wf,
         Err(e) => return fail(e),
     };
-    let engine = match setup::start_engine(&args, &db, workflow).await {
+    let engine = match setup::start_engine(&args, &db, workflow, webhook).await {
         Ok(engine) => engine,
         Err(e) => return fail(e),
     };
@@ -124,7 +132,10 @@ async fn run(
         .await?;
     }
 
-    let figures = gather(engine, &tracker).await?;
+    let mut figures = gather(engine, &tracker).await?;
+    if args.webhook.is_some() {
+        figures.webhook = Some(demo::webhook::drain(engine).await?);
+    }
     let ok = print_report(&figures, &tracker, engine, services, elapsed);
     println!();
     if let Some(addr) = args.serve {

@@ -20,7 +20,9 @@ mod notice;
 pub use alert::{Alert, AlertKind};
 pub(crate) use history::HistoryColumns;
 pub use history::{EntityState, HistoryEvent, HistoryKind};
-pub use notice::{Delivery, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished};
+pub use notice::{
+    Delivery, DeliveryCounts, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished,
+};
 
 /// A point in time on the database's clock.
 pub type Timestamp = DateTime<Utc>;

@@ -137,6 +137,20 @@ pub enum DeliveryState {
     Dead,
 }
 
+/// How the outbox's notices stand with one sink: delivered, still to deliver, or given up
+/// on. Notices every sink was finished with before this sink existed are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct DeliveryCounts {
+    /// Notices the sink accepted.
+    pub delivered: u64,
+    /// Notices it has still to deliver: tried and failed for now, or not tried yet. The
+    /// supervisor leader of whichever instance leads delivers them.
+    pub pending: u64,
+    /// Notices it gave up on (dead letters, which an operator can send again).
+    pub dead: u64,
+}
+
 /// One notice's delivery to one sink, as the console and the command line show it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]

@@ -11,7 +11,8 @@ use super::Store;
 use super::row::{Exec, Row};
 use crate::Result;
 use crate::model::{
-    Alert, Delivery, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished, timestamp,
+    Alert, Delivery, DeliveryCounts, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished,
+    timestamp,
 };
 
 /// A notice not yet delivered to every sink, with what each sink made of it so far.
@@ -272,6 +273,55 @@ impl Store {
         values.push(i64::from(limit).into());
         let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
         rows.iter().map(decode_delivery).collect()
+    }
+
+    /// How the notices stand with `sink`: its delivered and dead-lettered deliveries, and the
+    /// notices not yet done whose topic `accepts` takes and that it has not delivered or given
+    /// up on (tried and failed for now, or never tried).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn delivery_counts(
+        &self,
+        sink: &str,
+        accepts: impl Fn(NoticeTopic) -> bool,
+    ) -> Result<DeliveryCounts> {
+        let mut counts = DeliveryCounts::default();
+        let finished = self
+            .exec
+            .query_all(self.stmt(
+                "SELECT state, COUNT(*) AS n FROM sagaflow_deliveries \
+                 WHERE sink = $1 AND state <> 'pending' GROUP BY state",
+                vec![sink.to_owned().into()],
+            ))
+            .await?;
+        for r in &finished {
+            let state: String = r.try_get("", "state")?;
+            let n = u64::try_from(r.try_get::<i64>("", "n")?).unwrap_or(0);
+            match state.parse::<DeliveryState>() {
+                Ok(DeliveryState::Delivered) => counts.delivered += n,
+                Ok(DeliveryState::Dead) => counts.dead += n,
+                _ => {}
+            }
+        }
+        let pending = self
+            .exec
+            .query_all(self.stmt(
+                "SELECT o.topic, COUNT(*) AS n FROM sagaflow_outbox o \
+                 LEFT JOIN sagaflow_deliveries d ON d.outbox_id = o.id AND d.sink = $1 \
+                 WHERE o.done_at IS NULL AND (d.state IS NULL OR d.state = 'pending') \
+                 GROUP BY o.topic",
+                vec![sink.to_owned().into()],
+            ))
+            .await?;
+        for r in &pending {
+            let topic: String = r.try_get("", "topic")?;
+            // A topic this version does not know is for a newer version's leaders to deliver.
+            if topic.parse::<NoticeTopic>().is_ok_and(&accepts) {
+                counts.pending += u64::try_from(r.try_get::<i64>("", "n")?).unwrap_or(0);
+            }
+        }
+        Ok(counts)
     }
 
     /// Sends a dead-lettered notice again: its dead deliveries start afresh (the sinks that

@@ -1,10 +1,16 @@
-//! Workflows and rigs shared by the scenarios.
+//! Workflows, rigs and the loopback webhook receiver shared by the scenarios.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use sagaflow::webhook::{DELIVERY_HEADER, SIGNATURE_HEADER, TOPIC_HEADER, verify_signature};
 use sagaflow::{
-    DeadlinePolicy, Engine, RetryPolicy, StartOptions, StepContext, StepError, Workflow,
+    DeadlinePolicy, Engine, NoticeBody, RetryPolicy, StartOptions, StepContext, StepError, Workflow,
 };
 use sagaflow_testkit::TestDb;
 use sagaflow_testkit::services::Services;
@@ -224,4 +230,126 @@ pub(crate) async fn serve_admin(
         axum::serve(listener, app).await.expect("serve");
     });
     (addr, server)
+}
+
+/// One request a [`Receiver`] got.
+#[derive(Debug, Clone)]
+pub(crate) struct Received {
+    /// The `Sagaflow-Delivery` header: the notice's dedupe id.
+    pub(crate) dedupe: String,
+    pub(crate) topic: String,
+    pub(crate) signature: String,
+    pub(crate) body: String,
+    /// Whether it was answered 2xx.
+    pub(crate) accepted: bool,
+}
+
+/// A loopback webhook receiver: records every request; answers 503 to the first `fail_first`
+/// ones, and never answers while `hang` is set.
+#[derive(Clone, Default)]
+pub(crate) struct Receiver {
+    got: Arc<Mutex<Vec<Received>>>,
+    pub(crate) fail_first: Arc<AtomicUsize>,
+    pub(crate) hang: Arc<AtomicBool>,
+}
+
+impl Receiver {
+    /// Serves on 127.0.0.1 (an ephemeral port); returns the hook's URL.
+    pub(crate) async fn serve(&self) -> String {
+        async fn hook(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+            let header = |k: &str| {
+                headers
+                    .get(k)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let fail = r
+                .fail_first
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let hang = r.hang.load(Ordering::SeqCst);
+            r.got.lock().expect("receiver").push(Received {
+                dedupe: header(DELIVERY_HEADER),
+                topic: header(TOPIC_HEADER),
+                signature: header(SIGNATURE_HEADER),
+                body: String::from_utf8_lossy(&body).into_owned(),
+                accepted: !fail && !hang,
+            });
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            if fail {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::NO_CONTENT
+            }
+        }
+        let app = Router::new()
+            .route("/hook", axum::routing::post(hook))
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/hook")
+    }
+
+    /// Every request so far, in arrival order.
+    pub(crate) fn got(&self) -> Vec<Received> {
+        self.got.lock().expect("receiver").clone()
+    }
+
+    /// The notices answered 2xx.
+    pub(crate) fn accepted(&self) -> Vec<NoticeBody> {
+        self.got()
+            .iter()
+            .filter(|r| r.accepted)
+            .map(|r| serde_json::from_str(&r.body).expect("a notice body"))
+            .collect()
+    }
+}
+
+/// Every request's signature verifies with `secret` (and not with another), and every
+/// delivery of one dedupe id carries the same body.
+pub(crate) fn check_signed_and_consistent(r: &Receiver, secret: &str, b: &str) {
+    let now = i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs(),
+    )
+    .expect("secs");
+    let got = r.got();
+    for g in &got {
+        verify_signature(
+            secret,
+            &g.signature,
+            g.body.as_bytes(),
+            now,
+            Duration::from_secs(600),
+        )
+        .unwrap_or_else(|e| panic!("[{b}] {e}: {g:?}"));
+        assert!(
+            verify_signature(
+                "another-secret-entirely",
+                &g.signature,
+                g.body.as_bytes(),
+                now,
+                Duration::from_secs(600)
+            )
+            .is_err(),
+            "[{b}] a wrong secret verifies"
+        );
+        let body: NoticeBody = serde_json::from_str(&g.body).expect("body");
+        assert_eq!(
+            body.dedupe_id, g.dedupe,
+            "[{b}] header and body dedupe ids differ"
+        );
+        assert_eq!(body.topic.as_ref(), g.topic, "[{b}]");
+        for other in got.iter().filter(|o| o.dedupe == g.dedupe) {
+            assert_eq!(other.body, g.body, "[{b}] one dedupe id, two bodies");
+        }
+    }
 }

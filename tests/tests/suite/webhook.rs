@@ -3,101 +3,21 @@
 //! failing answers, and through an engine SIGKILLed while a delivery was in flight.
 
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use sagaflow::webhook::{DELIVERY_HEADER, SIGNATURE_HEADER, TOPIC_HEADER, verify_signature};
 use sagaflow::{
-    AlertKind, DeliveryPolicy, DeliveryState, Engine, NoticeBody, NoticeTopic, OnFailure, RunState,
+    AlertKind, DeliveryPolicy, DeliveryState, Engine, NoticeTopic, OnFailure, RunState,
     StartOptions, StepContext, StepError, WebhookSink, Workflow,
 };
 use sagaflow_testkit::{ChildTest, TestDb, backends, eventually, eventually_some, fast_builder};
 use uuid::Uuid;
 
+use crate::fixtures::{Received, Receiver, check_signed_and_consistent};
+
 const SECRET: &str = "a-webhook-secret-of-some-length";
-
-/// One request the receiver got.
-#[derive(Debug, Clone)]
-struct Received {
-    dedupe: String,
-    topic: String,
-    signature: String,
-    body: String,
-    /// Whether it was answered 2xx.
-    accepted: bool,
-}
-
-/// A loopback webhook receiver: records every request; answers 503 to the first `fail_first`
-/// ones, and never answers while `hang` is set.
-#[derive(Clone, Default)]
-struct Receiver {
-    got: Arc<Mutex<Vec<Received>>>,
-    fail_first: Arc<AtomicUsize>,
-    hang: Arc<AtomicBool>,
-}
-
-impl Receiver {
-    async fn serve(&self) -> String {
-        async fn hook(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
-            let header = |k: &str| {
-                headers
-                    .get(k)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let fail = r
-                .fail_first
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            let hang = r.hang.load(Ordering::SeqCst);
-            r.got.lock().expect("receiver").push(Received {
-                dedupe: header(DELIVERY_HEADER),
-                topic: header(TOPIC_HEADER),
-                signature: header(SIGNATURE_HEADER),
-                body: String::from_utf8_lossy(&body).into_owned(),
-                accepted: !fail && !hang,
-            });
-            if hang {
-                std::future::pending::<()>().await;
-            }
-            if fail {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                StatusCode::NO_CONTENT
-            }
-        }
-        let app = Router::new()
-            .route("/hook", axum::routing::post(hook))
-            .with_state(self.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        format!("http://{addr}/hook")
-    }
-
-    fn got(&self) -> Vec<Received> {
-        self.got.lock().expect("receiver").clone()
-    }
-
-    /// Notices answered 2xx, by dedupe id.
-    fn accepted(&self) -> Vec<NoticeBody> {
-        self.got()
-            .iter()
-            .filter(|r| r.accepted)
-            .map(|r| serde_json::from_str(&r.body).expect("a notice body"))
-            .collect()
-    }
-}
 
 fn sink(url: &str) -> WebhookSink {
     WebhookSink::new("ops-hook", url, SECRET)
@@ -132,49 +52,6 @@ fn notifying() -> Workflow {
         .step("only", |_: StepContext| async { Ok::<_, StepError>(7) })
         .build()
         .expect("valid")
-}
-
-/// Every request's signature verifies, and every delivery of one dedupe id carries the same
-/// body.
-fn check_signed_and_consistent(r: &Receiver, b: &str) {
-    let now = i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .as_secs(),
-    )
-    .expect("secs");
-    let got = r.got();
-    for g in &got {
-        verify_signature(
-            SECRET,
-            &g.signature,
-            g.body.as_bytes(),
-            now,
-            Duration::from_secs(600),
-        )
-        .unwrap_or_else(|e| panic!("[{b}] {e}: {g:?}"));
-        assert!(
-            verify_signature(
-                "another-secret-entirely",
-                &g.signature,
-                g.body.as_bytes(),
-                now,
-                Duration::from_secs(600)
-            )
-            .is_err(),
-            "[{b}] a wrong secret verifies"
-        );
-        let body: NoticeBody = serde_json::from_str(&g.body).expect("body");
-        assert_eq!(
-            body.dedupe_id, g.dedupe,
-            "[{b}] header and body dedupe ids differ"
-        );
-        assert_eq!(body.topic.as_ref(), g.topic, "[{b}]");
-        for other in got.iter().filter(|o| o.dedupe == g.dedupe) {
-            assert_eq!(other.body, g.body, "[{b}] one dedupe id, two bodies");
-        }
-    }
 }
 
 /// The stored alerts of `engine` are each among the notices the receiver accepted, and the
@@ -274,7 +151,7 @@ async fn webhook_receives_every_alert_and_notification_through_failing_answers()
             receiver.got().iter().filter(|g| !g.accepted).count() == 4,
             "[{b}] the first four answers failed"
         );
-        check_signed_and_consistent(&receiver, b);
+        check_signed_and_consistent(&receiver, SECRET, b);
         // The failed ones were tried again: every delivery is recorded delivered.
         let store = engine.store();
         eventually(Duration::from_secs(10), "the outbox to be done", || async {
@@ -293,6 +170,12 @@ async fn webhook_receives_every_alert_and_notification_through_failing_answers()
                     .is_empty()
         })
         .await;
+        let counts = engine.delivery_counts("ops-hook").await.expect("counts");
+        assert_eq!(
+            (counts.delivered, counts.pending, counts.dead),
+            (5, 0, 0),
+            "[{b}] three alerts and two finishes delivered"
+        );
         let notices = store.deliveries(None, 100).await.expect("deliveries");
         let topics: Vec<NoticeTopic> = notices
             .iter()
@@ -340,6 +223,11 @@ async fn a_refusing_webhook_dead_letters_raises_one_alert_and_redelivers_on_dema
         let store = engine.store().clone();
         let dead = eventually_dead(&store).await;
         assert_eq!(dead.attempts, 2, "[{b}] {dead:?}");
+        let counts = engine.delivery_counts("ops-hook").await.expect("counts");
+        assert!(
+            counts.dead >= 1 && counts.delivered == 0,
+            "[{b}] {counts:?}"
+        );
         assert!(
             dead.last_error
                 .as_deref()
@@ -450,6 +338,23 @@ async fn alerts_survive_an_engine_killed_between_commit_and_delivery() {
         assert!(!status.success(), "[{b}] the child was killed");
         let in_flight = receiver.got()[0].dedupe.clone();
         receiver.hang.store(false, Ordering::SeqCst);
+        // No leader delivers now: a client-only engine counts every stored alert pending for
+        // the sink (the one in flight at the kill and any never tried).
+        let client = fast_builder(&db)
+            .with_workflow(declining())
+            .with_workers(false)
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] client: {e}"));
+        let stored = client.all_alerts().await.expect("alerts").len() as u64;
+        let counts = client.delivery_counts("ops-hook").await.expect("counts");
+        assert!(stored >= 1, "[{b}] the alert in flight is stored");
+        assert_eq!(
+            (counts.delivered, counts.pending, counts.dead),
+            (0, stored, 0),
+            "[{b}] {counts:?}"
+        );
+        client.shutdown().await;
 
         let engine = successor(&db, &url).await;
         // The runs the child did not get to are paused by the successor: three alerts in all.
@@ -482,7 +387,7 @@ async fn alerts_survive_an_engine_killed_between_commit_and_delivery() {
             again.len() >= 2 && again.iter().any(|g| g.accepted),
             "[{b}] the interrupted delivery was made again under its dedupe id: {again:?}"
         );
-        check_signed_and_consistent(&receiver, b);
+        check_signed_and_consistent(&receiver, SECRET, b);
         engine.shutdown().await;
     }
 }

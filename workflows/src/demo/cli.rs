@@ -62,6 +62,15 @@ pub(crate) struct Args {
     #[arg(long, value_name = "ADDR")]
     pub(crate) serve: Option<std::net::SocketAddr>,
 
+    /// Also deliver every alert to this webhook (`http://…`): POSTed as JSON and signed with
+    /// HMAC-SHA256 (`Sagaflow-Signature`), at least once, through the engine's outbox.
+    #[arg(long, value_name = "URL")]
+    pub(crate) webhook: Option<String>,
+
+    /// The environment variable holding the webhook's signing secret (16 characters or more).
+    #[arg(long, value_name = "NAME", default_value = "SAGAFLOW_WEBHOOK_SECRET")]
+    pub(crate) webhook_secret_env: String,
+
     /// Give up waiting for the runs after this many seconds (default: 120 + 1 per 10 orders).
     #[arg(long, hide = true)]
     pub(crate) timeout_secs: Option<u64>,

@@ -15,6 +15,7 @@ pub(crate) mod summary;
 pub(crate) mod table;
 pub(crate) mod text;
 pub(crate) mod tracker;
+pub(crate) mod webhook;
 
 /// An error the demo reports before giving up (the example commands share one error type).
 pub(crate) type DemoError = sagaflow_workflows::Error;

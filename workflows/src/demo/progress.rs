@@ -53,7 +53,7 @@ impl Progress {
                 } else {
                     format!(
                         "  · submitted {}/{}",
-                        t.runs.len() + t.rejected.len(),
+                        t.runs.len() + t.earlier.len() + t.rejected.len(),
                         self.total
                     )
                 };

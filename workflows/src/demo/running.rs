@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use sagaflow::{Engine, Error as EngineError, StartOptions};
+use sagaflow::{Engine, Error as EngineError, RunState, StartOptions};
 use sagaflow_workflows::order::{ORDER_WORKFLOW, Order};
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
@@ -19,6 +19,8 @@ use super::{DemoError, DemoResult};
 /// What the submitter reports about each order.
 enum Submission {
     Accepted(Order, uuid::Uuid),
+    /// The order's key is held by a run already on the database, in this state.
+    Earlier(Order, uuid::Uuid, RunState),
     Rejected(Order, String),
     Done,
 }
@@ -64,6 +66,15 @@ pub(crate) async fn run_orders(
         tokio::select! {
             msg = rx.recv(), if !tracker.submitted_all => match msg {
                 Some(Submission::Accepted(order, id)) => tracker.accept(order, id),
+                Some(Submission::Earlier(order, id, state)) => {
+                    if tracker.earlier.is_empty() {
+                        progress.println(
+                            "  ↻ some orders already have a run on this database (an earlier demo's): \
+                             those runs are followed to their end, not started again",
+                        );
+                    }
+                    tracker.adopt(order, id, state);
+                }
                 Some(Submission::Rejected(order, why)) => {
                     progress.println(&format!("  ✘ {} not started: {why}", order.order_id));
                     tracker.rejected.push((order, why));
@@ -115,11 +126,11 @@ fn spawn_submitter(
     tokio::spawn(async move {
         for order in orders {
             let opts = StartOptions::keyed(order.order_id.clone());
+            // The order's key returns the run that holds it, if any: an order is never run
+            // twice, even by a demo run again on the same database.
             let msg = match engine.start_with(ORDER_WORKFLOW, &order, opts).await {
-                Ok(s) => Submission::Accepted(order, s.id),
-                Err(e @ EngineError::DuplicateKey { .. }) => {
-                    Submission::Rejected(order, e.to_string())
-                }
+                Ok(s) if s.created => Submission::Accepted(order, s.id),
+                Ok(s) => Submission::Earlier(order, s.id, s.state),
                 Err(e) => {
                     let _ = tx.send(Submission::Rejected(order, e.to_string()));
                     return Err(e);
@@ -146,8 +157,8 @@ pub(crate) async fn report_end(
     let (what, code) = match end {
         PhaseEnd::AllTerminal => {
             println!(
-                "  All {} runs reached a terminal state in {}.   {}",
-                tracker.runs.len(),
+                "  All {} reached a terminal state in {}.   {}",
+                runs(tracker.runs.len() + tracker.earlier.len()),
                 secs(elapsed),
                 tracker.tally().line()
             );
@@ -191,7 +202,7 @@ pub(crate) async fn report_end(
     if !tracker.submitted_all {
         println!(
             "      ({} orders were never submitted)",
-            orders - tracker.runs.len() - tracker.rejected.len()
+            orders - tracker.runs.len() - tracker.earlier.len() - tracker.rejected.len()
         );
     }
     Some(ExitCode::from(code))

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sagaflow::{DeadlinePolicy, Engine, Workflow};
+use sagaflow::{DeadlinePolicy, Engine, WebhookSink, Workflow};
 use sagaflow_testkit::services::{FaultPlan, Scripted, ServicePlans, Services};
 use sagaflow_workflows::order::OrderSettings;
 
@@ -61,6 +61,13 @@ pub(crate) fn print_header(args: &Args, db: &Database, settings: &OrderSettings)
         args.deadline_ms * 4,
         args.concurrency
     );
+    if let Some(url) = &args.webhook {
+        println!(
+            "  webhook    alerts to {} · signed with ${}",
+            sagaflow::redact_url(url),
+            args.webhook_secret_env
+        );
+    }
     if args.no_operator {
         println!("  operator   off: the refund refused on purpose stays refused");
     } else {
@@ -70,28 +77,32 @@ pub(crate) fn print_header(args: &Args, db: &Database, settings: &OrderSettings)
     }
 }
 
-/// Starts the engine on `db` with the order saga; the error says which database failed.
+/// Starts the engine on `db` with the order saga, delivering alerts to `webhook` too when
+/// given; the error says which database failed.
 pub(crate) async fn start_engine(
     args: &Args,
     db: &Database,
     workflow: Workflow,
+    webhook: Option<WebhookSink>,
 ) -> Result<Engine, sagaflow_workflows::Error> {
-    Engine::builder()
+    let mut builder = Engine::builder()
         .with_database_url(db.url.clone())
         .with_workflow(workflow)
         .with_max_in_flight(args.concurrency as usize)
         .with_poll_interval(Duration::from_millis(50))
         .with_sweep_interval(Duration::from_millis(200))
+        .with_delivery_interval(Duration::from_millis(200))
         .with_lease(Duration::from_secs(3), Duration::from_secs(1))
-        .with_retention(None)
-        .start()
-        .await
-        .map_err(|e| {
-            let which = if db.own {
-                "the demo database"
-            } else {
-                "that database"
-            };
-            sagaflow_workflows::Error::engine(format!("cannot start the engine on {which}"), e)
-        })
+        .with_retention(None);
+    if let Some(sink) = webhook {
+        builder = builder.with_alert_sink(sink);
+    }
+    builder.start().await.map_err(|e| {
+        let which = if db.own {
+            "the demo database"
+        } else {
+            "that database"
+        };
+        sagaflow_workflows::Error::engine(format!("cannot start the engine on {which}"), e)
+    })
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sagaflow::{Engine, HistoryKind, RunState};
+use sagaflow::{DeliveryCounts, Engine, HistoryKind, RunState};
 use sagaflow_testkit::services::Services;
 use uuid::Uuid;
 
@@ -13,7 +13,8 @@ use super::history::{is_compensation_done, undo_of};
 use super::ledger_check::print_ledger_check;
 use super::table::Table;
 use super::text::{plural, rule, runs, secs};
-use super::tracker::Tracker;
+use super::tracker::{Tally, Tracker};
+use super::webhook;
 
 /// What the engine recorded about the demo's runs.
 #[derive(Debug, Default)]
@@ -29,6 +30,11 @@ pub(crate) struct Figures {
     not_terminal: Vec<(String, Uuid, RunState)>,
     /// The state of every run when gathered.
     finals: HashMap<Uuid, RunState>,
+    /// How the earlier runs (already on the database) ended, and their alerts.
+    earlier: Tally,
+    earlier_alerts: usize,
+    /// Where the alert notices stand with the webhook, with `--webhook`.
+    pub(crate) webhook: Option<DeliveryCounts>,
 }
 
 impl Figures {
@@ -37,9 +43,16 @@ impl Figures {
     }
 }
 
-/// Reads the final state, alerts and history of every accepted run.
+/// Reads the final state, alerts and history of every accepted run, and the final state
+/// and alerts of every earlier one.
 pub(crate) async fn gather(engine: &Engine, tracker: &Tracker) -> DemoResult<Figures> {
     let mut f = Figures::default();
+    for (_, id) in &tracker.earlier {
+        if let Some(run) = engine.run(*id).await? {
+            f.earlier.add(run.state);
+        }
+        f.earlier_alerts += engine.run_alerts(*id).await?.len();
+    }
     for (order, id) in &tracker.runs {
         let state = engine
             .run(*id)
@@ -78,6 +91,12 @@ pub(crate) fn print_report(
 ) -> bool {
     print_summary(f, tracker, engine, services, elapsed);
     let ledger_ok = print_ledger_check(&f.finals, tracker, services);
+    if !tracker.earlier.is_empty() {
+        println!(
+            "      ({} already on the database not checked: their first effects are in an earlier process's ledger)",
+            runs(tracker.earlier.len())
+        );
+    }
     let all_terminal = f.not_terminal.is_empty();
     if !all_terminal {
         println!();
@@ -108,7 +127,11 @@ fn print_summary(
     t.row(
         "Runs",
         accepted,
-        format!("in {} · {rate:.1} runs/s", secs(elapsed)),
+        if accepted == 0 && !tracker.earlier.is_empty() {
+            "every order already had a run on the database".to_owned()
+        } else {
+            format!("in {} · {rate:.1} runs/s", secs(elapsed))
+        },
     );
     let completed = f.count(RunState::Completed);
     let compensated = f.count(RunState::Compensated);
@@ -136,8 +159,22 @@ fn print_summary(
         t.row(
             "Not started",
             tracker.rejected.len(),
-            "an active run already had the order's key",
+            "the engine refused to start them",
         );
+    }
+    if !tracker.earlier.is_empty() {
+        let e = &f.earlier;
+        let mut note = format!(
+            "already on the database, not started again: {} completed · {} compensated · {} error",
+            e.completed, e.compensated, e.error
+        );
+        if f.earlier_alerts > 0 {
+            note.push_str(&format!(
+                " · {}",
+                plural(f.earlier_alerts, "alert", "alerts")
+            ));
+        }
+        t.row("Earlier runs", tracker.earlier.len(), note);
     }
     t.row("Retries", f.retries, "failed attempts retried with backoff");
     match engine.supervisor().map(|s| s.stats()) {
@@ -171,6 +208,9 @@ fn print_summary(
             String::new()
         },
     );
+    if let Some(c) = &f.webhook {
+        t.row("Webhook", c.delivered, webhook::note(c));
+    }
     let faults = services.fault_counts();
     t.row(
         "Injected faults",

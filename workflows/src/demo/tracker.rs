@@ -23,7 +23,8 @@ impl Tally {
         self.completed + self.compensated + self.error
     }
 
-    fn add(&mut self, s: RunState) {
+    /// Counts one run in state `s` (not at all when `s` is not terminal).
+    pub(crate) fn add(&mut self, s: RunState) {
         match s {
             RunState::Completed => self.completed += 1,
             RunState::Compensated => self.compensated += 1,
@@ -56,6 +57,12 @@ pub(crate) struct Tracker {
     /// Accepted runs in submission order, with their order.
     pub(crate) runs: Vec<(Order, Uuid)>,
     by_id: HashMap<Uuid, usize>,
+    /// Runs of this demo's orders that were already on the database (an earlier demo on it,
+    /// killed or still running, started them; the order's key returned them): followed to
+    /// their end, not started again, and left out of the ledger check (their first effects
+    /// are not in this process's ledger).
+    pub(crate) earlier: Vec<(Order, Uuid)>,
+    earlier_by_id: HashMap<Uuid, usize>,
     /// Latest state seen per run id (from events or polling); may precede `runs`.
     latest: HashMap<Uuid, RunState>,
     /// Orders the engine refused to start, with why.
@@ -71,36 +78,57 @@ impl Tracker {
         self.runs.push((order, id));
     }
 
+    /// Records `id`, already on the database in `state`, as the run of `order` (a state its
+    /// events told since is kept).
+    pub(crate) fn adopt(&mut self, order: Order, id: Uuid, state: RunState) {
+        self.earlier_by_id.insert(id, self.earlier.len());
+        self.earlier.push((order, id));
+        self.latest.entry(id).or_insert(state);
+    }
+
+    /// Every followed run: the accepted ones, then the earlier ones.
+    fn followed(&self) -> impl Iterator<Item = Uuid> + '_ {
+        self.runs.iter().chain(&self.earlier).map(|(_, id)| *id)
+    }
+
     /// Whether `id` is one of this demo's runs.
     pub(crate) fn owns(&self, id: Uuid) -> bool {
         self.by_id.contains_key(&id)
     }
 
-    /// Tallies the runs by their latest state.
+    /// Tallies the followed runs (accepted and earlier) by their latest state.
     pub(crate) fn tally(&self) -> Tally {
         let mut t = Tally::default();
-        for (_, id) in &self.runs {
-            if let Some(s) = self.latest.get(id) {
+        for id in self.followed() {
+            if let Some(s) = self.latest.get(&id) {
                 t.add(*s);
             }
         }
         t
     }
 
-    /// Accepted runs not yet seen in a terminal state.
+    /// Followed runs (accepted and earlier) not yet seen in a terminal state.
     pub(crate) fn unfinished(&self) -> Vec<Uuid> {
-        self.runs
-            .iter()
-            .map(|(_, id)| *id)
+        self.followed()
             .filter(|id| !self.latest.get(id).is_some_and(|s| s.is_terminal()))
             .collect()
     }
 
-    /// The order id of a run, or `run <id>` for a run not (yet) known.
+    /// The order id of a run (`order-00007 (earlier run)` for an earlier one), or `run <id>`
+    /// for a run this demo does not follow (an earlier demo's run of another order, resumed
+    /// by this engine).
     pub(crate) fn name(&self, id: Uuid) -> String {
-        self.by_id
+        if let Some((order, _)) = self.by_id.get(&id).and_then(|&i| self.runs.get(i)) {
+            return order.order_id.clone();
+        }
+        if let Some((order, _)) = self
+            .earlier_by_id
             .get(&id)
-            .map_or_else(|| format!("run {id}"), |&i| self.runs[i].0.order_id.clone())
+            .and_then(|&i| self.earlier.get(i))
+        {
+            return format!("{} (earlier run)", order.order_id);
+        }
+        format!("run {id}")
     }
 
     /// Records the latest state seen of a run.
