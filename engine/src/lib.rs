@@ -27,7 +27,8 @@ pub use definition::{
 pub use error::{Error, Result, StartOption};
 pub use model::{
     Alert, AlertKind, Attempts, Delivery, DeliveryState, EntityState, HistoryEvent, HistoryKind,
-    Notice, NoticeBody, NoticeTopic, Run, RunCounts, RunFinished, Step, Timestamp,
+    Notice, NoticeBody, NoticeTopic, RESOLVED_BY_ENGINE, Run, RunCounts, RunFinished, Step,
+    Timestamp,
 };
 pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};
