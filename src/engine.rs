@@ -9,7 +9,7 @@ use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
 use sagaflow_engine::signals::{AlertSink, RunEvent, Signals};
 use sagaflow_engine::{
     Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, Step, StepRow, Store,
-    store::{PublishedDefinition, RunView, Stats},
+    store::{PublishedDefinition, RunView, Stats, WorkflowQueue},
 };
 use sagaflow_supervisor::{Supervisor, SupervisorConfig, SupervisorStats};
 use sea_orm::DatabaseConnection;
@@ -213,6 +213,17 @@ impl Engine {
     /// [`Error::Db`].
     pub async fn resources(&self) -> Result<Vec<crate::ResourceView>> {
         self.inner.store.resources().await
+    }
+
+    /// The queue per workflow: for each workflow with steps due, scheduled or in flight (all
+    /// its versions together), the figures of [`Engine::stats`]'s queue: steps due now,
+    /// queued for later and running, and how long its oldest due step has waited. One
+    /// statement over the steps of unfinished runs, by workflow name.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn queue_by_workflow(&self) -> Result<Vec<WorkflowQueue>> {
+        self.inner.store.queue_by_workflow().await
     }
 
     /// Reads the queue per workflow from the database and sets the metrics' queue gauges

@@ -70,15 +70,15 @@ pub use operator::Operator;
 pub use sagaflow_engine::resource::{Rate, Resource, ResourceLimits, ResourceView};
 pub use sagaflow_engine::store::{
     ActiveCount, FinishedCounts, PublishedDefinition, RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder,
-    RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, redact_url,
+    RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, WorkflowQueue, redact_url,
 };
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, BacklogAlert, ChannelSink, DeadlinePolicy,
     Delivery, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error,
     FieldError, HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeTopic,
-    OnFailure, Outcome, Result, RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState,
-    StartOption, Step, StepAction, StepContext, StepDescription, StepError, StepKind, StepState,
-    Timestamp, Workflow, WorkflowBuilder, WorkflowDescription,
+    OnFailure, Outcome, RESOLVED_BY_ENGINE, Result, RetryPolicy, Run, RunCounts, RunEvent,
+    RunFinished, RunState, StartOption, Step, StepAction, StepContext, StepDescription, StepError,
+    StepKind, StepState, Timestamp, Workflow, WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::SupervisorStats;
 pub use start::{

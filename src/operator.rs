@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::engine::Engine;
 
 /// Operator actions on runs (each recorded in the run's history; each resolves the run's open
-/// alerts).
+/// alerts, recording who and why).
 #[derive(Debug, Clone)]
 pub struct Operator<'a> {
     pub(crate) engine: &'a Engine,
@@ -127,13 +127,30 @@ impl Operator<'_> {
         Ok(self.after(a))
     }
 
-    /// Marks an alert resolved (e.g. an `unknown_version` alert once the version is deployed).
+    /// Marks an alert resolved (e.g. an `unknown_version` alert once the version is deployed),
+    /// recording the actor as who resolved it and the reason as why
+    /// ([`Alert::resolved_by`](crate::Alert::resolved_by),
+    /// [`Alert::resolution`](crate::Alert::resolution); see [`on_behalf_of`](Self::on_behalf_of)).
     /// Returns whether an open alert was resolved.
     ///
     /// # Errors
     /// [`Error::Db`].
     pub async fn resolve_alert(&self, alert_id: i64) -> Result<bool> {
-        self.engine.inner.store.alert_resolve(alert_id).await
+        let resolved = self
+            .engine
+            .inner
+            .store
+            .alert_resolve(alert_id, &self.audit.actor, self.audit.reason.as_deref())
+            .await?;
+        if resolved {
+            tracing::info!(
+                alert = alert_id,
+                actor = %self.audit.actor,
+                reason = self.audit.reason.as_deref().unwrap_or(""),
+                "alert resolved"
+            );
+        }
+        Ok(resolved)
     }
 
     /// Overrides the limits of a remote resource for every instance of the fleet (`Some`),

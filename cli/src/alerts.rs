@@ -6,25 +6,26 @@ use sagaflow::{Alert, Engine, Uuid};
 use serde::Serialize;
 
 use crate::exit::{Failure, Outcome};
-use crate::output::{self, ago, or_dash};
+use crate::output::{self, ago, or_dash, printable};
 
 /// What `sagaflow alerts` does.
 #[derive(Debug, Subcommand)]
 pub(crate) enum AlertsCommand {
     /// Lists the open alerts, oldest first (of every engine sharing the database).
     List {
-        /// Resolved alerts too.
+        /// Resolved alerts too, with who resolved each and why.
         #[arg(long)]
         all: bool,
         /// Only the alerts of this run.
         #[arg(long, value_name = "ID")]
         run: Option<Uuid>,
     },
-    /// Acknowledges (resolves) an open alert.
+    /// Acknowledges (resolves) an open alert, storing who and why with it.
     Ack {
         /// The alert's id (the first column of `alerts list`).
         id: i64,
-        /// Why it needs no more attention (printed with the confirmation and in --json).
+        /// Why it needs no more attention (stored with the alert as its resolution; 1 to
+        /// 2,000 characters).
         #[arg(long, value_name = "TEXT")]
         reason: String,
         /// Who acknowledges; default: SAGAFLOW_OPERATOR, else the OS user.
@@ -85,11 +86,15 @@ struct AckAnswer {
     reason: String,
 }
 
-/// The alerts as a table.
-pub(crate) fn table<'a>(alerts: impl Iterator<Item = &'a Alert>) -> Table {
-    let mut t = output::table(&["ALERT", "KIND", "RUN", "STEP", "AGE", "STATUS", "REASON"]);
+/// The alerts as a table; with `resolved`, who resolved each and why.
+pub(crate) fn table<'a>(alerts: impl Iterator<Item = &'a Alert>, resolved: bool) -> Table {
+    let mut header = vec!["ALERT", "KIND", "RUN", "STEP", "AGE", "STATUS", "REASON"];
+    if resolved {
+        header.extend(["RESOLVED BY", "RESOLUTION"]);
+    }
+    let mut t = output::table(&header);
     for a in alerts {
-        t.add_row([
+        let mut row = vec![
             a.id.to_string(),
             a.kind.to_string(),
             a.run_id.map_or_else(|| "-".to_owned(), |r| r.to_string()),
@@ -101,7 +106,12 @@ pub(crate) fn table<'a>(alerts: impl Iterator<Item = &'a Alert>) -> Table {
                 "open".to_owned()
             },
             a.reason.clone(),
-        ]);
+        ];
+        if resolved {
+            row.push(printable(a.resolved_by.as_deref()));
+            row.push(printable(a.resolution.as_deref()));
+        }
+        t.add_row(row);
     }
     t
 }
@@ -126,7 +136,7 @@ pub(crate) async fn alerts(engine: &Engine, command: AlertsCommand, json: bool) 
             if alerts.is_empty() {
                 output::line(if all { "no alerts" } else { "no open alerts" });
             } else {
-                output::print_table(&table(alerts.iter()));
+                output::print_table(&table(alerts.iter(), all));
             }
             Ok(())
         }
@@ -137,7 +147,10 @@ pub(crate) async fn alerts(engine: &Engine, command: AlertsCommand, json: bool) 
         } => {
             let reason = crate::act::reason(&reason)?;
             let actor = crate::act::actor(operator.as_deref())?;
-            if !engine.operator().resolve_alert(id).await? {
+            let op = engine
+                .operator()
+                .on_behalf_of(actor.clone(), reason.clone());
+            if !op.resolve_alert(id).await? {
                 return Err(Failure::not_found(format!("no open alert {id}")));
             }
             if json {
@@ -201,7 +214,7 @@ pub(crate) async fn alerts(engine: &Engine, command: AlertsCommand, json: bool) 
             let actor = crate::act::actor(operator.as_deref())?;
             let op = engine
                 .operator()
-                .on_behalf_of(format!("cli:{actor}"), reason.clone());
+                .on_behalf_of(actor.clone(), reason.clone());
             if !op.redeliver(notice).await? {
                 return Err(Failure::not_found(format!(
                     "notice {notice} has no dead-lettered delivery"

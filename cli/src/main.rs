@@ -111,8 +111,8 @@ enum Command {
     /// Lists or acknowledges alerts.
     #[command(subcommand)]
     Alerts(alerts::AlertsCommand),
-    /// The queue: steps ready, scheduled and running, the oldest wait, runs per workflow and
-    /// state, and recent throughput.
+    /// The queue: steps ready, scheduled and running and the oldest wait, in all and per
+    /// workflow; runs per workflow and state; recent throughput.
     Queue,
     /// The workflow definitions engines published: name, version, steps.
     Definitions,

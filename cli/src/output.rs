@@ -81,9 +81,35 @@ pub(crate) fn or_dash(v: Option<&str>) -> String {
     v.unwrap_or("-").to_owned()
 }
 
+/// An optional text someone typed (a reason, a name), or `-`; control characters (an escape
+/// sequence that would drive the terminal, a line break that would split the row) are shown
+/// escaped.
+pub(crate) fn printable(v: Option<&str>) -> String {
+    match v {
+        Some(text) => text
+            .chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+        None => "-".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::span;
+    use super::{printable, span};
+
+    #[test]
+    fn typed_text_is_shown_without_control_characters() {
+        assert_eq!(printable(Some("known outage")), "known outage");
+        assert_eq!(printable(Some("a\nb\u{1b}[2J")), "a\\nb\\u{1b}[2J");
+        assert_eq!(printable(None), "-");
+    }
 
     #[test]
     fn spans_use_their_largest_unit() {

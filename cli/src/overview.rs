@@ -1,8 +1,9 @@
-//! `sagaflow queue` and `sagaflow definitions`: what waits, what runs, what is deployed.
+//! `sagaflow queue` and `sagaflow definitions`: what waits, what runs (in all and per
+//! workflow), what is deployed.
 
 use std::collections::BTreeMap;
 
-use sagaflow::{Engine, RunState, Timestamp, WorkflowDescription};
+use sagaflow::{Engine, PublishedDefinition, RunState, Stats, WorkflowQueue};
 use serde::Serialize;
 
 use crate::exit::Outcome;
@@ -17,10 +18,20 @@ const ACTIVE: [RunState; 5] = [
     RunState::Error,
 ];
 
+/// `queue --json`: the answer of `GET /api/v1/stats`, with the queue of each workflow.
+#[derive(Debug, Serialize)]
+struct QueueAnswer {
+    #[serde(flatten)]
+    stats: Stats,
+    /// The steps due, scheduled and running per workflow (the workflows with any).
+    queues: Vec<WorkflowQueue>,
+}
+
 pub(crate) async fn queue(engine: &Engine, json: bool) -> Outcome {
     let stats = engine.stats().await?;
+    let queues = engine.queue_by_workflow().await?;
     if json {
-        return output::json(&stats);
+        return output::json(&QueueAnswer { stats, queues });
     }
     let mut t = output::table(&[]);
     t.add_row([
@@ -50,6 +61,33 @@ pub(crate) async fn queue(engine: &Engine, json: bool) -> Outcome {
         "last 1m / 5m / 15m".to_owned(),
     ]);
     output::print_table(&t);
+    output::line("");
+    // Steps per workflow: what waits and what runs.
+    if queues.is_empty() {
+        output::line("no steps ready, scheduled or running");
+    } else {
+        let mut t = output::table(&[
+            "WORKFLOW",
+            "STEPS READY",
+            "SCHEDULED",
+            "RUNNING",
+            "OLDEST WAITING",
+        ]);
+        for q in &queues {
+            t.add_row([
+                q.workflow.clone(),
+                q.ready.to_string(),
+                q.scheduled.to_string(),
+                q.running.to_string(),
+                if q.ready > 0 {
+                    output::span(q.oldest_ready_ms / 1000)
+                } else {
+                    "-".to_owned()
+                },
+            ]);
+        }
+        output::print_table(&t);
+    }
     output::line("");
     // Runs per workflow: the unfinished ones by state, the retained finished ones.
     let mut rows: BTreeMap<&str, ([i64; 5], i64)> = BTreeMap::new();
@@ -87,42 +125,11 @@ pub(crate) async fn queue(engine: &Engine, json: bool) -> Outcome {
 /// `definitions --json`: the answer of `GET /api/v1/definitions`.
 #[derive(Debug, Serialize)]
 struct DefinitionsAnswer {
-    definitions: Vec<DefinitionAnswer>,
-}
-
-/// One published definition.
-#[derive(Debug, Serialize)]
-struct DefinitionAnswer {
-    key: String,
-    name: String,
-    version: i32,
-    description: Option<WorkflowDescription>,
-    description_error: Option<String>,
-    published_by: String,
-    published_at: Timestamp,
+    definitions: Vec<PublishedDefinition>,
 }
 
 pub(crate) async fn definitions(engine: &Engine, json: bool) -> Outcome {
-    let defs: Vec<DefinitionAnswer> = engine
-        .definitions()
-        .await?
-        .into_iter()
-        .map(|d| {
-            let (description, description_error) = match d.description {
-                Ok(desc) => (Some(desc), None),
-                Err(e) => (None, Some(e)),
-            };
-            DefinitionAnswer {
-                key: d.key,
-                name: d.name,
-                version: d.version,
-                description,
-                description_error,
-                published_by: d.published_by,
-                published_at: d.published_at,
-            }
-        })
-        .collect();
+    let defs = engine.definitions().await?;
     if json {
         return output::json(&DefinitionsAnswer { definitions: defs });
     }
@@ -137,7 +144,7 @@ pub(crate) async fn definitions(engine: &Engine, json: bool) -> Outcome {
             d.version.to_string(),
             d.description
                 .as_ref()
-                .map_or_else(|| "?".to_owned(), |desc| desc.steps.len().to_string()),
+                .map_or_else(|_| "?".to_owned(), |desc| desc.steps.len().to_string()),
             time(d.published_at),
             d.published_by.clone(),
         ]);

@@ -209,7 +209,7 @@ async fn show(engine: &Engine, id: Uuid, json: bool) -> Outcome {
     if open.is_empty() {
         output::line("open alerts: none");
     } else {
-        output::print_table(&crate::alerts::table(open.into_iter()));
+        output::print_table(&crate::alerts::table(open.into_iter(), false));
     }
     Ok(())
 }

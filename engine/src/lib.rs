@@ -28,7 +28,8 @@ pub use definition::{
 pub use error::{Error, Result, StartOption};
 pub use model::{
     Alert, AlertKind, Attempts, Delivery, DeliveryCounts, DeliveryState, EntityState, HistoryEvent,
-    HistoryKind, Notice, NoticeBody, NoticeTopic, Run, RunCounts, RunFinished, Step, Timestamp,
+    HistoryKind, Notice, NoticeBody, NoticeTopic, RESOLVED_BY_ENGINE, Run, RunCounts, RunFinished,
+    Step, Timestamp,
 };
 pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};

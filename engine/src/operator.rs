@@ -37,6 +37,16 @@ impl Audit {
         }
     }
 
+    /// Why an action resolved its run's alerts: its name (`event` without `operator_`) and
+    /// the reason, such as `resume: card service is back`.
+    fn resolution(&self, event: &str) -> String {
+        let action = event.strip_prefix("operator_").unwrap_or(event);
+        match &self.reason {
+            Some(reason) => format!("{action}: {reason}"),
+            None => action.to_owned(),
+        }
+    }
+
     /// The history detail of an action: its own detail (a JSON object) with the reason added.
     fn detail(&self, own: Option<String>) -> Option<String> {
         let Some(reason) = &self.reason else {
@@ -69,6 +79,9 @@ where
         .map_err(|d| d.to_error())?;
     let mut write = plan(&run, &steps)?;
     write.detail = audit.detail(write.detail.take());
+    if write.resolve_alerts {
+        write.resolution = Some(audit.resolution(write.event));
+    }
     let plans = vec![(run, write)];
     let cancelled = crate::metrics::cancelled_runs(&plans);
     let applied = tx.apply(plans, &audit.actor).await?;

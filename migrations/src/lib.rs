@@ -52,6 +52,7 @@ mod m0008_start_and_priority;
 mod m0009_run_totals;
 mod m0010_outbox;
 mod m0011_trace_context;
+mod m0012_alert_resolution;
 mod m0013_resources;
 
 /// Name of the table that records applied sagaflow migrations.
@@ -86,6 +87,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0009_run_totals::Migration),
             Box::new(m0010_outbox::Migration),
             Box::new(m0011_trace_context::Migration),
+            Box::new(m0012_alert_resolution::Migration),
             Box::new(m0013_resources::Migration),
         ]
     }

@@ -8,8 +8,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::{
-    Alert, Delivery, FieldError, HistoryEvent, Run, RunState, RunSummary, Step, Timestamp,
-    WorkflowDescription,
+    Alert, Delivery, FieldError, HistoryEvent, PublishedDefinition, Run, RunState, RunSummary, Step,
 };
 
 use super::routes::Action;
@@ -50,27 +49,7 @@ pub(super) struct HealthAnswer {
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct DefinitionsAnswer {
     /// The published definitions, of every engine that shares the database.
-    pub(super) definitions: Vec<DefinitionAnswer>,
-}
-
-/// One published definition.
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct DefinitionAnswer {
-    /// `name@version`.
-    pub(super) key: String,
-    /// The workflow's name.
-    pub(super) name: String,
-    /// Its version.
-    pub(super) version: i32,
-    /// Its graph, policies and input schema; `null` when the stored text does not decode.
-    pub(super) description: Option<WorkflowDescription>,
-    /// Why the stored description does not decode, when it does not.
-    pub(super) description_error: Option<String>,
-    /// The instance id of the engine that published it last.
-    pub(super) published_by: String,
-    /// When (database clock).
-    #[schema(value_type = chrono::DateTime<chrono::Utc>)]
-    pub(super) published_at: Timestamp,
+    pub(super) definitions: Vec<PublishedDefinition>,
 }
 
 /// `POST /api/v1/workflows/{name}/runs`.
@@ -168,6 +147,10 @@ pub(super) struct ResolveAnswer {
     pub(super) id: i64,
     /// Always `true`.
     pub(super) resolved: bool,
+    /// Who resolved it, as stored in its `resolved_by`: `api:<token name>`.
+    pub(super) actor: String,
+    /// Why, as stored in its `resolution`.
+    pub(super) reason: String,
 }
 
 /// `GET /api/v1/deliveries`.

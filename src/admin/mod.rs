@@ -17,7 +17,7 @@
 //! | `POST /api/v1/runs/{id}/actions/{action}` | operator | an operator action (`retry`, `resume`, `compensate`, `cancel`, `release`, `mark_compensated`) with a reason, recorded in history as done by `api:<token name>`; 409 when the run's state does not allow it |
 //! | `GET /api/v1/stats` | read | the queue, the oldest due step's age, unfinished runs per workflow and state, runs finished in the last 1/5/15 minutes ([`Engine::stats`]) |
 //! | `GET /api/v1/alerts` | read | the open alerts |
-//! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert; 404 when it is not open |
+//! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert with a reason, stored with the alert as done by `api:<token name>`; 404 when it is not open |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
 //! | `GET /api/v1/openapi.json` | read | this API as an OpenAPI 3.1 document, generated from the code |
 //! | `GET /metrics` | read | the engine's metrics in the Prometheus text format ([`crate::metrics`]); 501 when the process installed no Prometheus recorder |

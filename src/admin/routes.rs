@@ -18,9 +18,9 @@ use uuid::Uuid;
 
 use super::AdminState;
 use super::answers::{
-    ActionAnswer, AlertsAnswer, BulkAnswer, BulkResult, DefinitionAnswer, DefinitionsAnswer,
-    DeliveriesAnswer, ErrorBody, ErrorDetail, HealthAnswer, RedeliverAnswer, ResolveAnswer,
-    RunAnswer, RunsAnswer, StartAnswer, json,
+    ActionAnswer, AlertsAnswer, BulkAnswer, BulkResult, DefinitionsAnswer, DeliveriesAnswer,
+    ErrorBody, ErrorDetail, HealthAnswer, RedeliverAnswer, ResolveAnswer, RunAnswer, RunsAnswer,
+    StartAnswer, json,
 };
 use super::auth::{Caller, Role, require_token};
 use super::openapi::Security;
@@ -275,25 +275,7 @@ async fn healthz(State(s): State<AdminState>) -> Response {
     ),
 )]
 async fn definitions(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
-    let defs = s.engine.definitions().await?;
-    let definitions = defs
-        .into_iter()
-        .map(|d| {
-            let (description, description_error) = match d.description {
-                Ok(desc) => (Some(desc), None),
-                Err(e) => (None, Some(e)),
-            };
-            DefinitionAnswer {
-                key: d.key,
-                name: d.name,
-                version: d.version,
-                description,
-                description_error,
-                published_by: d.published_by,
-                published_at: d.published_at,
-            }
-        })
-        .collect();
+    let definitions = s.engine.definitions().await?;
     Ok(json(&DefinitionsAnswer { definitions }))
 }
 
@@ -931,19 +913,34 @@ async fn alerts(State(s): State<AdminState>) -> Result<Json<Value>, ApiError> {
     Ok(json(&AlertsAnswer { alerts: open }))
 }
 
+/// The body of an alert's resolution.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    /// Why it needs no more attention (required: it is stored with the alert as its
+    /// `resolution`).
+    #[serde(default)]
+    #[schema(required = true, min_length = 1)]
+    reason: String,
+}
+
 /// Resolves an open alert
 ///
-/// Needs an operator token.
+/// Stored with the alert: who (`resolved_by`: `api:<token name>`) and why (`resolution`:
+/// the reason). Needs an operator token.
 #[utoipa::path(
     post,
     path = "/api/v1/alerts/{id}/resolve",
     tag = "alerts",
     params(("id" = i64, Path, description = "The alert's id")),
+    request_body = ResolveBody,
     responses(
-        (status = 200, description = "Resolved", body = ResolveAnswer),
-        (status = 400, description = "`invalid_id`: not an integer", body = ErrorBody),
+        (status = 200, description = "Resolved, by whom and why", body = ResolveAnswer),
+        (status = 400, description = "`reason_required` (1 to 2,000 characters), `invalid_id` (not an integer), `invalid_json` or `invalid_body`", body = ErrorBody),
         (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
         (status = 404, description = "`alert_not_open`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
         (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
     ),
 )]
@@ -951,12 +948,29 @@ async fn resolve_alert(
     State(s): State<AdminState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Operator)?;
     let id = integer_id(&id, "an alert")?;
-    if s.engine.operator().resolve_alert(id).await? {
-        tracing::info!(alert = id, by = %caller.name, "alert resolved over the API");
-        Ok(json(&ResolveAnswer { id, resolved: true }))
+    let body: ResolveBody = parse_body(body, r#"{"reason": "…"}"#)?;
+    let Some(reason) = action_reason(&body.reason) else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "reason_required",
+            format!(
+                "resolving an alert needs a reason of 1 to {REASON_MAX_CHARS} characters; it is stored with the alert"
+            ),
+        ));
+    };
+    let actor = format!("api:{}", caller.name);
+    let op = s.engine.operator().on_behalf_of(actor.clone(), reason);
+    if op.resolve_alert(id).await? {
+        Ok(json(&ResolveAnswer {
+            id,
+            resolved: true,
+            actor,
+            reason: reason.to_owned(),
+        }))
     } else {
         Err(ApiError::new(
             StatusCode::NOT_FOUND,

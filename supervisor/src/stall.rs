@@ -17,6 +17,9 @@ use tokio::time::Instant;
 use crate::leader::Supervisor;
 use crate::service::{LeaderContext, millis};
 
+/// The resolution recorded when sweeps resume.
+const SWEEPS_RESUMED: &str = "supervisor sweeps are completing again";
+
 impl Supervisor {
     /// A follower's check on the leader (LE-3): raises a `supervisor_stalled` alert when no
     /// leader has completed a sweep for [`SupervisorConfig::stall_alert_after`], and resolves
@@ -49,7 +52,7 @@ impl Supervisor {
                 }
             }
         } else if watch.raised_at.is_some() {
-            match self.store.alert_resolve_key(&key).await {
+            match self.store.alert_resolve_key(&key, SWEEPS_RESUMED).await {
                 Ok(resolved) => {
                     watch.raised_at = None;
                     if resolved {
@@ -73,7 +76,7 @@ impl LeaderContext {
             Ok(true) if !self.sweep_recorded.swap(true, Ordering::Relaxed) => {
                 match self
                     .store
-                    .alert_resolve_key(&stalled_key(&self.fence.name))
+                    .alert_resolve_key(&stalled_key(&self.fence.name), SWEEPS_RESUMED)
                     .await
                 {
                     Ok(true) => tracing::info!(

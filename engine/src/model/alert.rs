@@ -119,7 +119,19 @@ pub struct Alert {
     /// When it was resolved.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub resolved_at: Option<Timestamp>,
+    /// Who resolved it: the operator's actor (`cli:<name>`, `api:<token name>`,
+    /// `console:<token name>`, or the actor given to `Operator::on_behalf_of`; `operator`
+    /// by default), or [`RESOLVED_BY_ENGINE`] when its cause went away by itself. `None`
+    /// while it is open, and for alerts resolved before this was recorded.
+    pub resolved_by: Option<String>,
+    /// Why it was resolved: the operator's reason (for an action on its run, the action and
+    /// its reason, such as `resume: card service is back`), or what went away.
+    pub resolution: Option<String>,
 }
+
+/// The [`Alert::resolved_by`] of an alert the engine resolved itself, its cause gone (a
+/// supervisor sweeping again, a backlog drained, a sink delivering again).
+pub const RESOLVED_BY_ENGINE: &str = "engine";
 
 #[cfg(test)]
 mod tests {

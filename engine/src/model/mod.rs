@@ -17,7 +17,7 @@ mod alert;
 mod history;
 mod notice;
 
-pub use alert::{Alert, AlertKind};
+pub use alert::{Alert, AlertKind, RESOLVED_BY_ENGINE};
 pub(crate) use history::HistoryColumns;
 pub use history::{EntityState, HistoryEvent, HistoryKind};
 pub use notice::{

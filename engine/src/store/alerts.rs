@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::Store;
 use crate::Result;
-use crate::model::{Alert, AlertKind, timestamp};
+use crate::model::{Alert, AlertKind, RESOLVED_BY_ENGINE, timestamp};
 
 /// An alert to insert.
 #[derive(Debug, Clone)]
@@ -29,8 +29,12 @@ pub struct NewAlert {
     pub open_key: Option<String>,
 }
 
-const ALERT_COLS: &str =
-    "id, run_id, step, kind, reason, attempts, actions, created_at, resolved_at";
+const ALERT_COLS: &str = "id, run_id, step, kind, reason, attempts, actions, created_at, \
+     resolved_at, resolved_by, resolution";
+
+/// Longest resolution stored: an operator's reason is at most 2,000 characters, and an
+/// action's name goes before it.
+const RESOLUTION_MAX_CHARS: usize = 2_100;
 
 /// Decodes one alert row.
 fn decode(r: &Row) -> Result<Alert> {
@@ -46,6 +50,8 @@ fn decode(r: &Row) -> Result<Alert> {
         actions: serde_json::from_str(&actions).unwrap_or_else(|_| vec![actions]),
         created_at: timestamp(r.try_get("", "created_at")?),
         resolved_at: r.try_get::<Option<i64>>("", "resolved_at")?.map(timestamp),
+        resolved_by: r.try_get("", "resolved_by")?,
+        resolution: r.try_get("", "resolution")?,
     })
 }
 
@@ -121,43 +127,72 @@ impl Store {
         rows.iter().map(decode).collect()
     }
 
-    /// Resolves one open alert; returns whether it was open.
+    /// Resolves one open alert, recording who (`by`) and why (`resolution`); returns whether
+    /// it was open.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn alert_resolve(&self, id: i64) -> Result<bool> {
+    pub async fn alert_resolve(&self, id: i64, by: &str, resolution: Option<&str>) -> Result<bool> {
         let res = self
             .exec
             .execute(self.stmt(
-                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE id = $1 AND resolved_at IS NULL",
-                vec![id.into()],
+                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL, resolved_by = $2, \
+                 resolution = $3 WHERE id = $1 AND resolved_at IS NULL",
+                vec![id.into(), by.to_owned().into(), bounded(resolution).into()],
             ))
             .await?;
         Ok(res == 1)
     }
 
     /// Resolves the open alert with this `open_key`, if any (an alert whose cause went away by
-    /// itself, such as `supervisor_stalled`); returns whether one was open.
+    /// itself, such as `supervisor_stalled`), as [`RESOLVED_BY_ENGINE`] with `resolution`
+    /// saying what went away; returns whether one was open.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn alert_resolve_key(&self, open_key: &str) -> Result<bool> {
+    pub async fn alert_resolve_key(&self, open_key: &str, resolution: &str) -> Result<bool> {
         let res = self
             .exec
             .execute(self.stmt(
-                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE open_key = $1 AND resolved_at IS NULL",
-                vec![open_key.to_owned().into()],
+                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL, resolved_by = $2, \
+                 resolution = $3 WHERE open_key = $1 AND resolved_at IS NULL",
+                vec![
+                    open_key.to_owned().into(),
+                    RESOLVED_BY_ENGINE.to_owned().into(),
+                    bounded(Some(resolution)).into(),
+                ],
             ))
             .await?;
         Ok(res == 1)
     }
 
-    pub(super) async fn alert_resolve_run<C: Exec>(&self, conn: &C, run_id: Uuid) -> Result<()> {
+    /// Resolves the open alerts of a run, in the caller's transaction (an operator's action on
+    /// the run: `by` is its actor, `resolution` the action and its reason).
+    pub(super) async fn alert_resolve_run<C: Exec>(
+        &self,
+        conn: &C,
+        run_id: Uuid,
+        by: &str,
+        resolution: Option<&str>,
+    ) -> Result<()> {
         conn.execute(self.stmt(
-            "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL WHERE run_id = $1 AND resolved_at IS NULL",
-            vec![run_id.into()],
+            "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL, resolved_by = $2, \
+             resolution = $3 WHERE run_id = $1 AND resolved_at IS NULL",
+            vec![
+                run_id.into(),
+                by.to_owned().into(),
+                bounded(resolution).into(),
+            ],
         ))
         .await?;
         Ok(())
     }
+}
+
+/// A resolution as stored: cut at [`RESOLUTION_MAX_CHARS`].
+fn bounded(resolution: Option<&str>) -> Option<String> {
+    resolution.map(|r| match r.char_indices().nth(RESOLUTION_MAX_CHARS) {
+        Some((cut, _)) => format!("{}…", &r[..cut]),
+        None => r.to_owned(),
+    })
 }

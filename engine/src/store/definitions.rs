@@ -7,6 +7,8 @@
 //! `definition_changed` alert: those runs were accepted under another graph, and a changed
 //! graph wants a new version.
 
+use serde::Serialize;
+
 use super::Store;
 use super::alerts::{NewAlert, insert_alert};
 use super::row::{Exec, Row};
@@ -15,6 +17,9 @@ use crate::model::{Alert, AlertKind, Timestamp, timestamp};
 use crate::{Error, Result};
 
 /// A published definition, as stored.
+///
+/// Serialized as the HTTP API and the `sagaflow` command answer it: the description, or
+/// `null` and the reason in `description_error` when it does not decode.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PublishedDefinition {
     /// `name@version`.
@@ -30,6 +35,68 @@ pub struct PublishedDefinition {
     pub published_by: String,
     /// When (database clock).
     pub published_at: Timestamp,
+}
+
+/// One published definition: a workflow version some engine published, with its graph,
+/// policies and input schema.
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+struct PublishedDefinitionJson<'a> {
+    /// `name@version`.
+    key: &'a str,
+    /// The workflow's name.
+    name: &'a str,
+    /// Its version.
+    version: i32,
+    /// Its graph, policies and input schema; `null` when the stored text does not decode.
+    description: Option<&'a WorkflowDescription>,
+    /// Why the stored description does not decode, when it does not.
+    description_error: Option<&'a str>,
+    /// The instance id of the engine that published it last.
+    published_by: &'a str,
+    /// When (database clock).
+    #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
+    published_at: Timestamp,
+}
+
+impl<'a> From<&'a PublishedDefinition> for PublishedDefinitionJson<'a> {
+    fn from(d: &'a PublishedDefinition) -> Self {
+        Self {
+            key: &d.key,
+            name: &d.name,
+            version: d.version,
+            description: d.description.as_ref().ok(),
+            description_error: d.description.as_ref().err().map(String::as_str),
+            published_by: &d.published_by,
+            published_at: d.published_at,
+        }
+    }
+}
+
+impl Serialize for PublishedDefinition {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        PublishedDefinitionJson::from(self).serialize(s)
+    }
+}
+
+/// The schema of the JSON above.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for PublishedDefinition {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <PublishedDefinitionJson<'static> as utoipa::PartialSchema>::schema()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for PublishedDefinition {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <PublishedDefinitionJson<'static> as utoipa::ToSchema>::schemas(schemas);
+    }
 }
 
 impl Store {

@@ -2,18 +2,19 @@
 //! tell of, and their deliveries to each sink, recorded by the supervisor leader that makes
 //! them. See the `sagaflow_outbox` migration for the tables.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sea_orm::Value;
 use uuid::Uuid;
 
 use super::Store;
 use super::row::{Exec, Row};
-use crate::Result;
+use super::rows::{quote, state_of};
 use crate::model::{
     Alert, Delivery, DeliveryCounts, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished,
     timestamp,
 };
+use crate::{Error, Result};
 
 /// A notice not yet delivered to every sink, with what each sink made of it so far.
 #[derive(Debug, Clone)]
@@ -112,17 +113,41 @@ pub(super) fn run_notice(run: RunFinished, now_ms: i64) -> NoticeBody {
     }
 }
 
+/// The row id of a delivery in damage reports: its notice and its sink.
+fn delivery_row(notice_id: i64, sink: &str) -> String {
+    format!("notice {notice_id}, sink {}", quote(sink))
+}
+
+/// Decodes a delivery joined with its notice; a topic or state this version does not know is
+/// a [`crate::Error::CorruptRow`] naming the row, the column and the value.
 fn decode_delivery(r: &Row) -> Result<Delivery> {
+    let notice_id: i64 = r.try_get("", "outbox_id")?;
+    let sink: String = r.try_get("", "sink")?;
     let topic: String = r.try_get("", "topic")?;
+    let topic = topic.parse::<NoticeTopic>().map_err(|_| {
+        Error::corrupt(
+            "sagaflow_outbox",
+            notice_id,
+            format!(
+                "column `topic` holds {}, which is not a topic",
+                quote(&topic)
+            ),
+        )
+    })?;
     let state: String = r.try_get("", "state")?;
+    let state = state_of(
+        "sagaflow_deliveries",
+        delivery_row(notice_id, &sink),
+        &state,
+    )?;
     Ok(Delivery {
-        notice_id: r.try_get("", "outbox_id")?,
+        notice_id,
         dedupe_id: r.try_get("", "dedupe_id")?,
-        topic: topic.parse().unwrap_or(NoticeTopic::Alert),
+        topic,
         alert_id: r.try_get("", "alert_id")?,
         run_id: r.try_get("", "run_id")?,
-        sink: r.try_get("", "sink")?,
-        state: state.parse().unwrap_or(DeliveryState::Pending),
+        sink,
+        state,
         attempts: r.try_get("", "attempts")?,
         last_error: r.try_get("", "last_error")?,
         created_at: timestamp(r.try_get("", "created_at")?),
@@ -175,19 +200,37 @@ impl Store {
             );
             let index: HashMap<i64, usize> =
                 ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+            let mut damaged = HashSet::new();
             for r in self.exec.query_all(self.stmt(&sql, values)).await? {
                 let id: i64 = r.try_get("", "outbox_id")?;
+                let sink: String = r.try_get("", "sink")?;
                 let state: String = r.try_get("", "state")?;
                 let Some(&i) = index.get(&id) else { continue };
+                let state = match state_of::<DeliveryState>(
+                    "sagaflow_deliveries",
+                    delivery_row(id, &sink),
+                    &state,
+                ) {
+                    Ok(state) => state,
+                    Err(e) => {
+                        // Read as pending, the sink would be sent the notice again at every
+                        // pass; the notice waits instead, named in the log, until the row
+                        // is repaired.
+                        tracing::warn!(error = %e, "a notice with a delivery that does not decode is not delivered");
+                        damaged.insert(id);
+                        continue;
+                    }
+                };
                 notices[i].deliveries.insert(
-                    r.try_get("", "sink")?,
+                    sink,
                     DeliveryRecord {
-                        state: state.parse().unwrap_or(DeliveryState::Pending),
+                        state,
                         attempts: r.try_get("", "attempts")?,
                         next_at: r.try_get("", "next_at")?,
                     },
                 );
             }
+            notices.retain(|n| !damaged.contains(&n.notice.id));
         }
         Ok(PendingPage { notices, now_ms })
     }
@@ -272,7 +315,19 @@ impl Store {
         ));
         values.push(i64::from(limit).into());
         let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
-        rows.iter().map(decode_delivery).collect()
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for r in &rows {
+            match decode_delivery(r) {
+                Ok(d) => deliveries.push(d),
+                // One damaged row is left out of the list, named in the log; the others are
+                // listed.
+                Err(e @ Error::CorruptRow { .. }) => {
+                    tracing::warn!(error = %e, "a delivery that does not decode was left out of the list");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deliveries)
     }
 
     /// How the notices stand with `sink`: its delivered and dead-lettered deliveries, and the

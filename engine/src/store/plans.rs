@@ -52,8 +52,12 @@ pub struct PlanWrite {
     pub extend_ms: i64,
     /// Alert to raise in the same transaction.
     pub alert: Option<NewAlert>,
-    /// Resolve the run's open alerts (operator actions).
+    /// Resolve the run's open alerts (operator actions), recording the actor as who resolved
+    /// them.
     pub resolve_alerts: bool,
+    /// Why the run's open alerts are resolved (the action and its reason), with
+    /// `resolve_alerts`.
+    pub resolution: Option<String>,
     /// Free the run's business key (it reached a final state its workflow's key policy
     /// releases).
     pub release_key: bool,
@@ -157,7 +161,7 @@ impl StoreTx<'_> {
         let mut totals: BTreeMap<(String, RunState), i64> = BTreeMap::new();
         let mut stale_runs: Vec<Uuid> = Vec::new();
         let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
-        let mut resolve: Vec<Uuid> = Vec::new();
+        let mut resolve: Vec<(Uuid, Option<String>)> = Vec::new();
         let mut with_payload: Vec<RunPayload> = Vec::new();
         let mut notices: Vec<RunFinished> = Vec::new();
         for (before, write) in plans {
@@ -226,7 +230,7 @@ impl StoreTx<'_> {
                 stale_runs.push(id);
             }
             if write.resolve_alerts {
-                resolve.push(id);
+                resolve.push((id, write.resolution.clone()));
             }
             if let Some(a) = write.alert {
                 alerts.push((out.len(), a));
@@ -239,8 +243,9 @@ impl StoreTx<'_> {
                 alert: None,
             });
         }
-        for id in resolve {
-            s.alert_resolve_run(&self.txn, id).await?;
+        for (id, resolution) in resolve {
+            s.alert_resolve_run(&self.txn, id, actor, resolution.as_deref())
+                .await?;
         }
         self.runs_set_payload(&with_payload).await?;
         for ((state, release_key, clear_error), ids) in &same_state {

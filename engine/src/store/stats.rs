@@ -68,7 +68,8 @@ pub struct FinishedCounts {
 }
 
 /// The queue of one workflow (all its versions), as the metrics' gauges show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowQueue {
     /// Workflow name.
     pub workflow: String,

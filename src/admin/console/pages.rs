@@ -14,6 +14,7 @@ use super::session::{CsrfForm, Session};
 use super::view::{self, Page, Tab, badge, duration_ms, flash, time};
 use super::{Console, LiveSession, PageSession, check_post};
 use crate::admin::auth::Role;
+use crate::admin::routes::{REASON_MAX_CHARS, action_reason};
 use crate::{Alert, Engine, Error, RunOrder, RunPage, RunQuery, RunState, Stats};
 
 /// An engine error as a message on the page; internal details stay in the log.
@@ -397,13 +398,21 @@ pub(super) fn alerts_table(alerts: &[Alert], resolve: Option<&Session>) -> Marku
                             }
                             td.num { (a.attempts) }
                             td { (time(&a.created_at)) }
-                            td {
+                            td.resolution {
                                 @if let Some(t) = &a.resolved_at {
                                     "resolved " (time(t))
+                                    @if let Some(by) = &a.resolved_by { " by " code { (by) } }
+                                    @if let Some(why) = &a.resolution { div.reason { "“" (why) "”" } }
                                 } @else if let Some(s) = resolve {
-                                    form method="post" action={ "/console/alerts/" (a.id) "/resolve" } {
-                                        input type="hidden" name="csrf" value=(s.csrf);
-                                        button type="submit" { "Resolve" }
+                                    details.action data-action="resolve" {
+                                        summary { "Resolve" }
+                                        form method="post" action={ "/console/alerts/" (a.id) "/resolve" } {
+                                            input type="hidden" name="csrf" value=(s.csrf);
+                                            label { "Reason (stored with the alert)"
+                                                textarea name="reason" required maxlength=(REASON_MAX_CHARS) rows="2" {}
+                                            }
+                                            button.confirm type="submit" { "Confirm: resolve" }
+                                        }
                                     }
                                 } @else {
                                     span.badge.st-error { "open" }
@@ -527,21 +536,40 @@ pub(super) async fn redeliver(
     }
 }
 
-/// `POST /console/alerts/{id}/resolve`.
+/// The fields of an alert's resolve form.
+#[derive(Deserialize)]
+pub(super) struct ResolveForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /console/alerts/{id}/resolve`: resolves the alert, stored as done by
+/// `console:<token name>` for the given reason.
 pub(super) async fn resolve(
     State(c): State<Console>,
     PageSession(s): PageSession,
     Path(id): Path<i64>,
-    Form(form): Form<CsrfForm>,
+    Form(form): Form<ResolveForm>,
 ) -> Response {
     if let Err(refused) = check_post(&s, &form.csrf, Role::Operator) {
         return *refused;
     }
-    match c.admin.engine.operator().resolve_alert(id).await {
-        Ok(_) => {
-            tracing::info!(alert = id, by = %s.name, "alert resolved in the console");
-            Redirect::to("/console/alerts").into_response()
-        }
+    let Some(reason) = action_reason(&form.reason) else {
+        return view::error_page(
+            &s,
+            StatusCode::BAD_REQUEST,
+            &format!("Resolving an alert needs a reason of 1 to {REASON_MAX_CHARS} characters."),
+        );
+    };
+    let op = c
+        .admin
+        .engine
+        .operator()
+        .on_behalf_of(format!("console:{}", s.name), reason);
+    match op.resolve_alert(id).await {
+        Ok(_) => Redirect::to("/console/alerts").into_response(),
         Err(e) => failed(&s, &e),
     }
 }

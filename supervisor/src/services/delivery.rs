@@ -211,7 +211,11 @@ async fn deliver_to(
     }
     if pass.delivered > 0 {
         // A sink that delivers again clears its dead-letter alert.
-        if let Err(e) = ctx.store.alert_resolve_key(&dead_letter_key(name)).await {
+        let resolved = ctx
+            .store
+            .alert_resolve_key(&dead_letter_key(name), "the sink delivers again")
+            .await;
+        if let Err(e) = resolved {
             tracing::debug!(error = %e, "could not resolve a dead-letter alert");
         }
     }

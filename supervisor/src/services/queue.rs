@@ -80,7 +80,11 @@ impl MaintenanceService for QueueWatch {
                     }
                 }
                 None => {
-                    if ctx.store.alert_resolve_key(&key).await? {
+                    if ctx
+                        .store
+                        .alert_resolve_key(&key, "the queue fell back under its thresholds")
+                        .await?
+                    {
                         resolved += 1;
                     }
                 }

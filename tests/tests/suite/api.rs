@@ -627,17 +627,61 @@ async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_histo
             .and_then(|a| a.iter().find(|a| a["run_id"] == json!(id)))
             .unwrap_or_else(|| panic!("[{b}] no open alert for the run in {list}"));
         assert_eq!(alert["kind"], "run_error", "[{b}] {alert}");
-        let (status, resolved) = answer(
+        let resolve = |token: &str, body: Value| {
             http.post(format!(
                 "http://{addr}/api/v1/alerts/{}/resolve",
                 alert["id"]
             ))
-            .bearer_auth(OPS),
-        )
+            .bearer_auth(token)
+            .json(&body)
+        };
+        // A reason is required, as for the actions on runs; a read-only token is refused.
+        for (token, body, expected, code) in [
+            (OPS, json!({}), StatusCode::BAD_REQUEST, "reason_required"),
+            (
+                OPS,
+                json!({ "reason": "  " }),
+                StatusCode::BAD_REQUEST,
+                "reason_required",
+            ),
+            (
+                OPS,
+                json!({ "reason": "r", "why": "x" }),
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+            ),
+            (
+                VIEW,
+                json!({ "reason": "r" }),
+                StatusCode::FORBIDDEN,
+                "forbidden",
+            ),
+        ] {
+            let (status, err) = answer(resolve(token, body.clone())).await;
+            assert_eq!(
+                (status, err["error"]["code"].as_str()),
+                (expected, Some(code)),
+                "[{b}] {body} {err}"
+            );
+        }
+        let (status, resolved) = answer(resolve(
+            OPS,
+            json!({ "reason": "  refunds <b>tracked</b> elsewhere " }),
+        ))
         .await;
         assert_eq!(
-            (status, resolved["resolved"].as_bool()),
-            (StatusCode::OK, Some(true)),
+            (
+                status,
+                resolved["resolved"].as_bool(),
+                resolved["actor"].as_str(),
+                resolved["reason"].as_str()
+            ),
+            (
+                StatusCode::OK,
+                Some(true),
+                Some("api:ops"),
+                Some("refunds <b>tracked</b> elsewhere")
+            ),
             "[{b}] {resolved}"
         );
 
@@ -686,9 +730,16 @@ async fn an_operator_fixes_an_error_run_over_http_and_the_reason_is_in_its_histo
             .first()
             .unwrap_or_else(|| panic!("[{b}] no alert was raised"));
         assert_eq!(raised.kind, sagaflow::AlertKind::RunError, "[{b}]");
+        // Who resolved it and why are stored with it; the later action resolved nothing more.
+        assert_eq!(
+            (raised.resolved_by.as_deref(), raised.resolution.as_deref()),
+            (Some("api:ops"), Some("refunds <b>tracked</b> elsewhere")),
+            "[{b}] {raised:?}"
+        );
         expect_refusal(
             http.post(format!("http://{addr}/api/v1/alerts/{}/resolve", raised.id))
-                .bearer_auth(OPS),
+                .bearer_auth(OPS)
+                .json(&json!({ "reason": "again" })),
             StatusCode::NOT_FOUND,
             "alert_not_open",
             b,

@@ -23,6 +23,12 @@ use serde_json::Value;
 /// Runs `sagaflow` with `args` over `db`, with no database or operator from the
 /// environment and only errors logged, and waits for it (at most 60 s).
 async fn sagaflow(db: &str, args: &[&str]) -> Output {
+    // The test cluster's `synchronous_commit=off` warning would mix into standard error.
+    sagaflow_logging(db, args, "error").await
+}
+
+/// [`sagaflow`], logging at `level` to standard error.
+async fn sagaflow_logging(db: &str, args: &[&str], level: &str) -> Output {
     let mut cmd = assert_cmd::Command::new(workspace_binary("sagaflow"));
     cmd.args(args)
         .arg("--database-url")
@@ -30,8 +36,7 @@ async fn sagaflow(db: &str, args: &[&str]) -> Output {
         .env_remove("SAGAFLOW_DATABASE_URL")
         .env_remove("DATABASE_URL")
         .env_remove("SAGAFLOW_OPERATOR")
-        // The test cluster's `synchronous_commit=off` warning would mix into standard error.
-        .env("RUST_LOG", "error")
+        .env("RUST_LOG", level)
         .timeout(Duration::from_secs(60));
     tokio::task::spawn_blocking(move || cmd.output().expect("sagaflow runs"))
         .await
@@ -244,6 +249,20 @@ async fn an_operator_finds_the_failed_runs_fixes_them_and_sees_who_did_it() {
         assert_eq!(retried["state"], "running", "[{b}] {retried}");
         assert_eq!(retried["actor"], "cli:alice", "[{b}] {retried}");
         expect_state(&eng, first, RunState::Completed, b).await;
+        // The action resolved the run's alert, recording who and why.
+        let alerts = json(
+            url,
+            &["alerts", "list", "--all", "--run", &first.to_string()],
+        )
+        .await;
+        assert_eq!(
+            (
+                alerts["alerts"][0]["resolved_by"].as_str(),
+                alerts["alerts"][0]["resolution"].as_str()
+            ),
+            (Some("cli:alice"), Some("retry_step: mailbox fixed")),
+            "[{b}] {alerts}"
+        );
 
         // And the second with no engine running: resume it; it waits for an engine.
         eng.shutdown().await;
@@ -433,13 +452,34 @@ async fn alerts_queue_definitions_purge_and_completions() {
         let open = json(url, &["alerts", "list", "--run", &failed.to_string()]).await;
         assert_eq!(open["alerts"], Value::Array(vec![]), "[{b}] {open}");
         let all = json(url, &["alerts", "list", "--all"]).await;
+        let acked = all["alerts"]
+            .as_array()
+            .expect("alerts")
+            .iter()
+            .find(|a| a["id"] == alert["id"])
+            .unwrap_or_else(|| panic!("[{b}] the acknowledged alert: {all}"));
+        assert!(!acked["resolved_at"].is_null(), "[{b}] {acked}");
+        // Who acknowledged it and why are stored with it.
+        assert_eq!(
+            (acked["resolved_by"].as_str(), acked["resolution"].as_str()),
+            (Some("cli:carol"), Some("known outage")),
+            "[{b}] {acked}"
+        );
+        let listed = human(url, &["alerts", "list", "--all"]).await;
+        let row = listed
+            .lines()
+            .find(|l| l.starts_with(&alert_id))
+            .unwrap_or_else(|| panic!("[{b}] {listed}"));
         assert!(
-            all["alerts"]
-                .as_array()
-                .expect("alerts")
-                .iter()
-                .any(|a| a["id"] == alert["id"] && !a["resolved_at"].is_null()),
-            "[{b}] {all}"
+            listed
+                .lines()
+                .next()
+                .is_some_and(|h| h.contains("RESOLVED BY")),
+            "[{b}] {listed}"
+        );
+        assert!(
+            row.contains("resolved") && row.contains("cli:carol") && row.ends_with("known outage"),
+            "[{b}] {row}"
         );
 
         // Purge: only finished runs past the age go; a dry run deletes nothing.
@@ -665,5 +705,435 @@ async fn pause_extend_and_cancel_a_run_no_engine_runs() {
         );
         let o = sagaflow(url, &["resume", &id, "--reason", "again"]).await;
         code(&o, 4, "a cancelled run cannot be resumed");
+    }
+}
+
+/// Runs one statement with `run` as `$1` on the database, and asserts it changed one row.
+async fn edit(db: &TestDb, sql: &str, run: Uuid) {
+    let conn = Database::connect(db.url.as_str()).await.expect("connect");
+    let done = conn
+        .execute_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            sql,
+            [run.into()],
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("[{}] {sql}: {e}", db.backend));
+    assert_eq!(done.rows_affected(), 1, "[{}] {sql}", db.backend);
+    let _ = conn.close().await;
+}
+
+/// A client engine (no workers) over `db` with the published workflows: it starts runs that
+/// no engine runs.
+async fn client(db: &TestDb) -> Engine {
+    Engine::builder()
+        .with_database_url(&db.url)
+        .with_published_workflows()
+        .start()
+        .await
+        .expect("client")
+}
+
+/// The operator events of a run by `actor`, from `runs show --json`: (kind, reason).
+fn operator_events(shown: &Value, actor: &str) -> Vec<(String, String)> {
+    shown["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter(|e| e["actor"] == actor)
+        .filter_map(|e| {
+            let kind = e["kind"].as_str()?;
+            kind.starts_with("operator_").then(|| {
+                (
+                    kind.to_owned(),
+                    e["detail"]["reason"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// `undo@1`: `reserve`, whose compensation fails for good until `fixed`, then `charge`,
+/// which always fails for good: a run compensates, and stops in `error` with the
+/// compensation of `reserve` failed.
+fn undo(fixed: Arc<AtomicBool>) -> Workflow {
+    Workflow::builder("undo", 1)
+        .step("reserve", |_ctx: StepContext| async {
+            Ok::<_, StepError>("r-1")
+        })
+        .compensate(move |_ctx: StepContext| {
+            let ok = fixed.load(Ordering::SeqCst);
+            async move {
+                if ok {
+                    Ok(())
+                } else {
+                    Err(StepError::terminal("stock_locked", "the stock is locked"))
+                }
+            }
+        })
+        .step("charge", |_ctx: StepContext| async {
+            Err::<(), _>(StepError::terminal("card_declined", "declined"))
+        })
+        .after(["reserve"])
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compensate_and_mark_compensated_record_who_and_why() {
+    for db in backends().await {
+        let b = db.backend;
+        let url = db.url.as_str();
+        let fixed = Arc::new(AtomicBool::new(false));
+        let eng = engine(&db, vec![undo(fixed.clone())]).await;
+        let stuck = eng.start("undo", &()).await.expect("start");
+        expect_state(&eng, stuck, RunState::Error, b).await;
+        let id = stuck.to_string();
+        let id = id.as_str();
+
+        // Refused: `charge` has no failed compensation (4); no such step (3).
+        let mark = |step| {
+            [
+                "mark-compensated",
+                id,
+                "--step",
+                step,
+                "--reason",
+                "undone by hand",
+                "--as",
+                "erin",
+            ]
+        };
+        let o = sagaflow(url, &mark("charge")).await;
+        code(
+            &o,
+            4,
+            "mark-compensated of a step whose compensation did not fail",
+        );
+        assert!(
+            stderr(&o).contains("has no failed compensation"),
+            "[{b}] {}",
+            stderr(&o)
+        );
+        code(&sagaflow(url, &mark("nope")).await, 3, "an unknown step");
+
+        // The stock was released by hand: recorded, and the run compensates the rest.
+        let marked = json(url, &mark("reserve")).await;
+        assert_eq!(
+            (
+                marked["action"].as_str(),
+                marked["step"].as_str(),
+                marked["actor"].as_str()
+            ),
+            (Some("mark_compensated"), Some("reserve"), Some("cli:erin")),
+            "[{b}] {marked}"
+        );
+        expect_state(&eng, stuck, RunState::Compensated, b).await;
+        let shown = json(url, &["runs", "show", id]).await;
+        assert_eq!(shown["run"]["state"], "compensated", "[{b}] {shown}");
+        assert_eq!(
+            operator_events(&shown, "cli:erin"),
+            [(
+                "operator_mark_compensated".to_owned(),
+                "undone by hand".to_owned()
+            )],
+            "[{b}] {shown}"
+        );
+        let event = shown["history"]
+            .as_array()
+            .expect("history")
+            .iter()
+            .find(|e| e["kind"] == "operator_mark_compensated")
+            .expect("the event");
+        assert_eq!(event["detail"]["step"], "reserve", "[{b}] {event}");
+        assert_eq!(
+            (
+                shown["alerts"][0]["resolved_by"].as_str(),
+                shown["alerts"][0]["resolution"].as_str()
+            ),
+            (Some("cli:erin"), Some("mark_compensated: undone by hand")),
+            "[{b}] {shown}"
+        );
+
+        // A run no engine runs is compensated on request; an engine finishes it.
+        eng.shutdown().await;
+        let c = client(&db).await;
+        let waiting = c.start("undo", &()).await.expect("start");
+        c.shutdown().await;
+        let w = waiting.to_string();
+        let compensating = json(
+            url,
+            &[
+                "compensate",
+                &w,
+                "--reason",
+                "customer withdrew",
+                "--as",
+                "erin",
+            ],
+        )
+        .await;
+        assert_eq!(
+            (
+                compensating["action"].as_str(),
+                compensating["state"].as_str(),
+                compensating.get("step")
+            ),
+            (Some("compensate"), Some("compensating"), None),
+            "[{b}] {compensating}"
+        );
+        let shown = json(url, &["runs", "show", &w]).await;
+        assert_eq!(shown["run"]["state"], "compensating", "[{b}] {shown}");
+        assert_eq!(
+            operator_events(&shown, "cli:erin"),
+            [(
+                "operator_compensate".to_owned(),
+                "customer withdrew".to_owned()
+            )],
+            "[{b}] {shown}"
+        );
+        fixed.store(true, Ordering::SeqCst);
+        let eng = engine(&db, vec![undo(fixed.clone())]).await;
+        expect_state(&eng, waiting, RunState::Compensated, b).await;
+        eng.shutdown().await;
+        // A compensated run cannot be compensated again (4), with the engine's reason.
+        let o = sagaflow(url, &["compensate", &w, "--reason", "again"]).await;
+        code(&o, 4, "compensate of a compensated run");
+        assert!(
+            stderr(&o).contains("already compensated"),
+            "[{b}] {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_takes_back_a_run_set_aside_for_a_damaged_row() {
+    for db in backends().await {
+        let b = db.backend;
+        let url = db.url.as_str();
+        // Published, then stopped: the run waits, `pending`; its `email` row is damaged.
+        let eng = engine(&db, vec![notify(Arc::new(AtomicBool::new(true)))]).await;
+        eng.shutdown().await;
+        let c = client(&db).await;
+        let run = c.start("notify", &()).await.expect("start");
+        c.shutdown().await;
+        let id = run.to_string();
+
+        // Not set aside: refused (4).
+        let o = sagaflow(url, &["release", &id, "--reason", "early", "--as", "frank"]).await;
+        code(&o, 4, "release of a run not set aside");
+        assert!(
+            stderr(&o).starts_with("sagaflow: cannot release") && stderr(&o).contains("not error"),
+            "[{b}] {}",
+            stderr(&o)
+        );
+        edit(
+            &db,
+            "UPDATE sagaflow_steps SET state = 'bogus' WHERE run_id = $1 AND name = 'email'",
+            run,
+        )
+        .await;
+
+        // An engine meets the damaged row and sets the run aside.
+        let eng = engine(&db, vec![notify(Arc::new(AtomicBool::new(true)))]).await;
+        let aside = expect_state(&eng, run, RunState::Error, b).await;
+        assert_eq!(
+            aside.error.as_ref().map(|e| e["code"].clone()),
+            Some("corrupt_row".into()),
+            "[{b}] {aside:?}"
+        );
+        eng.shutdown().await;
+
+        // Released before the repair: the damage is named, and nothing changes (1).
+        let o = sagaflow(url, &["release", &id, "--reason", "early", "--as", "frank"]).await;
+        code(&o, 1, "release of a run whose row is still damaged");
+        assert!(
+            stderr(&o).contains("sagaflow_steps") && stderr(&o).contains("`bogus`"),
+            "[{b}] {}",
+            stderr(&o)
+        );
+
+        // Repaired, then released: recorded with who and why; an engine completes it.
+        edit(
+            &db,
+            "UPDATE sagaflow_steps SET state = 'not_started' WHERE run_id = $1 AND name = 'email'",
+            run,
+        )
+        .await;
+        let released = json(
+            url,
+            &["release", &id, "--reason", "row repaired", "--as", "frank"],
+        )
+        .await;
+        assert_eq!(
+            (
+                released["action"].as_str(),
+                released["state"].as_str(),
+                released["actor"].as_str()
+            ),
+            (Some("release"), Some("running"), Some("cli:frank")),
+            "[{b}] {released}"
+        );
+        let shown = json(url, &["runs", "show", &id]).await;
+        assert_eq!(shown["run"]["state"], "running", "[{b}] {shown}");
+        assert_eq!(
+            operator_events(&shown, "cli:frank"),
+            [("operator_release".to_owned(), "row repaired".to_owned())],
+            "[{b}] {shown}"
+        );
+        let alert = shown["alerts"]
+            .as_array()
+            .expect("alerts")
+            .iter()
+            .find(|a| a["kind"] == "corrupt_row")
+            .unwrap_or_else(|| panic!("[{b}] no corrupt_row alert: {shown}"));
+        assert_eq!(
+            (alert["resolved_by"].as_str(), alert["resolution"].as_str()),
+            (Some("cli:frank"), Some("release: row repaired")),
+            "[{b}] {alert}"
+        );
+        let eng = engine(&db, vec![notify(Arc::new(AtomicBool::new(true)))]).await;
+        expect_state(&eng, run, RunState::Completed, b).await;
+        eng.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_shows_each_workflow_s_steps() {
+    for db in backends().await {
+        let b = db.backend;
+        let url = db.url.as_str();
+        let eng = engine(
+            &db,
+            vec![
+                notify(Arc::new(AtomicBool::new(true))),
+                undo(Arc::default()),
+            ],
+        )
+        .await;
+        eng.shutdown().await;
+        // No engine runs them: `notify` has a step due now and one due in an hour.
+        let c = client(&db).await;
+        c.start("notify", &()).await.expect("start");
+        c.start_with(
+            "notify",
+            &(),
+            sagaflow::StartOptions::default().start_after(Duration::from_secs(3600)),
+        )
+        .await
+        .expect("start later");
+        c.shutdown().await;
+
+        let queue = json(url, &["queue"]).await;
+        assert_eq!(
+            (queue["ready"].as_i64(), queue["scheduled"].as_i64()),
+            (Some(1), Some(1)),
+            "[{b}] {queue}"
+        );
+        let queues = queue["queues"].as_array().expect("queues");
+        assert_eq!(queues.len(), 1, "[{b}] only notify has steps: {queue}");
+        let notify_queue = &queues[0];
+        assert_eq!(
+            (
+                notify_queue["workflow"].as_str(),
+                notify_queue["ready"].as_i64(),
+                notify_queue["scheduled"].as_i64(),
+                notify_queue["running"].as_i64()
+            ),
+            (Some("notify"), Some(1), Some(1), Some(0)),
+            "[{b}] {queue}"
+        );
+        assert!(
+            notify_queue["oldest_ready_ms"]
+                .as_i64()
+                .is_some_and(|ms| ms >= 0),
+            "[{b}] {queue}"
+        );
+        snapshot("queue_per_workflow", &human(url, &["queue"]).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_row_that_does_not_decode_is_left_out_and_named() {
+    for db in backends().await {
+        let b = db.backend;
+        let url = db.url.as_str();
+        let eng = engine(&db, vec![notify(Arc::new(AtomicBool::new(true)))]).await;
+        eng.shutdown().await;
+        // Three notices with a dead delivery each: one sound, one whose topic and one whose
+        // delivery state this version does not know.
+        let conn = Database::connect(url).await.expect("connect");
+        let backend = conn.get_database_backend();
+        for (dedupe, topic, state) in [
+            ("n-sound", "alert", "dead"),
+            ("n-topic", "from_the_future", "dead"),
+            ("n-state", "alert", "bogus"),
+        ] {
+            for sql in [
+                format!(
+                    "INSERT INTO sagaflow_outbox (dedupe_id, topic, body, created_at) \
+                     VALUES ('{dedupe}', '{topic}', '{{}}', 1)"
+                ),
+                format!(
+                    "INSERT INTO sagaflow_deliveries (outbox_id, sink, state, attempts, next_at, updated_at) \
+                     SELECT id, 'hook', '{state}', 3, 0, 1 FROM sagaflow_outbox WHERE dedupe_id = '{dedupe}'"
+                ),
+            ] {
+                conn.execute_raw(Statement::from_string(backend, sql.clone()))
+                    .await
+                    .unwrap_or_else(|e| panic!("[{b}] {sql}: {e}"));
+            }
+        }
+        let _ = conn.close().await;
+
+        // The listing keeps the sound row and leaves the damaged ones out.
+        let c = client(&db).await;
+        let listed: Vec<String> = c
+            .deliveries(None, 50)
+            .await
+            .expect("deliveries")
+            .into_iter()
+            .map(|d| d.dedupe_id)
+            .collect();
+        assert_eq!(listed, ["n-sound"], "[{b}]");
+        // The leader's page leaves out the notice whose delivery does not decode (read as
+        // pending, it would be sent again at every pass) and the one of an unknown topic.
+        let pending: Vec<String> = c
+            .store()
+            .outbox_pending(100)
+            .await
+            .expect("pending")
+            .notices
+            .into_iter()
+            .map(|p| p.notice.dedupe_id)
+            .collect();
+        assert_eq!(pending, ["n-sound"], "[{b}]");
+        c.shutdown().await;
+
+        // The command lists the sound one, and names each damaged row in its log.
+        let o = sagaflow_logging(url, &["alerts", "deliveries", "--json"], "warn").await;
+        code(&o, 0, "deliveries with damaged rows");
+        let answer: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert_eq!(
+            answer["deliveries"].as_array().map(Vec::len),
+            Some(1),
+            "[{b}] {answer}"
+        );
+        assert_eq!(answer["deliveries"][0]["dedupe_id"], "n-sound", "[{b}]");
+        let log = stderr(&o);
+        assert!(
+            log.contains("sagaflow_outbox") && log.contains("`from_the_future`"),
+            "[{b}] {log}"
+        );
+        assert!(
+            log.contains("sagaflow_deliveries")
+                && log.contains("sink `hook`")
+                && log.contains("`bogus`"),
+            "[{b}] {log}"
+        );
     }
 }

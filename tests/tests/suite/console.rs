@@ -571,12 +571,46 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
             still_open(s.engine.open_alerts().await.expect("alerts")),
             "[{b}]"
         );
+        // A reason is required, and stored with who resolved it.
         let (status, _, _) = post(&http, &s, &resolve, &ops, &[("csrf", &csrf)]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "[{b}] no reason");
+        assert!(
+            still_open(s.engine.open_alerts().await.expect("alerts")),
+            "[{b}]"
+        );
+        let (status, _, _) = post(
+            &http,
+            &s,
+            &resolve,
+            &ops,
+            &[("csrf", &csrf), ("reason", "shipper <i>paged</i>")],
+        )
+        .await;
         assert_eq!(status, StatusCode::SEE_OTHER, "[{b}]");
         assert!(
             !still_open(s.engine.open_alerts().await.expect("alerts")),
             "[{b}]"
         );
+        let stored = s
+            .engine
+            .run_alerts(failing)
+            .await
+            .expect("alerts")
+            .into_iter()
+            .find(|a| a.id == alert.id)
+            .unwrap_or_else(|| panic!("[{b}] the alert"));
+        assert_eq!(
+            (stored.resolved_by.as_deref(), stored.resolution.as_deref()),
+            (Some("console:ops"), Some("shipper <i>paged</i>")),
+            "[{b}]"
+        );
+        // The run's page shows who resolved it and why, escaped.
+        let (_, page) = get(&http, &s, &format!("/console/runs/{failing}"), &ops).await;
+        assert!(
+            page.contains("console:ops") && page.contains("shipper &lt;i&gt;paged&lt;/i&gt;"),
+            "[{b}] {page}"
+        );
+        assert!(!page.contains("<i>paged"), "[{b}] unescaped");
 
         // A notice a sink gave up on is listed, escaped, and can be sent again.
         let notice = sagaflow_testkit::eventually_some(

@@ -401,11 +401,27 @@ async fn real_answers_match_the_schemas_the_document_gives_them() {
                 "/api/v1/alerts/{}/resolve",
                 alerts["alerts"][0]["id"]
             )))
-            .bearer_auth(OPS),
+            .bearer_auth(OPS)
+            .json(&json!({ "reason": "refunds are handled by hand" })),
         )
         .await;
         assert_eq!(status, StatusCode::OK, "[{b}] {resolved}");
         answers.check("post", "/api/v1/alerts/{id}/resolve", status, &resolved, b);
+        // The resolved alert, with who and why, as its run's answer documents it.
+        let (status, detail) = answer(
+            http.get(url(&format!("/api/v1/runs/{stuck}")))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(
+            (
+                detail["alerts"][0]["resolved_by"].as_str(),
+                detail["alerts"][0]["resolution"].as_str()
+            ),
+            (Some("api:ops"), Some("refunds are handled by hand")),
+            "[{b}] {detail}"
+        );
+        answers.check("get", "/api/v1/runs/{id}", status, &detail, b);
 
         // The alert's notice, delivered to the log sink by the supervisor leader.
         let deliveries = sagaflow_testkit::eventually_some(

@@ -519,6 +519,20 @@ async fn followers_raise_one_supervisor_stalled_alert_while_no_leader_sweeps() {
         .await;
         let all = store.alert_list(None, false).await.expect("alerts");
         assert_eq!(stalled_alerts(&all).len(), 1, "[{}] {all:?}", db.backend);
+        // Resolved by the engine itself, saying what went away.
+        let resolved = stalled_alerts(&all)[0];
+        assert_eq!(
+            (
+                resolved.resolved_by.as_deref(),
+                resolved.resolution.as_deref()
+            ),
+            (
+                Some(sagaflow::RESOLVED_BY_ENGINE),
+                Some("supervisor sweeps are completing again")
+            ),
+            "[{}] {resolved:?}",
+            db.backend
+        );
 
         a.shutdown().await;
         b.shutdown().await;
