@@ -202,8 +202,10 @@ async fn flow_control_a_tenants_burst_does_not_starve_another_tenant() {
         let busy = 1000;
         start_runs(&one, "busy", busy).await;
         until_calls(&service, 10, "the busy tenant to be served").await;
-        let submitted = Instant::now();
         let quiet = start_runs(&two, "quiet", 1).await[0];
+        // From when the run is stored: the busy tenant's calls while the start was on its
+        // way are not the claim's doing.
+        let submitted = Instant::now();
         eventually(
             Duration::from_secs(30),
             "the quiet tenant's call",
@@ -216,8 +218,8 @@ async fn flow_control_a_tenants_burst_does_not_starve_another_tenant() {
             .find(|c| c.tenant == "quiet")
             .expect("quiet call")
             .arrived;
-        // Requests of the busy tenant that started after the quiet run was submitted and
-        // before it: at most a few claim rounds' worth.
+        // Requests of the busy tenant that started after the quiet run was stored and before
+        // it: those claimed already (three at most) and a claim round's worth.
         let ahead = calls
             .iter()
             .filter(|c| c.tenant == "busy" && c.arrived > submitted && c.arrived < served)
