@@ -13,6 +13,7 @@ mod claim;
 mod cli;
 mod console;
 mod crash;
+mod deferral;
 mod definitions;
 mod demo;
 mod extend;
