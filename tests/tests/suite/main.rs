@@ -23,6 +23,7 @@ mod first_start;
 mod fixtures;
 mod flow;
 mod frozen;
+mod http_agent;
 mod interruption;
 mod list;
 mod metrics;
