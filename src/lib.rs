@@ -61,6 +61,8 @@ mod start;
 mod submit;
 pub mod webhook;
 
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "otel")]
 pub mod otel;
 

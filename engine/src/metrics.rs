@@ -36,7 +36,8 @@ pub const RUNS_FINISHED: &str = "sagaflow_runs_finished_total";
 /// Counter: runs that entered `error` (they wait for an operator), by `workflow`.
 pub const RUNS_ERRORED: &str = "sagaflow_runs_errored_total";
 /// Counter: step attempts that ended, forward and compensation alike, by `workflow`, `step`
-/// and `outcome` (`succeeded`, `failed_not_applied`, `failed_unknown`, `interrupted`).
+/// and `outcome` (`succeeded`, `failed_not_applied`, `failed_unknown`, `interrupted`,
+/// `deferred`).
 pub const STEP_ATTEMPTS: &str = "sagaflow_step_attempts_total";
 /// Counter: alerts raised, by `kind`.
 pub const ALERTS: &str = "sagaflow_alerts_total";
@@ -127,7 +128,7 @@ pub fn describe() {
         STEP_ATTEMPTS,
         Unit::Count,
         "Step attempts (forward and compensation) that ended, per workflow, step and outcome \
-         (succeeded, failed_not_applied, failed_unknown, interrupted)."
+         (succeeded, failed_not_applied, failed_unknown, interrupted, deferred)."
     );
     describe_counter!(ALERTS, Unit::Count, "Alerts raised, per kind.");
     describe_histogram!(
@@ -227,10 +228,12 @@ pub enum AttemptOutcome {
     Succeeded,
     /// It failed, and the remote side did not act.
     FailedNotApplied,
-    /// It failed (or timed out), and the remote side may have acted.
+    /// It failed (or timed out), and the remote side may have acted (or did).
     FailedUnknown,
     /// Its instance went away (crash, stop) before it answered.
     Interrupted,
+    /// The remote asked to be called again later and applied nothing (not a failure).
+    Deferred,
 }
 
 impl AttemptOutcome {
@@ -241,6 +244,7 @@ impl AttemptOutcome {
             Self::FailedNotApplied => "failed_not_applied",
             Self::FailedUnknown => "failed_unknown",
             Self::Interrupted => "interrupted",
+            Self::Deferred => "deferred",
         }
     }
 
@@ -249,6 +253,7 @@ impl AttemptOutcome {
         match finish.change.on {
             Trigger::Succeeded => Self::Succeeded,
             Trigger::Interrupted | Trigger::InterruptedTooOften => Self::Interrupted,
+            Trigger::Deferred => Self::Deferred,
             _ if finish.error.as_ref().is_some_and(|e| !e.may_have_applied()) => {
                 Self::FailedNotApplied
             }

@@ -12,7 +12,14 @@
 //!   precondition) lets the engine skip the step's compensation. An unclassified error can
 //!   cost an unneeded compensation call; it can never leave an applied effect un-compensated.
 //!
+//! A third answer is neither success nor failure: [`StepError::try_again_after`], the remote's
+//! "come back after this delay; nothing was done" (an HTTP 429 or 503 with `Retry-After`). The
+//! engine then queues the step again after that delay without counting a failure: a
+//! *deferral*.
+//!
 //! The envelope is what is stored with the step and sent back over the agent response channel.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +38,11 @@ pub enum Outcome {
     /// failed before sending (a local precondition). A step whose attempts were all
     /// `NotApplied` is not compensated.
     NotApplied,
+    /// The remote acted: it answered success, but the answer could not be used (a 2xx body
+    /// that does not decode). The engine treats it as [`Outcome::Unknown`] (the step becomes
+    /// *maybe applied* and is compensated if the run unwinds); the stored envelope says what
+    /// is known.
+    Applied,
 }
 
 impl Outcome {
@@ -39,6 +51,7 @@ impl Outcome {
         match self {
             Self::Unknown => "unknown",
             Self::NotApplied => "not_applied",
+            Self::Applied => "applied",
         }
     }
 }
@@ -60,6 +73,11 @@ pub struct StepError {
     /// Optional structured details.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<serde_json::Value>,
+    /// The delay the remote asked for before the next attempt, in milliseconds: set by
+    /// [`StepError::try_again_after`]. In a stored envelope it is the delay the engine applied
+    /// (capped by the step's [`RetryPolicy`](crate::RetryPolicy)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl StepError {
@@ -71,7 +89,58 @@ impl StepError {
             retryable: true,
             outcome: Outcome::Unknown,
             details: None,
+            retry_after_ms: None,
         }
+    }
+
+    /// A deferral, not a failure: the remote asked to be called again after `delay`, and
+    /// nothing was applied (an HTTP 429 or 503 with `Retry-After`, a service's "busy, come
+    /// back later"). The engine queues the step again `delay` later on the database clock,
+    /// without counting a failure or applying the retry backoff, and records a `deferred`
+    /// history event. The delay is capped by [`RetryPolicy::max_deferral_delay`] (1 hour by
+    /// default), and a step is deferred at most while its attempt number within the phase is
+    /// at most [`RetryPolicy::max_deferrals`] (100 by default); past that the deferral is an
+    /// ordinary retryable failure, so a remote that always answers "later" cannot hold a run
+    /// forever.
+    ///
+    /// The error is retryable with outcome [`Outcome::NotApplied`]. Changing either (with
+    /// [`StepError::with_outcome`], or by setting `retryable`) makes it an ordinary failure:
+    /// only a request that did nothing can be deferred for free.
+    ///
+    /// [`RetryPolicy::max_deferral_delay`]: crate::RetryPolicy::max_deferral_delay
+    /// [`RetryPolicy::max_deferrals`]: crate::RetryPolicy::max_deferrals
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sagaflow_engine::StepError;
+    ///
+    /// let e = StepError::try_again_after("busy", "payments answered 429", Duration::from_secs(2));
+    /// assert!(e.is_deferral());
+    /// assert_eq!(e.retry_after(), Some(Duration::from_secs(2)));
+    /// assert!(!e.may_have_applied());
+    /// ```
+    pub fn try_again_after(
+        code: impl Into<String>,
+        message: impl Into<String>,
+        delay: Duration,
+    ) -> Self {
+        Self {
+            retry_after_ms: Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+            ..Self::retryable(code, message).not_applied()
+        }
+    }
+
+    /// The delay the remote asked for, if any (see [`StepError::try_again_after`]).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after_ms.map(Duration::from_millis)
+    }
+
+    /// Whether the engine defers the step instead of counting a failure: a retryable error
+    /// that applied nothing and carries a delay ([`StepError::try_again_after`]).
+    pub fn is_deferral(&self) -> bool {
+        self.retryable && self.outcome == Outcome::NotApplied && self.retry_after_ms.is_some()
     }
 
     /// A terminal failure: retrying will not help, the saga compensates. Its outcome is
@@ -110,9 +179,10 @@ impl StepError {
         self
     }
 
-    /// Whether the effect may have happened.
+    /// Whether the effect may have happened (or did): the outcome is not
+    /// [`Outcome::NotApplied`].
     pub fn may_have_applied(&self) -> bool {
-        self.outcome == Outcome::Unknown
+        self.outcome != Outcome::NotApplied
     }
 
     /// The envelope recorded when the supervisor finds a step past its deadline (its owner
@@ -183,6 +253,37 @@ mod tests {
                 .not_applied()
                 .may_have_applied()
         );
+    }
+
+    #[test]
+    fn only_a_retryable_not_applied_error_with_a_delay_is_a_deferral() {
+        let d = StepError::try_again_after("busy", "later", Duration::from_millis(1500));
+        assert!(d.is_deferral() && d.retryable && !d.may_have_applied());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1500)));
+        assert!(!d.clone().with_outcome(Outcome::Unknown).is_deferral());
+        let terminal = StepError {
+            retryable: false,
+            ..d.clone()
+        };
+        assert!(!terminal.is_deferral());
+        assert!(!StepError::retryable("x", "y").not_applied().is_deferral());
+        let round: StepError = serde_json::from_str(&d.to_json()).expect("round trip");
+        assert_eq!(round, d);
+        assert!(
+            !StepError::refused("a", "b")
+                .to_json()
+                .contains("retry_after"),
+            "absent unless set"
+        );
+        let huge = StepError::try_again_after("busy", "later", Duration::MAX);
+        assert_eq!(huge.retry_after_ms, Some(u64::MAX));
+    }
+
+    #[test]
+    fn an_applied_outcome_may_have_applied() {
+        let e = StepError::terminal("bad_reply", "x").with_outcome(Outcome::Applied);
+        assert!(e.may_have_applied());
+        assert!(e.to_json().contains(r#""outcome":"applied""#));
     }
 
     #[test]

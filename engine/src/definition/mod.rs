@@ -21,8 +21,8 @@ pub use describe::{StepDescription, WorkflowDescription};
 pub use policy::millis;
 pub use policy::{
     DEADLINE_CAP_DEFAULT, DEADLINE_DEFAULT, DeadlinePolicy, INITIAL_BACKOFF_DEFAULT,
-    MAX_BACKOFF_DEFAULT, MAX_FAILURES_DEFAULT, MAX_INTERRUPTIONS_DEFAULT, RetryPolicy,
-    StepSettings,
+    MAX_BACKOFF_DEFAULT, MAX_DEFERRAL_DELAY_DEFAULT, MAX_DEFERRALS_DEFAULT, MAX_FAILURES_DEFAULT,
+    MAX_INTERRUPTIONS_DEFAULT, RetryPolicy, StepSettings,
 };
 pub use registry::Registry;
 pub use schema::FieldError;

@@ -10,6 +10,13 @@ pub const MAX_FAILURES_DEFAULT: u32 = 5;
 /// frozen process, a shutdown) after which a step is treated as poison: the run stops in
 /// `Error` with a `poison_step` alert instead of crashing engines forever.
 pub const MAX_INTERRUPTIONS_DEFAULT: u32 = 5;
+/// Default cap on deferrals ([`StepError::try_again_after`](crate::StepError::try_again_after)):
+/// a step is deferred without counting a failure only while its attempt number within the
+/// phase is at most this; a later deferral is an ordinary retryable failure.
+pub const MAX_DEFERRALS_DEFAULT: u32 = 100;
+/// Default ceiling of the delay a deferral may ask for: a longer `Retry-After` is cut to it,
+/// so a hostile or broken remote cannot park a step for a year.
+pub const MAX_DEFERRAL_DELAY_DEFAULT: Duration = Duration::from_secs(3600);
 /// Default first retry delay.
 pub const INITIAL_BACKOFF_DEFAULT: Duration = Duration::from_millis(200);
 /// Default ceiling of the retry delay.
@@ -36,6 +43,13 @@ pub struct RetryPolicy {
     /// stops the run in `Error` with a `poison_step` alert. Interruptions never count as
     /// failures.
     pub max_interruptions: u32,
+    /// Attempts of a phase during which a deferral
+    /// ([`StepError::try_again_after`](crate::StepError::try_again_after)) costs no failure:
+    /// a deferral answered by an attempt whose number within the phase is above this is an
+    /// ordinary retryable failure (counted, with backoff).
+    pub max_deferrals: u32,
+    /// Ceiling of the delay of one deferral.
+    pub max_deferral_delay: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -46,6 +60,8 @@ impl Default for RetryPolicy {
             max_backoff: MAX_BACKOFF_DEFAULT,
             jitter: true,
             max_interruptions: MAX_INTERRUPTIONS_DEFAULT,
+            max_deferrals: MAX_DEFERRALS_DEFAULT,
+            max_deferral_delay: MAX_DEFERRAL_DELAY_DEFAULT,
         }
     }
 }
@@ -78,6 +94,27 @@ impl RetryPolicy {
     pub fn with_max_interruptions(mut self, n: u32) -> Self {
         self.max_interruptions = n;
         self
+    }
+
+    /// Sets how many attempts of a phase may be deferred without counting a failure (see
+    /// [`RetryPolicy::max_deferrals`]).
+    #[must_use]
+    pub fn with_max_deferrals(mut self, n: u32) -> Self {
+        self.max_deferrals = n;
+        self
+    }
+
+    /// Sets the ceiling of one deferral's delay.
+    #[must_use]
+    pub fn with_max_deferral_delay(mut self, max: Duration) -> Self {
+        self.max_deferral_delay = max;
+        self
+    }
+
+    /// The delay of a deferral that asked for `asked`: capped by
+    /// [`RetryPolicy::max_deferral_delay`].
+    pub fn deferral_delay(&self, asked: Duration) -> Duration {
+        asked.min(self.max_deferral_delay)
     }
 
     /// The interruption cap as stored.
@@ -194,6 +231,24 @@ mod tests {
         assert_eq!(p.extend(Duration::from_secs(1)), Duration::from_secs(2));
         assert_eq!(p.extend(Duration::from_secs(4)), Duration::from_secs(5));
         assert_eq!(p.extend(Duration::from_secs(5)), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_deferral_delay_is_capped() {
+        let p = RetryPolicy::default();
+        assert_eq!(
+            p.deferral_delay(Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            p.deferral_delay(Duration::from_secs(365 * 86_400)),
+            MAX_DEFERRAL_DELAY_DEFAULT
+        );
+        let short = p.with_max_deferral_delay(Duration::from_millis(10));
+        assert_eq!(
+            short.deferral_delay(Duration::from_secs(1)),
+            Duration::from_millis(10)
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub enum HistoryKind {
     Retry,
     /// An attempt failed for good.
     Failed,
+    /// The remote asked to be called again later and applied nothing: the step is queued
+    /// again after the delay, no failure counted (the detail's `retry_after_ms`).
+    Deferred,
     /// An attempt ran past its deadline (the supervisor re-queued or failed the step).
     Timeout,
     /// An attempt was lost with its engine instance.

@@ -25,6 +25,9 @@ use crate::{Error, Registry, StepError};
 const WRITE_ATTEMPTS: u32 = 5;
 /// Slack added to a retry's due time before waking the claimer, so the row is due by then.
 const RETRY_WAKE_MARGIN: Duration = Duration::from_millis(5);
+/// Longest retry or deferral delay the completion loop keeps a wake-up timer for; a step due
+/// later (a long deferral) is found by the claim loop's polling, so the timers stay few.
+const RETRY_WAKE_MAX_MS: i64 = 120_000;
 
 pub(super) async fn run(
     s: Arc<Scheduler>,
@@ -33,8 +36,9 @@ pub(super) async fn run(
 ) {
     let mut streak = ErrorStreak::default();
     let mut batch = Vec::with_capacity(s.config.complete_batch);
-    // Due times of the retries this loop wrote: the claim loop is woken when each becomes due
-    // rather than at its next idle poll. Bounded by the number of steps in flight.
+    // Due times of the retries and deferrals this loop wrote: the claim loop is woken when
+    // each becomes due rather than at its next idle poll. Bounded by the results written
+    // within the longest delay kept (`RETRY_WAKE_MAX_MS`).
     let mut retries: BinaryHeap<Reverse<Instant>> = BinaryHeap::new();
     loop {
         let next = retries.peek().map(|Reverse(t)| *t);
@@ -95,8 +99,9 @@ pub(super) async fn run(
                     // so measure from after it, with a margin for clock granularity.
                     let base = Instant::now() + RETRY_WAKE_MARGIN;
                     for (f, ok) in finishes.iter().zip(&applied) {
-                        if let (Trigger::FailedWillRetry, Some(delay_ms), true) =
+                        if let (Trigger::FailedWillRetry | Trigger::Deferred, Some(delay_ms), true) =
                             (f.change.on, f.change.due_in_ms, ok)
+                            && delay_ms <= RETRY_WAKE_MAX_MS
                         {
                             retries.push(Reverse(
                                 base + Duration::from_millis(u64::try_from(delay_ms).unwrap_or(0)),
@@ -216,7 +221,8 @@ fn damage(run_id: Uuid, e: &StepError) -> Damage {
 }
 
 /// Turns an agent's answer into the decided end of its attempt: success, retry after backoff,
-/// or failure for good, with whether the effect may have happened.
+/// deferral after the asked delay, or failure for good, with whether the effect may have
+/// happened.
 fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
     let lease = r.lease;
     let result = r.result.and_then(|v| {
@@ -236,32 +242,52 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
         }
     });
     let c = lease.counters;
-    let (on, output, error) = match result {
+    let policy = || {
+        s.registry
+            .by_key(&lease.workflow_key)
+            .and_then(|w| w.step(&lease.step))
+            .map(|d| d.settings().retry)
+            .unwrap_or_default()
+    };
+    let (on, output, mut error) = match result {
         Ok(json) => (Trigger::Succeeded, Some(json), None),
         // Not the step's failure: its data could not be decoded. Nothing was called.
         Err(error) if error.is_corrupt_row() => (Trigger::SetAside, None, Some(error)),
+        // The remote asked to come back later and did nothing: no failure, within the cap.
+        Err(error) if error.is_deferral() => (
+            transition::on_deferral(&c, policy().max_deferrals),
+            None,
+            Some(error),
+        ),
         Err(error) => (
             transition::on_failure(error.retryable, &c),
             None,
             Some(error),
         ),
     };
-    let backoff_ms = if on == Trigger::FailedWillRetry {
-        let policy = s
-            .registry
-            .by_key(&lease.workflow_key)
-            .and_then(|w| w.step(&lease.step))
-            .map(|d| d.settings().retry)
-            .unwrap_or_default();
-        let failures = u32::try_from(c.failure_count.saturating_add(1)).unwrap_or(u32::MAX);
-        crate::definition::millis(policy.backoff(failures))
-    } else {
-        0
+    let delay_ms = match on {
+        Trigger::FailedWillRetry => {
+            let failures = u32::try_from(c.failure_count.saturating_add(1)).unwrap_or(u32::MAX);
+            crate::definition::millis(policy().backoff(failures))
+        }
+        Trigger::Deferred => {
+            let asked = error
+                .as_ref()
+                .and_then(StepError::retry_after)
+                .unwrap_or_default();
+            let delay = policy().deferral_delay(asked);
+            // The stored envelope says the delay applied.
+            if let Some(e) = error.as_mut() {
+                e.retry_after_ms = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+            }
+            crate::definition::millis(delay)
+        }
+        _ => 0,
     };
     let unknown = error.as_ref().is_some_and(StepError::may_have_applied);
     // A lease is always `Running` or `Compensating`, which have these edges; should that ever
     // change, the write changes nothing and matches no row.
-    let change = transition::decide(lease.state, on, &c, unknown, backoff_ms)
+    let change = transition::decide(lease.state, on, &c, unknown, delay_ms)
         .unwrap_or_else(|| StepChange::none(lease.state, on, &c));
     StepFinish {
         id: lease.step_id,

@@ -69,6 +69,7 @@ impl StepFinish {
         match self.change.on {
             Trigger::Succeeded => "completed",
             Trigger::FailedWillRetry => "retry",
+            Trigger::Deferred => "deferred",
             Trigger::TimedOut | Trigger::TimedOutForGood => "timeout",
             Trigger::Interrupted | Trigger::InterruptedTooOften => "interrupted",
             Trigger::SetAside => "set_aside",

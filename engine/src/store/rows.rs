@@ -407,7 +407,8 @@ pub struct ExpiredStep {
 
 impl ExpiredStep {
     pub(super) const COLS: &str = "id, run_id, workflow_key, name, state, attempt, locked_by, failure_count, \
-        max_failures, interruptions, max_interruptions, deadline_ms, deadline_cap_ms";
+        max_failures, interruptions, max_interruptions, deadline_ms, deadline_cap_ms, \
+        forward_attempts, compensation_attempts";
 
     pub(super) fn decode(r: &Row) -> Result<Self> {
         let id: i64 = r.try_get("", "id")?;
@@ -437,15 +438,26 @@ struct StateOnly {
 from_row!(StateOnly { state: state_cell });
 
 // The counters of a claimed or running step, as the transition table decides on them (the
-// type lives with the decisions, which know nothing of rows).
-from_row!(Counters {
-    failure_count,
-    max_failures,
-    interruptions,
-    max_interruptions,
-    deadline_ms,
-    deadline_cap_ms,
-});
+// type lives with the decisions, which know nothing of rows). The row's `state`,
+// `forward_attempts` and `compensation_attempts` give the attempt's number within its phase.
+impl FromRow for Counters {
+    fn from_row(r: &Row) -> std::result::Result<Self, DbErr> {
+        let state: StepState = state_cell(r, "state")?;
+        Ok(Self {
+            failure_count: r.try_get("", "failure_count")?,
+            max_failures: r.try_get("", "max_failures")?,
+            interruptions: r.try_get("", "interruptions")?,
+            max_interruptions: r.try_get("", "max_interruptions")?,
+            deadline_ms: r.try_get("", "deadline_ms")?,
+            deadline_cap_ms: r.try_get("", "deadline_cap_ms")?,
+            phase_attempt: phase_attempts(
+                state,
+                r.try_get("", "forward_attempts")?,
+                r.try_get("", "compensation_attempts")?,
+            ),
+        })
+    }
+}
 
 /// Decodes one history row into its stored columns (typed in [`crate::model`]).
 pub(super) fn history_columns(r: &Row) -> Result<HistoryColumns> {

@@ -27,6 +27,7 @@ fn effects_text(e: &Effects) -> String {
     match e.due {
         Due::Now => parts.push("due now"),
         Due::AfterBackoff => parts.push("due after backoff"),
+        Due::AfterAskedDelay => parts.push("due after the asked delay (capped)"),
         Due::Never => {}
     }
     if e.store_output {

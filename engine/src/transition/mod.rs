@@ -9,9 +9,10 @@
 //! [`run_table`], and a test fails when the two disagree.
 //!
 //! Step events are classified against the step's counters first ([`on_failure`],
-//! [`on_timeout`], [`on_interruption`]): a failed attempt is `failed_will_retry` below the
-//! failure threshold and `failed_for_good` at it, an interruption is `interrupted_too_often`
-//! past the interruption cap. Then [`decide`] applies the table's effects to the counters.
+//! [`on_deferral`], [`on_timeout`], [`on_interruption`]): a failed attempt is
+//! `failed_will_retry` below the failure threshold and `failed_for_good` at it, a deferral is
+//! `deferred` within the deferral cap and a failure past it, an interruption is
+//! `interrupted_too_often` past the interruption cap. Then [`decide`] applies the table's effects to the counters.
 
 use crate::StepError;
 use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
@@ -35,8 +36,8 @@ pub use run_rules::{
     OPERATOR_ACTIONS, PAUSED_ACTIONS, RUN_RULES, RunRule, RunTrigger, run_rule, set_aside_rule,
 };
 pub use step::{
-    Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_failure,
-    on_interruption, on_timeout, step_rule,
+    Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_deferral,
+    on_failure, on_interruption, on_timeout, step_rule,
 };
 
 /// The decided end of a running step found by a rescue: an interruption when its owner

@@ -20,6 +20,7 @@ fn expired(failure_count: i32, max_failures: i32, deadline_ms: i64, dead: bool) 
             max_interruptions: 1,
             deadline_ms,
             deadline_cap_ms: 3000,
+            phase_attempt: 1,
         },
         owner_dead: dead,
     }

@@ -15,6 +15,11 @@ pub enum Trigger {
     FailedWillRetry,
     /// The attempt failed terminally, or its failure reached the threshold.
     FailedForGood,
+    /// The remote asked to be called again later and applied nothing
+    /// ([`StepError::try_again_after`](crate::StepError::try_again_after)), and the attempt's
+    /// number within its phase is within the deferral cap: queued again after the asked
+    /// delay, no failure counted.
+    Deferred,
     /// The deadline passed while the owner lived; the failure count stays under the threshold.
     TimedOut,
     /// The deadline passed and the failure reached the threshold.
@@ -47,11 +52,12 @@ pub enum Trigger {
 
 impl Trigger {
     /// Every trigger.
-    pub const ALL: [Trigger; 16] = [
+    pub const ALL: [Trigger; 17] = [
         Self::Claimed,
         Self::Succeeded,
         Self::FailedWillRetry,
         Self::FailedForGood,
+        Self::Deferred,
         Self::TimedOut,
         Self::TimedOutForGood,
         Self::Interrupted,
@@ -73,6 +79,7 @@ impl Trigger {
             Self::Succeeded => "succeeded",
             Self::FailedWillRetry => "failed_will_retry",
             Self::FailedForGood => "failed_for_good",
+            Self::Deferred => "deferred",
             Self::TimedOut => "timed_out",
             Self::TimedOutForGood => "timed_out_for_good",
             Self::Interrupted => "interrupted",
@@ -89,8 +96,8 @@ impl Trigger {
     }
 
     /// Whether the trigger ends an attempt that did not succeed: a failure, a timeout or an
-    /// interruption. Each such end adds one to the run's failed-attempt count, which
-    /// operators sort runs by.
+    /// interruption (a deferral is none of these). Each such end adds one to the run's
+    /// failed-attempt count, which operators sort runs by.
     pub const fn ends_attempt_unsuccessfully(self) -> bool {
         matches!(
             self,
@@ -111,6 +118,8 @@ pub enum Due {
     Now,
     /// After the retry policy's backoff for this failure.
     AfterBackoff,
+    /// After the delay the remote asked for (a deferral), capped by the retry policy.
+    AfterAskedDelay,
     /// Not queued (`available_at = NULL`).
     Never,
 }
@@ -180,6 +189,9 @@ pub struct Counters {
     pub deadline_ms: i64,
     /// Deadline cap.
     pub deadline_cap_ms: i64,
+    /// The attempt's number within its phase (`forward_attempts` of a running step,
+    /// `compensation_attempts` of a compensating one), the attempt in flight included.
+    pub phase_attempt: i32,
 }
 
 /// A failed attempt: retry or fail for good.
@@ -188,6 +200,18 @@ pub fn on_failure(retryable: bool, c: &Counters) -> Trigger {
         Trigger::FailedWillRetry
     } else {
         Trigger::FailedForGood
+    }
+}
+
+/// An attempt whose remote asked to be called again later, having applied nothing: a
+/// deferral while the attempt's number within its phase is at most `max_deferrals`, an
+/// ordinary retryable failure ([`on_failure`]) past it, so a remote that always answers
+/// "later" cannot hold a run forever.
+pub fn on_deferral(c: &Counters, max_deferrals: u32) -> Trigger {
+    if i64::from(c.phase_attempt) <= i64::from(max_deferrals) {
+        Trigger::Deferred
+    } else {
+        on_failure(true, c)
     }
 }
 
@@ -251,8 +275,8 @@ impl StepChange {
 }
 
 /// Applies the rule for (`from`, `on`) to a claimed step's counters. `outcome_unknown` says
-/// whether a failed attempt may have acted; `backoff_ms` is the retry policy's delay for
-/// this failure.
+/// whether a failed attempt may have acted; `delay_ms` is the retry policy's backoff for
+/// this failure, or the (capped) delay a deferral asked for.
 ///
 /// Returns `None` when the table has no such edge.
 pub fn decide(
@@ -260,7 +284,7 @@ pub fn decide(
     on: Trigger,
     c: &Counters,
     outcome_unknown: bool,
-    backoff_ms: i64,
+    delay_ms: i64,
 ) -> Option<StepChange> {
     let r = step_rule(from, on)?;
     let e = r.effects;
@@ -286,7 +310,7 @@ pub fn decide(
         },
         due_in_ms: match e.due {
             Due::Now => Some(0),
-            Due::AfterBackoff => Some(backoff_ms.max(0)),
+            Due::AfterBackoff | Due::AfterAskedDelay => Some(delay_ms.max(0)),
             Due::Never => None,
         },
         store_output: e.store_output,

@@ -28,6 +28,12 @@ const RETRY: Effects = Effects {
     due: Due::AfterBackoff,
     ..NONE
 };
+/// A deferral: queued again after the delay the remote asked for, nothing counted, nothing
+/// marked (only a request that applied nothing is deferred).
+const DEFER: Effects = Effects {
+    due: Due::AfterAskedDelay,
+    ..NONE
+};
 const FAIL: Effects = Effects {
     count_failure: true,
     maybe: Maybe::IfUnknown,
@@ -123,6 +129,7 @@ pub const STEP_RULES: &[StepRule] = &[
         RETRY,
     ),
     rule(Running, Trigger::FailedForGood, Failed, "completion", FAIL),
+    rule(Running, Trigger::Deferred, Ready, "completion", DEFER),
     rule(Running, Trigger::SetAside, Ready, "completion", NONE),
     rule(Running, Trigger::TimedOut, Ready, "supervisor", TIMEOUT),
     rule(
@@ -209,6 +216,13 @@ pub const STEP_RULES: &[StepRule] = &[
         CompensationFailed,
         "completion",
         comp(FAIL),
+    ),
+    rule(
+        Compensating,
+        Trigger::Deferred,
+        CompensationReady,
+        "completion",
+        comp(DEFER),
     ),
     rule(
         Compensating,

@@ -429,6 +429,7 @@ mod table {
         (Running, Trigger::Succeeded, Completed),
         (Running, Trigger::FailedWillRetry, Ready),
         (Running, Trigger::FailedForGood, Failed),
+        (Running, Trigger::Deferred, Ready),
         (Running, Trigger::TimedOut, Ready),
         (Running, Trigger::TimedOutForGood, Failed),
         (Running, Trigger::Interrupted, Ready),
@@ -448,6 +449,7 @@ mod table {
         (Compensating, Trigger::Succeeded, Compensated),
         (Compensating, Trigger::FailedWillRetry, CompensationReady),
         (Compensating, Trigger::FailedForGood, CompensationFailed),
+        (Compensating, Trigger::Deferred, CompensationReady),
         (Compensating, Trigger::TimedOut, CompensationReady),
         (Compensating, Trigger::TimedOutForGood, CompensationFailed),
         (Compensating, Trigger::Interrupted, CompensationReady),
@@ -476,6 +478,7 @@ mod table {
             max_interruptions: 2,
             deadline_ms: 1000,
             deadline_cap_ms: 3000,
+            phase_attempt: 3,
         }
     }
 
@@ -562,6 +565,22 @@ mod table {
         assert_eq!(super::super::on_failure(true, &at), Trigger::FailedForGood);
         assert_eq!(super::super::on_failure(false, &c), Trigger::FailedForGood);
         assert_eq!(super::super::on_timeout(&at), Trigger::TimedOutForGood);
+        // A deferral counts nothing, marks nothing, and is due after the asked delay.
+        let d = decide(Running, Trigger::Deferred, &c, false, 2000).expect("edge");
+        assert_eq!(
+            (d.to, d.failure_count, d.interruptions, d.deadline_ms),
+            (Ready, 1, 1, 1000)
+        );
+        assert_eq!((d.due_in_ms, d.maybe_applied), (Some(2000), false));
+        let cd = decide(Compensating, Trigger::Deferred, &c, false, 5).expect("edge");
+        assert_eq!((cd.to, cd.due_in_ms), (CompensationReady, Some(5)));
+        // Within the cap (the third attempt of the phase, cap 3) a deferral; past it, the
+        // failure path: a retry below the threshold, a failure at it.
+        assert_eq!(super::super::on_deferral(&c, 3), Trigger::Deferred);
+        assert_eq!(super::super::on_deferral(&c, 2), Trigger::FailedWillRetry);
+        assert_eq!(super::super::on_deferral(&at, 2), Trigger::FailedForGood);
+        assert_eq!(super::super::on_deferral(&c, u32::MAX), Trigger::Deferred);
+        assert!(!Trigger::Deferred.ends_attempt_unsuccessfully());
         let cap = Counters {
             interruptions: 2,
             ..c
