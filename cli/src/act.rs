@@ -93,6 +93,21 @@ pub(crate) fn actor(operator: Option<&str>) -> Result<String, Failure> {
     }
 }
 
+/// The operator's engine handle for an action: `engine.operator()` on behalf of the actor
+/// (see [`actor`]) for the reason (see [`reason`]); also returns both, as recorded.
+pub(crate) fn on_behalf<'e>(
+    engine: &'e Engine,
+    reason_text: &str,
+    operator: Option<&str>,
+) -> Result<(sagaflow::Operator<'e>, String, String), Failure> {
+    let reason = reason(reason_text)?;
+    let actor = actor(operator)?;
+    let op = engine
+        .operator()
+        .on_behalf_of(actor.clone(), reason.clone());
+    Ok((op, actor, reason))
+}
+
 /// The reason, trimmed, if an action can record it.
 pub(crate) fn reason(text: &str) -> Result<String, Failure> {
     let r = text.trim();

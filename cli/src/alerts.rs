@@ -145,11 +145,7 @@ pub(crate) async fn alerts(engine: &Engine, command: AlertsCommand, json: bool) 
             reason,
             operator,
         } => {
-            let reason = crate::act::reason(&reason)?;
-            let actor = crate::act::actor(operator.as_deref())?;
-            let op = engine
-                .operator()
-                .on_behalf_of(actor.clone(), reason.clone());
+            let (op, actor, reason) = crate::act::on_behalf(engine, &reason, operator.as_deref())?;
             if !op.resolve_alert(id).await? {
                 return Err(Failure::not_found(format!("no open alert {id}")));
             }
@@ -210,11 +206,7 @@ pub(crate) async fn alerts(engine: &Engine, command: AlertsCommand, json: bool) 
             reason,
             operator,
         } => {
-            let reason = crate::act::reason(&reason)?;
-            let actor = crate::act::actor(operator.as_deref())?;
-            let op = engine
-                .operator()
-                .on_behalf_of(actor.clone(), reason.clone());
+            let (op, actor, reason) = crate::act::on_behalf(engine, &reason, operator.as_deref())?;
             if !op.redeliver(notice).await? {
                 return Err(Failure::not_found(format!(
                     "notice {notice} has no dead-lettered delivery"

@@ -114,6 +114,11 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
+    /// 400 `invalid_query`: a query string the route's parameters do not take.
+    fn invalid_query(r: QueryRejection) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text())
+    }
+
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
@@ -537,8 +542,7 @@ async fn list_runs(
     State(s): State<AdminState>,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(params) = params
-        .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
+    let Query(params) = params.map_err(ApiError::invalid_query)?;
     let page = s.engine.list_runs(&params.query()?).await?;
     let damaged: Vec<String> = page.damaged.iter().map(ToString::to_string).collect();
     Ok(json(&RunsAnswer {
@@ -844,8 +848,7 @@ async fn act_many(
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Operator)?;
-    let Query(mut params) = params
-        .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
+    let Query(mut params) = params.map_err(ApiError::invalid_query)?;
     let request = Request::parse(&action, body)?;
     if !params.filters() {
         return Err(ApiError::new(
@@ -1021,8 +1024,7 @@ async fn deliveries(
     State(s): State<AdminState>,
     params: Result<Query<DeliveryParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(params) = params
-        .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
+    let Query(params) = params.map_err(ApiError::invalid_query)?;
     let state = params
         .state
         .as_deref()

@@ -30,17 +30,14 @@ struct Stored {
 }
 
 fn limits_of(name: &str, column: &str, json: &str) -> Result<ResourceLimits> {
-    let limits: ResourceLimits = serde_json::from_str(json).map_err(|e| Error::CorruptRow {
-        table: "sagaflow_resources",
-        id: name.to_owned(),
-        reason: format!("{column}: {e}"),
-    })?;
-    limits.check().map_err(|e| Error::CorruptRow {
-        table: "sagaflow_resources",
-        id: name.to_owned(),
-        reason: format!("{column}: {e}"),
-    })?;
-    Ok(limits)
+    serde_json::from_str::<ResourceLimits>(json)
+        .map_err(|e| e.to_string())
+        .and_then(|l| l.check().map(|()| l))
+        .map_err(|e| Error::CorruptRow {
+            table: "sagaflow_resources",
+            id: name.to_owned(),
+            reason: format!("{column}: {e}"),
+        })
 }
 
 impl Store {
@@ -102,13 +99,15 @@ impl Store {
                 vec![name.to_owned().into(), json.into(), by.into(), why.into()],
             ))
             .await?;
-        tracing::info!(
-            resource = name,
-            actor,
-            reason,
-            cleared = limits.is_none(),
-            "resource limits changed"
-        );
+        if done > 0 {
+            tracing::info!(
+                resource = name,
+                actor,
+                reason,
+                cleared = limits.is_none(),
+                "resource limits changed"
+            );
+        }
         Ok(done > 0)
     }
 
@@ -152,7 +151,7 @@ impl Store {
         workflow_keys: &[String],
         limit: u32,
     ) -> Result<ResourceClaim> {
-        if workflow_keys.is_empty() || limit == 0 {
+        if workflow_keys.is_empty() || limit == 0 || !self.resource_has_due(name).await? {
             return Ok(ResourceClaim::default());
         }
         let txn = self.exec.begin().await?;
@@ -228,6 +227,22 @@ impl Store {
             claimed,
             retry_in_ms,
         })
+    }
+
+    /// Whether a step of the resource is due: one entry of its index, read without a lock, so
+    /// that an idle resource costs its claim loop no transaction (and, on SQLite, no write
+    /// lock). A step that falls due just after is taken by the next pass.
+    async fn resource_has_due(&self, name: &str) -> Result<bool> {
+        let row = self
+            .exec
+            .query_one(self.stmt(
+                "SELECT id FROM sagaflow_steps \
+                 WHERE resource = $1 AND state IN ('ready', 'compensation_ready') \
+                   AND resource IS NOT NULL AND available_at <= {now} LIMIT 1",
+                vec![name.to_owned().into()],
+            ))
+            .await?;
+        Ok(row.is_some())
     }
 
     /// Reads a resource's limits, locking its row until the transaction ends (PostgreSQL;
