@@ -112,6 +112,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Moves the database clock this engine reads by the [`TestClock`]'s offset, so that a
+    /// test can let hours pass at once: deadlines, backoff, scheduled starts, rate limits and
+    /// time windows all see the moved time. For tests only; give every engine of the test
+    /// the same clock.
+    ///
+    /// [`TestClock`]: crate::TestClock
+    pub fn with_test_clock(mut self, clock: crate::TestClock) -> Self {
+        self.store_options.test_clock = Some(clock);
+        self
+    }
+
     /// Whether [`EngineBuilder::start`] applies the schema migrations the database lacks
     /// (default: yes, under the engines' migration lock). Off, the start changes no schema:
     /// it fails with [`Error::SchemaOutOfDate`] unless the database's schema is exactly
@@ -155,9 +166,11 @@ impl EngineBuilder {
 
     /// Declares a remote resource and the limits its steps' attempts obey
     /// ([`WorkflowBuilder::resource`](crate::WorkflowBuilder::resource)): concurrency across
-    /// every instance, per flow key, and rate. The limits are written to the database at
-    /// start as the resource's defaults; an operator's override, set at run time, wins over
-    /// them until cleared. Every resource a registered step names must be declared.
+    /// every instance and per flow key, rate, time windows, batches, a circuit breaker. The
+    /// limits are written to the database at start as the resource's defaults; an operator's
+    /// override, set at run time, wins over them until cleared. Every resource a registered
+    /// step names must be declared. An [`HttpAgent`](crate::http::HttpAgent) declares the
+    /// resource it calls: `.with_resource(&payments)`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -166,7 +179,8 @@ impl EngineBuilder {
     /// let builder = Engine::builder()
     ///     .with_resource(Resource::new("payments-api").max_in_flight(8).rate(20, Duration::from_secs(1)));
     /// ```
-    pub fn with_resource(mut self, resource: Resource) -> Self {
+    pub fn with_resource(mut self, resource: impl Into<Resource>) -> Self {
+        let resource: Resource = resource.into();
         if let Err(e) = resource.check() {
             self.errors.push(e);
         } else if self.resources.iter().any(|r| r.name() == resource.name()) {

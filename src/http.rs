@@ -45,6 +45,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use sagaflow_engine::resource::{Resource, ResourceName};
 use sagaflow_engine::{Error, Outcome, Result, StepContext, StepError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -101,6 +102,7 @@ pub struct HttpAgent {
     base: String,
     client: reqwest::Client,
     margin: Duration,
+    limits: Resource,
 }
 
 impl fmt::Debug for HttpAgent {
@@ -110,6 +112,7 @@ impl fmt::Debug for HttpAgent {
             .field("name", &self.name)
             .field("base", &self.base)
             .field("margin", &self.margin)
+            .field("limits", self.limits.limits())
             .finish_non_exhaustive()
     }
 }
@@ -122,6 +125,7 @@ pub struct HttpAgentBuilder {
     headers: Vec<(String, String)>,
     margin: Duration,
     connect_timeout: Duration,
+    limits: Resource,
 }
 
 impl fmt::Debug for HttpAgentBuilder {
@@ -133,6 +137,7 @@ impl fmt::Debug for HttpAgentBuilder {
             .field("headers", &names)
             .field("margin", &self.margin)
             .field("connect_timeout", &self.connect_timeout)
+            .field("limits", self.limits.limits())
             .finish()
     }
 }
@@ -165,6 +170,16 @@ impl HttpAgentBuilder {
     #[must_use]
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// The limits of the remote service, which the agent declares as the resource of its
+    /// name: `.with_limits(|r| r.max_in_flight(8).rate(20, Duration::from_secs(1)))`.
+    /// Declare them with `EngineBuilder::with_resource(&agent)` and name the agent on its
+    /// steps with `.resource(&agent)`.
+    #[must_use]
+    pub fn with_limits(mut self, limits: impl FnOnce(Resource) -> Resource) -> Self {
+        self.limits = limits(Resource::new(self.name.clone()));
         self
     }
 
@@ -249,6 +264,7 @@ impl HttpAgentBuilder {
             base: url.as_str().trim_end_matches('/').to_owned(),
             client,
             margin: self.margin,
+            limits: self.limits,
         })
     }
 }
@@ -265,8 +281,10 @@ impl HttpAgent {
 
     /// Settings for an agent named `name` at `base_url` (paths are appended to it).
     pub fn builder(name: impl Into<String>, base_url: &str) -> HttpAgentBuilder {
+        let name: String = name.into();
         HttpAgentBuilder {
-            name: name.into(),
+            limits: Resource::new(name.clone()),
+            name,
             base: base_url.to_owned(),
             headers: Vec::new(),
             margin: TIMEOUT_MARGIN_DEFAULT,
@@ -277,6 +295,12 @@ impl HttpAgent {
     /// The name of the remote resource this agent calls (e.g. `payments-api`).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The remote resource this agent calls, with the limits given to its builder (none by
+    /// default), for `EngineBuilder::with_resource`.
+    pub fn resource(&self) -> Resource {
+        self.limits.clone()
     }
 
     /// The base URL, without a trailing slash.
@@ -581,6 +605,18 @@ fn redacted(e: &reqwest::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+impl ResourceName for &HttpAgent {
+    fn resource_name(&self) -> String {
+        self.name.clone()
+    }
+}
+
+impl From<&HttpAgent> for Resource {
+    fn from(agent: &HttpAgent) -> Self {
+        agent.resource()
+    }
 }
 
 #[cfg(test)]

@@ -69,7 +69,11 @@ pub mod otel;
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use operator::Operator;
-pub use sagaflow_engine::resource::{Rate, Resource, ResourceLimits, ResourceView};
+pub use sagaflow_engine::clock::TestClock;
+pub use sagaflow_engine::resource::{
+    Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
+    ResourceView, Window, Windows,
+};
 pub use sagaflow_engine::store::{
     ActiveCount, FinishedCounts, PublishedDefinition, RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder,
     RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, WorkflowQueue, redact_url,

@@ -9,6 +9,7 @@ mod model;
 mod outcome;
 mod state;
 
+pub mod clock;
 pub mod definition;
 pub mod metrics;
 pub mod operator;

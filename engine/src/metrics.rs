@@ -69,9 +69,12 @@ pub const LEADER: &str = "sagaflow_leader";
 pub const RESOURCE_IN_FLIGHT: &str = "sagaflow_resource_in_flight";
 /// Gauge: due steps of a resource waiting for a claim, by `resource`; fleet-wide.
 pub const RESOURCE_WAITING: &str = "sagaflow_resource_waiting";
+/// Gauge: a resource's circuit breaker, by `resource`: 0 closed, 1 half-open, 2 open;
+/// fleet-wide.
+pub const RESOURCE_BREAKER: &str = "sagaflow_resource_breaker_state";
 
 /// Every metric name, with its kind (`counter`, `histogram`, `gauge`).
-pub const ALL: [(&str, &str); 17] = [
+pub const ALL: [(&str, &str); 18] = [
     (RUNS_STARTED, "counter"),
     (RUNS_FINISHED, "counter"),
     (RUNS_ERRORED, "counter"),
@@ -89,6 +92,7 @@ pub const ALL: [(&str, &str); 17] = [
     (LEADER, "gauge"),
     (RESOURCE_IN_FLIGHT, "gauge"),
     (RESOURCE_WAITING, "gauge"),
+    (RESOURCE_BREAKER, "gauge"),
 ];
 
 /// Buckets (seconds) of [`STEP_ATTEMPT_DURATION`]: a local call to a slow remote one.
@@ -160,6 +164,11 @@ pub fn describe() {
         RESOURCE_WAITING,
         Unit::Count,
         "Due steps of a remote resource waiting for a claim: for its limits, or a free slot (from the database)."
+    );
+    describe_gauge!(
+        RESOURCE_BREAKER,
+        Unit::Count,
+        "A remote resource's circuit breaker: 0 closed, 1 half-open, 2 open (from the database)."
     );
     describe_gauge!(
         STEPS_READY,
@@ -422,6 +431,7 @@ fn alert_kind(kind: &AlertKind) -> &'static str {
         AlertKind::SupervisorStalled => "supervisor_stalled",
         AlertKind::DefinitionChanged => "definition_changed",
         AlertKind::BacklogGrowing => "backlog_growing",
+        AlertKind::BreakerOpen => "breaker_open",
         AlertKind::DeliveryDeadLettered => "delivery_dead_lettered",
         AlertKind::Other(_) => "other",
     }
@@ -484,6 +494,12 @@ pub fn set_resource_gauges(resources: &[crate::resource::ResourceView]) {
     for r in resources {
         gauge!(RESOURCE_IN_FLIGHT, "resource" => r.name.clone()).set(r.in_flight as f64);
         gauge!(RESOURCE_WAITING, "resource" => r.name.clone()).set(r.waiting as f64);
+        let breaker = match r.breaker.state {
+            crate::resource::BreakerState::Closed => 0.0,
+            crate::resource::BreakerState::HalfOpen => 1.0,
+            crate::resource::BreakerState::Open => 2.0,
+        };
+        gauge!(RESOURCE_BREAKER, "resource" => r.name.clone()).set(breaker);
     }
 }
 

@@ -18,12 +18,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
+mod breaker;
+mod window;
+
+pub use breaker::{Breaker, BreakerGate, BreakerState, BreakerStatus};
+pub use window::{Window, WindowGate, Windows};
+
 /// A resource's name is shown and typed by operators, and is a metrics label: at most this
 /// many characters.
 const NAME_MAX: usize = 100;
 
 /// The limits of one remote resource. `None` leaves that dimension unlimited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ResourceLimits {
@@ -39,6 +45,15 @@ pub struct ResourceLimits {
     /// Attempts started at most per period, across every instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
+    /// When its steps may be called, in a named time zone; outside every window they wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<Windows>,
+    /// Attempts started in batches, with a pause after each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Batch>,
+    /// A circuit breaker: after failures, its steps wait a cool-down, then one probe decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<Breaker>,
 }
 
 /// A rate: `limit` attempts per `period_ms`, evenly spaced, with up to `burst` at once after
@@ -58,6 +73,18 @@ pub struct Rate {
 
 fn one() -> u32 {
     1
+}
+
+/// Attempts started in batches of `size`, with a pause of `pause_ms` after each full batch
+/// (across every instance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    /// Attempts per batch.
+    pub size: u32,
+    /// The pause after a batch, in milliseconds.
+    pub pause_ms: u64,
 }
 
 impl Rate {
@@ -108,12 +135,28 @@ impl ResourceLimits {
                 return Err("a rate's period is at most a day (86,400,000 ms)".into());
             }
         }
+        if let Some(w) = &self.windows {
+            w.check()?;
+        }
+        if let Some(b) = self.batch
+            && (b.size == 0 || b.pause_ms == 0)
+        {
+            return Err("a batch needs a size and a pause of at least 1".into());
+        }
+        if let Some(b) = &self.breaker {
+            b.check()?;
+        }
         Ok(())
     }
 
     /// Whether nothing is limited.
     pub fn is_unlimited(&self) -> bool {
-        self.max_in_flight.is_none() && self.max_in_flight_per_key.is_none() && self.rate.is_none()
+        self.max_in_flight.is_none()
+            && self.max_in_flight_per_key.is_none()
+            && self.rate.is_none()
+            && self.windows.is_none()
+            && self.batch.is_none()
+            && self.breaker.is_none()
     }
 }
 
@@ -136,6 +179,8 @@ impl ResourceLimits {
 pub struct Resource {
     name: String,
     limits: ResourceLimits,
+    /// Declarations that did not parse, reported by [`Resource::check`].
+    invalid: Vec<String>,
 }
 
 impl Resource {
@@ -144,6 +189,7 @@ impl Resource {
         Self {
             name: name.into(),
             limits: ResourceLimits::default(),
+            invalid: Vec::new(),
         }
     }
 
@@ -177,6 +223,57 @@ impl Resource {
         self
     }
 
+    /// Calls only within these windows of the time zone `time_zone` (an IANA name such as
+    /// `Europe/Moscow`), each written `DAYS HH:MM-HH:MM`: `MON-FRI 00:00-06:00`,
+    /// `SAT,SUN 00:00-24:00`, `FRI 22:00-02:00` (past midnight). A window that does not parse
+    /// is kept as written and refused when the engine starts, naming it.
+    pub fn windows<I, S>(mut self, time_zone: impl Into<String>, open: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut windows = Vec::new();
+        for w in open {
+            match w.as_ref().parse::<Window>() {
+                Ok(w) => windows.push(w),
+                Err(e) => self.invalid.push(e),
+            }
+        }
+        self.limits.windows = Some(Windows {
+            time_zone: time_zone.into(),
+            open: windows,
+        });
+        self
+    }
+
+    /// Starts attempts in batches of `size`, pausing `pause` after each.
+    pub fn batch(mut self, size: u32, pause: Duration) -> Self {
+        self.limits.batch = Some(Batch {
+            size,
+            pause_ms: u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+        });
+        self
+    }
+
+    /// A circuit breaker (see [`Breaker`] and [`Resource::breaker_after`]).
+    pub fn breaker(mut self, breaker: Breaker) -> Self {
+        self.limits.breaker = Some(breaker);
+        self
+    }
+
+    /// A circuit breaker that opens after `failures` failures in a row and probes again
+    /// after `cool_down` (an alert after 5 minutes open).
+    pub fn breaker_after(self, failures: u32, cool_down: Duration) -> Self {
+        self.breaker(Breaker {
+            consecutive_failures: Some(failures),
+            failure_percent: None,
+            min_calls: 10,
+            window_ms: 60_000,
+            cool_down_ms: u64::try_from(cool_down.as_millis()).unwrap_or(u64::MAX),
+            alert_after_ms: 300_000,
+        })
+    }
+
     /// The resource's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -193,9 +290,46 @@ impl Resource {
     /// [`Error::Config`] naming the resource and what is wrong.
     pub fn check(&self) -> Result<(), Error> {
         check_name(&self.name).map_err(Error::Config)?;
+        if let Some(e) = self.invalid.first() {
+            return Err(Error::Config(format!("resource `{}`: {e}", self.name)));
+        }
         self.limits
             .check()
             .map_err(|e| Error::Config(format!("resource `{}`: {e}", self.name)))
+    }
+}
+
+/// What names a remote resource for [`WorkflowBuilder::resource`]: its name, the
+/// [`Resource`] declared, or a client of the service that knows which resource it calls
+/// (`sagaflow::http::HttpAgent`).
+///
+/// [`WorkflowBuilder::resource`]: crate::WorkflowBuilder::resource
+pub trait ResourceName {
+    /// The resource's name.
+    fn resource_name(&self) -> String;
+}
+
+impl ResourceName for &str {
+    fn resource_name(&self) -> String {
+        (*self).to_owned()
+    }
+}
+
+impl ResourceName for String {
+    fn resource_name(&self) -> String {
+        self.clone()
+    }
+}
+
+impl ResourceName for &String {
+    fn resource_name(&self) -> String {
+        (*self).clone()
+    }
+}
+
+impl ResourceName for &Resource {
+    fn resource_name(&self) -> String {
+        self.name.clone()
     }
 }
 
@@ -238,6 +372,10 @@ pub struct ResourceView {
     pub in_flight: i64,
     /// Its steps due now and waiting for a claim (for a limit, or for a free slot).
     pub waiting: i64,
+    /// Its circuit breaker's state (`closed` when it has none).
+    pub breaker: BreakerStatus,
+    /// When the pause after a full batch ends (epoch milliseconds), while it lasts.
+    pub batch_resume_at_ms: Option<i64>,
 }
 
 #[cfg(test)]

@@ -273,12 +273,14 @@ impl WorkflowBuilder {
         self
     }
 
-    /// Declares the remote resource the last step calls (`"payments-api"`): its attempts
-    /// obey the resource's limits (concurrency across every instance, per-key concurrency,
-    /// rate), declared with `EngineBuilder::with_resource` and changeable at run time. A step
-    /// waiting for a limit spends no attempt and burns no deadline.
-    pub fn resource(mut self, name: impl Into<String>) -> Self {
-        let name: String = name.into();
+    /// Declares the remote resource the last step calls: by name (`"payments-api"`), or by
+    /// the client that calls it (`&payments`, an `HttpAgent`). Its attempts obey the
+    /// resource's limits (concurrency across every instance and per key, rate, time windows,
+    /// batches, circuit breaker), declared with `EngineBuilder::with_resource` and
+    /// changeable at run time. A step waiting for a limit spends no attempt and burns no
+    /// deadline.
+    pub fn resource(mut self, name: impl crate::resource::ResourceName) -> Self {
+        let name: String = name.resource_name();
         if let Some(d) = self.last("resource") {
             d.resource = Some(Arc::from(name));
         }

@@ -44,6 +44,9 @@ pub enum AlertKind {
     /// A workflow's queue grew past its threshold: more due steps, or an older due step,
     /// than its backlog alert allows.
     BacklogGrowing,
+    /// A remote resource's circuit breaker has stayed open (or half-open) longer than its
+    /// policy allows: its steps wait.
+    BreakerOpen,
     /// A kind this version does not know (raised by a newer one).
     #[strum(default)]
     Other(String),

@@ -1,6 +1,6 @@
 //! The claim loop.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
@@ -22,6 +22,11 @@ pub(super) async fn run(
     let mut streak = ErrorStreak::default();
     let mut resource_streak = ErrorStreak::default();
     let mut turn = 0usize;
+    // Resources held back for a time (a closed window, an open breaker, a batch's pause, the
+    // rate): not asked again before then, so that a resource that waits for hours costs no
+    // locking transaction on every pass. Capped at the idle poll pause, so that a change of
+    // limits (or of a test clock) is seen within it.
+    let mut held: HashMap<String, Instant> = HashMap::new();
     let mut claimed_at;
     loop {
         // Wait for one free slot, then take as many more as are free (up to a batch).
@@ -85,7 +90,8 @@ pub(super) async fn run(
         if claimed.len() < permits.len() && !s.resources.is_empty() {
             turn = turn.wrapping_add(1);
             let room = u32::try_from(permits.len() - claimed.len()).unwrap_or(u32::MAX);
-            let (more, wait) = claim_resources(&s, room, turn, &mut resource_streak).await;
+            let (more, wait) =
+                claim_resources(&s, room, turn, &mut held, &mut resource_streak).await;
             if let Some(wait) = wait {
                 idle_pause = idle_pause.min(wait);
             }
@@ -157,16 +163,24 @@ async fn claim_resources(
     s: &Scheduler,
     mut room: u32,
     turn: usize,
+    held: &mut HashMap<String, Instant>,
     streak: &mut ErrorStreak,
 ) -> (Vec<ClaimedStep>, Option<Duration>) {
     let mut claimed = Vec::new();
     let mut wait: Option<Duration> = None;
     let n = s.resources.len();
+    let now = Instant::now();
+    held.retain(|_, until| *until > now);
     for i in 0..n {
         if room == 0 {
             break;
         }
         let name = &s.resources[(turn + i) % n];
+        if let Some(until) = held.get(name) {
+            let d = *until - now;
+            wait = Some(wait.map_or(d, |w| w.min(d)));
+            continue;
+        }
         match s
             .store
             .resource_claim(&s.config.owner, name, &s.keys, room)
@@ -175,8 +189,11 @@ async fn claim_resources(
             Ok(c) => {
                 streak.succeeded("claiming steps of resources");
                 if let Some(ms) = c.retry_in_ms {
-                    let d = Duration::from_millis(ms);
+                    let d = Duration::from_millis(ms).min(s.config.empty_poll_pause);
                     wait = Some(wait.map_or(d, |w| w.min(d)));
+                    if c.claimed.is_empty() {
+                        held.insert(name.clone(), now + d);
+                    }
                 }
                 room = room.saturating_sub(u32::try_from(c.claimed.len()).unwrap_or(u32::MAX));
                 claimed.extend(c.claimed);

@@ -172,6 +172,10 @@ async fn finish_batch_in(
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
     let runs = tx.lock_runs(&run_ids, false).await?;
     let applied = tx.write_attempts(items, None).await?;
+    let outcomes = breaker_outcomes(registry, items, &applied);
+    if !outcomes.is_empty() {
+        tx.resource_outcomes(&outcomes).await?;
+    }
     if let Some(freeze) = freeze {
         freeze.freeze().await;
     }
@@ -197,6 +201,56 @@ async fn finish_batch_in(
         failed: out.failed,
         set_aside: out.set_aside,
     })
+}
+
+/// The ends of attempts of steps that call a resource, summed per resource for its circuit
+/// breaker. A failure counts when it speaks of the remote's health: a retryable error, an
+/// unknown outcome, a timeout. A definitive answer (a refusal the remote meant, such as a
+/// declined card) counts as a success: the remote is up. Deferrals, interruptions (this
+/// side's crash) and damaged rows do not count.
+fn breaker_outcomes(
+    registry: &Registry,
+    items: &[StepFinish],
+    applied: &[bool],
+) -> Vec<crate::store::ResourceOutcomes> {
+    let mut out: Vec<crate::store::ResourceOutcomes> = Vec::new();
+    for (i, _) in items.iter().zip(applied).filter(|(_, ok)| **ok) {
+        let Some(resource) = registry
+            .by_key(&i.workflow_key)
+            .and_then(|w| w.step(&i.name))
+            .and_then(|d| d.resource())
+        else {
+            continue;
+        };
+        let failed = match i.change.on {
+            Trigger::Succeeded => false,
+            Trigger::FailedWillRetry | Trigger::FailedForGood => i
+                .error
+                .as_ref()
+                .is_none_or(|e| e.retryable || e.may_have_applied()),
+            Trigger::TimedOut | Trigger::TimedOutForGood => true,
+            _ => continue,
+        };
+        let at = out
+            .iter()
+            .position(|o| o.resource == resource)
+            .unwrap_or_else(|| {
+                out.push(crate::store::ResourceOutcomes {
+                    resource: resource.to_owned(),
+                    ..Default::default()
+                });
+                out.len() - 1
+            });
+        let o = &mut out[at];
+        if failed {
+            o.failed += 1;
+            o.trailing_failures += 1;
+        } else {
+            o.succeeded += 1;
+            o.trailing_failures = 0;
+        }
+    }
+    out
 }
 
 /// The damage an attempt reported with [`StepError::corrupt_row`].

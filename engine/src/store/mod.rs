@@ -62,7 +62,7 @@ pub use options::{
 pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
-pub use resources::ResourceClaim;
+pub use resources::{ResourceClaim, ResourceOutcomes};
 pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub(crate) use rows::phase_attempts;
@@ -112,6 +112,8 @@ pub struct Store {
     target: Arc<str>,
     /// The SQLite file opened, to notice it deleted or replaced.
     file: Option<Arc<file::FileIdentity>>,
+    /// A test clock's offset, added to `{now}` (tests only).
+    clock: Option<crate::clock::TestClock>,
 }
 
 impl std::fmt::Debug for Store {
@@ -165,6 +167,7 @@ impl Store {
             backend,
             target: Arc::from("(an existing connection)"),
             file: None,
+            clock: None,
         })
     }
 

@@ -190,6 +190,7 @@ impl Store {
         let mut store = Self::from_connection(db)?;
         store.target = Arc::from(target.as_str());
         store.file = file.as_deref().and_then(FileIdentity::of).map(Arc::new);
+        store.clock.clone_from(&options.test_clock);
         let identity = store.file.clone();
         store
             .prepare(url, target, file, backend, options)

@@ -63,6 +63,9 @@ pub struct StoreOptions {
     /// the engines' migration lock. Off, opening changes no schema: it fails with
     /// [`Error::SchemaOutOfDate`] unless the schema is exactly this release's.
     pub migrate: bool,
+    /// A test clock whose offset every statement's `{now}` adds to the database's time
+    /// (tests only; `None` in production).
+    pub test_clock: Option<crate::clock::TestClock>,
 }
 
 impl Default for StoreOptions {
@@ -76,6 +79,7 @@ impl Default for StoreOptions {
             idle_in_transaction_timeout: IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
             sqlite_sync: SqliteSync::Full,
             migrate: true,
+            test_clock: None,
         }
     }
 }

@@ -8,7 +8,9 @@ use sea_orm::Value;
 use super::row::Exec;
 use super::rows::ClaimedStep;
 use super::{Backend, Row, Store, placeholders};
-use crate::resource::{Resource, ResourceLimits, ResourceView};
+use crate::resource::{
+    BreakerGate, BreakerState, BreakerStatus, Resource, ResourceLimits, ResourceView, WindowGate,
+};
 use crate::{Error, Result};
 
 /// What one claim for a resource took, and when it is worth trying again.
@@ -16,17 +18,66 @@ use crate::{Error, Result};
 pub struct ResourceClaim {
     /// The steps claimed.
     pub claimed: Vec<ClaimedStep>,
-    /// When the rate limit lets the next attempt start, in milliseconds from now, if it held
-    /// steps back; `None` when nothing waits on the rate (a concurrency limit frees up when an
-    /// attempt ends, which wakes the claim loop).
+    /// When a limit lets the next attempt start, in milliseconds from now, if one held steps
+    /// back for a time (the rate, a closed window, a batch's pause, an open breaker); `None`
+    /// when nothing waits on time (a concurrency limit frees up when an attempt ends, which
+    /// wakes the claim loop).
     pub retry_in_ms: Option<u64>,
 }
 
-/// The stored limits of one resource, as its claim reads them.
+impl ResourceClaim {
+    fn wait(ms: i64) -> Self {
+        Self {
+            claimed: Vec::new(),
+            retry_in_ms: Some(u64::try_from(ms).unwrap_or(1).max(1)),
+        }
+    }
+}
+
+/// The stored limits and state of one resource, as its claim reads them.
 struct Stored {
     limits: ResourceLimits,
     tat_us: i64,
     now_ms: i64,
+    batch_count: i64,
+    batch_resume_at: i64,
+    breaker: BreakerStatus,
+}
+
+/// The attempts of one resource that ended in a completion batch, for its breaker: how many
+/// succeeded, how many failed, and how many of the failures came after the batch's last
+/// success (the failures in a row it leaves).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceOutcomes {
+    /// The resource.
+    pub resource: String,
+    /// Attempts that succeeded (or were answered definitively).
+    pub succeeded: i64,
+    /// Attempts that failed in a way that speaks of the remote's health.
+    pub failed: i64,
+    /// Failures after the last success.
+    pub trailing_failures: i64,
+}
+
+/// The columns of a resource's breaker, in [`breaker_of`]'s order.
+const BREAKER_COLS: &str = "breaker_state, breaker_since, breaker_opened_at, breaker_consecutive, \
+     breaker_calls, breaker_failed, breaker_window_at";
+
+fn breaker_of(name: &str, r: &Row) -> Result<BreakerStatus> {
+    let state: String = r.try_get("", "breaker_state")?;
+    Ok(BreakerStatus {
+        state: BreakerState::parse(&state).ok_or_else(|| Error::CorruptRow {
+            table: "sagaflow_resources",
+            id: name.to_owned(),
+            reason: format!("breaker_state: unknown state `{state}`"),
+        })?,
+        since_ms: r.try_get("", "breaker_since")?,
+        opened_at_ms: r.try_get("", "breaker_opened_at")?,
+        consecutive_failures: r.try_get("", "breaker_consecutive")?,
+        window_calls: r.try_get("", "breaker_calls")?,
+        window_failed: r.try_get("", "breaker_failed")?,
+        window_at_ms: r.try_get("", "breaker_window_at")?,
+    })
 }
 
 fn limits_of(name: &str, column: &str, json: &str) -> Result<ResourceLimits> {
@@ -54,11 +105,19 @@ impl Store {
         for r in resources {
             let defaults =
                 serde_json::to_string(r.limits()).map_err(|e| Error::Config(e.to_string()))?;
+            // Completions count outcomes for the breaker of the limits in force: the code's,
+            // unless an operator's override stands.
             txn.execute(self.stmt(
-                "INSERT INTO sagaflow_resources (name, defaults, tat_us, updated_at) \
-                 VALUES ($1, $2, 0, {now}) \
-                 ON CONFLICT (name) DO UPDATE SET defaults = excluded.defaults, updated_at = {now}",
-                vec![r.name().to_owned().into(), defaults.into()],
+                "INSERT INTO sagaflow_resources (name, defaults, tat_us, updated_at, breaker_on) \
+                 VALUES ($1, $2, 0, {now}, $3) \
+                 ON CONFLICT (name) DO UPDATE SET defaults = excluded.defaults, updated_at = {now}, \
+                   breaker_on = CASE WHEN sagaflow_resources.override IS NULL \
+                     THEN excluded.breaker_on ELSE sagaflow_resources.breaker_on END",
+                vec![
+                    r.name().to_owned().into(),
+                    defaults.into(),
+                    r.limits().breaker.is_some().into(),
+                ],
             ))
             .await?;
         }
@@ -78,14 +137,18 @@ impl Store {
         actor: &str,
         reason: &str,
     ) -> Result<bool> {
-        let json = match limits {
+        let cleared = limits.is_none();
+        let json = match &limits {
             Some(l) => {
                 l.check()
                     .map_err(|e| Error::Config(format!("resource `{name}`: {e}")))?;
-                Some(serde_json::to_string(&l).map_err(|e| Error::Config(e.to_string()))?)
+                Some(serde_json::to_string(l).map_err(|e| Error::Config(e.to_string()))?)
             }
             None => None,
         };
+        // Whether the limits in force afterwards have a breaker: the override's, or on
+        // clearing, the code's (read in the statement).
+        let breaker_on = limits.as_ref().map(|l| l.breaker.is_some());
         let (by, why) = if json.is_some() {
             (Some(actor.to_owned()), Some(reason.to_owned()))
         } else {
@@ -95,8 +158,15 @@ impl Store {
             .exec
             .execute(self.stmt(
                 "UPDATE sagaflow_resources SET override = $2, override_by = $3, \
-                 override_reason = $4, updated_at = {now} WHERE name = $1",
-                vec![name.to_owned().into(), json.into(), by.into(), why.into()],
+                 override_reason = $4, updated_at = {now}, \
+                 breaker_on = COALESCE($5, defaults LIKE '%\"breaker\"%') WHERE name = $1",
+                vec![
+                    name.to_owned().into(),
+                    json.into(),
+                    by.into(),
+                    why.into(),
+                    breaker_on.into(),
+                ],
             ))
             .await?;
         if done > 0 {
@@ -104,7 +174,7 @@ impl Store {
                 resource = name,
                 actor,
                 reason,
-                cleared = limits.is_none(),
+                cleared,
                 "resource limits changed"
             );
         }
@@ -117,6 +187,9 @@ impl Store {
     /// [`Error::Db`]; a row whose limits cannot be read is left out and logged.
     pub async fn resources(&self) -> Result<Vec<ResourceView>> {
         let sql = "SELECT r.name, r.defaults, r.override, r.override_by, r.override_reason, \
+               r.breaker_state, r.breaker_since, r.breaker_opened_at, r.breaker_consecutive, \
+               r.breaker_calls, r.breaker_failed, r.breaker_window_at, \
+               CASE WHEN r.batch_resume_at > {now} THEN r.batch_resume_at END AS batch_resume_at, \
                (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
                  AND s.state IN ('running', 'compensating') AND s.resource IS NOT NULL) AS in_flight, \
                (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
@@ -159,11 +232,11 @@ impl Store {
             .resource_claim_in(&txn, owner, name, workflow_keys, limit)
             .await;
         match result {
-            Ok(c) if !c.claimed.is_empty() => {
+            Ok((c, dirty)) if dirty || !c.claimed.is_empty() => {
                 txn.commit().await?;
                 Ok(c)
             }
-            Ok(c) => {
+            Ok((c, _)) => {
                 txn.rollback().await?;
                 Ok(c)
             }
@@ -174,6 +247,8 @@ impl Store {
         }
     }
 
+    /// The claim itself; also says whether it changed the resource's state (its breaker
+    /// moved), which is then committed even when nothing was claimed.
     async fn resource_claim_in(
         &self,
         txn: &super::conn::Txn,
@@ -181,17 +256,58 @@ impl Store {
         name: &str,
         workflow_keys: &[String],
         limit: u32,
-    ) -> Result<ResourceClaim> {
+    ) -> Result<(ResourceClaim, bool)> {
         let Some(stored) = self.resource_lock(txn, name).await? else {
-            return Ok(ResourceClaim::default());
+            return Ok((ResourceClaim::default(), false));
         };
-        let limits = stored.limits;
-        let mut room = limit;
-        if let Some(max) = limits.max_in_flight {
-            let running = self.resource_running(txn, name).await?;
-            room = room.min(max.saturating_sub(u32::try_from(running).unwrap_or(u32::MAX)));
+        let (limits, now_ms) = (&stored.limits, stored.now_ms);
+        let corrupt = |reason: String| Error::CorruptRow {
+            table: "sagaflow_resources",
+            id: name.to_owned(),
+            reason,
+        };
+        if let Some(w) = &limits.windows
+            && let WindowGate::ClosedFor(ms) = w.gate(now_ms).map_err(corrupt)?
+        {
+            return Ok((ResourceClaim::wait(ms), false));
         }
-        let now_us = stored.now_ms.saturating_mul(1000);
+        let mut dirty = false;
+        let mut probe = false;
+        if let Some(b) = &limits.breaker {
+            let (next, gate) = b.decide(&stored.breaker, now_ms);
+            if next != stored.breaker {
+                self.breaker_write(txn, name, &stored.breaker, &next)
+                    .await?;
+                dirty = true;
+            }
+            match gate {
+                BreakerGate::Wait(ms) => return Ok((ResourceClaim::wait(ms), dirty)),
+                BreakerGate::Probe => probe = true,
+                BreakerGate::Pass => {}
+            }
+        }
+        let mut room = limit;
+        if let Some(batch) = limits.batch {
+            if stored.batch_resume_at > now_ms {
+                return Ok((ResourceClaim::wait(stored.batch_resume_at - now_ms), dirty));
+            }
+            let left = i64::from(batch.size)
+                .saturating_sub(stored.batch_count)
+                .max(1);
+            room = room.min(u32::try_from(left).unwrap_or(u32::MAX));
+        }
+        if limits.max_in_flight.is_some() || probe {
+            let running =
+                u32::try_from(self.resource_running(txn, name).await?).unwrap_or(u32::MAX);
+            if let Some(max) = limits.max_in_flight {
+                room = room.min(max.saturating_sub(running));
+            }
+            // Half-open: one probe, once nothing of the resource is in flight.
+            if probe {
+                room = room.min(u32::from(running == 0));
+            }
+        }
+        let now_us = now_ms.saturating_mul(1000);
         let mut retry_in_ms = None;
         if let Some(rate) = limits.rate {
             let (allowed, wait_us) = rate.allowance(stored.tat_us, now_us);
@@ -201,10 +317,13 @@ impl Store {
             room = room.min(allowed);
         }
         if room == 0 {
-            return Ok(ResourceClaim {
-                claimed: Vec::new(),
-                retry_in_ms,
-            });
+            return Ok((
+                ResourceClaim {
+                    claimed: Vec::new(),
+                    retry_in_ms,
+                },
+                dirty,
+            ));
         }
         let due = match limits.max_in_flight_per_key {
             None => self.resource_due(txn, name, workflow_keys, room).await?,
@@ -214,19 +333,114 @@ impl Store {
             }
         };
         let claimed = self.claim_by_ids(txn, owner, &due).await?;
-        if let (Some(rate), false) = (limits.rate, claimed.is_empty()) {
+        if !claimed.is_empty() {
             let n = u32::try_from(claimed.len()).unwrap_or(u32::MAX);
-            let tat = rate.advance(stored.tat_us, now_us, n);
-            txn.execute(self.stmt(
-                "UPDATE sagaflow_resources SET tat_us = $2 WHERE name = $1",
-                vec![name.to_owned().into(), tat.into()],
+            let tat = limits
+                .rate
+                .map_or(stored.tat_us, |rate| rate.advance(stored.tat_us, now_us, n));
+            let (count, resume_at) = match limits.batch {
+                Some(b) if stored.batch_count + i64::from(n) >= i64::from(b.size) => (
+                    0,
+                    now_ms.saturating_add(i64::try_from(b.pause_ms).unwrap_or(i64::MAX)),
+                ),
+                Some(_) => (stored.batch_count + i64::from(n), stored.batch_resume_at),
+                None => (stored.batch_count, stored.batch_resume_at),
+            };
+            if limits.rate.is_some() || limits.batch.is_some() {
+                txn.execute(self.stmt(
+                    "UPDATE sagaflow_resources SET tat_us = $2, batch_count = $3, \
+                     batch_resume_at = $4 WHERE name = $1",
+                    vec![
+                        name.to_owned().into(),
+                        tat.into(),
+                        count.into(),
+                        resume_at.into(),
+                    ],
+                ))
+                .await?;
+            }
+            if probe {
+                tracing::info!(resource = name, "circuit breaker half-open: one probe sent");
+            }
+        }
+        Ok((
+            ResourceClaim {
+                claimed,
+                retry_in_ms,
+            },
+            dirty,
+        ))
+    }
+
+    /// Writes a breaker's new state, saying so in the log when it opens or closes.
+    async fn breaker_write(
+        &self,
+        txn: &super::conn::Txn,
+        name: &str,
+        before: &BreakerStatus,
+        b: &BreakerStatus,
+    ) -> Result<()> {
+        txn.execute(self.stmt(
+            "UPDATE sagaflow_resources SET breaker_state = $2, breaker_since = $3, \
+             breaker_opened_at = $4, breaker_consecutive = $5, breaker_calls = $6, \
+             breaker_failed = $7, breaker_window_at = $8 WHERE name = $1",
+            vec![
+                name.to_owned().into(),
+                b.state.as_str().into(),
+                b.since_ms.into(),
+                b.opened_at_ms.into(),
+                b.consecutive_failures.into(),
+                b.window_calls.into(),
+                b.window_failed.into(),
+                b.window_at_ms.into(),
+            ],
+        ))
+        .await?;
+        match (before.state, b.state) {
+            (BreakerState::Closed | BreakerState::HalfOpen, BreakerState::Open) => {
+                tracing::warn!(
+                    resource = name,
+                    consecutive_failures = before.consecutive_failures,
+                    window_calls = before.window_calls,
+                    window_failed = before.window_failed,
+                    "circuit breaker opened: the resource's steps wait for the cool-down"
+                );
+            }
+            (BreakerState::HalfOpen, BreakerState::Closed) => {
+                tracing::info!(
+                    resource = name,
+                    "circuit breaker closed: the probe succeeded"
+                );
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Adds the outcomes of ended attempts to the counters of their resources' breakers, in
+    /// the transaction that writes the attempts' ends. A resource whose limits in force have
+    /// no breaker is not written (the statement matches no row, and locks none).
+    pub(crate) async fn resource_outcomes<C: Exec>(
+        &self,
+        conn: &C,
+        outcomes: &[ResourceOutcomes],
+    ) -> Result<()> {
+        for o in outcomes {
+            conn.execute(self.stmt(
+                "UPDATE sagaflow_resources SET \
+                   breaker_consecutive = CASE WHEN $2 > 0 THEN $4 ELSE breaker_consecutive + $3 END, \
+                   breaker_calls = breaker_calls + $2 + $3, breaker_failed = breaker_failed + $3 \
+                 WHERE name = $1 AND breaker_on",
+                vec![
+                    o.resource.clone().into(),
+                    o.succeeded.into(),
+                    o.failed.into(),
+                    o.trailing_failures.into(),
+                ],
             ))
             .await?;
         }
-        Ok(ResourceClaim {
-            claimed,
-            retry_in_ms,
-        })
+        Ok(())
     }
 
     /// Whether a step of the resource is due: one entry of its index, read without a lock, so
@@ -253,8 +467,8 @@ impl Store {
             Backend::Sqlite => "",
         };
         let sql = format!(
-            "SELECT defaults, override, tat_us, {{now}} AS db_now FROM sagaflow_resources \
-             WHERE name = $1{lock}"
+            "SELECT defaults, override, tat_us, batch_count, batch_resume_at, {BREAKER_COLS}, \
+               {{now}} AS db_now FROM sagaflow_resources WHERE name = $1{lock}"
         );
         let Some(r) = txn
             .query_one(self.stmt(&sql, vec![name.to_owned().into()]))
@@ -270,6 +484,9 @@ impl Store {
             limits,
             tat_us: r.try_get("", "tat_us")?,
             now_ms: r.try_get("", "db_now")?,
+            batch_count: r.try_get("", "batch_count")?,
+            batch_resume_at: r.try_get("", "batch_resume_at")?,
+            breaker: breaker_of(name, &r)?,
         }))
     }
 
@@ -381,13 +598,26 @@ fn view(r: &Row) -> Result<ResourceView> {
         .map(|o| limits_of(&name, "override", &o))
         .transpose()?;
     Ok(ResourceView {
-        limits: override_limits.unwrap_or(defaults),
+        limits: override_limits.clone().unwrap_or_else(|| defaults.clone()),
         defaults,
         override_limits,
         override_by: r.try_get("", "override_by")?,
         override_reason: r.try_get("", "override_reason")?,
         in_flight: r.try_get("", "in_flight")?,
         waiting: r.try_get("", "waiting")?,
+        breaker: breaker_of(&name, r)?,
+        batch_resume_at_ms: r.try_get("", "batch_resume_at")?,
         name,
     })
+}
+
+impl super::StoreTx<'_> {
+    /// Adds ended attempts' outcomes to their resources' breakers (see
+    /// [`ResourceOutcomes`]), in this unit of work.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn resource_outcomes(&self, outcomes: &[ResourceOutcomes]) -> Result<()> {
+        self.store.resource_outcomes(&self.txn, outcomes).await
+    }
 }

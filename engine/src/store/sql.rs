@@ -147,7 +147,10 @@ impl Store {
     /// clock. SQLite reads `$n` as a *named* parameter, so placeholders become `?n`, which
     /// SQLite binds by number.
     pub(super) fn stmt(&self, sql: &str, values: Vec<Value>) -> Statement {
-        let sql = sql.replace("{now}", self.now_sql());
+        let sql = match self.clock.as_ref().map(crate::clock::TestClock::offset_ms) {
+            None | Some(0) => sql.replace("{now}", self.now_sql()),
+            Some(offset) => sql.replace("{now}", &format!("({} + {offset})", self.now_sql())),
+        };
         let sql = match self.backend {
             Backend::Postgres => sql,
             Backend::Sqlite => dollar_to_question(&sql),

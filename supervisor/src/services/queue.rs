@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use sagaflow_engine::resource::{BreakerState, ResourceView};
 use sagaflow_engine::store::NewAlert;
 use sagaflow_engine::{AlertKind, BacklogAlert, Result};
 
@@ -50,8 +51,9 @@ impl MaintenanceService for QueueWatch {
     async fn run_once(&self, ctx: &LeaderContext) -> Result<ServiceReport> {
         let queues = ctx.store.queue_by_workflow().await?;
         sagaflow_engine::metrics::set_queue_gauges(&queues);
-        sagaflow_engine::metrics::set_resource_gauges(&ctx.store.resources().await?);
-        let (mut raised, mut resolved) = (0, 0);
+        let resources = ctx.store.resources().await?;
+        sagaflow_engine::metrics::set_resource_gauges(&resources);
+        let (mut raised, mut resolved) = breaker_alerts(ctx, &resources).await?;
         for (workflow, threshold) in &self.thresholds {
             let (ready, oldest_ms) = queues
                 .iter()
@@ -91,7 +93,69 @@ impl MaintenanceService for QueueWatch {
             }
         }
         Ok(ServiceReport::default()
-            .with("backlog_raised", raised)
-            .with("backlog_resolved", resolved))
+            .with("alerts_raised", raised)
+            .with("alerts_resolved", resolved))
     }
+}
+
+fn breaker_key(resource: &str) -> String {
+    format!("breaker_open:{resource}")
+}
+
+/// Raises one `breaker_open` alert per resource whose breaker has not closed within its
+/// policy's `alert_after_ms` of opening (on the database clock), and resolves it once the
+/// breaker closes. Returns the alerts raised and resolved.
+async fn breaker_alerts(ctx: &LeaderContext, resources: &[ResourceView]) -> Result<(u64, u64)> {
+    let (mut raised, mut resolved) = (0, 0);
+    let mut now_ms = None;
+    for r in resources {
+        let key = breaker_key(&r.name);
+        let open_since = r
+            .breaker
+            .opened_at_ms
+            .filter(|_| r.breaker.state != BreakerState::Closed);
+        let too_long = match (open_since, r.limits.breaker) {
+            (Some(since), Some(policy)) => {
+                let now = match now_ms {
+                    Some(n) => n,
+                    None => *now_ms.insert(ctx.store.now_ms().await?),
+                };
+                let open_ms = now - since;
+                (open_ms >= i64::try_from(policy.alert_after_ms).unwrap_or(i64::MAX))
+                    .then_some(open_ms)
+            }
+            _ => None,
+        };
+        let closed = r.breaker.state == BreakerState::Closed || r.limits.breaker.is_none();
+        if let Some(open_ms) = too_long {
+            let alert = NewAlert {
+                    run_id: None,
+                    step: None,
+                    kind: AlertKind::BreakerOpen,
+                    reason: format!(
+                        "the circuit breaker of resource `{}` has been open for {} s: its steps wait",
+                        r.name,
+                        open_ms / 1000
+                    ),
+                    attempts: 0,
+                    actions: vec![
+                        "check the remote service the resource names; the breaker probes it again after each cool-down".into(),
+                        "the alert resolves itself when a probe succeeds and the breaker closes".into(),
+                    ],
+                    open_key: Some(key),
+                };
+            if let Some(a) = ctx.store.alert_insert(&alert).await? {
+                ctx.signals.alert(&a);
+                raised += 1;
+            }
+        } else if closed
+            && ctx
+                .store
+                .alert_resolve_key(&key, "the circuit breaker closed")
+                .await?
+        {
+            resolved += 1;
+        }
+    }
+    Ok((raised, resolved))
 }

@@ -4,36 +4,48 @@
 //! another tenant, a rate within 10 % of its limit, and an operator's override obeyed by
 //! every instance.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::HeaderMap;
-use sagaflow::{Engine, Resource, ResourceLimits, StartOptions, StepContext, StepError, Workflow};
+use axum::http::{HeaderMap, StatusCode};
+use sagaflow::{
+    Engine, Resource, ResourceLimits, RetryPolicy, StartOptions, StepContext, StepError, Workflow,
+};
 use sagaflow_testkit::{TestDb, backends, eventually, fast_builder};
 use uuid::Uuid;
 
 /// One request the service got.
 #[derive(Debug, Clone)]
-struct Call {
-    key: String,
-    tenant: String,
-    arrived: Instant,
-    left: Instant,
+pub(super) struct Call {
+    pub(super) key: String,
+    pub(super) tenant: String,
+    pub(super) arrived: Instant,
+    pub(super) left: Instant,
+    /// Whether the service answered with success.
+    pub(super) ok: bool,
 }
 
-/// A loopback service that takes `delay` per request and records each one.
+/// A loopback service that takes `delay` per request and records each one; while `failing`
+/// is set it answers 500.
 #[derive(Clone)]
-struct Service {
+pub(super) struct Service {
     calls: Arc<Mutex<Vec<Call>>>,
     delay: Duration,
+    pub(super) failing: Arc<AtomicBool>,
 }
 
 impl Service {
-    async fn serve(delay: Duration) -> (Self, String) {
-        async fn call(State(s): State<Service>, headers: HeaderMap, body: String) -> &'static str {
+    pub(super) async fn serve(delay: Duration) -> (Self, String) {
+        async fn call(
+            State(s): State<Service>,
+            headers: HeaderMap,
+            body: String,
+        ) -> (StatusCode, &'static str) {
             let arrived = Instant::now();
+            let ok = !s.failing.load(Ordering::SeqCst);
             tokio::time::sleep(s.delay).await;
             let key = headers
                 .get("idempotency-key")
@@ -45,12 +57,18 @@ impl Service {
                 tenant: body,
                 arrived,
                 left: Instant::now(),
+                ok,
             });
-            "ok"
+            if ok {
+                (StatusCode::OK, "ok")
+            } else {
+                (StatusCode::INTERNAL_SERVER_ERROR, "down")
+            }
         }
         let s = Self {
             calls: Arc::default(),
             delay,
+            failing: Arc::default(),
         };
         let app = Router::new()
             .route("/call", axum::routing::post(call))
@@ -63,12 +81,12 @@ impl Service {
         (s, url)
     }
 
-    fn calls(&self) -> Vec<Call> {
+    pub(super) fn calls(&self) -> Vec<Call> {
         self.calls.lock().expect("calls").clone()
     }
 
     /// The most requests in flight at one instant, among the calls `which` selects.
-    fn peak(&self, which: impl Fn(&Call) -> bool) -> usize {
+    pub(super) fn peak(&self, which: impl Fn(&Call) -> bool) -> usize {
         let mut edges: Vec<(Instant, i32)> = Vec::new();
         for c in self.calls().iter().filter(|c| which(c)) {
             edges.push((c.arrived, 1));
@@ -86,7 +104,7 @@ impl Service {
 }
 
 /// A one-step saga calling the service under resource `partner`, its input the tenant.
-fn calling(url: &str) -> Workflow {
+pub(super) fn calling(url: &str) -> Workflow {
     let client = reqwest::Client::new();
     let url = url.to_owned();
     Workflow::builder("partner_call", 1)
@@ -108,6 +126,12 @@ fn calling(url: &str) -> Workflow {
             }
         })
         .resource("partner")
+        // Quick retries: a failing service (the breaker's tests) keeps its runs alive.
+        .retry(
+            RetryPolicy::default()
+                .with_max_failures(100)
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(50)),
+        )
         .build()
         .expect("workflow")
 }
@@ -127,7 +151,7 @@ async fn two_engines(db: &TestDb, url: &str, resource: &Resource) -> (Engine, En
     (a, b)
 }
 
-async fn start_runs(engine: &Engine, tenant: &str, n: usize) -> Vec<Uuid> {
+pub(super) async fn start_runs(engine: &Engine, tenant: &str, n: usize) -> Vec<Uuid> {
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
         let input = serde_json::json!({ "tenant": tenant });
@@ -145,7 +169,7 @@ async fn until_calls(service: &Service, n: usize, what: &str) {
 }
 
 /// Every request was for a distinct idempotency key: no step was called twice.
-fn each_once(service: &Service, b: &str) {
+pub(super) fn each_once(service: &Service, b: &str) {
     let calls = service.calls();
     let mut keys: Vec<&str> = calls.iter().map(|c| c.key.as_str()).collect();
     keys.sort_unstable();

@@ -23,6 +23,7 @@ mod first_start;
 mod fixtures;
 mod flow;
 mod flow_control;
+mod flow_control_gates;
 mod frozen;
 mod http_agent;
 mod interruption;
