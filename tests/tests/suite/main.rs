@@ -32,6 +32,7 @@ mod openapi;
 mod operator;
 mod pause;
 mod published;
+mod resource_limits;
 mod schedule;
 mod secrets;
 mod serve;
