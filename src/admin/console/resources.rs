@@ -37,7 +37,10 @@ pub(super) async fn page(
             return view::error_page(&s, StatusCode::SERVICE_UNAVAILABLE, &error_message(&e));
         }
     };
+    // The name in the link is shown only when it names a resource.
+    let known = resources.iter().any(|r| r.name == notice.resource);
     let message = match notice.done.as_str() {
+        _ if !known => None,
         "set" => Some(format!(
             "Done: the limits of {} are overridden.",
             notice.resource

@@ -800,6 +800,9 @@ async fn flow_control_console_lists_resources_and_sets_an_override() {
             page.contains("3 in flight, 3 per key") && page.contains("overridden"),
             "[{b}] {page}"
         );
+        // A link's notice names only a resource there is.
+        let (_, page) = get("/console/resources?done=set&resource=elsewhere", &ops).await;
+        assert!(!page.contains("Done:"), "[{b}] {page}");
         let (status, location, _) = post(action, &ops, form(&csrf, "clear", "", "done")).await;
         assert_eq!(
             (status, location.as_deref()),
