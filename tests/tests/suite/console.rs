@@ -853,6 +853,7 @@ async fn an_operator_retries_a_failed_step_in_the_browser_and_watches_it_complet
         println!("skipped: chromium or chromedriver not installed");
         return;
     };
+    let _turn = crate::fixtures::timing_turn().await;
     let db = sqlite_db();
     let c = Controls::new();
     let s = serve(&db, &c).await;

@@ -836,6 +836,7 @@ async fn flow_control_console_operator_overrides_limits_in_the_browser() {
         println!("skipped: chromium or chromedriver not installed");
         return;
     };
+    let _turn = crate::fixtures::timing_turn().await;
     let db = sqlite_db();
     let s = serve(&db).await;
     start_calls(&s.engine, 2).await;
