@@ -55,6 +55,7 @@ pub mod admin;
 mod builder;
 mod engine;
 mod instance;
+mod limits;
 pub mod metrics;
 mod operator;
 mod start;
@@ -68,6 +69,7 @@ pub mod otel;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
+pub use limits::describe_limits;
 pub use operator::Operator;
 pub use sagaflow_engine::clock::TestClock;
 pub use sagaflow_engine::resource::{

@@ -113,8 +113,7 @@ pub(crate) fn reason(text: &str) -> Result<String, Failure> {
     let r = text.trim();
     if r.is_empty() || r.chars().count() > REASON_MAX_CHARS {
         return Err(Failure::usage(format!(
-            "--reason takes 1 to {REASON_MAX_CHARS} characters; it is recorded in the run's \
-             history"
+            "--reason takes 1 to {REASON_MAX_CHARS} characters; it is recorded with the action"
         )));
     }
     Ok(r.to_owned())

@@ -10,7 +10,7 @@ pub(crate) const OK: u8 = 0;
 pub(crate) const FAILURE: u8 = 1;
 /// The command line is wrong: an unknown or invalid argument, a missing `--reason`.
 pub(crate) const USAGE: u8 = 2;
-/// The run, step or alert named does not exist (or the alert is not open).
+/// The run, step, alert or resource named does not exist (or the alert is not open).
 pub(crate) const NOT_FOUND: u8 = 3;
 /// The action does not apply to the run in its current state.
 pub(crate) const REFUSED: u8 = 4;

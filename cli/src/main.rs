@@ -1,7 +1,8 @@
 //! `sagaflow`: operating a sagaflow database from a shell, without any workflow code.
 //!
 //! Finds and inspects runs, takes the operator's actions on them (recorded in their history
-//! as `cli:<operator>`), acknowledges alerts, watches the queue, lists the published
+//! as `cli:<operator>`), acknowledges alerts, reads and overrides the limits of remote
+//! resources, watches the queue, lists the published
 //! definitions, applies the schema migrations on purpose and purges finished runs; and
 //! `sagaflow serve` serves the console and the HTTP API. It runs no step and no workflow
 //! code: it opens the database as a client-only engine, which never registers as a worker
@@ -16,6 +17,7 @@ mod exit;
 mod output;
 mod overview;
 mod purge;
+mod resources;
 mod runs;
 mod schema;
 mod serve;
@@ -29,15 +31,16 @@ use sagaflow::Uuid;
 use crate::act::{Action, Audit};
 use crate::exit::{Failure, Outcome};
 
-/// Operate a sagaflow database: find, inspect and fix runs, acknowledge alerts, watch the
-/// queue, migrate the schema, purge finished runs, or serve the console and HTTP API.
+/// Operate a sagaflow database: find, inspect and fix runs, acknowledge alerts, tune the
+/// limits of remote resources, watch the queue, migrate the schema, purge finished runs, or
+/// serve the console and HTTP API.
 #[derive(Debug, Parser)]
 #[command(
     name = "sagaflow",
     version,
     after_help = "\
-Exit codes: 0 done; 1 failure (database unreachable, ...); 2 usage; 3 run, step or alert not \
-found; 4 action refused in the run's state; 5 schema not this release's (`sagaflow migrate`).
+Exit codes: 0 done; 1 failure (database unreachable, ...); 2 usage; 3 run, step, alert or \
+resource not found; 4 action refused in the run's state; 5 schema not this release's (`sagaflow migrate`).
 
 Examples:
   sagaflow runs list --state error --database-url ./orders.db
@@ -111,6 +114,12 @@ enum Command {
     /// Lists or acknowledges alerts.
     #[command(subcommand)]
     Alerts(alerts::AlertsCommand),
+    /// Lists the remote resources and their limits (the default), or changes a resource's
+    /// limits: `set` overrides them for every instance, `reset` clears the override.
+    Resources {
+        #[command(subcommand)]
+        command: Option<resources::ResourcesCommand>,
+    },
     /// The queue: steps ready, scheduled and running and the oldest wait, in all and per
     /// workflow; runs per workflow and state; recent throughput.
     Queue,
@@ -234,6 +243,7 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
             act::act(engine, &audit, Action::MarkCompensated(step), json).await
         }
         Command::Alerts(c) => alerts::alerts(engine, c, json).await,
+        Command::Resources { command } => resources::resources(engine, command, json).await,
         Command::Queue => overview::queue(engine, json).await,
         Command::Definitions => overview::definitions(engine, json).await,
         Command::Purge {

@@ -8,7 +8,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::{
-    Alert, Delivery, FieldError, HistoryEvent, PublishedDefinition, Run, RunState, RunSummary, Step,
+    Alert, Delivery, FieldError, HistoryEvent, PublishedDefinition, ResourceView, Run, RunState,
+    RunSummary, Step,
 };
 
 use super::routes::Action;
@@ -176,4 +177,23 @@ pub(super) struct RunStateEvent {
     pub(super) run_id: Uuid,
     /// The state it is in now.
     pub(super) state: RunState,
+}
+
+/// `GET /api/v1/resources`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ResourcesAnswer {
+    /// The remote resources the fleet's engines declared, by name: the limits in force, the
+    /// code's defaults, the operator's override and the load now.
+    pub(super) resources: Vec<ResourceView>,
+}
+
+/// `PUT` and `DELETE /api/v1/resources/{name}/limits`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct LimitsAnswer {
+    /// The resource after the change.
+    pub(super) resource: ResourceView,
+    /// Who changed its limits: `api:<token name>`.
+    pub(super) actor: String,
+    /// Why.
+    pub(super) reason: String,
 }

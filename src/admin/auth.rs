@@ -14,7 +14,7 @@ use super::routes::ApiError;
 pub enum Role {
     /// Reads runs, definitions, alerts and statistics.
     ReadOnly,
-    /// Also starts runs and acts on them.
+    /// Also starts runs, acts on runs and alerts, and changes the limits of remote resources.
     Operator,
 }
 

@@ -18,6 +18,9 @@
 //! | `GET /api/v1/stats` | read | the queue, the oldest due step's age, unfinished runs per workflow and state, runs finished in the last 1/5/15 minutes ([`Engine::stats`]) |
 //! | `GET /api/v1/alerts` | read | the open alerts |
 //! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert with a reason, stored with the alert as done by `api:<token name>`; 404 when it is not open |
+//! | `GET /api/v1/resources` | read | the remote resources: limits in force, the code's defaults, the operator's override (who, why), attempts in flight and steps waiting ([`Engine::resources`]) |
+//! | `PUT /api/v1/resources/{name}/limits` | operator | overrides a resource's limits for every instance (`{"limits": ResourceLimits, "reason": "…"}`), stored with `api:<token name>` and the reason; 400 `invalid_limits` with why, 404 `resource_not_found` |
+//! | `DELETE /api/v1/resources/{name}/limits` | operator | clears the override (`{"reason": "…"}`): the code's limits apply again; 404 `resource_not_found` |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
 //! | `GET /api/v1/openapi.json` | read | this API as an OpenAPI 3.1 document, generated from the code |
 //! | `GET /metrics` | read | the engine's metrics in the Prometheus text format ([`crate::metrics`]); 501 when the process installed no Prometheus recorder |
@@ -30,6 +33,7 @@ mod auth;
 mod console;
 mod events;
 mod openapi;
+mod resources;
 mod routes;
 mod scrape;
 pub(crate) mod serve;

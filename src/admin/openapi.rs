@@ -54,8 +54,9 @@ impl utoipa::Modify for Security {
                         .scheme(HttpAuthScheme::Bearer)
                         .description(Some(
                             "A token of the API's configuration (`Authorization: Bearer …`). A \
-                             read-only token reads; starting runs and acting on runs and alerts \
-                             needs an operator token (403 `forbidden` otherwise).",
+                             read-only token reads; starting runs, acting on runs and alerts \
+                             and changing resource limits needs an operator token (403 \
+                             `forbidden` otherwise).",
                         ))
                         .build(),
                 ),

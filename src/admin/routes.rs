@@ -4,7 +4,7 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router, middleware};
 use sagaflow_engine::Error;
 use sagaflow_engine::FieldError;
@@ -56,6 +56,9 @@ api_routes! {
     post "/api/v1/alerts/{id}/resolve" => resolve_alert,
     get "/api/v1/deliveries" => deliveries,
     post "/api/v1/deliveries/{id}/redeliver" => redeliver,
+    get "/api/v1/resources" => super::resources::resources,
+    put "/api/v1/resources/{name}/limits" => super::resources::set_limits,
+    delete "/api/v1/resources/{name}/limits" => super::resources::clear_limits,
     get "/api/v1/openapi.json" => super::openapi::openapi_json,
     get "/metrics" => super::scrape::metrics,
 }
@@ -66,7 +69,8 @@ api_routes! {
     info(
         title = "sagaflow HTTP API",
         description = "Start workflow runs, follow and read them, take operator actions, read \
-                       alerts and statistics. Answers are JSON; an error answer is an \
+                       alerts and statistics, read and override the limits of remote \
+                       resources. Answers are JSON; an error answer is an \
                        `ErrorBody`."
     ),
     paths(
@@ -82,6 +86,9 @@ api_routes! {
         resolve_alert,
         deliveries,
         redeliver,
+        super::resources::resources,
+        super::resources::set_limits,
+        super::resources::clear_limits,
         stats,
         super::openapi::openapi_json,
         super::scrape::metrics,
@@ -119,7 +126,7 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text())
     }
 
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -221,7 +228,7 @@ fn body_error(r: &JsonRejection) -> ApiError {
 
 /// A JSON body read as `T`: the JSON errors of [`body_error`], then 400 `invalid_body` naming
 /// the `expected` shape when it is JSON of another shape.
-fn parse_body<T: serde::de::DeserializeOwned>(
+pub(super) fn parse_body<T: serde::de::DeserializeOwned>(
     body: Result<Json<Value>, JsonRejection>,
     expected: &str,
 ) -> Result<T, ApiError> {

@@ -16,6 +16,7 @@
 mod graph;
 mod live;
 mod pages;
+mod resources;
 mod run;
 mod session;
 mod view;
@@ -66,6 +67,8 @@ where
         .route("/console/alerts/{id}/resolve", post(pages::resolve))
         .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))
         .route("/console/definitions", get(pages::definitions))
+        .route("/console/resources", get(resources::page))
+        .route("/console/resources/{name}/limits", post(resources::change))
         .route("/console/fragments/overview", get(pages::overview_fragment))
         .route("/console/fragments/runs", get(pages::runs_fragment))
         .route("/console/fragments/alerts", get(pages::alerts_fragment))
@@ -194,7 +197,7 @@ pub(super) fn check_post(
             view::error_page(
                 s,
                 StatusCode::FORBIDDEN,
-                "Your token is read-only: it cannot act on runs or alerts.",
+                "Your token is read-only: it cannot act on runs, alerts or resources.",
             )
             .into_response(),
         ));

@@ -17,6 +17,7 @@ pub(super) enum Tab {
     Runs,
     Alerts,
     Definitions,
+    Resources,
     None,
 }
 
@@ -61,6 +62,7 @@ impl Page<'_> {
                             (tab(Tab::Runs, "/console/runs", "Runs"))
                             (tab(Tab::Alerts, "/console/alerts", "Alerts"))
                             (tab(Tab::Definitions, "/console/definitions", "Definitions"))
+                            (tab(Tab::Resources, "/console/resources", "Resources"))
                         }
                         div.who {
                             span.live-status #live-status title="live updates" {}

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 /// Runs `sagaflow` with `args` over `db`, with no database or operator from the
 /// environment and only errors logged, and waits for it (at most 60 s).
-async fn sagaflow(db: &str, args: &[&str]) -> Output {
+pub(crate) async fn sagaflow(db: &str, args: &[&str]) -> Output {
     // The test cluster's `synchronous_commit=off` warning would mix into standard error.
     sagaflow_logging(db, args, "error").await
 }
@@ -43,16 +43,16 @@ async fn sagaflow_logging(db: &str, args: &[&str], level: &str) -> Output {
         .expect("joined")
 }
 
-fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// Asserts the exit code, showing both streams when it differs.
-fn code(o: &Output, expected: i32, what: &str) {
+pub(crate) fn code(o: &Output, expected: i32, what: &str) {
     assert_eq!(
         o.status.code(),
         Some(expected),
@@ -63,7 +63,7 @@ fn code(o: &Output, expected: i32, what: &str) {
 }
 
 /// Runs a command that must succeed with `--json`, and parses its output.
-async fn json(db: &str, args: &[&str]) -> Value {
+pub(crate) async fn json(db: &str, args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.push("--json");
     let o = sagaflow(db, &all).await;

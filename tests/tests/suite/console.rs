@@ -28,7 +28,7 @@ const OPS: &str = "ops-console-secret-0123456789";
 const VIEW: &str = "view-console-secret-0123456789";
 
 /// A payload that would run if anything rendered it unescaped.
-const XSS: &str = "<script>document.title='pwned';window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
+pub(crate) const XSS: &str = "<script>document.title='pwned';window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
 
 /// What the test controls in the `shipment` workflow.
 #[derive(Clone)]
@@ -183,7 +183,7 @@ async fn serve(db: &TestDb, c: &Controls) -> Served {
 }
 
 /// A client that shows redirects instead of following them.
-fn http() -> reqwest::Client {
+pub(crate) fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -233,7 +233,7 @@ async fn post(
 }
 
 /// The CSRF token in a page's forms.
-fn csrf_of(page: &str) -> String {
+pub(crate) fn csrf_of(page: &str) -> String {
     let at = page
         .find(r#"name="csrf" value=""#)
         .unwrap_or_else(|| panic!("no CSRF field in {page}"));
@@ -694,12 +694,12 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
 // ---------------------------------------------------------------- the browser
 
 /// Whether a missing browser fails the test instead of skipping it.
-fn browser_required() -> bool {
+pub(crate) fn browser_required() -> bool {
     std::env::var("SAGAFLOW_REQUIRE_BROWSER").is_ok_and(|v| v == "1")
         || std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-fn find_program(names: &[&str]) -> Option<PathBuf> {
+pub(crate) fn find_program(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     names.iter().find_map(|name| {
         std::env::split_paths(&path)
@@ -720,14 +720,14 @@ fn screenshot_dir() -> PathBuf {
 }
 
 /// A chromedriver process on a free loopback port, killed on drop.
-struct Driver {
+pub(crate) struct Driver {
     child: tokio::process::Child,
     port: u16,
     profile: tempfile::TempDir,
 }
 
 impl Driver {
-    async fn start(program: &PathBuf) -> Self {
+    pub(crate) async fn start(program: &PathBuf) -> Self {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
             l.local_addr().expect("addr").port()
@@ -754,7 +754,7 @@ impl Driver {
         }
     }
 
-    async fn browser(&self) -> fantoccini::Client {
+    pub(crate) async fn browser(&self) -> fantoccini::Client {
         let mut caps = serde_json::Map::new();
         let profile = format!("--user-data-dir={}", self.profile.path().display());
         let mut options = json!({
@@ -786,7 +786,7 @@ use fantoccini::Locator::Css;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn wait_css(b: &fantoccini::Client, css: &str) -> fantoccini::elements::Element {
+pub(crate) async fn wait_css(b: &fantoccini::Client, css: &str) -> fantoccini::elements::Element {
     b.wait()
         .at_most(WAIT)
         .every(Duration::from_millis(50))
@@ -796,7 +796,7 @@ async fn wait_css(b: &fantoccini::Client, css: &str) -> fantoccini::elements::El
 }
 
 /// The text of the element `css` finds, found again if a live update replaced it meanwhile.
-async fn text_of(b: &fantoccini::Client, css: &str) -> String {
+pub(crate) async fn text_of(b: &fantoccini::Client, css: &str) -> String {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Ok(e) = b.find(Css(css)).await
@@ -810,7 +810,7 @@ async fn text_of(b: &fantoccini::Client, css: &str) -> String {
 }
 
 /// Clicks the element `css` finds, found again if a live update replaced it meanwhile.
-async fn click(b: &fantoccini::Client, css: &str) {
+pub(crate) async fn click(b: &fantoccini::Client, css: &str) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Ok(e) = b.find(Css(css)).await
@@ -826,7 +826,7 @@ async fn click(b: &fantoccini::Client, css: &str) {
     }
 }
 
-async fn screenshot(b: &fantoccini::Client, name: &str) {
+pub(crate) async fn screenshot(b: &fantoccini::Client, name: &str) {
     let dir = screenshot_dir();
     std::fs::create_dir_all(&dir).expect("screenshot dir");
     let png = b.screenshot().await.expect("screenshot");
@@ -835,7 +835,7 @@ async fn screenshot(b: &fantoccini::Client, name: &str) {
     println!("screenshot: {}", path.display());
 }
 
-async fn js(b: &fantoccini::Client, script: &str) -> Value {
+pub(crate) async fn js(b: &fantoccini::Client, script: &str) -> Value {
     b.execute(script, vec![]).await.expect("script")
 }
 
@@ -853,6 +853,7 @@ async fn an_operator_retries_a_failed_step_in_the_browser_and_watches_it_complet
         println!("skipped: chromium or chromedriver not installed");
         return;
     };
+    let _turn = crate::fixtures::timing_turn().await;
     let db = sqlite_db();
     let c = Controls::new();
     let s = serve(&db, &c).await;

@@ -353,3 +353,13 @@ pub(crate) fn check_signed_and_consistent(r: &Receiver, secret: &str, b: &str) {
         }
     }
 }
+
+/// Taken by the tests that measure time (a rate) and by the tests that start a browser,
+/// which takes the machine's cores for seconds: they take turns, so that a browser's start
+/// never slows a measured rate down. Every other test runs beside them as usual.
+static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits for the turn of a test that measures time or starts a browser (see [`TIMING`]).
+pub(crate) async fn timing_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    TIMING.lock().await
+}

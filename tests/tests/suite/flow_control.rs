@@ -319,6 +319,7 @@ async fn flow_control_a_key_never_has_more_in_flight_than_its_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn flow_control_the_rate_stays_within_ten_percent_of_its_limit() {
+    let _turn = crate::fixtures::timing_turn().await;
     for db in backends().await {
         let b = db.backend;
         let (service, url) = Service::serve(Duration::ZERO).await;

@@ -33,6 +33,7 @@ mod openapi;
 mod operator;
 mod pause;
 mod published;
+mod resource_limits;
 mod schedule;
 mod secrets;
 mod serve;

@@ -119,13 +119,13 @@ fn strict(schema: &mut Value) {
 }
 
 /// Checks JSON values against the schemas of the document's answers.
-struct Answers {
+pub(crate) struct Answers {
     doc: Value,
     components: Value,
 }
 
 impl Answers {
-    fn new(doc: Value) -> Self {
+    pub(crate) fn new(doc: Value) -> Self {
         let mut components = doc["components"].clone();
         strict(&mut components);
         Self { doc, components }
@@ -166,7 +166,14 @@ impl Answers {
     }
 
     /// Asserts that `body` matches the answer documented for `method path` with `status`.
-    fn check(&self, method: &str, path: &str, status: StatusCode, body: &Value, b: &str) {
+    pub(crate) fn check(
+        &self,
+        method: &str,
+        path: &str,
+        status: StatusCode,
+        body: &Value,
+        b: &str,
+    ) {
         let errors = self.errors(method, path, status.as_u16(), body);
         assert!(
             errors.is_empty(),
