@@ -69,7 +69,7 @@ pub mod otel;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
-pub use limits::describe_limits;
+pub use limits::{describe_limits, describe_state};
 pub use operator::Operator;
 pub use sagaflow_engine::clock::TestClock;
 pub use sagaflow_engine::resource::{

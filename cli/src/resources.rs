@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Subcommand};
-use sagaflow::{Engine, Rate, ResourceLimits, ResourceView, describe_limits};
+use sagaflow::{Engine, Rate, ResourceLimits, ResourceView, describe_limits, describe_state};
 use serde::Serialize;
 
 use crate::exit::{Failure, Outcome};
@@ -175,6 +175,7 @@ async fn list(engine: &Engine, json: bool) -> Outcome {
         "IN FLIGHT",
         "WAITING",
         "LIMITS",
+        "STATE",
         "OVERRIDE BY",
         "REASON",
         "CODE'S LIMITS",
@@ -185,6 +186,7 @@ async fn list(engine: &Engine, json: bool) -> Outcome {
             r.in_flight.to_string(),
             r.waiting.to_string(),
             describe_limits(&r.limits),
+            describe_state(r),
             printable(r.override_by.as_deref()),
             printable(r.override_reason.as_deref()),
             describe_limits(&r.defaults),

@@ -14,7 +14,7 @@ use super::view::{self, Page, Tab, flash};
 use super::{Console, PageSession, check_post};
 use crate::admin::auth::Role;
 use crate::admin::routes::{REASON_MAX_CHARS, action_reason};
-use crate::{Error, ResourceLimits, ResourceView, describe_limits};
+use crate::{Error, ResourceLimits, ResourceView, describe_limits, describe_state};
 
 /// What a redirect after a change says.
 #[derive(Debug, Default, Deserialize)]
@@ -77,7 +77,7 @@ fn table(resources: &[ResourceView], operator: Option<&Session>) -> Markup {
             div.scroll {
                 table #resources {
                     thead { tr {
-                        th { "resource" } th { "limits in force" } th { "override" }
+                        th { "resource" } th { "limits in force" } th { "breaker" } th { "override" }
                         th.num { "in flight" } th.num { "waiting" }
                         @if operator.is_some() { th { "" } }
                     } }
@@ -91,6 +91,7 @@ fn table(resources: &[ResourceView], operator: Option<&Session>) -> Markup {
                                         div.muted.small { "code's: " (describe_limits(&r.defaults)) }
                                     }
                                 }
+                                td.state { (describe_state(r)) }
                                 td.override {
                                     @if r.override_limits.is_some() {
                                         span.badge.st-paused { "override" }

@@ -282,6 +282,7 @@ async fn flow_control_api_lists_sets_and_clears_resource_limits() {
                 period_ms: 1000,
                 burst: 5,
             }),
+            ..ResourceLimits::default()
         };
         let now = stored(&s.engine).await;
         assert_eq!(
@@ -293,8 +294,8 @@ async fn flow_control_api_lists_sets_and_clears_resource_limits() {
                 now.override_reason.as_deref()
             ),
             (
-                expected,
-                Some(expected),
+                expected.clone(),
+                Some(expected.clone()),
                 max_in_flight(1),
                 Some("api:ops"),
                 Some("partner raised our quota")
@@ -392,7 +393,16 @@ async fn flow_control_cli_sets_and_resets_resource_limits() {
             .collect();
         assert_eq!(
             cells,
-            ["partner", "1", "1", "1 in flight", "-", "-", "1 in flight"],
+            [
+                "partner",
+                "1",
+                "1",
+                "1 in flight",
+                "no breaker",
+                "-",
+                "-",
+                "1 in flight"
+            ],
             "[{b}] {table}"
         );
         assert!(
