@@ -41,9 +41,9 @@ async fn main() -> Result<(), Error> {
         }
     };
     let starts: Starts = Arc::default();
-    let engine = Engine::builder()
+    let mut builder = Engine::builder()
         .with_database_url(url.clone())
-        .with_workflow(workflow(starts.clone())?)
+        .with_workflow(workflow(starts.clone(), args.resource_limit.is_some())?)
         .with_max_in_flight(args.max_in_flight)
         .with_claim_batch(args.claim_batch)
         .with_completion_writers(
@@ -57,9 +57,11 @@ async fn main() -> Result<(), Error> {
             sagaflow::SqliteSync::Full
         })
         .with_retention(None)
-        .with_workers(args.processes <= 1)
-        .start()
-        .await?;
+        .with_workers(args.processes <= 1);
+    if let Some(r) = bench::workload::resource(args.resource_limit) {
+        builder = builder.with_resource(r);
+    }
+    let engine = builder.start().await?;
     println!(
         "sagaflow-bench · machine: {}",
         sagaflow_tools::machine::describe()
@@ -71,6 +73,12 @@ async fn main() -> Result<(), Error> {
         args.max_in_flight,
         args.claim_batch
     );
+    if let Some(n) = args.resource_limit {
+        println!(
+            "  flow control: every step calls resource `{}`, at most {n} in flight",
+            bench::workload::RESOURCE
+        );
+    }
     if args.prefill_finished > 0 {
         let t = Instant::now();
         engine

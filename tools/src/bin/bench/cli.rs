@@ -53,6 +53,11 @@ pub(crate) struct Args {
     /// checkpoints; the last commits can be lost to a power loss).
     #[arg(long, default_value = "full", value_parser = ["full", "normal"])]
     pub(crate) sqlite_sync: String,
+    /// Every step calls one remote resource limited to this many attempts in flight (set it
+    /// far above `--max-in-flight` to measure what flow control costs when it never holds a
+    /// step back); without it the steps call no resource.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) resource_limit: Option<u32>,
     /// Internal: run as a worker process until killed.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,

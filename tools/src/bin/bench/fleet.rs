@@ -20,10 +20,10 @@ pub(crate) async fn worker(args: &Args, id: &str) -> Result<(), Error> {
         .database_url
         .clone()
         .ok_or_else(|| Error::Usage("--worker needs --database-url".into()))?;
-    let engine = Engine::builder()
+    let mut builder = Engine::builder()
         .with_database_url(url)
         .with_instance_id(id)
-        .with_workflow(workflow(Arc::default())?)
+        .with_workflow(workflow(Arc::default(), args.resource_limit.is_some())?)
         .with_max_in_flight(args.max_in_flight)
         .with_claim_batch(args.claim_batch)
         .with_completion_writers(
@@ -31,9 +31,11 @@ pub(crate) async fn worker(args: &Args, id: &str) -> Result<(), Error> {
                 .unwrap_or_else(sagaflow::internals::scheduler::completion_writers_default),
         )
         .with_pool_size(8)
-        .with_retention(None)
-        .start()
-        .await?;
+        .with_retention(None);
+    if let Some(r) = super::workload::resource(args.resource_limit) {
+        builder = builder.with_resource(r);
+    }
+    let engine = builder.start().await?;
     tokio::time::sleep(Duration::from_secs(3600)).await;
     engine.shutdown().await;
     Ok(())
