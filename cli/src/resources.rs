@@ -260,6 +260,21 @@ async fn set(engine: &Engine, args: SetArgs, json: bool) -> Outcome {
         return Err(Failure::not_found(format!("no resource `{name}`")));
     }
     let resource = find(engine, &name).await?;
+    let line = format!(
+        "resource {name}: limits now {} (were {was}); override set by {actor}",
+        describe_limits(&resource.limits)
+    );
+    report(json, resource, actor, reason, line)
+}
+
+/// What a change answers: the resource as it is now, as JSON or in a line.
+fn report(
+    json: bool,
+    resource: ResourceView,
+    actor: String,
+    reason: String,
+    line: String,
+) -> Outcome {
     if json {
         return output::json(&LimitsAnswer {
             resource,
@@ -267,10 +282,7 @@ async fn set(engine: &Engine, args: SetArgs, json: bool) -> Outcome {
             reason,
         });
     }
-    output::line(format!(
-        "resource {name}: limits now {} (were {was}); override set by {actor}",
-        describe_limits(&resource.limits)
-    ));
+    output::line(line);
     Ok(())
 }
 
@@ -281,18 +293,11 @@ async fn reset(engine: &Engine, name: &str, who: &Who, json: bool) -> Outcome {
         return Err(Failure::not_found(format!("no resource `{name}`")));
     }
     let resource = find(engine, name).await?;
-    if json {
-        return output::json(&LimitsAnswer {
-            resource,
-            actor,
-            reason,
-        });
-    }
-    output::line(format!(
+    let line = format!(
         "resource {name}: override cleared by {actor}; the code's limits apply: {}",
         describe_limits(&resource.limits)
-    ));
-    Ok(())
+    );
+    report(json, resource, actor, reason, line)
 }
 
 #[cfg(test)]

@@ -88,7 +88,7 @@ pub(super) async fn set_limits(
     caller.require(Role::Operator)?;
     let body: LimitsBody = parse_body(
         body,
-        r#"{"limits": {"max_in_flight"?: 8, "max_in_flight_per_key"?: 2, "rate"?: {"limit": 20, "period_ms": 1000, "burst"?: 1}}, "reason": "…"}"#,
+        r#"{"limits": {"max_in_flight"?: 8, "max_in_flight_per_key"?: 2, "rate"?: {"limit": 20, "period_ms": 1000, "burst"?: 1}, "windows"?: {"time_zone": "Europe/Moscow", "open": ["MON-FRI 00:00-06:00"]}, "batch"?: {"size": 50, "pause_ms": 30000}, "breaker"?: {"consecutive_failures"?: 5, "failure_percent"?: 50, "cool_down_ms": 30000}}, "reason": "…"}"#,
     )?;
     let reason = reason(&body.reason)?;
     body.limits.check().map_err(|e| invalid_limits(&name, &e))?;
