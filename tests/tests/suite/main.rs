@@ -31,6 +31,7 @@ mod metrics;
 mod openapi;
 mod operator;
 mod pause;
+mod priority;
 mod published;
 mod schedule;
 mod secrets;
