@@ -10,9 +10,9 @@
 //! operator action), with the step's priority from its run: what aging gave it does not
 //! outlive its wait.
 
-use super::Store;
 use super::leases::LeaderFence;
 use super::row::Exec;
+use super::{Backend, Store};
 use crate::Result;
 use crate::definition::PRIORITY_MAX;
 
@@ -35,6 +35,40 @@ impl Store {
             fence.term.into(),
         ];
         Ok(self.exec.execute(self.stmt(&sql, values)).await?)
+    }
+
+    /// The plan the database chooses for the aging statement, one line per row of its
+    /// `EXPLAIN` (PostgreSQL, with sequential scans discouraged: whether the partial index
+    /// applies at all, whatever the table's size) or `EXPLAIN QUERY PLAN` (SQLite), for
+    /// tests that check it reads `sagaflow_steps_aging`. Changes nothing.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    #[doc(hidden)]
+    pub async fn step_age_plan(&self) -> Result<Vec<String>> {
+        let values = vec![
+            60_000_i64.into(),
+            1000_i64.into(),
+            "lease".into(),
+            "holder".into(),
+            1_i64.into(),
+        ];
+        let txn = self.exec.begin().await?;
+        let (explain, column) = match self.backend {
+            Backend::Postgres => {
+                txn.execute(self.stmt("SET LOCAL enable_seqscan = off", vec![]))
+                    .await?;
+                ("EXPLAIN", "QUERY PLAN")
+            }
+            Backend::Sqlite => ("EXPLAIN QUERY PLAN", "detail"),
+        };
+        let sql = format!("{explain} {}", self.aging_sql());
+        let rows = txn.query_all(self.stmt(&sql, values)).await;
+        txn.rollback().await?;
+        rows?
+            .iter()
+            .map(|r| r.try_get::<String>("", column).map_err(Into::into))
+            .collect()
     }
 
     /// The aging statement: `$1` the period in milliseconds, `$2` the limit, `$3…$5` the

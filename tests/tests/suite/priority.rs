@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sagaflow::internals::store::Store;
 use sagaflow::sea_orm::{ConnectionTrait, DbBackend, Statement};
 use sagaflow::{
     Engine, PRIORITY_MAX, PRIORITY_MIN, RetryLane, RetryPolicy, RunState, StartOptions,
@@ -482,5 +483,104 @@ async fn flow_control_priority_without_aging_a_low_priority_run_waits_for_all_hi
         let stats = engine.supervisor().expect("a supervisor").stats();
         assert_eq!(stats.aged, 0, "[{b}] aging is off");
         engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_priority_aging_reads_its_index_on_both_backends() {
+    for db in backends().await {
+        let b = db.backend;
+        let store = Store::connect(&db.url, Some(2)).await.expect("store");
+        let plan = store.step_age_plan().await.expect("plan");
+        assert!(
+            plan.iter().any(|l| l.contains("sagaflow_steps_aging")),
+            "[{b}] the aging statement does not read its index:\n{}",
+            plan.join("\n")
+        );
+    }
+}
+
+/// The migration that adds the retry priority and the aging mark goes down and up again:
+/// down, both columns and the aging index are gone; up again, a stored step's retry priority
+/// is its priority and its wait counts from when it fell due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_priority_the_retry_lane_and_aging_migration_goes_down_and_up_again() {
+    use sagaflow::internals::store::{NewRun, NewStep, RunStart};
+    use sagaflow_migrations::Migrator;
+    use sea_orm_migration::MigratorTrait;
+
+    for db in backends().await {
+        let b = db.backend;
+        let store = Store::connect(&db.url, Some(2)).await.expect("first start");
+        let id = Uuid::now_v7();
+        let run = NewRun {
+            id,
+            workflow: "m".into(),
+            version: 1,
+            business_key: None,
+            input: "null".into(),
+            priority: 5,
+            retry_priority: 6,
+            notify: false,
+            start: RunStart::Now,
+            trace: None,
+            flow_key: None,
+            steps: vec![NewStep {
+                name: "only".into(),
+                max_failures: 3,
+                max_interruptions: 5,
+                deadline_ms: 60_000,
+                deadline_cap_ms: 60_000,
+                idempotency_key: format!("{id}:only"),
+                ready: true,
+                resource: None,
+            }],
+        };
+        store.insert_runs(&[run]).await.expect("insert");
+        let conn = store.connection();
+        let one = async |sql: &str| -> Result<Option<String>, String> {
+            let row = conn
+                .query_one_raw(Statement::from_string(conn.get_database_backend(), sql))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(row.map(|r| r.try_get_by_index::<String>(0).expect("text")))
+        };
+        let marks = "SELECT CAST(retry_priority AS TEXT) || ' ' || \
+                     CAST(aging_from = available_at AS TEXT) FROM sagaflow_steps";
+        let index = if b == "postgres" {
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'sagaflow_steps_aging'"
+        } else {
+            "SELECT sql FROM sqlite_master WHERE name = 'sagaflow_steps_aging'"
+        };
+        let truth = if b == "postgres" { "true" } else { "1" };
+        assert_eq!(
+            one(marks).await.expect("marks"),
+            Some(format!("6 {truth}")),
+            "[{b}] as inserted"
+        );
+        assert!(one(index).await.expect("index").is_some(), "[{b}]");
+
+        Migrator::down(conn, Some(1)).await.expect("down");
+        assert!(one(marks).await.is_err(), "[{b}] the columns are gone");
+        assert_eq!(one(index).await.expect("index"), None, "[{b}]");
+        drop(store);
+
+        let store = Store::connect(&db.url, Some(2)).await.expect("up again");
+        let conn = store.connection();
+        let row = conn
+            .query_one_raw(Statement::from_string(conn.get_database_backend(), marks))
+            .await
+            .expect("marks")
+            .map(|r| r.try_get_by_index::<String>(0).expect("text"));
+        assert_eq!(
+            row,
+            Some(format!("5 {truth}")),
+            "[{b}] backfilled from the priority and the due time"
+        );
+        let plan = store.step_age_plan().await.expect("plan");
+        assert!(
+            plan.iter().any(|l| l.contains("sagaflow_steps_aging")),
+            "[{b}] {plan:?}"
+        );
     }
 }
