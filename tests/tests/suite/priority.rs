@@ -584,3 +584,65 @@ async fn flow_control_priority_the_retry_lane_and_aging_migration_goes_down_and_
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_priority_runs_started_from_published_definitions_get_the_default_and_lane() {
+    for db in backends().await {
+        let b = db.backend;
+        let log = Log::default();
+        let urgent = || {
+            Workflow::builder("urgent", 1)
+                .priority(5)
+                .retries(RetryLane::Ahead)
+                .step("only", |_: StepContext| async { Ok::<_, StepError>(()) })
+                .build()
+                .expect("valid")
+        };
+        // The engine with the code publishes the definition, and runs nothing here.
+        let coded = fast_builder(&db)
+            .with_workflow(urgent())
+            .with_workflow(tagged("plain", &log, 0))
+            .with_workers(false)
+            .start()
+            .await
+            .expect("engine with the code");
+        let description = coded
+            .definitions()
+            .await
+            .expect("definitions")
+            .into_iter()
+            .find(|d| d.name == "urgent")
+            .expect("published")
+            .description
+            .expect("decodes");
+        assert_eq!(
+            (description.priority, description.retries.as_str()),
+            (5, "ahead"),
+            "[{b}]"
+        );
+        coded.shutdown().await;
+        // An engine without the code (as `sagaflow serve` runs) starts from the description.
+        let client = fast_builder(&db)
+            .with_published_workflows()
+            .start()
+            .await
+            .expect("engine of published workflows");
+        let id = client.start("urgent", &()).await.expect("start");
+        let run = client.run(id).await.expect("read").expect("run");
+        assert_eq!(run.priority, 5, "[{b}] the published default");
+        let conn = client.connection();
+        let backend = conn.get_database_backend();
+        let sql = match backend {
+            DbBackend::Postgres => "SELECT retry_priority FROM sagaflow_steps WHERE run_id = $1",
+            _ => "SELECT retry_priority FROM sagaflow_steps WHERE run_id = ?",
+        };
+        let row = conn
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, [id.into()]))
+            .await
+            .expect("step row")
+            .expect("a step");
+        let retry: i32 = row.try_get("", "retry_priority").expect("retry priority");
+        assert_eq!(retry, 6, "[{b}] the published lane");
+        client.shutdown().await;
+    }
+}
