@@ -318,6 +318,29 @@ impl EngineBuilder {
         self
     }
 
+    /// The priority aging period (default: `Some(`[`PRIORITY_AGING_DEFAULT`]`)`, a minute):
+    /// a queued step gains one priority level per period it waits, up to
+    /// [`PRIORITY_MAX`](crate::PRIORITY_MAX), so that low-priority work still progresses
+    /// while higher priorities keep arriving. The supervisor leader raises them, on the
+    /// database's clock. `None` turns aging off: a step then waits for as long as steps of
+    /// higher priority are due. A period under 1 ms is refused by [`EngineBuilder::start`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sagaflow::Engine;
+    ///
+    /// // A step of priority 0 passes fresh work of priority 10 after ten minutes of waiting.
+    /// let builder = Engine::builder().with_priority_aging(Some(Duration::from_secs(60)));
+    /// ```
+    ///
+    /// [`PRIORITY_AGING_DEFAULT`]: crate::PRIORITY_AGING_DEFAULT
+    pub fn with_priority_aging(mut self, period: Option<Duration>) -> Self {
+        self.supervisor.priority_aging = period;
+        self
+    }
+
     /// Whether this instance takes part in supervisor leader election (default: yes).
     pub fn with_supervisor(mut self, on: bool) -> Self {
         self.run_supervisor = on;

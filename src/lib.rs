@@ -84,11 +84,11 @@ pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, BacklogAlert, ChannelSink, DeadlinePolicy,
     Delivery, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error,
     FieldError, HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeTopic,
-    OnFailure, Outcome, RESOLVED_BY_ENGINE, Result, RetryPolicy, Run, RunCounts, RunEvent,
-    RunFinished, RunState, StartOption, Step, StepAction, StepContext, StepDescription, StepError,
-    StepKind, StepState, Timestamp, Workflow, WorkflowBuilder, WorkflowDescription,
+    OnFailure, Outcome, RESOLVED_BY_ENGINE, Result, RetryLane, RetryPolicy, Run, RunCounts,
+    RunEvent, RunFinished, RunState, StartOption, Step, StepAction, StepContext, StepDescription,
+    StepError, StepKind, StepState, Timestamp, Workflow, WorkflowBuilder, WorkflowDescription,
 };
-pub use sagaflow_supervisor::SupervisorStats;
+pub use sagaflow_supervisor::{PRIORITY_AGING_DEFAULT, SupervisorStats};
 pub use start::{
     OnDuplicate, PRIORITY_MAX, PRIORITY_MIN, START_AHEAD_MAX, StartOptions, StartTime, Started,
 };
@@ -126,7 +126,7 @@ pub use uuid::{self, Uuid};
 /// The names most applications need.
 pub mod prelude {
     pub use crate::{
-        DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, OnFailure, RetryPolicy, RunState,
-        StartOptions, StepContext, StepError, StepState, Uuid, Workflow,
+        DeadlinePolicy, Engine, KeyPolicy, OnDuplicate, OnFailure, RetryLane, RetryPolicy,
+        RunState, StartOptions, StepContext, StepError, StepState, Uuid, Workflow,
     };
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sagaflow_engine::definition::millis;
+use sagaflow_engine::definition::{check_priority, millis};
 use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome, RunStart};
 use sagaflow_engine::trace::TraceContext;
 use sagaflow_engine::{Error, Result, RunState, StartOption, Timestamp, Workflow};
@@ -30,11 +30,7 @@ pub enum OnDuplicate {
     Reject,
 }
 
-/// The lowest priority a run may have ([`StartOptions::priority`]).
-pub const PRIORITY_MIN: i32 = -1_000;
-
-/// The highest priority a run may have ([`StartOptions::priority`]).
-pub const PRIORITY_MAX: i32 = 1_000;
+pub use sagaflow_engine::{PRIORITY_MAX, PRIORITY_MIN};
 
 /// The longest flow key a run may carry, in bytes.
 const FLOW_KEY_MAX: usize = 200;
@@ -71,11 +67,14 @@ pub struct StartOptions {
     /// When the run's first steps become due: at once by default. Until then the run is
     /// `Pending` and its steps count as `scheduled` in [`Engine::stats`].
     pub start: StartTime,
-    /// Claim priority, [`PRIORITY_MIN`] to [`PRIORITY_MAX`], 0 by default: among due steps,
-    /// those of runs of higher priority are claimed first, and steps of equal priority in
-    /// the order they became due. Every step of the run has it, compensations included.
-    /// Nothing ages: while higher-priority steps are due, lower ones wait.
-    pub priority: i32,
+    /// Claim priority, [`PRIORITY_MIN`] to [`PRIORITY_MAX`]; `None` takes the workflow's
+    /// default ([`WorkflowBuilder::priority`](crate::WorkflowBuilder::priority), 0 unless
+    /// set). Among due steps, those of runs of higher priority are claimed first, and steps
+    /// of equal priority in the order they became due. Every step of the run has it,
+    /// compensations included; a retried step is queued at it moved by the workflow's
+    /// [`RetryLane`](crate::RetryLane), and a step that waits gains a level per aging period
+    /// ([`EngineBuilder::with_priority_aging`](crate::EngineBuilder::with_priority_aging)).
+    pub priority: Option<i32>,
     /// Whether the run's finish is notified through the outbox (a `run_finished` notice to
     /// the engine's sinks): `None` takes the workflow's default
     /// ([`WorkflowBuilder::notify_on_finish`](crate::WorkflowBuilder::notify_on_finish)).
@@ -154,10 +153,19 @@ impl StartOptions {
     }
 
     /// Sets the claim priority ([`PRIORITY_MIN`] to [`PRIORITY_MAX`]; higher is claimed
-    /// first).
+    /// first), whatever the workflow's default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sagaflow::StartOptions;
+    ///
+    /// let urgent = StartOptions::keyed("o-1").priority(10);
+    /// assert_eq!(urgent.priority, Some(10));
+    /// ```
     #[must_use]
     pub fn priority(mut self, priority: i32) -> Self {
-        self.priority = priority;
+        self.priority = Some(priority);
         self
     }
 
@@ -202,18 +210,13 @@ impl StartOptions {
             .transpose()
     }
 
-    /// The start as the store takes it, or the option that is out of range.
-    fn checked(&self) -> Result<(RunStart, i32)> {
+    /// The start as the store takes it with the priority given (if any), or the option
+    /// that is out of range.
+    fn checked(&self) -> Result<(RunStart, Option<i32>)> {
         let invalid =
             |option: StartOption, reason: String| Error::InvalidStartOption { option, reason };
-        if !(PRIORITY_MIN..=PRIORITY_MAX).contains(&self.priority) {
-            return Err(invalid(
-                StartOption::Priority,
-                format!(
-                    "{} is outside {PRIORITY_MIN}..={PRIORITY_MAX}",
-                    self.priority
-                ),
-            ));
+        if let Some(p) = self.priority {
+            check_priority(p).map_err(|why| invalid(StartOption::Priority, why))?;
         }
         let ahead_max = || {
             format!(
@@ -376,7 +379,7 @@ impl Engine {
             json,
             opts.business_key.clone(),
             start,
-            priority,
+            priority.unwrap_or(wf.priority()),
             opts.notify.unwrap_or(wf.notify_on_finish()),
             trace,
         );
@@ -470,6 +473,7 @@ fn new_run(
         business_key,
         input,
         priority,
+        retry_priority: wf.retry_lane().retry_priority(priority),
         start,
         notify,
         trace: Some(trace),

@@ -22,9 +22,9 @@ pub mod trace;
 pub mod transition;
 
 pub use definition::{
-    BacklogAlert, DeadlinePolicy, FieldError, KeyPolicy, OnFailure, Registry, RetryPolicy,
-    StepAction, StepContext, StepDescription, StepKind, StepSettings, Workflow, WorkflowBuilder,
-    WorkflowDescription, workflow_key,
+    BacklogAlert, DeadlinePolicy, FieldError, KeyPolicy, OnFailure, PRIORITY_MAX, PRIORITY_MIN,
+    Registry, RetryLane, RetryPolicy, StepAction, StepContext, StepDescription, StepKind,
+    StepSettings, Workflow, WorkflowBuilder, WorkflowDescription, workflow_key,
 };
 pub use error::{Error, Result, StartOption};
 pub use model::{

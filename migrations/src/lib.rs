@@ -55,6 +55,7 @@ mod m0011_trace_context;
 mod m0012_alert_resolution;
 mod m0013_resources;
 mod m0014_resource_state;
+mod m0015_retry_lane_and_aging;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -91,6 +92,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0012_alert_resolution::Migration),
             Box::new(m0013_resources::Migration),
             Box::new(m0014_resource_state::Migration),
+            Box::new(m0015_retry_lane_and_aging::Migration),
         ]
     }
 

@@ -309,7 +309,8 @@ struct StartBody {
     #[serde(default)]
     #[schema(value_type = Option<u64>)]
     start_after_ms: Option<Value>,
-    /// Claim priority, `PRIORITY_MIN` to `PRIORITY_MAX` (default 0; higher first).
+    /// Claim priority, `PRIORITY_MIN` to `PRIORITY_MAX` (default: the workflow's default
+    /// priority, 0 unless set; higher first).
     #[serde(default)]
     #[schema(value_type = Option<i32>, minimum = -1000, maximum = 1000)]
     priority: Option<Value>,

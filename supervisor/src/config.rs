@@ -46,6 +46,9 @@ pub const DELIVERY_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 pub const BACKLOG_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
 /// How long finished runs and their history are kept (AT-5).
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The aging period: a queued step gains one priority level per minute it waits, so a step
+/// of priority 0 passes fresh work of priority 10 after about ten minutes of sustained load.
+pub const PRIORITY_AGING_DEFAULT: Duration = Duration::from_secs(60);
 
 /// Supervisor settings.
 #[derive(Debug, Clone)]
@@ -64,6 +67,10 @@ pub struct SupervisorConfig {
     pub sweep_batch: u32,
     /// Finished runs older than this are deleted; `None` keeps them forever.
     pub retention: Option<Duration>,
+    /// The aging period: a queued step gains one priority level per period it waits (see
+    /// [`PRIORITY_AGING_DEFAULT`]); `None` turns aging off, and a step then waits for as long
+    /// as steps of higher priority are due.
+    pub priority_aging: Option<Duration>,
     /// An instance silent for longer is dead (see [`INSTANCE_STALE_AFTER_DEFAULT`]).
     pub instance_stale_after: Duration,
     /// A leader that has completed no sweep (and committed no rescue batch) for this long
@@ -94,6 +101,7 @@ impl SupervisorConfig {
             sweep_interval: SWEEP_INTERVAL_DEFAULT,
             sweep_batch: SWEEP_BATCH_DEFAULT,
             retention: Some(RETENTION_DEFAULT),
+            priority_aging: Some(PRIORITY_AGING_DEFAULT),
             instance_stale_after: INSTANCE_STALE_AFTER_DEFAULT,
             sweep_stall_after: None,
             delivery_interval: DELIVERY_INTERVAL_DEFAULT,
@@ -145,6 +153,14 @@ impl SupervisorConfig {
                 "the delivery and backlog intervals must be positive".into(),
             ));
         }
+        if self
+            .priority_aging
+            .is_some_and(|p| p < Duration::from_millis(1))
+        {
+            return Err(Error::Config(
+                "the priority aging period must be at least 1 ms (or off)".into(),
+            ));
+        }
         if self.sweep_interval.is_zero() || self.sweep_batch == 0 {
             return Err(Error::Config(
                 "sweep interval and batch must be positive".into(),
@@ -174,6 +190,19 @@ mod tests {
         c.renew_interval = Duration::ZERO;
         assert!(c.validate().is_err());
         assert!(SupervisorConfig::new("").validate().is_err());
+    }
+
+    #[test]
+    fn aging_is_on_by_default_and_its_period_must_be_positive() {
+        let mut c = SupervisorConfig::new("a");
+        assert_eq!(c.priority_aging, Some(PRIORITY_AGING_DEFAULT));
+        c.priority_aging = None;
+        assert!(c.validate().is_ok(), "off");
+        c.priority_aging = Some(Duration::from_millis(100));
+        assert!(c.validate().is_ok());
+        c.priority_aging = Some(Duration::ZERO);
+        let e = c.validate().expect_err("a zero period");
+        assert!(e.to_string().contains("aging"), "{e}");
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //!   The scheduler then compensates the run or raises an alert.
 //! - **retention** (`services/retention.rs`, AT-5): deletes finished runs and silent
 //!   instances past [`SupervisorConfig::retention`].
+//! - **aging** (`services/aging.rs`): raises the priority of queued steps one level per
+//!   [`SupervisorConfig::priority_aging`] period they wait, so that low priorities progress
+//!   under a sustained load of higher ones.
 //!
 //! Adding a service is one file in `services/` implementing the crate's `MaintenanceService`
 //! trait (`service.rs`) and one line in `services/mod.rs`. The supervisor knows no business
@@ -37,9 +40,9 @@ mod stats;
 
 pub use config::{
     BACKLOG_INTERVAL_DEFAULT, DELIVERY_INTERVAL_DEFAULT, HEARTBEAT_INTERVAL_DEFAULT,
-    INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT, LEASE_TTL_DEFAULT, RENEW_INTERVAL_DEFAULT,
-    RETENTION_DEFAULT, STALL_ALERT_FACTOR, SWEEP_BATCH_DEFAULT, SWEEP_INTERVAL_DEFAULT,
-    SWEEP_STALL_MIN, SWEEP_STALL_SWEEPS_DEFAULT, SupervisorConfig,
+    INSTANCE_STALE_AFTER_DEFAULT, LEASE_NAME_DEFAULT, LEASE_TTL_DEFAULT, PRIORITY_AGING_DEFAULT,
+    RENEW_INTERVAL_DEFAULT, RETENTION_DEFAULT, STALL_ALERT_FACTOR, SWEEP_BATCH_DEFAULT,
+    SWEEP_INTERVAL_DEFAULT, SWEEP_STALL_MIN, SWEEP_STALL_SWEEPS_DEFAULT, SupervisorConfig,
 };
 #[doc(hidden)]
 pub use gate::SweepGate;

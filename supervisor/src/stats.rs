@@ -18,6 +18,9 @@ pub struct SupervisorStats {
     pub sweeps: u64,
     /// Terms given up because no sweep completed within the stall threshold (LE-3).
     pub stalls: u64,
+    /// Queued steps whose priority aging raised (each raise counted once, whatever the
+    /// levels gained).
+    pub aged: u64,
 }
 
 /// The live counters behind [`SupervisorStats`], shared by every term of one instance.
@@ -29,6 +32,7 @@ pub(crate) struct Counters {
     pub(crate) terms_won: AtomicU64,
     pub(crate) sweeps: AtomicU64,
     pub(crate) stalls: AtomicU64,
+    pub(crate) aged: AtomicU64,
 }
 
 impl Counters {
@@ -46,6 +50,7 @@ impl Counters {
             terms_won: self.terms_won.load(Ordering::Relaxed),
             sweeps: self.sweeps.load(Ordering::Relaxed),
             stalls: self.stalls.load(Ordering::Relaxed),
+            aged: self.aged.load(Ordering::Relaxed),
         }
     }
 }

@@ -10,10 +10,11 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::priority::check_priority;
 use super::step::FnAction;
 use super::{
-    BacklogAlert, DeadlinePolicy, InputCheck, KeyPolicy, OnFailure, RetryPolicy, StepAction,
-    StepContext, StepDef, StepKind, StepSettings, Workflow, validate,
+    BacklogAlert, DeadlinePolicy, InputCheck, KeyPolicy, OnFailure, RetryLane, RetryPolicy,
+    StepAction, StepContext, StepDef, StepKind, StepSettings, Workflow, validate,
 };
 use crate::{Error, StepError};
 
@@ -44,6 +45,8 @@ pub struct WorkflowBuilder {
     notify_on_finish: bool,
     backlog_alert: Option<BacklogAlert>,
     flow_key: Option<String>,
+    priority: i32,
+    retry_lane: RetryLane,
 }
 
 impl fmt::Debug for WorkflowBuilder {
@@ -70,6 +73,8 @@ impl WorkflowBuilder {
             notify_on_finish: false,
             backlog_alert: None,
             flow_key: None,
+            priority: 0,
+            retry_lane: RetryLane::Same,
         }
     }
 
@@ -111,6 +116,38 @@ impl WorkflowBuilder {
     /// thresholds (checked by the supervisor leader).
     pub fn backlog_alert(mut self, alert: BacklogAlert) -> Self {
         self.backlog_alert = Some(alert);
+        self
+    }
+
+    /// The claim priority of runs started without one (`StartOptions::priority` overrides
+    /// it per run): [`PRIORITY_MIN`](super::PRIORITY_MIN) to
+    /// [`PRIORITY_MAX`](super::PRIORITY_MAX), 0 by default. Among due steps, those of higher
+    /// priority are claimed first. Checked by [`build`](Self::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sagaflow_engine::definition::RetryLane;
+    /// use sagaflow_engine::{StepContext, StepError, Workflow};
+    ///
+    /// let refund = Workflow::builder("refund", 1)
+    ///     .priority(10)
+    ///     .retries(RetryLane::Ahead)
+    ///     .step("pay_back", |_ctx: StepContext| async { Ok::<_, StepError>(()) })
+    ///     .build()
+    ///     .expect("valid");
+    /// assert_eq!((refund.priority(), refund.retry_lane()), (10, RetryLane::Ahead));
+    /// ```
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Where retried attempts queue relative to new work of the same priority (default:
+    /// [`RetryLane::Same`]): [`RetryLane::Ahead`] finishes begun runs first,
+    /// [`RetryLane::Behind`] lets new work pass a failing step.
+    pub fn retries(mut self, lane: RetryLane) -> Self {
+        self.retry_lane = lane;
         self
     }
 
@@ -316,8 +353,8 @@ impl WorkflowBuilder {
     /// # Errors
     /// [`Error::InvalidDefinition`] naming the offending step: an empty graph, a duplicate or
     /// malformed name, an unknown dependency, a cycle, a compensation on a pivot or retriable
-    /// step, a compensatable step after a pivot or retriable step, more than one pivot, or a
-    /// bad policy.
+    /// step, a compensatable step after a pivot or retriable step, more than one pivot, a
+    /// bad policy, or a default priority out of range.
     pub fn build(self) -> Result<Workflow, Error> {
         let invalid = |reason: String| Error::InvalidDefinition {
             workflow: self.name.clone(),
@@ -326,6 +363,8 @@ impl WorkflowBuilder {
         if let Some(m) = self.misuse.first() {
             return Err(invalid(m.clone()));
         }
+        check_priority(self.priority)
+            .map_err(|why| invalid(format!("the default priority is invalid: {why}")))?;
         let mut index = HashMap::new();
         for (i, d) in self.drafts.iter().enumerate() {
             validate::check_name(&d.name).map_err(&invalid)?;
@@ -387,6 +426,8 @@ impl WorkflowBuilder {
             notify_on_finish: self.notify_on_finish,
             flow_key: self.flow_key,
             backlog_alert: self.backlog_alert,
+            priority: self.priority,
+            retry_lane: self.retry_lane,
             without_code: false,
         })
     }

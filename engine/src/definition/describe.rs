@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::millis;
 use super::{
-    DeadlinePolicy, KeyPolicy, OnFailure, RetryPolicy, StepAction, StepContext, StepKind, Workflow,
+    DeadlinePolicy, KeyPolicy, OnFailure, RetryLane, RetryPolicy, StepAction, StepContext,
+    StepKind, Workflow,
 };
 use crate::{Error, StepError};
 
@@ -43,6 +44,16 @@ pub struct WorkflowDescription {
     /// published text when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow_key: Option<String>,
+    /// The claim priority of runs started without one
+    /// ([`WorkflowBuilder::priority`](super::WorkflowBuilder::priority)). Left out of the
+    /// published text when it is 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
+    /// Where retried attempts queue relative to new work of the same priority: `same`,
+    /// `ahead` or `behind` ([`WorkflowBuilder::retries`](super::WorkflowBuilder::retries)).
+    /// Left out of the published text when it is `same`.
+    #[serde(default = "same_lane", skip_serializing_if = "is_same_lane")]
+    pub retries: String,
     /// The steps, in declaration order.
     pub steps: Vec<StepDescription>,
     /// JSON Schema (draft 2020-12) of the input, when the workflow declares an input type
@@ -56,6 +67,19 @@ fn compensate() -> String {
 
 fn is_compensate(s: &str) -> bool {
     s == OnFailure::Compensate.as_str()
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+fn same_lane() -> String {
+    RetryLane::Same.as_str().to_owned()
+}
+
+fn is_same_lane(s: &str) -> bool {
+    s == RetryLane::Same.as_str()
 }
 
 /// One step of a [`WorkflowDescription`].
@@ -137,8 +161,9 @@ impl Workflow {
     /// it); the engines that have the code execute the runs it starts.
     ///
     /// # Errors
-    /// [`Error::InvalidDefinition`] when the description names an unknown saga role or
-    /// business-key policy, or describes an invalid graph.
+    /// [`Error::InvalidDefinition`] when the description names an unknown saga role,
+    /// business-key policy or retry lane, or describes an invalid graph or a priority out of
+    /// range.
     #[doc(hidden)]
     pub fn from_description(d: &WorkflowDescription) -> Result<Self, Error> {
         let invalid = |reason: String| Error::InvalidDefinition {
@@ -156,10 +181,14 @@ impl Workflow {
             "pause" => OnFailure::Pause,
             other => return Err(invalid(format!("unknown failure policy `{other}`"))),
         };
+        let lane = RetryLane::parse(&d.retries)
+            .ok_or_else(|| invalid(format!("unknown retry lane `{}`", d.retries)))?;
         let mut b = Workflow::builder(d.name.clone(), d.version)
             .business_keys(key_policy)
             .on_failure(on_failure)
-            .notify_on_finish(d.notify_on_finish);
+            .notify_on_finish(d.notify_on_finish)
+            .priority(d.priority)
+            .retries(lane);
         if let Some(pointer) = &d.flow_key {
             b = b.flow_key(pointer.clone());
         }
@@ -243,6 +272,8 @@ impl Workflow {
             on_failure: self.on_failure.as_str().to_owned(),
             notify_on_finish: self.notify_on_finish,
             flow_key: self.flow_key.clone(),
+            priority: self.priority,
+            retries: self.retry_lane.as_str().to_owned(),
             steps,
             input_schema: self.input_schema.as_deref().cloned(),
         }
@@ -255,7 +286,7 @@ mod tests {
 
     use serde::Deserialize;
 
-    use crate::{DeadlinePolicy, StepContext, StepError, Workflow};
+    use crate::{DeadlinePolicy, RetryLane, StepContext, StepError, Workflow};
 
     #[derive(Deserialize, schemars::JsonSchema)]
     #[allow(dead_code)] // read through its schema only
@@ -353,6 +384,49 @@ mod tests {
         let mut bad = d.clone();
         bad.steps[1].kind = "sideways".into();
         assert!(Workflow::from_description(&bad).is_err());
+    }
+
+    #[test]
+    fn the_default_priority_and_the_retry_lane_are_published_when_set() {
+        let text = serde_json::to_string(&order().describe()).expect("json");
+        assert!(
+            !text.contains("\"priority\"") && !text.contains("\"retries\""),
+            "the defaults leave the published text as it was: {text}"
+        );
+        let urgent = Workflow::builder("urgent", 1)
+            .priority(-7)
+            .retries(RetryLane::Behind)
+            .step("s", |_: StepContext| async { Ok::<_, StepError>(()) })
+            .build()
+            .expect("valid");
+        let d = urgent.describe();
+        assert_eq!((d.priority, d.retries.as_str()), (-7, "behind"));
+        let rebuilt = Workflow::from_description(&d).expect("rebuilt");
+        assert_eq!(
+            (rebuilt.priority(), rebuilt.retry_lane()),
+            (-7, RetryLane::Behind)
+        );
+        let mut bad = d.clone();
+        bad.retries = "sideways".into();
+        let e = Workflow::from_description(&bad).expect_err("unknown lane");
+        assert!(e.to_string().contains("`sideways`"), "{e}");
+        bad = d;
+        bad.priority = 5_000;
+        let e = Workflow::from_description(&bad).expect_err("out of range");
+        assert!(e.to_string().contains("5000 is outside"), "{e}");
+    }
+
+    #[test]
+    fn a_default_priority_out_of_range_is_refused_at_build() {
+        let e = Workflow::builder("w", 1)
+            .priority(1_001)
+            .step("s", |_: StepContext| async { Ok::<_, StepError>(()) })
+            .build()
+            .expect_err("out of range");
+        assert_eq!(
+            e.to_string(),
+            "invalid workflow definition `w`: the default priority is invalid: 1001 is outside -1000..=1000"
+        );
     }
 
     #[test]

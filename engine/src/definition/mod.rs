@@ -7,6 +7,7 @@
 mod builder;
 mod describe;
 mod policy;
+mod priority;
 mod registry;
 mod schema;
 mod step;
@@ -24,6 +25,7 @@ pub use policy::{
     MAX_BACKOFF_DEFAULT, MAX_DEFERRAL_DELAY_DEFAULT, MAX_DEFERRALS_DEFAULT, MAX_FAILURES_DEFAULT,
     MAX_INTERRUPTIONS_DEFAULT, RetryPolicy, StepSettings,
 };
+pub use priority::{PRIORITY_MAX, PRIORITY_MIN, RetryLane, check_priority};
 pub use registry::Registry;
 pub use schema::FieldError;
 pub use step::{StepAction, StepContext};
@@ -224,6 +226,8 @@ pub struct Workflow {
     pub(crate) notify_on_finish: bool,
     pub(crate) backlog_alert: Option<BacklogAlert>,
     pub(crate) flow_key: Option<String>,
+    pub(crate) priority: i32,
+    pub(crate) retry_lane: RetryLane,
     /// Rebuilt from a published description: its steps have no code (see
     /// [`Workflow::from_description`]).
     pub(crate) without_code: bool,
@@ -282,6 +286,14 @@ impl Workflow {
     /// Whether its runs' finishes are notified through the outbox by default.
     pub fn notify_on_finish(&self) -> bool {
         self.notify_on_finish
+    }
+    /// The claim priority of runs started without one.
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+    /// Where its retried attempts queue relative to new work of the same priority.
+    pub fn retry_lane(&self) -> RetryLane {
+        self.retry_lane
     }
 
     /// The flow key of a run of this workflow with `input`: the value at the workflow's

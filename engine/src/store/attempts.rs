@@ -97,7 +97,10 @@ const FINISH_CHUNK: usize = 200;
 impl StoreTx<'_> {
     /// Writes decided attempt ends as one `UPDATE … FROM` per chunk (one round trip instead
     /// of one per step), each fenced by `(id, state, attempt, locked_by)` and its deadline
-    /// guard, and, with `fence`, by the leader lease. Returns, per item, whether its fence
+    /// guard, and, with `fence`, by the leader lease. A step queued again (a retry, a
+    /// deferral, a timeout, an interruption) takes its stored retry priority (its run's
+    /// priority moved by the workflow's retry lane), never its current priority plus
+    /// anything, and waits toward aging from when it is due. Returns, per item, whether its fence
     /// held; a history row is recorded for each that did, by the lease owner (an attempt's
     /// answer, an instance releasing its own steps) or the supervisor's term.
     ///
@@ -233,6 +236,8 @@ impl StoreTx<'_> {
                updated_at = {{now}}, output = COALESCE(v.output, s.output), error = v.error, \
                failure_count = v.failures, interruptions = v.interruptions, deadline_ms = v.deadline_ms, \
                available_at = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \
+               aging_from = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \
+               priority = CASE WHEN v.due_ms IS NULL THEN s.priority ELSE s.retry_priority END, \
                maybe_applied = (s.maybe_applied OR v.maybe) \
              FROM {source} \
              WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \

@@ -33,7 +33,7 @@ const RUN_COLS_IN: [(&str, &str); 13] = [
 ];
 
 /// Columns of a step to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const STEP_COLS_IN: [(&str, &str); 15] = [
+const STEP_COLS_IN: [(&str, &str); 16] = [
     ("run_id", "uuid"),
     ("workflow_key", "text"),
     ("name", "text"),
@@ -45,6 +45,7 @@ const STEP_COLS_IN: [(&str, &str); 15] = [
     ("idempotency_key", "text"),
     ("ready", "boolean"),
     ("priority", "integer"),
+    ("retry_priority", "integer"),
     ("start_ms", "bigint"),
     ("delay_ms", "bigint"),
     ("resource", "text"),
@@ -70,18 +71,24 @@ fn insert_runs_sql(source: &str) -> String {
     )
 }
 
+/// When a root step from the row source `v` is due: at the run's start, or at once when it
+/// has none or it has passed; `NULL` (not queued) for the other steps.
+const DUE: &str =
+    "CASE WHEN v.ready THEN CASE WHEN {START} > {now} THEN {START} ELSE {now} END END";
+
 /// `INSERT … SELECT` of steps from the row source `v` (columns of [`STEP_COLS_IN`]), the rows
 /// chosen by `filter`. Root steps are due at the run's start, or at once when it has none or
-/// it has passed; every step takes the run's priority.
+/// it has passed, and wait toward aging from then; every step takes the run's priority, and
+/// the priority its retries are queued at.
 fn insert_steps_sql(source: &str, filter: &str) -> String {
+    let due = DUE.replace("{START}", START);
     format!(
         "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, max_interruptions, \
-           deadline_ms, initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, updated_at, \
-           priority, resource, flow_key) \
+           deadline_ms, initial_deadline_ms, deadline_cap_ms, idempotency_key, available_at, aging_from, \
+           updated_at, priority, retry_priority, resource, flow_key) \
          SELECT v.run_id, v.workflow_key, v.name, v.state, v.max_failures, v.max_interruptions, \
-           v.deadline_ms, v.deadline_ms, v.deadline_cap_ms, v.idempotency_key, \
-           CASE WHEN v.ready THEN CASE WHEN {START} > {{now}} THEN {START} ELSE {{now}} END END, {{now}}, \
-           v.priority, v.resource, v.flow_key \
+           v.deadline_ms, v.deadline_ms, v.deadline_cap_ms, v.idempotency_key, {due}, {due}, {{now}}, \
+           v.priority, v.retry_priority, v.resource, v.flow_key \
          FROM {source} WHERE {filter}"
     )
 }
@@ -128,6 +135,7 @@ fn step_row(run: &NewRun, s: &NewStep, start: RunStart) -> Vec<Value> {
         s.idempotency_key.clone().into(),
         s.ready.into(),
         run.priority.into(),
+        run.retry_priority.into(),
         start.at_ms().into(),
         start.delay_ms().into(),
         s.resource.clone().into(),
@@ -151,6 +159,10 @@ pub struct NewRun {
     pub input: String,
     /// Claim priority, copied onto every step row: higher is claimed first.
     pub priority: i32,
+    /// The priority a step of the run is queued at after an attempt that did not succeed
+    /// (the run's priority moved by its workflow's [`RetryLane`](crate::RetryLane)), copied
+    /// onto every step row.
+    pub retry_priority: i32,
     /// When its root steps become due.
     pub start: RunStart,
     /// Whether its finish is notified through the outbox (a `run_finished` notice).

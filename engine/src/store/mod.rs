@@ -12,9 +12,11 @@
 //! backends; `options.rs`, `open.rs` and `file.rs` configure, open and watch the database;
 //! `tx.rs` is the unit of work and `plans.rs` writes decided plans through it; the tables
 //! have `intake.rs`, `runs.rs`, `steps.rs` (claims, inputs, rescue listings),
-//! `attempts.rs` (fenced attempt-end writes), `instances.rs`, `alerts.rs` and `leases.rs`;
+//! `attempts.rs` (fenced attempt-end writes), `aging.rs` (priority aging), `instances.rs`,
+//! `alerts.rs` and `leases.rs`;
 //! `rows.rs` decodes rows.
 
+mod aging;
 mod alerts;
 mod attempts;
 mod conn;

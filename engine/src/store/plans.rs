@@ -117,12 +117,16 @@ impl StoreTx<'_> {
         }
         let mut moved: HashSet<i64> = HashSet::new();
         for ((from, to, reset, due_now), ids) in &groups {
+            // A step queued afresh (its dependencies met, its compensation due, an operator's
+            // retry or release) takes its run's priority again, whatever a retry lane or
+            // aging made of it, and waits toward aging from now.
             let extra = format!(
                 "{}{}",
                 if *due_now {
-                    ", available_at = {now}"
+                    ", available_at = {now}, aging_from = {now}, priority = \
+                     (SELECT r.priority FROM sagaflow_runs AS r WHERE r.id = sagaflow_steps.run_id)"
                 } else {
-                    ", available_at = NULL"
+                    ", available_at = NULL, aging_from = NULL"
                 },
                 if *reset {
                     ", failure_count = 0, interruptions = 0, deadline_ms = initial_deadline_ms"

@@ -431,7 +431,7 @@ impl Store {
         for chunk in runs.chunks(CHUNK) {
             let (cond, values) = self.in_list("id", 1, chunk)?;
             let sql = format!(
-                "UPDATE sagaflow_steps SET available_at = NULL \
+                "UPDATE sagaflow_steps SET available_at = NULL, aging_from = NULL \
                  WHERE state IN ('ready', 'compensation_ready') AND available_at IS NOT NULL \
                    AND run_id IN (SELECT id FROM sagaflow_runs WHERE {cond} AND state = '{paused}')",
                 paused = crate::RunState::Paused,

@@ -8,6 +8,7 @@ use sagaflow_engine::Signals;
 use crate::config::SupervisorConfig;
 use crate::service::MaintenanceService;
 
+pub(crate) mod aging;
 pub(crate) mod delivery;
 pub(crate) mod queue;
 pub(crate) mod rescue;
@@ -25,6 +26,7 @@ pub(crate) fn maintenance_services(
     let mut services: Vec<Arc<dyn MaintenanceService>> =
         vec![rescue, Arc::new(delivery::Delivery::new(signals.clone()))];
     services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
+    services.extend(aging::Aging::from_config(config).map(|s| Arc::new(s) as _));
     services.push(Arc::new(queue::QueueWatch::new(config)));
     services
 }

@@ -201,6 +201,7 @@ async fn the_start_and_priority_migration_goes_down_and_up_again() {
             business_key: None,
             input: "null".into(),
             priority: 5,
+            retry_priority: 5,
             notify: false,
             start: RunStart::Now,
             trace: None,

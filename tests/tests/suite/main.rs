@@ -32,6 +32,7 @@ mod metrics;
 mod openapi;
 mod operator;
 mod pause;
+mod priority;
 mod published;
 mod resource_limits;
 mod schedule;

@@ -33,6 +33,7 @@ async fn ready_run(store: &Store, wf: &Workflow) -> Uuid {
         business_key: None,
         input: "null".into(),
         priority: 0,
+        retry_priority: 0,
         notify: false,
         start: store::RunStart::Now,
         trace: None,
