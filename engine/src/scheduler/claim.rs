@@ -1,6 +1,6 @@
 //! The claim loop.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
@@ -27,6 +27,9 @@ pub(super) async fn run(
     // locking transaction on every pass. Capped at the idle poll pause, so that a change of
     // limits (or of a test clock) is seen within it.
     let mut held: HashMap<String, Instant> = HashMap::new();
+    // Resources whose last claim took steps: asked again without an unlocked probe first.
+    let mut busy: HashSet<String> = HashSet::new();
+    let mut skip_plain = false;
     let mut claimed_at;
     loop {
         // Wait for one free slot, then take as many more as are free (up to a batch).
@@ -64,9 +67,15 @@ pub(super) async fn run(
                 .and_then(|wf| wf.step(&c.name))
                 .is_none_or(|d| !d.is_root())
         };
-        let claim = s
-            .store
-            .step_claim_with_inputs(&s.config.owner, &s.keys, limit, needs_outputs);
+        let claim = async {
+            if skip_plain {
+                Ok(Default::default())
+            } else {
+                s.store
+                    .step_claim_with_inputs(&s.config.owner, &s.keys, limit, needs_outputs)
+                    .await
+            }
+        };
         let (mut claimed, mut inputs) = match claim.await {
             Ok(c) => {
                 claimed_at = Instant::now();
@@ -90,19 +99,26 @@ pub(super) async fn run(
         if claimed.len() < permits.len() && !s.resources.is_empty() {
             turn = turn.wrapping_add(1);
             let room = u32::try_from(permits.len() - claimed.len()).unwrap_or(u32::MAX);
-            let (more, wait) =
-                claim_resources(&s, room, turn, &mut held, &mut resource_streak).await;
-            if let Some(wait) = wait {
+            let taken =
+                claim_resources(&s, room, turn, &mut held, &mut busy, &mut resource_streak).await;
+            if let Some(wait) = taken.wait {
                 idle_pause = idle_pause.min(wait);
             }
-            if !more.is_empty() {
+            // When every registered step calls a resource, the ordinary claim has nothing to
+            // take but rows queued before a step was given its resource: it is skipped while
+            // the resources keep the loop busy, and asked again whenever they do not.
+            let took = !taken.with_inputs.is_empty() || !taken.without_inputs.is_empty();
+            skip_plain = !s.plain_steps && took;
+            if took {
                 claimed_at = Instant::now();
-                match resource_inputs(&s, &more).await {
+            }
+            inputs.extend(taken.inputs);
+            claimed.extend(taken.with_inputs);
+            if !taken.without_inputs.is_empty() {
+                match resource_inputs(&s, &taken.without_inputs).await {
                     Ok(more_inputs) => {
-                        inputs.inputs.extend(more_inputs.inputs);
-                        inputs.outputs.extend(more_inputs.outputs);
-                        inputs.traces.extend(more_inputs.traces);
-                        claimed.extend(more);
+                        inputs.extend(more_inputs);
+                        claimed.extend(taken.without_inputs);
                     }
                     // The claims stand: their deadlines expire and the supervisor re-queues
                     // them, as after a failed read of the ordinary claim.
@@ -154,23 +170,41 @@ pub(super) async fn run(
 }
 
 /// Builds the agent request of a claimed step, or the error that fails it at once.
+/// What [`claim_resources`] took.
+#[derive(Default)]
+struct Taken {
+    /// Steps claimed with what they need read in the claim (PostgreSQL)…
+    with_inputs: Vec<ClaimedStep>,
+    /// …which is this.
+    inputs: crate::store::StepInputs,
+    /// Steps whose inputs are still to read (SQLite).
+    without_inputs: Vec<ClaimedStep>,
+    /// When a limit held steps back for a time, how soon one may start.
+    wait: Option<Duration>,
+}
+
 /// Claims up to `room` steps of the resources the registered workflows call, one resource
 /// after the other, starting with a different one each `turn` so that none takes every free
-/// slot for good. Returns the steps and, when a rate held some back, how soon one may start.
-/// A resource whose claim fails (its stored limits unreadable, a database error) is skipped:
-/// its steps wait, the others' go on.
+/// slot for good. A resource whose claim fails (its stored limits unreadable, a database
+/// error) is skipped: its steps wait, the others' go on.
 async fn claim_resources(
     s: &Scheduler,
     mut room: u32,
     turn: usize,
     held: &mut HashMap<String, Instant>,
+    busy: &mut HashSet<String>,
     streak: &mut ErrorStreak,
-) -> (Vec<ClaimedStep>, Option<Duration>) {
-    let mut claimed = Vec::new();
-    let mut wait: Option<Duration> = None;
+) -> Taken {
+    let mut taken = Taken::default();
     let n = s.resources.len();
     let now = Instant::now();
     held.retain(|_, until| *until > now);
+    let needs_outputs = |c: &ClaimedStep| {
+        s.registry
+            .by_key(&c.workflow_key)
+            .and_then(|wf| wf.step(&c.name))
+            .is_none_or(|d| !d.is_root())
+    };
     for i in 0..n {
         if room == 0 {
             break;
@@ -178,30 +212,48 @@ async fn claim_resources(
         let name = &s.resources[(turn + i) % n];
         if let Some(until) = held.get(name) {
             let d = *until - now;
-            wait = Some(wait.map_or(d, |w| w.min(d)));
+            taken.wait = Some(taken.wait.map_or(d, |w| w.min(d)));
             continue;
         }
-        match s
-            .store
-            .resource_claim(&s.config.owner, name, &s.keys, room)
-            .await
-        {
+        let claim = s.store.resource_claim(
+            &s.config.owner,
+            name,
+            &s.keys,
+            room,
+            busy.contains(name),
+            &needs_outputs,
+        );
+        match claim.await {
             Ok(c) => {
                 streak.succeeded("claiming steps of resources");
                 if let Some(ms) = c.retry_in_ms {
                     let d = Duration::from_millis(ms).min(s.config.empty_poll_pause);
-                    wait = Some(wait.map_or(d, |w| w.min(d)));
+                    taken.wait = Some(taken.wait.map_or(d, |w| w.min(d)));
                     if c.claimed.is_empty() {
                         held.insert(name.clone(), now + d);
                     }
                 }
+                if c.claimed.is_empty() {
+                    busy.remove(name);
+                } else {
+                    busy.insert(name.clone());
+                }
                 room = room.saturating_sub(u32::try_from(c.claimed.len()).unwrap_or(u32::MAX));
-                claimed.extend(c.claimed);
+                match c.inputs {
+                    Some(inputs) => {
+                        taken.inputs.extend(inputs);
+                        taken.with_inputs.extend(c.claimed);
+                    }
+                    None => taken.without_inputs.extend(c.claimed),
+                }
             }
-            Err(e) => streak.failed("claiming steps of resources", &e),
+            Err(e) => {
+                busy.remove(name);
+                streak.failed("claiming steps of resources", &e);
+            }
         }
     }
-    (claimed, wait)
+    taken
 }
 
 /// What steps claimed for resources need: their runs' inputs and, for steps with

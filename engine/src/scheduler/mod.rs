@@ -177,6 +177,9 @@ pub struct Scheduler {
     keys: Vec<String>,
     /// The resources the registered workflows' steps call, claimed each on its own.
     resources: Vec<String>,
+    /// Whether a registered step calls no resource: without one, the ordinary claim (which
+    /// takes only such steps) is not asked.
+    plain_steps: bool,
     in_flight: inflight::InFlight,
 }
 
@@ -209,6 +212,9 @@ impl Scheduler {
             .collect();
         resources.sort();
         resources.dedup();
+        let plain_steps = registry
+            .workflows()
+            .any(|w| w.steps().iter().any(|d| d.resource().is_none()));
         Ok(Self {
             slots: Arc::new(Semaphore::new(config.max_in_flight)),
             store,
@@ -217,6 +223,7 @@ impl Scheduler {
             config,
             keys,
             resources,
+            plain_steps,
             in_flight: inflight::InFlight::default(),
         })
     }

@@ -23,13 +23,16 @@ pub struct ResourceClaim {
     /// when nothing waits on time (a concurrency limit frees up when an attempt ends, which
     /// wakes the claim loop).
     pub retry_in_ms: Option<u64>,
+    /// What the claimed steps need, when the claim read it (PostgreSQL: in the claiming
+    /// statement); `None` leaves it to [`Store::step_inputs`].
+    pub inputs: Option<super::StepInputs>,
 }
 
 impl ResourceClaim {
     fn wait(ms: i64) -> Self {
         Self {
-            claimed: Vec::new(),
             retry_in_ms: Some(u64::try_from(ms).unwrap_or(1).max(1)),
+            ..Self::default()
         }
     }
 }
@@ -223,13 +226,17 @@ impl Store {
         name: &str,
         workflow_keys: &[String],
         limit: u32,
+        busy: bool,
+        needs_outputs: &(dyn Fn(&ClaimedStep) -> bool + Sync),
     ) -> Result<ResourceClaim> {
-        if workflow_keys.is_empty() || limit == 0 || !self.resource_has_due(name).await? {
+        // A resource whose last claim took steps is likely busy still: no probe first.
+        if workflow_keys.is_empty() || limit == 0 || (!busy && !self.resource_has_due(name).await?)
+        {
             return Ok(ResourceClaim::default());
         }
         let txn = self.exec.begin().await?;
         let result = self
-            .resource_claim_in(&txn, owner, name, workflow_keys, limit)
+            .resource_claim_in(&txn, owner, name, workflow_keys, limit, needs_outputs)
             .await;
         match result {
             Ok((c, dirty)) if dirty || !c.claimed.is_empty() => {
@@ -256,6 +263,7 @@ impl Store {
         name: &str,
         workflow_keys: &[String],
         limit: u32,
+        needs_outputs: &(dyn Fn(&ClaimedStep) -> bool + Sync),
     ) -> Result<(ResourceClaim, bool)> {
         let Some(stored) = self.resource_lock(txn, name).await? else {
             return Ok((ResourceClaim::default(), false));
@@ -319,8 +327,8 @@ impl Store {
         if room == 0 {
             return Ok((
                 ResourceClaim {
-                    claimed: Vec::new(),
                     retry_in_ms,
+                    ..ResourceClaim::default()
                 },
                 dirty,
             ));
@@ -332,7 +340,15 @@ impl Store {
                     .await?
             }
         };
-        let claimed = self.claim_by_ids(txn, owner, &due).await?;
+        let (claimed, inputs) = match self.backend {
+            Backend::Postgres => {
+                let (c, i) = self
+                    .claim_by_ids_with_inputs(txn, owner, &due, needs_outputs)
+                    .await?;
+                (c, Some(i))
+            }
+            Backend::Sqlite => (self.claim_by_ids(txn, owner, &due).await?, None),
+        };
         if !claimed.is_empty() {
             let n = u32::try_from(claimed.len()).unwrap_or(u32::MAX);
             let tat = limits
@@ -367,6 +383,7 @@ impl Store {
             ResourceClaim {
                 claimed,
                 retry_in_ms,
+                inputs,
             },
             dirty,
         ))

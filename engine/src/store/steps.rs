@@ -36,6 +36,13 @@ pub struct StepInputs {
 }
 
 impl StepInputs {
+    /// Adds what `more` holds.
+    pub fn extend(&mut self, more: Self) {
+        self.inputs.extend(more.inputs);
+        self.outputs.extend(more.outputs);
+        self.traces.extend(more.traces);
+    }
+
     /// The trace context of `run`: the stored one, or (none stored, or one that no longer
     /// parses) the run id read as the trace id.
     pub fn trace_of(&self, run: Uuid) -> TraceContext {
@@ -151,15 +158,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let ids: Vec<i64> = due.keys().copied().collect();
-        let (cond, ids) = self.in_list("id", 2, &ids)?;
-        let sql = format!(
-            "UPDATE sagaflow_steps {set} WHERE {cond} \
-             AND state IN ('ready', 'compensation_ready') AND available_at <= {{now}} \
-             RETURNING {CLAIM_RETURNING}",
-            set = claim_set(),
-        );
-        let mut values: Vec<Value> = vec![owner.to_owned().into()];
-        values.extend(ids);
+        let (sql, values) = self.claim_by_ids_sql(owner, &ids)?;
         let rows = txn.query_all(self.stmt(&sql, values)).await?;
         let mut claimed = rows
             .iter()
@@ -169,6 +168,20 @@ impl Store {
             c.due_at = due.get(&c.id).copied();
         }
         Ok(claimed)
+    }
+
+    /// The claim of due steps by id: `$1` the owner, `$2` the ids.
+    fn claim_by_ids_sql(&self, owner: &str, ids: &[i64]) -> Result<(String, Vec<Value>)> {
+        let (cond, ids) = self.in_list("id", 2, ids)?;
+        let sql = format!(
+            "UPDATE sagaflow_steps {set} WHERE {cond} \
+             AND state IN ('ready', 'compensation_ready') AND available_at <= {{now}} \
+             RETURNING {CLAIM_RETURNING}",
+            set = claim_set(),
+        );
+        let mut values: Vec<Value> = vec![owner.to_owned().into()];
+        values.extend(ids);
+        Ok((sql, values))
     }
 
     /// When the steps the claim is about to take fell due, by step id (SQLite).
@@ -251,45 +264,81 @@ impl Store {
         if workflow_keys.is_empty() || limit == 0 {
             return Ok((Vec::new(), StepInputs::default()));
         }
-        // The outer query reads the snapshot the claim started from; a claim changes neither
-        // a run's input nor a completed step's output. Outputs come as a JSON array of
-        // `[name, output]` pairs per claimed step.
-        let sql = format!(
-            "WITH c AS ({claim}) \
-             SELECT c.*, r.input AS run_input, r.trace_parent AS run_trace_parent, \
-               r.trace_state AS run_trace_state, \
-               (SELECT json_agg(json_build_array(d.name, d.output))::text FROM sagaflow_steps d \
-                WHERE d.run_id = c.run_id AND d.output IS NOT NULL) AS run_outputs \
-             FROM c LEFT JOIN sagaflow_runs r ON r.id = c.run_id",
-            claim = self.claim_sql(workflow_keys.len()),
-        );
+        let sql = with_inputs(&self.claim_sql(workflow_keys.len()));
         let rows = self
             .exec
             .query_all(self.stmt(&sql, claim_values(owner, workflow_keys, limit)))
             .await?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        let mut inputs = StepInputs::default();
-        for r in &rows {
-            let c = ClaimedStep::decode(r)?;
-            // An unreadable input or output list is left out: the step's request reports
-            // what is missing as damage of that run alone.
-            if let Ok(input) = r.try_get::<String>("", "run_input") {
-                inputs.inputs.insert(c.run_id, input);
-            }
-            inputs.keep_trace(r, c.run_id, "run_");
-            if needs_outputs(&c)
-                && let Ok(Some(outputs)) = r.try_get::<Option<String>>("", "run_outputs")
-                && let Ok(pairs) = serde_json::from_str::<Vec<(String, String)>>(&outputs)
-            {
-                for (name, output) in pairs {
-                    inputs.outputs.insert((c.run_id, name), output);
-                }
-            }
-            claimed.push(c);
+        decode_with_inputs(&rows, needs_outputs)
+    }
+
+    /// PostgreSQL: claims the due steps `due` (id → when it fell due) for `owner` by id, and
+    /// reads what they need (their runs' inputs and completed outputs) in the same statement.
+    pub(super) async fn claim_by_ids_with_inputs(
+        &self,
+        txn: &super::conn::Txn,
+        owner: &str,
+        due: &HashMap<i64, i64>,
+        needs_outputs: &(dyn Fn(&ClaimedStep) -> bool + Sync),
+    ) -> Result<(Vec<ClaimedStep>, StepInputs)> {
+        if due.is_empty() {
+            return Ok((Vec::new(), StepInputs::default()));
+        }
+        let ids: Vec<i64> = due.keys().copied().collect();
+        let (sql, values) = self.claim_by_ids_sql(owner, &ids)?;
+        let rows = txn.query_all(self.stmt(&with_inputs(&sql), values)).await?;
+        let (mut claimed, inputs) = decode_with_inputs(&rows, needs_outputs)?;
+        for c in &mut claimed {
+            c.due_at = due.get(&c.id).copied();
         }
         Ok((claimed, inputs))
     }
+}
 
+/// A claim statement wrapped so that it also returns what the claimed steps need. The outer
+/// query reads the snapshot the claim started from; a claim changes neither a run's input
+/// nor a completed step's output. Outputs come as a JSON array of `[name, output]` pairs per
+/// claimed step (PostgreSQL).
+fn with_inputs(claim: &str) -> String {
+    format!(
+        "WITH c AS ({claim}) \
+         SELECT c.*, r.input AS run_input, r.trace_parent AS run_trace_parent, \
+           r.trace_state AS run_trace_state, \
+           (SELECT json_agg(json_build_array(d.name, d.output))::text FROM sagaflow_steps d \
+            WHERE d.run_id = c.run_id AND d.output IS NOT NULL) AS run_outputs \
+         FROM c LEFT JOIN sagaflow_runs r ON r.id = c.run_id"
+    )
+}
+
+/// The claimed steps of a [`with_inputs`] statement, and what they need.
+fn decode_with_inputs(
+    rows: &[super::Row],
+    needs_outputs: impl Fn(&ClaimedStep) -> bool,
+) -> Result<(Vec<ClaimedStep>, StepInputs)> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    let mut inputs = StepInputs::default();
+    for r in rows {
+        let c = ClaimedStep::decode(r)?;
+        // An unreadable input or output list is left out: the step's request reports
+        // what is missing as damage of that run alone.
+        if let Ok(input) = r.try_get::<String>("", "run_input") {
+            inputs.inputs.insert(c.run_id, input);
+        }
+        inputs.keep_trace(r, c.run_id, "run_");
+        if needs_outputs(&c)
+            && let Ok(Some(outputs)) = r.try_get::<Option<String>>("", "run_outputs")
+            && let Ok(pairs) = serde_json::from_str::<Vec<(String, String)>>(&outputs)
+        {
+            for (name, output) in pairs {
+                inputs.outputs.insert((c.run_id, name), output);
+            }
+        }
+        claimed.push(c);
+    }
+    Ok((claimed, inputs))
+}
+
+impl Store {
     /// Loads what a batch of claimed steps needs: their runs' inputs, and the outputs of the
     /// completed steps of `with_outputs` (the runs whose claimed steps have dependencies).
     /// At most two queries for the whole batch.
