@@ -104,14 +104,23 @@ impl InFlight {
         })
     }
 
-    /// Moves the local deadline of one attempt to `at`, if that is later by more than
-    /// `margin`; returns whether it moved.
-    pub(crate) fn extend(&self, step_id: i64, attempt: i32, at: Instant, margin: Duration) -> bool {
+    /// Moves the local deadline of each attempt of `to` ((step id, attempt) → deadline) to
+    /// its new one, if that is later by more than `margin`; returns the attempts moved. One
+    /// pass over the attempts in flight, however many are given.
+    pub(crate) fn extend(
+        &self,
+        to: &std::collections::HashMap<(i64, i32), Instant>,
+        margin: Duration,
+    ) -> Vec<(i64, i32)> {
         self.with(|runs| {
             runs.values()
                 .flatten()
-                .filter(|a| (a.step_id, a.attempt) == (step_id, attempt))
-                .any(|a| StepContext::extend_deadline(&a.deadline, at, margin))
+                .filter_map(|a| {
+                    let at = to.get(&(a.step_id, a.attempt))?;
+                    StepContext::extend_deadline(&a.deadline, *at, margin)
+                        .then_some((a.step_id, a.attempt))
+                })
+                .collect()
         })
     }
 
@@ -200,13 +209,17 @@ async fn follow_extensions(s: &Scheduler, streak: &mut ErrorStreak) {
     match s.store.step_deadlines(&attempts).await {
         Ok(left) => {
             streak.succeeded("reading deadlines in flight");
-            for (step_id, attempt, left_ms) in left {
-                let at = now + Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
-                // The local deadline was set from the stored one at the claim; moves of
-                // less than the margin are the two clocks' reading delays, not extensions.
-                if s.in_flight.extend(step_id, attempt, at, EXTENSION_MARGIN) {
-                    tracing::debug!(step_id, attempt, left_ms, "deadline in flight extended");
-                }
+            let to: std::collections::HashMap<(i64, i32), Instant> = left
+                .into_iter()
+                .map(|(step_id, attempt, left_ms)| {
+                    let ms = u64::try_from(left_ms).unwrap_or(0);
+                    ((step_id, attempt), now + Duration::from_millis(ms))
+                })
+                .collect();
+            // The local deadline was set from the stored one at the claim; moves of less
+            // than the margin are the two clocks' reading delays, not extensions.
+            for (step_id, attempt) in s.in_flight.extend(&to, EXTENSION_MARGIN) {
+                tracing::debug!(step_id, attempt, "deadline in flight extended");
             }
         }
         Err(e) => streak.failed("reading deadlines in flight", &e),

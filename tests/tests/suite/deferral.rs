@@ -23,7 +23,7 @@ fn events<'a>(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deferred_step_comes_back_after_the_asked_delay_without_spending_a_failure() {
+async fn flow_control_a_retry_after_delays_the_next_attempt_by_that_much_without_spending_one() {
     for db in backends().await {
         let log = Log::default();
         let seen = log.clone();
@@ -110,7 +110,7 @@ async fn a_deferred_step_comes_back_after_the_asked_delay_without_spending_a_fai
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deferrals_past_the_cap_fall_back_to_failures_and_a_long_delay_is_capped() {
+async fn flow_control_deferrals_past_the_cap_fall_back_to_failures_and_a_long_delay_is_capped() {
     for db in backends().await {
         let log = Log::default();
         let always_later = log.clone();
