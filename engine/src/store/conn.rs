@@ -49,6 +49,33 @@ impl Db {
 }
 
 impl Txn {
+    /// Ends the transaction by the result of its work: commits an `Ok` that `keep` says to
+    /// keep, rolls back any other `Ok`, and rolls back after an error (whose report matters
+    /// more than the rollback's).
+    ///
+    /// # Errors
+    /// The work's error, or the commit's or rollback's.
+    pub(crate) async fn end<T>(
+        self,
+        result: crate::Result<T>,
+        keep: impl FnOnce(&T) -> bool,
+    ) -> crate::Result<T> {
+        match result {
+            Ok(v) if keep(&v) => {
+                self.commit().await?;
+                Ok(v)
+            }
+            Ok(v) => {
+                self.rollback().await?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = self.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
     /// Commits.
     ///
     /// # Errors

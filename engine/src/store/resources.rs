@@ -150,7 +150,9 @@ impl Store {
             None => None,
         };
         // Whether the limits in force afterwards have a breaker: the override's, or on
-        // clearing, the code's (read in the statement).
+        // clearing, the code's, read in the statement from their JSON (which names the key
+        // `"breaker"` only when there is one: the engine writes it, and no other field can
+        // hold that text).
         let breaker_on = limits.as_ref().map(|l| l.breaker.is_some());
         let (by, why) = if json.is_some() {
             (Some(actor.to_owned()), Some(reason.to_owned()))
@@ -238,20 +240,11 @@ impl Store {
         let result = self
             .resource_claim_in(&txn, owner, name, workflow_keys, limit, needs_outputs)
             .await;
-        match result {
-            Ok((c, dirty)) if dirty || !c.claimed.is_empty() => {
-                txn.commit().await?;
-                Ok(c)
-            }
-            Ok((c, _)) => {
-                txn.rollback().await?;
-                Ok(c)
-            }
-            Err(e) => {
-                let _ = txn.rollback().await;
-                Err(e)
-            }
-        }
+        // Kept when it claimed or moved the breaker; otherwise it changed nothing.
+        let kept = txn
+            .end(result, |(c, dirty)| *dirty || !c.claimed.is_empty())
+            .await?;
+        Ok(kept.0)
     }
 
     /// The claim itself; also says whether it changed the resource's state (its breaker
@@ -614,15 +607,22 @@ fn view(r: &Row) -> Result<ResourceView> {
         .try_get::<Option<String>>("", "override")?
         .map(|o| limits_of(&name, "override", &o))
         .transpose()?;
+    let limits = override_limits.clone().unwrap_or_else(|| defaults.clone());
+    // The state a breaker left when the limits in force lost it is not in force either: no
+    // claim reads it (it is where a breaker put back later starts from).
+    let breaker = match limits.breaker {
+        Some(_) => breaker_of(&name, r)?,
+        None => BreakerStatus::default(),
+    };
     Ok(ResourceView {
-        limits: override_limits.clone().unwrap_or_else(|| defaults.clone()),
+        limits,
         defaults,
         override_limits,
         override_by: r.try_get("", "override_by")?,
         override_reason: r.try_get("", "override_reason")?,
         in_flight: r.try_get("", "in_flight")?,
         waiting: r.try_get("", "waiting")?,
-        breaker: breaker_of(&name, r)?,
+        breaker,
         batch_resume_at_ms: r.try_get("", "batch_resume_at")?,
         name,
     })

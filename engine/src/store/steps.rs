@@ -122,16 +122,7 @@ impl Store {
         // never claimed twice.
         let txn = self.exec.begin().await?;
         let claimed = self.claim_read_due(&txn, owner, workflow_keys, limit).await;
-        match claimed {
-            Ok(claimed) => {
-                txn.commit().await?;
-                Ok(claimed)
-            }
-            Err(e) => {
-                let _ = txn.rollback().await;
-                Err(e)
-            }
-        }
+        txn.end(claimed, |_| true).await
     }
 
     /// The SQLite claim in `txn`: the due steps (with when they fell due), then the claim

@@ -255,3 +255,61 @@ async fn flow_control_a_breaker_opens_on_failures_lets_one_probe_through_and_clo
         two.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flow_control_an_operator_can_put_a_breaker_on_a_resource_and_take_it_off() {
+    for db in backends().await {
+        let b = db.backend;
+        let (service, url) = Service::serve(Duration::from_millis(5)).await;
+        service.failing.store(true, Ordering::SeqCst);
+        let plain = Resource::new("partner").max_in_flight(2);
+        let (one, two) = two_engines(&db, &url, &plain, &TestClock::new()).await;
+        let limits = sagaflow::ResourceLimits {
+            max_in_flight: Some(2),
+            breaker: Some(sagaflow::Breaker {
+                consecutive_failures: Some(3),
+                failure_percent: None,
+                min_calls: 10,
+                window_ms: 60_000,
+                cool_down_ms: 600_000,
+                alert_after_ms: 300_000,
+            }),
+            ..sagaflow::ResourceLimits::default()
+        };
+        let set = one
+            .operator()
+            .on_behalf_of("alice", "the partner is flapping")
+            .set_resource_limits("partner", Some(limits))
+            .await
+            .expect("override");
+        assert!(set, "[{b}]");
+        let ids = start_runs(&two, "t", 4).await;
+        // The override's breaker counts the failures the other instance sees, and opens.
+        eventually(Duration::from_secs(20), "the breaker to open", || async {
+            partner(&one).await.breaker.state == BreakerState::Open
+        })
+        .await;
+        let calls = calls_after(&service, Duration::from_millis(100)).await;
+        assert_eq!(
+            calls_after(&service, Duration::from_millis(400)).await,
+            calls,
+            "[{b}] a call went out through the open breaker"
+        );
+        // Taken off, the breaker no longer holds the steps back and reads as closed.
+        service.failing.store(false, Ordering::SeqCst);
+        one.operator()
+            .on_behalf_of("alice", "the partner is stable")
+            .set_resource_limits("partner", None)
+            .await
+            .expect("clear");
+        wait_all(&one, &ids, b).await;
+        let r = partner(&two).await;
+        assert_eq!(
+            (r.limits.breaker, r.breaker.state),
+            (None, BreakerState::Closed),
+            "[{b}]"
+        );
+        one.shutdown().await;
+        two.shutdown().await;
+    }
+}
