@@ -207,6 +207,14 @@ impl EngineBuilder {
         self
     }
 
+    /// How often the supervisor leader's timer pass wakes parked steps whose time came
+    /// (default 1 s): timers fire, and waits for events, callbacks and children time out, at
+    /// most this late.
+    pub fn with_timer_interval(mut self, d: Duration) -> Self {
+        self.supervisor.timer_interval = d;
+        self
+    }
+
     /// How often the supervisor leader reads the workflows' queues (default 10 s): it sets
     /// the metrics' queue gauges and checks the workflows' backlog alerts.
     pub fn with_backlog_interval(mut self, d: Duration) -> Self {

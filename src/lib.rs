@@ -54,6 +54,7 @@
 pub mod admin;
 mod builder;
 mod engine;
+mod events;
 mod instance;
 mod limits;
 pub mod metrics;
@@ -69,6 +70,7 @@ pub mod otel;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
+pub use events::{EVENT_NAME_MAX, EventTarget};
 pub use limits::{describe_limits, describe_state};
 pub use operator::Operator;
 pub use sagaflow_engine::clock::TestClock;
@@ -79,6 +81,10 @@ pub use sagaflow_engine::resource::{
 pub use sagaflow_engine::store::{
     ActiveCount, FinishedCounts, PublishedDefinition, RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder,
     RunPage, RunQuery, RunSummary, SqliteSync, Stats, StoreOptions, WorkflowQueue, redact_url,
+};
+pub use sagaflow_engine::store::{EventDelivery, WaitingStep};
+pub use sagaflow_engine::wait::{
+    CallbackResult, EventWait, OnTimeout, StepWait, WaitFor, WaitState, Woken,
 };
 pub use sagaflow_engine::{
     Alert, AlertKind, AlertSink, Attempts, Backend, BacklogAlert, ChannelSink, DeadlinePolicy,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sagaflow_engine::definition::{check_priority, millis};
-use sagaflow_engine::store::{NewRun, NewStep, RunInsertOutcome, RunStart};
+use sagaflow_engine::store::{NewRun, RunInsertOutcome, RunStart};
 use sagaflow_engine::trace::TraceContext;
 use sagaflow_engine::{Error, Result, RunState, StartOption, Timestamp, Workflow};
 use sea_orm::ConnectionTrait;
@@ -374,7 +374,7 @@ impl Engine {
                 field: None,
             });
         }
-        let mut run = new_run(
+        let mut run = NewRun::for_workflow(
             wf,
             json,
             opts.business_key.clone(),
@@ -438,47 +438,6 @@ fn resolve(outcome: RunInsertOutcome, opts: StartOptions, workflow: &str) -> Res
                 state,
             }),
         },
-    }
-}
-
-fn new_run(
-    wf: &Workflow,
-    input: String,
-    business_key: Option<String>,
-    start: RunStart,
-    priority: i32,
-    notify: bool,
-    trace: TraceContext,
-) -> NewRun {
-    let id = Uuid::now_v7();
-    let steps = wf
-        .steps()
-        .iter()
-        .map(|s| NewStep {
-            name: s.name().to_owned(),
-            max_failures: s.settings().retry.max_failures_stored(),
-            max_interruptions: s.settings().retry.max_interruptions_stored(),
-            deadline_ms: millis(s.settings().deadline.initial),
-            deadline_cap_ms: millis(s.settings().deadline.cap),
-            // SAS-2: stable across every retry of this step in this run.
-            idempotency_key: format!("{id}:{}", s.name()),
-            ready: s.is_root(),
-            resource: s.resource().map(str::to_owned),
-        })
-        .collect();
-    NewRun {
-        id,
-        workflow: wf.name().to_owned(),
-        version: wf.version(),
-        business_key,
-        input,
-        priority,
-        retry_priority: wf.retry_lane().retry_priority(priority),
-        start,
-        notify,
-        trace: Some(trace),
-        flow_key: None,
-        steps,
     }
 }
 

@@ -63,7 +63,8 @@ impl Failure {
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         match &e {
-            Error::RunNotFound(_) => Self::not_found(e),
+            Error::RunNotFound(_) | Error::KeyNotFound { .. } => Self::not_found(e),
+            Error::InvalidInput { .. } | Error::PayloadTooLarge { .. } => Self::usage(e),
             Error::ActionNotAllowed { .. } => Self::refused(e),
             Error::InvalidQuery(_) => Self::usage(e),
             Error::SchemaOutOfDate { unknown, .. } if unknown.is_empty() => Self::new(

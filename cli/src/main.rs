@@ -21,6 +21,7 @@ mod resources;
 mod runs;
 mod schema;
 mod serve;
+mod waits;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -119,6 +120,16 @@ enum Command {
     Resources {
         #[command(subcommand)]
         command: Option<resources::ResourcesCommand>,
+    },
+    /// Sends an event to a run (by id, or by business key): the step waiting for it takes
+    /// it; if none waits yet, it is kept for the first that will.
+    SendEvent(waits::SendArgs),
+    /// Lists the steps waiting for a timer, an event, a callback or a child run, with when
+    /// their time comes.
+    Waiting {
+        /// Only this run's.
+        #[arg(long, value_name = "ID")]
+        run: Option<Uuid>,
     },
     /// The queue: steps ready, scheduled and running and the oldest wait, in all and per
     /// workflow; runs per workflow and state; recent throughput.
@@ -244,6 +255,8 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
         }
         Command::Alerts(c) => alerts::alerts(engine, c, json).await,
         Command::Resources { command } => resources::resources(engine, command, json).await,
+        Command::SendEvent(args) => waits::send_event(engine, args, json).await,
+        Command::Waiting { run } => waits::waiting(engine, run, json).await,
         Command::Queue => overview::queue(engine, json).await,
         Command::Definitions => overview::definitions(engine, json).await,
         Command::Purge {

@@ -164,6 +164,20 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// No retained run of the workflow holds this business key.
+    #[error("no run of workflow `{workflow}` has business key `{business_key}`")]
+    KeyNotFound {
+        /// The workflow.
+        workflow: String,
+        /// The key.
+        business_key: String,
+    },
+
+    /// No step holds this callback token: it is forged, or spent (the step that issued it
+    /// moved on).
+    #[error("unknown or spent callback token")]
+    UnknownCallback,
+
     /// Waiting for a run timed out.
     #[error("timed out waiting for run {0}")]
     WaitTimeout(Uuid),

@@ -20,6 +20,7 @@ pub mod signals;
 pub mod store;
 pub mod trace;
 pub mod transition;
+pub mod wait;
 
 pub use definition::{
     BacklogAlert, DeadlinePolicy, FieldError, KeyPolicy, OnFailure, PRIORITY_MAX, PRIORITY_MIN,

@@ -206,3 +206,36 @@ pub async fn mark_compensated(
 pub async fn release(store: &Store, run_id: Uuid, audit: &Audit) -> Result<EvalApplied> {
     act(store, run_id, audit, decide::release).await
 }
+
+/// What undoing a child run found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildUndo {
+    /// Nothing (more) to undo: the child was never started, or it is compensated.
+    Done,
+    /// The child is being undone (compensated, or cancelled while it ran); its end wakes the
+    /// parent's compensation.
+    Pending,
+}
+
+/// Undoes the child run started by the parent's step `parent_step`: a completed child
+/// compensates, an unfinished one is cancelled (which compensates what it completed), one
+/// already compensating is left to finish.
+///
+/// # Errors
+/// [`Error::Db`].
+pub async fn child_undo(store: &Store, parent_step: i64, audit: &Audit) -> Result<ChildUndo> {
+    let Some((child, state)) = store.child_of_step(parent_step).await? else {
+        return Ok(ChildUndo::Done);
+    };
+    let acted = match state {
+        crate::RunState::Compensated => return Ok(ChildUndo::Done),
+        crate::RunState::Compensating => return Ok(ChildUndo::Pending),
+        crate::RunState::Completed => act(store, child, audit, decide::parent_compensates).await,
+        _ => cancel(store, child, audit).await,
+    };
+    match acted {
+        // A child that moved on meanwhile is looked at again on the next attempt.
+        Ok(_) | Err(Error::ActionNotAllowed { .. }) => Ok(ChildUndo::Pending),
+        Err(e) => Err(e),
+    }
+}

@@ -78,6 +78,11 @@ pub struct StepError {
     /// (capped by the step's [`RetryPolicy`](crate::RetryPolicy)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// Not a failure but a park: the step waits (for a timer, an event, a callback, a child
+    /// run). Built by [`StepContext::await_callback`](crate::StepContext::await_callback) and
+    /// by the engine's waiting steps; see [`crate::wait`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Box<crate::wait::WaitRequest>>,
 }
 
 impl StepError {
@@ -90,6 +95,7 @@ impl StepError {
             outcome: Outcome::Unknown,
             details: None,
             retry_after_ms: None,
+            wait: None,
         }
     }
 
@@ -135,6 +141,11 @@ impl StepError {
     /// The delay the remote asked for, if any (see [`StepError::try_again_after`]).
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after_ms.map(Duration::from_millis)
+    }
+
+    /// Whether the error is a park: the step asked to wait ([`crate::wait`]).
+    pub fn is_park(&self) -> bool {
+        self.wait.is_some()
     }
 
     /// Whether the engine defers the step instead of counting a failure: a retryable error

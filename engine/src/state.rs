@@ -56,11 +56,19 @@ pub enum StepState {
     CompensationFailed,
     /// Never ran because the run compensated first. Final.
     Skipped,
+    /// Parked until something outside the engine happens: a timer's time, a named event, a
+    /// callback, the end of a child run (the step's `wait` says which), or at the latest its
+    /// timeout (`available_at`). No task is held in memory. Moved to `Ready` when what it
+    /// waits for arrives (the event's sender, the callback, the child's last evaluation) or
+    /// its time comes (the supervisor leader's timer pass); the resumed attempt then
+    /// completes or fails it. Moved to `Skipped` or `CompensationReady` by the evaluator when
+    /// the run compensates.
+    Waiting,
 }
 
 impl StepState {
     /// Every state, for exhaustive tests and documentation.
-    pub const ALL: [StepState; 10] = [
+    pub const ALL: [StepState; 11] = [
         Self::NotStarted,
         Self::Ready,
         Self::Running,
@@ -71,6 +79,7 @@ impl StepState {
         Self::Compensated,
         Self::CompensationFailed,
         Self::Skipped,
+        Self::Waiting,
     ];
 
     /// The stored spelling.
@@ -197,7 +206,8 @@ mod tests {
                 "compensating",
                 "compensated",
                 "compensation_failed",
-                "skipped"
+                "skipped",
+                "waiting"
             ]
         );
         let stored: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();

@@ -39,6 +39,7 @@ mod scrape;
 pub(crate) mod serve;
 mod token_file;
 mod traceparent;
+mod waits;
 
 use std::sync::Arc;
 

@@ -59,6 +59,9 @@ api_routes! {
     get "/api/v1/resources" => super::resources::resources,
     put "/api/v1/resources/{name}/limits" => super::resources::set_limits,
     delete "/api/v1/resources/{name}/limits" => super::resources::clear_limits,
+    post "/api/v1/runs/{id}/events/{name}" => super::waits::send_event,
+    post "/api/v1/workflows/{workflow}/keys/{key}/events/{name}" => super::waits::send_event_by_key,
+    get "/api/v1/waiting" => super::waits::waiting,
     get "/api/v1/openapi.json" => super::openapi::openapi_json,
     get "/metrics" => super::scrape::metrics,
 }
@@ -89,6 +92,10 @@ api_routes! {
         super::resources::resources,
         super::resources::set_limits,
         super::resources::clear_limits,
+        super::waits::send_event,
+        super::waits::send_event_by_key,
+        super::waits::callback,
+        super::waits::waiting,
         stats,
         super::openapi::openapi_json,
         super::scrape::metrics,
@@ -104,6 +111,8 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
+        // A remote's callback carries its own credential, the token in the path.
+        .route("/api/v1/callbacks/{token}", post(super::waits::callback))
         .merge(api)
         .merge(super::console::router(state.clone()))
         .layer(DefaultBodyLimit::max(body_limit))
@@ -185,7 +194,10 @@ impl From<Error> for ApiError {
             Error::WorkflowNotFound(_) | Error::VersionNotFound { .. } => {
                 Self::new(S::NOT_FOUND, "workflow_not_found", e.to_string())
             }
-            Error::RunNotFound(_) => Self::new(S::NOT_FOUND, "run_not_found", e.to_string()),
+            Error::RunNotFound(_) | Error::KeyNotFound { .. } => {
+                Self::new(S::NOT_FOUND, "run_not_found", e.to_string())
+            }
+            Error::UnknownCallback => Self::new(S::NOT_FOUND, "unknown_callback", e.to_string()),
             Error::InvalidQuery(_) => Self::new(S::BAD_REQUEST, "invalid_query", e.to_string()),
             Error::InvalidInput { field, .. } => {
                 let mut err = Self::new(S::BAD_REQUEST, "invalid_input", e.to_string());

@@ -6,6 +6,10 @@ use sagaflow_engine::{BacklogAlert, Error, Result};
 
 use crate::gate::SweepGate;
 
+/// Default timer pass interval: a timer fires, and a wait times out, at most this late
+/// (plus a claim). Each pass is one indexed statement that reads only the steps due.
+pub const TIMER_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+
 /// Name of the leader lease row.
 pub const LEASE_NAME_DEFAULT: &str = "sagaflow_supervisor";
 /// How long a lease lasts without renewal.
@@ -85,6 +89,9 @@ pub struct SupervisorConfig {
     pub backlog_alerts: Vec<(String, BacklogAlert)>,
     /// How often their queues are checked (see [`BACKLOG_INTERVAL_DEFAULT`]).
     pub backlog_interval: Duration,
+    /// How often the timer pass wakes parked steps whose time came (see
+    /// [`TIMER_INTERVAL_DEFAULT`]): the precision of timers and wait timeouts.
+    pub timer_interval: Duration,
     /// Test hook (see [`SweepGate`]); `None` in production.
     #[doc(hidden)]
     pub sweep_gate: Option<SweepGate>,
@@ -107,6 +114,7 @@ impl SupervisorConfig {
             delivery_interval: DELIVERY_INTERVAL_DEFAULT,
             backlog_alerts: Vec::new(),
             backlog_interval: BACKLOG_INTERVAL_DEFAULT,
+            timer_interval: TIMER_INTERVAL_DEFAULT,
             sweep_gate: None,
         }
     }
@@ -148,9 +156,12 @@ impl SupervisorConfig {
                 "the instance staleness must be positive".into(),
             ));
         }
-        if self.delivery_interval.is_zero() || self.backlog_interval.is_zero() {
+        if self.delivery_interval.is_zero()
+            || self.backlog_interval.is_zero()
+            || self.timer_interval.is_zero()
+        {
             return Err(Error::Config(
-                "the delivery and backlog intervals must be positive".into(),
+                "the delivery, backlog and timer intervals must be positive".into(),
             ));
         }
         if self

@@ -22,6 +22,7 @@ pub fn fast_builder(db: &TestDb) -> EngineBuilder {
         .with_poll_interval(Duration::from_millis(50))
         .with_error_pause(Duration::from_millis(100))
         .with_sweep_interval(Duration::from_millis(100))
+        .with_timer_interval(Duration::from_millis(50))
         .with_lease(Duration::from_secs(2), Duration::from_millis(400))
 }
 

@@ -27,6 +27,7 @@ struct Draft {
     retry: Option<RetryPolicy>,
     deadline: Option<DeadlinePolicy>,
     resource: Option<Arc<str>>,
+    wait: Option<crate::wait::StepWait>,
 }
 
 /// Builds a [`Workflow`]. Step-level methods (`after`, `compensate`, `pivot`, …) apply to the
@@ -216,7 +217,81 @@ impl WorkflowBuilder {
             retry: None,
             deadline: None,
             resource: None,
+            wait: None,
         });
+        self
+    }
+
+    /// Adds a timer step: once due, it waits `delay` on the database clock, parked in the
+    /// database (no task is held, a restart loses nothing), then completes with
+    /// `{"fired": true}`. Exactly one attempt completes it, on whichever instance claims it
+    /// after the supervisor leader's timer pass found it due.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use sagaflow_engine::{StepContext, StepError, Workflow};
+    /// let wf = Workflow::builder("order", 1)
+    ///     .step("reserve", |_: StepContext| async { Ok::<_, StepError>(()) })
+    ///     .timer("hold", Duration::from_secs(30 * 60))
+    ///     .after(["reserve"])
+    ///     .build();
+    /// assert!(wf.is_ok());
+    /// ```
+    pub fn timer(self, name: impl Into<String>, delay: Duration) -> Self {
+        self.builtin(
+            name,
+            crate::wait::TimerAction(delay),
+            crate::wait::StepWait::Timer(delay),
+        )
+    }
+
+    /// Adds a step that waits for the named event sent to its run (by run id or business
+    /// key: `Engine::send_event`, the REST API, the CLI) and completes with its payload. An
+    /// event sent before the step waits is kept and consumed when it does. When the event's
+    /// timeout passes first, the step takes its [`OnTimeout`](crate::wait::OnTimeout) path.
+    pub fn wait_for_event(self, name: impl Into<String>, wait: crate::wait::EventWait) -> Self {
+        self.builtin(
+            name,
+            crate::wait::EventAction(wait.clone()),
+            crate::wait::StepWait::Event(wait),
+        )
+    }
+
+    /// Adds a step that starts a run of `workflow` (a child run) with the input `input`
+    /// computes from the step's context, waits for it, and completes with the child's output
+    /// (its steps' outputs by name). A child that ends compensated fails the step, and the
+    /// parent unwinds. Compensating the parent compensates a completed child; cancelling the
+    /// parent cancels its children. The child's business key is `<parent run>:<step>`, so the
+    /// child is started once however often the step runs.
+    pub fn child<F>(self, name: impl Into<String>, workflow: impl Into<String>, input: F) -> Self
+    where
+        F: Fn(&StepContext) -> Result<serde_json::Value, StepError> + Send + Sync + 'static,
+    {
+        let workflow = workflow.into();
+        let mut b = self.builtin(
+            name,
+            crate::wait::ChildAction {
+                workflow: workflow.clone(),
+                input: Arc::new(input),
+            },
+            crate::wait::StepWait::Child { workflow },
+        );
+        if let Some(d) = b.drafts.last_mut() {
+            d.compensation = Some(Arc::new(crate::wait::ChildCompensation));
+        }
+        b
+    }
+
+    fn builtin(
+        mut self,
+        name: impl Into<String>,
+        action: impl StepAction,
+        wait: crate::wait::StepWait,
+    ) -> Self {
+        self = self.step_with(name, action);
+        if let Some(d) = self.drafts.last_mut() {
+            d.wait = Some(wait);
+        }
         self
     }
 
@@ -396,6 +471,10 @@ impl WorkflowBuilder {
             if let Some(dl) = d.deadline {
                 settings.deadline = dl;
             }
+            if matches!(d.wait, Some(crate::wait::StepWait::Child { .. })) {
+                // Its compensation looks at the child until it is undone, however long.
+                settings.retry.max_deferrals = u32::MAX;
+            }
             steps.push(StepDef {
                 name: d.name.clone(),
                 kind: d.kind,
@@ -405,6 +484,7 @@ impl WorkflowBuilder {
                 compensation: d.compensation.clone(),
                 settings,
                 resource: d.resource.clone(),
+                wait: d.wait.clone(),
             });
         }
         for i in 0..steps.len() {

@@ -28,6 +28,7 @@ pub use policy::{
 pub use priority::{PRIORITY_MAX, PRIORITY_MIN, RetryLane, check_priority};
 pub use registry::Registry;
 pub use schema::FieldError;
+pub(crate) use step::CallbackHook;
 pub use step::{StepAction, StepContext};
 
 use crate::Error;
@@ -163,6 +164,8 @@ pub struct StepDef {
     pub(crate) compensation: Option<Arc<dyn StepAction>>,
     pub(crate) settings: StepSettings,
     pub(crate) resource: Option<Arc<str>>,
+    /// What the step waits for, when it is one of the engine's waiting steps.
+    pub(crate) wait: Option<crate::wait::StepWait>,
 }
 
 impl fmt::Debug for StepDef {
@@ -193,6 +196,10 @@ impl StepDef {
     /// The remote resource it calls, whose limits its attempts obey.
     pub fn resource(&self) -> Option<&str> {
         self.resource.as_deref()
+    }
+    /// What the step waits for, when it is a timer, an event wait or a child step.
+    pub fn wait(&self) -> Option<&crate::wait::StepWait> {
+        self.wait.as_ref()
     }
     /// Whether the step has a compensation.
     pub fn has_compensation(&self) -> bool {

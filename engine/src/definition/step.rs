@@ -67,6 +67,19 @@ pub struct StepContext {
     pub(crate) trace: Arc<TraceContext>,
     /// The attempt's span (disabled until the scheduler opens one).
     pub(crate) span: Span,
+    /// The step's stored wait, when it resumes after one (see [`crate::wait`]).
+    pub(crate) wait: Option<Arc<crate::wait::WaitState>>,
+    /// Where a callback token is registered: the store and the attempt's fence.
+    pub(crate) callbacks: Option<Arc<CallbackHook>>,
+}
+
+/// What [`StepContext::callback_token`] needs: the store, the step row and its fence, and
+/// the token once issued (one per attempt).
+pub(crate) struct CallbackHook {
+    pub(crate) store: crate::Store,
+    pub(crate) step_id: i64,
+    pub(crate) attempt: i32,
+    pub(crate) issued: tokio::sync::Mutex<Option<String>>,
 }
 
 impl fmt::Debug for StepContext {
@@ -112,7 +125,99 @@ impl StepContext {
             output,
             trace: Arc::new(TraceContext::of_run(run_id)),
             span: Span::none(),
+            wait: None,
+            callbacks: None,
         }
+    }
+
+    /// Gives the context the step's stored wait and what callback tokens need (the
+    /// scheduler does, for every forward attempt).
+    #[must_use]
+    pub(crate) fn waiting(
+        mut self,
+        wait: Option<crate::wait::WaitState>,
+        hook: Option<CallbackHook>,
+    ) -> Self {
+        self.wait = wait.map(Arc::new);
+        self.callbacks = hook.map(Arc::new);
+        self
+    }
+
+    /// A callback token for this attempt: hand it to the remote, then end the attempt with
+    /// [`await_callback`](Self::await_callback). The remote completes (or fails) the step
+    /// later with one HTTP call carrying the token (`POST /api/v1/callbacks/{token}`, or
+    /// `Store::callback_complete`); the token is its credential, so send it only to that
+    /// remote. One token per attempt: calling this again returns the same one. It is stored
+    /// (as its SHA-256) before it is returned, so a remote that answers at once is not lost,
+    /// and it stops working when the attempt that waits for it ends.
+    ///
+    /// # Errors
+    /// A retryable [`StepError`] when the token could not be stored (the database is
+    /// unreachable, or this attempt lost its lease); a terminal one outside an engine.
+    pub async fn callback_token(&self) -> Result<String, StepError> {
+        let hook = self.callbacks.as_ref().ok_or_else(|| {
+            StepError::terminal(
+                "callback_unavailable",
+                "callback tokens are issued to forward attempts run by an engine",
+            )
+        })?;
+        let mut issued = hook.issued.lock().await;
+        if let Some(t) = issued.as_ref() {
+            return Ok(t.clone());
+        }
+        let token = crate::wait::new_token(self.run_id);
+        let hash = crate::wait::token_hash(&token);
+        let stored = hook
+            .store
+            .callback_register(hook.step_id, hook.attempt, &hash)
+            .await
+            .map_err(|e| {
+                StepError::retryable("callback_unavailable", e.to_string()).not_applied()
+            })?;
+        if !stored {
+            return Err(StepError::retryable(
+                "lease_lost",
+                "the attempt no longer holds the step; its callback token was not issued",
+            )
+            .not_applied());
+        }
+        *issued = Some(token.clone());
+        Ok(token)
+    }
+
+    /// Ends the attempt by parking the step until the callback of the token from
+    /// [`callback_token`](Self::callback_token) arrives, at most `timeout`. Return it as
+    /// the step's error: `return Err(ctx.await_callback(timeout).await)`. The step's code is
+    /// not run again for the callback: the step completes with the callback's output, or
+    /// fails with its error. Without a callback in time, the attempt counts as a retryable
+    /// failure whose outcome is unknown (the remote may have acted): the retry policy runs
+    /// the step again (a new token, the same idempotency key).
+    pub async fn await_callback(&self, timeout: Duration) -> StepError {
+        let token = match &self.callbacks {
+            Some(hook) => hook.issued.lock().await.clone(),
+            None => None,
+        };
+        let Some(token) = token else {
+            return StepError::terminal(
+                "callback_missing",
+                "await_callback needs a token from callback_token first",
+            );
+        };
+        let mut e = crate::wait::park(crate::wait::WaitRequest {
+            on: crate::wait::WaitFor::Event {
+                name: crate::wait::callback_event(&crate::wait::token_hash(&token)),
+            },
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            start_child: None,
+        });
+        // The remote has the token: it may act before the callback.
+        e.outcome = crate::Outcome::Unknown;
+        e
+    }
+
+    /// The wait this attempt resumes after, if it does.
+    pub fn resumed_wait(&self) -> Option<&crate::wait::WaitState> {
+        self.wait.as_deref()
     }
 
     /// Gives the context the run's trace and opens the attempt's span under it (the

@@ -51,6 +51,18 @@ pub enum HistoryKind {
     OperatorMarkCompensated,
     /// An operator released a set-aside run.
     OperatorRelease,
+    /// An attempt parked its step: it waits for a timer, an event, a callback or a child run
+    /// (the detail says which and for how long).
+    Parked,
+    /// A waiting step was woken: what it waited for arrived, or its time came.
+    Woken,
+    /// An event (or a callback) was sent to the run; the detail says whether a waiting step
+    /// took it or it was kept.
+    EventReceived,
+    /// The run was started as a child of a step of another run (the detail names both).
+    ChildStarted,
+    /// The parent of this completed child run compensates it.
+    ParentCompensates,
     /// An event this version does not know (written by a newer one).
     #[strum(default)]
     Other(String),

@@ -321,7 +321,7 @@ fn request(
     } else {
         Some(def.action().clone())
     };
-    let Some(action) = action else {
+    let Some(mut action) = action else {
         return Err(fail(
             lease,
             Error::corrupt(
@@ -330,6 +330,29 @@ fn request(
                 "compensating a step without compensation",
             ),
         ));
+    };
+    // A step resumed after a wait reads what woke it; one of the step's own code that waited
+    // for a callback resumes with the callback's answer, without running its code again.
+    let wait = match (&c.wait, compensation) {
+        (Some(raw), false) => match serde_json::from_str::<crate::wait::WaitState>(raw) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                return Err(fail(
+                    lease,
+                    not_json("sagaflow_steps", c.id, "wait", raw, &e),
+                ));
+            }
+        },
+        _ => None,
+    };
+    if wait.is_some() && def.wait().is_none() {
+        action = Arc::new(crate::wait::CallbackResume);
+    }
+    let hook = crate::definition::CallbackHook {
+        store: s.store.clone(),
+        step_id: c.id,
+        attempt: c.attempt,
+        issued: tokio::sync::Mutex::new(None),
     };
     let input = match inputs
         .inputs
@@ -424,7 +447,8 @@ fn request(
         output,
     )
     .with_forward_key(&c.idempotency_key)
-    .traced(&inputs.trace_of(c.run_id), &c.workflow_key, compensation);
+    .traced(&inputs.trace_of(c.run_id), &c.workflow_key, compensation)
+    .waiting(wait, Some(hook));
     s.in_flight.started(&lease, &context);
     Ok(AgentRequest {
         lease,

@@ -16,7 +16,9 @@ use super::evaluate::plan_and_apply;
 use super::{ErrorStreak, Scheduler, pause};
 use crate::model::Alert;
 use crate::protocol::AgentResponse;
-use crate::store::{Damage, DeadlineGuard, EvalApplied, StepFinish, Store, Wake};
+use crate::store::{
+    Damage, DeadlineGuard, EvalApplied, NewRun, Park, RunStart, StepFinish, Store, WaitWrite, Wake,
+};
 use crate::transition::{self, StepChange, Trigger};
 use crate::{Error, Registry, StepError};
 
@@ -172,6 +174,17 @@ async fn finish_batch_in(
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
     let runs = tx.lock_runs(&run_ids, false).await?;
     let applied = tx.write_attempts(items, None).await?;
+    let parks: Vec<Park> = items
+        .iter()
+        .zip(&applied)
+        .filter_map(|(i, ok)| match &i.wait {
+            WaitWrite::Set(p) if *ok => Some((**p).clone()),
+            _ => None,
+        })
+        .collect();
+    if !parks.is_empty() {
+        tx.after_parks(&parks, actor).await?;
+    }
     let outcomes = breaker_outcomes(registry, items, &applied);
     if !outcomes.is_empty() {
         tx.resource_outcomes(&outcomes).await?;
@@ -303,7 +316,26 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
             .map(|d| d.settings().retry)
             .unwrap_or_default()
     };
+    // A park: the step waits. Only forward steps wait; a child step's child is built here,
+    // and a child that cannot be built fails the step.
+    let (result, park) = match result {
+        Err(mut e) if e.is_park() => match (lease.state, e.wait.take()) {
+            (crate::StepState::Running, Some(request)) => match child_run(s, &lease, &request) {
+                Ok(child) => (Err(e), Some((request, child))),
+                Err(why) => (Err(why), None),
+            },
+            _ => (
+                Err(StepError::terminal(
+                    "wait_in_compensation",
+                    "a compensation cannot wait; it must finish or fail",
+                )),
+                None,
+            ),
+        },
+        other => (other, None),
+    };
     let (on, output, mut error) = match result {
+        Err(error) if park.is_some() => (Trigger::Parked, None, Some(error)),
         Ok(json) => (Trigger::Succeeded, Some(json), None),
         // Not the step's failure: its data could not be decoded. Nothing was called.
         Err(error) if error.is_corrupt_row() => (Trigger::SetAside, None, Some(error)),
@@ -336,9 +368,28 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
             }
             crate::definition::millis(delay)
         }
+        Trigger::Parked => park
+            .as_ref()
+            .map_or(0, |(r, _)| i64::try_from(r.timeout_ms).unwrap_or(i64::MAX)),
         _ => 0,
     };
     let unknown = error.as_ref().is_some_and(StepError::may_have_applied);
+    let wait = match park {
+        Some((request, child)) => {
+            // A park is not a failure: the step's error column is left empty.
+            error = None;
+            WaitWrite::Set(Box::new(Park {
+                run_id: lease.run_id,
+                step_id: lease.step_id,
+                step: lease.step.clone(),
+                request: *request,
+                child,
+            }))
+        }
+        // Nothing ran: the next attempt resumes the same wait.
+        None if on == Trigger::SetAside => WaitWrite::Keep,
+        None => WaitWrite::Clear,
+    };
     // A lease is always `Running` or `Compensating`, which have these edges; should that ever
     // change, the write changes nothing and matches no row.
     let change = transition::decide(lease.state, on, &c, unknown, delay_ms)
@@ -355,5 +406,43 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
         output,
         error,
         guard: DeadlineGuard::Live,
+        wait,
     }
+}
+
+/// The child run a child step's park starts: a run of the child's workflow with the asked
+/// input, keyed `<parent run>:<step>` so that it is started once, traced under the parent.
+fn child_run(
+    s: &Scheduler,
+    lease: &crate::protocol::StepLease,
+    request: &crate::wait::WaitRequest,
+) -> Result<Option<NewRun>, StepError> {
+    let Some((workflow, input)) = &request.start_child else {
+        return Ok(None);
+    };
+    let refuse = |why: String| StepError::terminal("child_refused", why).not_applied();
+    let wf = s
+        .registry
+        .latest(workflow)
+        .map_err(|e| refuse(format!("cannot start child workflow `{workflow}`: {e}")))?;
+    wf.check_input(input)
+        .map_err(|e| refuse(format!("child input refused: {e}")))?;
+    let json = input.to_string();
+    if json.len() > s.config.max_payload_bytes {
+        return Err(refuse(format!(
+            "child input is {} bytes, over the limit of {}",
+            json.len(),
+            s.config.max_payload_bytes
+        )));
+    }
+    let trace = crate::trace::TraceContext::of_run(lease.run_id).child();
+    Ok(Some(NewRun::for_workflow(
+        wf,
+        json,
+        Some(format!("{}:{}", lease.run_id, lease.step)),
+        RunStart::Now,
+        wf.priority(),
+        false,
+        trace,
+    )))
 }

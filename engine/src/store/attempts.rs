@@ -61,6 +61,46 @@ pub struct StepFinish {
     pub guard: DeadlineGuard,
     /// How long the attempt ran, when an agent answered for it (for the metrics).
     pub elapsed: Option<std::time::Duration>,
+    /// What happens to the step's stored wait.
+    pub wait: WaitWrite,
+}
+
+/// What an attempt's end does to the step's stored wait (`wait`, `wait_key`).
+#[derive(Debug, Clone, Default)]
+pub enum WaitWrite {
+    /// Left as it is: the attempt's answer was lost (a timeout, an interruption) or nothing
+    /// ran (damaged data), so the next attempt resumes the same wait.
+    #[default]
+    Keep,
+    /// Cleared: the attempt answered (its callback token, if any, is spent).
+    Clear,
+    /// A park: the step waits for this, and what follows the park in the same
+    /// transaction (a child run to start) travels with it.
+    Set(Box<super::Park>),
+}
+
+impl WaitWrite {
+    fn op(&self) -> &'static str {
+        match self {
+            Self::Keep => "keep",
+            Self::Clear => "clear",
+            Self::Set(_) => "set",
+        }
+    }
+
+    fn json(&self) -> Option<String> {
+        match self {
+            Self::Set(p) => Some(
+                crate::wait::WaitState {
+                    on: p.request.on.clone(),
+                    timeout_ms: p.request.timeout_ms,
+                    woken: None,
+                }
+                .to_json(),
+            ),
+            _ => None,
+        }
+    }
 }
 
 impl StepFinish {
@@ -73,6 +113,7 @@ impl StepFinish {
             Trigger::TimedOut | Trigger::TimedOutForGood => "timeout",
             Trigger::Interrupted | Trigger::InterruptedTooOften => "interrupted",
             Trigger::SetAside => "set_aside",
+            Trigger::Parked => "parked",
             _ => "failed",
         }
     }
@@ -142,7 +183,11 @@ impl StoreTx<'_> {
                 to: Some(it.change.to.as_str().into()),
                 attempt: Some(it.attempt),
                 actor: fence.map_or_else(|| it.owner.clone(), LeaderFence::actor),
-                detail: it.error.as_ref().map(StepError::to_json),
+                detail: it
+                    .error
+                    .as_ref()
+                    .map(StepError::to_json)
+                    .or_else(|| it.wait.json()),
             });
             self.metrics.attempt(it);
         }
@@ -183,7 +228,7 @@ impl StoreTx<'_> {
         guard: DeadlineGuard,
         fence: Option<&LeaderFence>,
     ) -> Result<Vec<i64>> {
-        const COLS: [(&str, &str); 12] = [
+        const COLS: [(&str, &str); 14] = [
             ("vid", "bigint"),
             ("from_state", "text"),
             ("attempt", "integer"),
@@ -196,6 +241,8 @@ impl StoreTx<'_> {
             ("deadline_ms", "bigint"),
             ("due_ms", "bigint"),
             ("maybe", "boolean"),
+            ("wait_op", "text"),
+            ("wait", "text"),
         ];
         let s = self.store;
         let rows = chunk
@@ -215,6 +262,8 @@ impl StoreTx<'_> {
                     c.deadline_ms.into(),
                     c.due_in_ms.into(),
                     c.maybe_applied.into(),
+                    it.wait.op().into(),
+                    it.wait.json().into(),
                 ]
             })
             .collect();
@@ -238,7 +287,9 @@ impl StoreTx<'_> {
                available_at = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \
                aging_from = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \
                priority = CASE WHEN v.due_ms IS NULL THEN s.priority ELSE s.retry_priority END, \
-               maybe_applied = (s.maybe_applied OR v.maybe) \
+               maybe_applied = (s.maybe_applied OR v.maybe), \
+               wait = CASE v.wait_op WHEN 'set' THEN v.wait WHEN 'clear' THEN NULL ELSE s.wait END, \
+               wait_key = CASE v.wait_op WHEN 'clear' THEN NULL ELSE s.wait_key END \
              FROM {source} \
              WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \
                AND s.locked_by = v.owner{deadline}{lease} \

@@ -9,8 +9,9 @@ use uuid::Uuid;
 use super::rows::{RUN_COLS, RUN_VIEW_COLS};
 use super::tx::HistoryEntry;
 use super::{RunView, Store};
+use crate::definition::millis;
 use crate::trace::TraceContext;
-use crate::{Error, Result, RunState, StepState};
+use crate::{Error, Result, RunState, StepState, Workflow};
 
 /// Rows per multi-row insert of runs or steps.
 const CHUNK_RUNS: usize = 400;
@@ -224,6 +225,52 @@ pub struct NewStep {
     pub ready: bool,
     /// The remote resource whose limits its attempts obey.
     pub resource: Option<String>,
+}
+
+impl NewRun {
+    /// The rows of a new run of `wf`: its steps with their settings, root steps queued,
+    /// idempotency keys `<run id>:<step>` (SAS-2: stable across every retry).
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_workflow(
+        wf: &Workflow,
+        input: String,
+        business_key: Option<String>,
+        start: RunStart,
+        priority: i32,
+        notify: bool,
+        trace: TraceContext,
+    ) -> Self {
+        let id = Uuid::now_v7();
+        let steps = wf
+            .steps()
+            .iter()
+            .map(|s| NewStep {
+                name: s.name().to_owned(),
+                max_failures: s.settings().retry.max_failures_stored(),
+                max_interruptions: s.settings().retry.max_interruptions_stored(),
+                deadline_ms: millis(s.settings().deadline.initial),
+                deadline_cap_ms: millis(s.settings().deadline.cap),
+                // SAS-2: stable across every retry of this step in this run.
+                idempotency_key: format!("{id}:{}", s.name()),
+                ready: s.is_root(),
+                resource: s.resource().map(str::to_owned),
+            })
+            .collect();
+        Self {
+            id,
+            workflow: wf.name().to_owned(),
+            version: wf.version(),
+            business_key,
+            input,
+            priority,
+            retry_priority: wf.retry_lane().retry_priority(priority),
+            start,
+            notify,
+            trace: Some(trace),
+            flow_key: None,
+            steps,
+        }
+    }
 }
 
 /// What inserting a run did.

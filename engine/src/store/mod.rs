@@ -41,6 +41,7 @@ mod sqlite;
 mod stats;
 mod steps;
 mod tx;
+mod waits;
 mod wake;
 
 use std::sync::Arc;
@@ -48,7 +49,7 @@ use std::sync::Arc;
 use sea_orm::{DatabaseConnection, DbBackend, Statement};
 
 pub use alerts::NewAlert;
-pub use attempts::{DeadlineGuard, RescueCounts, StepFinish};
+pub use attempts::{DeadlineGuard, RescueCounts, StepFinish, WaitWrite};
 pub use conn::{Db, Txn};
 pub use definitions::PublishedDefinition;
 pub use instances::{InstanceRow, Registered};
@@ -72,6 +73,7 @@ pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, RunView, StepRow, quote
 pub use stats::{ActiveCount, FinishedCounts, Stats, WorkflowQueue};
 pub use steps::StepInputs;
 pub use tx::{RunSteps, StoreTx};
+pub use waits::{EventDelivery, Park, WaitingStep};
 pub use wake::Wake;
 
 use sql::placeholders;

@@ -162,6 +162,7 @@ impl StoreTx<'_> {
         let mut out = Vec::with_capacity(plans.len());
         let mut same_state: BTreeMap<(RunState, bool, bool), Vec<Uuid>> = BTreeMap::new();
         let mut finished: Vec<Uuid> = Vec::new();
+        let mut ended: Vec<(Uuid, RunState, Option<String>)> = Vec::new();
         let mut totals: BTreeMap<(String, RunState), i64> = BTreeMap::new();
         let mut stale_runs: Vec<Uuid> = Vec::new();
         let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
@@ -208,6 +209,7 @@ impl StoreTx<'_> {
             }
             if state.is_final() && state != before.state {
                 finished.push(id);
+                ended.push((id, state, write.run_output.clone()));
                 *totals.entry((before.workflow.clone(), state)).or_default() += 1;
                 if before.notify {
                     notices.push(finished_notice(&before, &write, state));
@@ -274,6 +276,10 @@ impl StoreTx<'_> {
                 self.txn.execute(s.stmt(&sql, values)).await?;
             }
         }
+        // A child run's end wakes its parent's step; a completed child keeps its steps (its
+        // parent may yet compensate it).
+        let kept = self.wake_parents(&ended, actor).await?;
+        finished.retain(|id| !kept.contains(id));
         // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
         for chunk in finished.chunks(CHUNK) {
             let (cond, values) = s.in_list("run_id", 1, chunk)?;

@@ -332,6 +332,8 @@ pub struct ClaimedStep {
     pub idempotency_key: String,
     /// The step's output (for a compensation).
     pub output: Option<String>,
+    /// The step's stored wait, when it resumes after one.
+    pub wait: Option<String>,
 }
 
 impl FromRow for ClaimedStep {
@@ -351,6 +353,7 @@ impl FromRow for ClaimedStep {
             due_at: r.try_get::<Option<i64>>("", "due_at").ok().flatten(),
             idempotency_key: r.try_get("", "idempotency_key")?,
             output: r.try_get("", "output")?,
+            wait: r.try_get::<Option<String>>("", "wait").ok().flatten(),
         })
     }
 }

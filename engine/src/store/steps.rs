@@ -89,7 +89,7 @@ fn claim_set() -> String {
 /// The columns a SQLite claim returns.
 const CLAIM_RETURNING: &str = "id, run_id, workflow_key, name, state, attempt, forward_attempts, \
     compensation_attempts, failure_count, max_failures, interruptions, max_interruptions, \
-    deadline_ms, deadline_cap_ms, complete_by, idempotency_key, output, {now} AS db_now";
+    deadline_ms, deadline_cap_ms, complete_by, idempotency_key, output, wait, {now} AS db_now";
 
 impl Store {
     /// Claims up to `limit` due steps for `owner` atomically (AT-3, SAS-7): one statement on
@@ -212,7 +212,7 @@ impl Store {
              RETURNING s.id, s.run_id, s.workflow_key, s.name, s.state, s.attempt, \
                s.forward_attempts, s.compensation_attempts, s.failure_count, s.max_failures, \
                s.interruptions, s.max_interruptions, s.deadline_ms, s.deadline_cap_ms, \
-               s.complete_by, s.idempotency_key, s.output, {{now}} AS db_now, \
+               s.complete_by, s.idempotency_key, s.output, s.wait, {{now}} AS db_now, \
                q.available_at AS due_at",
             set = claim_set(),
             keys = placeholders(3, keys),

@@ -80,5 +80,6 @@ pub fn rescue(step: &ExpiredStep) -> StepFinish {
         error: Some(error),
         guard,
         elapsed: None,
+        wait: crate::store::WaitWrite::Keep,
     }
 }

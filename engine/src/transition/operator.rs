@@ -98,6 +98,30 @@ pub fn retry_step(run: &RunRow, steps: &[StepRow], step: &str) -> Result<PlanWri
     action(run, on, w, "operator_retry_step", Some(detail))
 }
 
+/// The parent of a completed child run compensates the step that started it: the child
+/// unwinds, undoing its completed steps in reverse order (its steps were kept for this).
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is `Completed`.
+pub fn parent_compensates(run: &RunRow, _steps: &[StepRow]) -> Result<PlanWrite> {
+    if run.state != RunState::Completed {
+        return Err(not_allowed(
+            "compensate the child",
+            run,
+            format!("the run is {}, not completed", run.state),
+        ));
+    }
+    let mut plan = action(
+        run,
+        RunTrigger::ParentCompensates,
+        Vec::new(),
+        "parent_compensates",
+        None,
+    )?;
+    plan.resolve_alerts = false;
+    Ok(plan)
+}
+
 /// Asks for the run to be compensated: a running run stops starting new steps and undoes
 /// what completed; a run in `Error` retries its failed compensations.
 ///

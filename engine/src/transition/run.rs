@@ -205,7 +205,24 @@ impl<'a> Plan<'a> {
                 );
                 return self.stop(RunTrigger::RetriableFailed, f, reason);
             }
-            if self.wf.on_failure() == OnFailure::Pause {
+            let timed_out = self.rows[f]
+                .error
+                .as_deref()
+                .and_then(|e| serde_json::from_str::<crate::StepError>(e).ok())
+                .is_some_and(|e| e.code == crate::wait::WAIT_TIMED_OUT);
+            let on_timeout = match steps[f].wait.as_ref() {
+                Some(crate::wait::StepWait::Event(w)) if timed_out => Some(w.on_timeout.clone()),
+                _ => None,
+            };
+            if on_timeout == Some(crate::wait::OnTimeout::Fail) {
+                let reason = format!(
+                    "step `{name}` waited for its event in vain; retry it to wait again, or compensate"
+                );
+                return self.stop(RunTrigger::WaitTimedOut, f, reason);
+            }
+            if self.wf.on_failure() == OnFailure::Pause
+                && on_timeout != Some(crate::wait::OnTimeout::Compensate)
+            {
                 return self.park_on_failure(f);
             }
             self.out.run_error = self.rows[f].error.clone();
@@ -280,7 +297,7 @@ impl<'a> Plan<'a> {
         let def = &self.wf.steps[i];
         let acted = match self.states[i] {
             StepState::Completed => true,
-            StepState::Failed | StepState::Ready => self.rows[i].maybe_applied,
+            StepState::Failed | StepState::Ready | StepState::Waiting => self.rows[i].maybe_applied,
             _ => false,
         };
         acted && def.kind == StepKind::Compensatable && def.compensation.is_some()
@@ -302,7 +319,7 @@ impl<'a> Plan<'a> {
         for i in 0..n {
             let never_acted = match self.states[i] {
                 StepState::NotStarted => true,
-                StepState::Ready => !self.needs_undo(i),
+                StepState::Ready | StepState::Waiting => !self.needs_undo(i),
                 _ => false,
             };
             if never_acted {

@@ -52,6 +52,12 @@ pub enum RunTrigger {
     /// A row of the run could not be decoded: the run is set aside for an operator, never
     /// compensated as if its business had failed.
     DamagedRow,
+    /// A step waiting for an event timed out, and its wait says an operator decides
+    /// ([`OnTimeout::Fail`](crate::wait::OnTimeout::Fail)).
+    WaitTimedOut,
+    /// The parent of a completed child run compensates the step that started it: the child
+    /// undoes what it did.
+    ParentCompensates,
 }
 
 impl RunTrigger {
@@ -74,6 +80,8 @@ impl RunTrigger {
             Self::OperatorCompensate => "operator_compensate",
             Self::OperatorCancel => "operator_cancel",
             Self::DamagedRow => "damaged_row",
+            Self::WaitTimedOut => "wait_timed_out",
+            Self::ParentCompensates => "parent_compensates",
         }
     }
 }
@@ -184,6 +192,18 @@ pub const RUN_RULES: &[RunRule] = &[
         None,
     ),
     rule(UNFINISHED, RunTrigger::OperatorCancel, Compensating, None),
+    rule(
+        ACTIVE,
+        RunTrigger::WaitTimedOut,
+        RunError,
+        Some("run_error"),
+    ),
+    rule(
+        &[Completed],
+        RunTrigger::ParentCompensates,
+        Compensating,
+        None,
+    ),
 ];
 
 /// The rule for a run in `from` on `on`, if the table has one.

@@ -48,11 +48,18 @@ pub enum Trigger {
     OperatorRelease,
     /// The run is paused: a queued step is parked (not due) until an operator resumes it.
     Paused,
+    /// The attempt asked to wait (a timer, an event, a callback, a child run): the step is
+    /// parked in `Waiting` until what it waits for arrives or its timeout passes; nothing is
+    /// counted. A step that handed a callback token out may have acted.
+    Parked,
+    /// What a waiting step waited for arrived, or its time came: it is due again, and its
+    /// next attempt reads what woke it.
+    Woken,
 }
 
 impl Trigger {
     /// Every trigger.
-    pub const ALL: [Trigger; 17] = [
+    pub const ALL: [Trigger; 19] = [
         Self::Claimed,
         Self::Succeeded,
         Self::FailedWillRetry,
@@ -70,6 +77,8 @@ impl Trigger {
         Self::SetAside,
         Self::OperatorRelease,
         Self::Paused,
+        Self::Parked,
+        Self::Woken,
     ];
 
     /// The name used in history and docs.
@@ -92,6 +101,8 @@ impl Trigger {
             Self::SetAside => "set_aside",
             Self::OperatorRelease => "operator_release",
             Self::Paused => "paused",
+            Self::Parked => "parked",
+            Self::Woken => "woken",
         }
     }
 
@@ -118,7 +129,8 @@ pub enum Due {
     Now,
     /// After the retry policy's backoff for this failure.
     AfterBackoff,
-    /// After the delay the remote asked for (a deferral), capped by the retry policy.
+    /// After the delay the remote asked for (a deferral), capped by the retry policy, or
+    /// after a wait's timeout.
     AfterAskedDelay,
     /// Not queued (`available_at = NULL`).
     Never,

@@ -5,7 +5,7 @@ use super::step::{Due, Effects, Maybe, StepRule, Trigger};
 use crate::StepState;
 use crate::StepState::{
     Compensated, Compensating, CompensationFailed, CompensationReady, Completed, Failed,
-    NotStarted, Ready, Running, Skipped,
+    NotStarted, Ready, Running, Skipped, Waiting,
 };
 
 const NONE: Effects = Effects {
@@ -66,6 +66,13 @@ const CLAIM: Effects = NONE;
 /// Due again, counters untouched.
 const RELEASE: Effects = Effects {
     due: Due::Now,
+    ..NONE
+};
+/// A wait: parked until its timeout at the latest, nothing counted; a step that handed a
+/// callback token out may have acted.
+const PARK: Effects = Effects {
+    maybe: Maybe::IfUnknown,
+    due: Due::AfterAskedDelay,
     ..NONE
 };
 const DONE: Effects = Effects {
@@ -131,6 +138,22 @@ pub const STEP_RULES: &[StepRule] = &[
     rule(Running, Trigger::FailedForGood, Failed, "completion", FAIL),
     rule(Running, Trigger::Deferred, Ready, "completion", DEFER),
     rule(Running, Trigger::SetAside, Ready, "completion", NONE),
+    rule(Running, Trigger::Parked, Waiting, "completion", PARK),
+    rule(
+        Waiting,
+        Trigger::Woken,
+        Ready,
+        "event, callback, child run, timer pass",
+        RELEASE,
+    ),
+    rule(Waiting, Trigger::Dropped, Skipped, "evaluator", NONE),
+    rule(
+        Waiting,
+        Trigger::CompensationDue,
+        CompensationReady,
+        "evaluator",
+        QUEUE,
+    ),
     rule(Running, Trigger::TimedOut, Ready, "supervisor", TIMEOUT),
     rule(
         Running,

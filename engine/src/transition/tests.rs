@@ -430,6 +430,10 @@ mod table {
         (Running, Trigger::FailedWillRetry, Ready),
         (Running, Trigger::FailedForGood, Failed),
         (Running, Trigger::Deferred, Ready),
+        (Running, Trigger::Parked, Waiting),
+        (Waiting, Trigger::Woken, Ready),
+        (Waiting, Trigger::Dropped, Skipped),
+        (Waiting, Trigger::CompensationDue, CompensationReady),
         (Running, Trigger::TimedOut, Ready),
         (Running, Trigger::TimedOutForGood, Failed),
         (Running, Trigger::Interrupted, Ready),
@@ -509,8 +513,10 @@ mod table {
         for r in STEP_RULES {
             // A set-aside or paused step is queued but parked: never due until an operator
             // releases or resumes its run.
-            let queued = matches!(r.to, Ready | CompensationReady)
-                && !matches!(r.on, Trigger::SetAside | Trigger::Paused);
+            // A waiting step is due at its timeout, when the timer pass wakes it.
+            let queued = (matches!(r.to, Ready | CompensationReady)
+                && !matches!(r.on, Trigger::SetAside | Trigger::Paused))
+                || r.to == Waiting;
             assert_eq!(
                 r.effects.due != Due::Never,
                 queued,
@@ -603,12 +609,19 @@ mod table {
                 assert!(hits <= 1, "{from} on {} is ambiguous", r.on.as_str());
             }
         }
-        for from in [RunState::Completed, RunState::Compensated] {
-            assert!(
-                RUN_RULES.iter().all(|r| !r.from.contains(&from)),
-                "final states never move"
-            );
-        }
+        assert!(
+            RUN_RULES
+                .iter()
+                .all(|r| !r.from.contains(&RunState::Compensated)),
+            "a compensated run never moves"
+        );
+        assert!(
+            RUN_RULES
+                .iter()
+                .all(|r| !r.from.contains(&RunState::Completed)
+                    || r.on == RunTrigger::ParentCompensates),
+            "a completed run moves only when its parent compensates it"
+        );
         assert_eq!(
             run_rule(RunState::Error, RunTrigger::OperatorRetryForward).map(|r| r.to),
             Some(RunState::Running)

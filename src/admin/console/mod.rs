@@ -20,6 +20,7 @@ mod resources;
 mod run;
 mod session;
 mod view;
+mod waits;
 
 use std::sync::Arc;
 
@@ -63,6 +64,7 @@ where
         .route("/console/runs", get(pages::runs))
         .route("/console/runs/{id}", get(run::page))
         .route("/console/runs/{id}/actions/{action}", post(run::act))
+        .route("/console/runs/{id}/events", post(waits::send))
         .route("/console/alerts", get(pages::alerts))
         .route("/console/alerts/{id}/resolve", post(pages::resolve))
         .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))

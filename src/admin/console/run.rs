@@ -108,6 +108,7 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
     let steps = engine.steps(id).await?;
     let history = engine.history(id).await?;
     let alerts = engine.run_alerts(id).await?;
+    let waiting = engine.waiting_steps(Some(id), 50).await?;
     let key = format!("{}@{}", run.workflow, run.version);
     let description = engine
         .inner
@@ -164,6 +165,7 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
             (graph::svg("run", &nodes))
             (graph::legend(&legend))
         }
+        (super::waits::section(id, &waiting, s))
         @if s.is_operator() && !run.state.is_final() {
             (actions(&run, &steps, s))
         }

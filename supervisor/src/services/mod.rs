@@ -13,6 +13,7 @@ pub(crate) mod delivery;
 pub(crate) mod queue;
 pub(crate) mod rescue;
 pub(crate) mod retention;
+pub(crate) mod timers;
 
 pub(crate) use rescue::Rescue;
 
@@ -28,5 +29,6 @@ pub(crate) fn maintenance_services(
     services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
     services.extend(aging::Aging::from_config(config).map(|s| Arc::new(s) as _));
     services.push(Arc::new(queue::QueueWatch::new(config)));
+    services.push(Arc::new(timers::Timers));
     services
 }

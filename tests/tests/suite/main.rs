@@ -43,5 +43,6 @@ mod submission;
 mod supervisor;
 mod trace;
 mod travel;
+mod waits;
 mod wakeups;
 mod webhook;

@@ -124,6 +124,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
             error: None,
             guard: store::DeadlineGuard::Live,
             elapsed: None,
+            wait: store::WaitWrite::Clear,
         };
         assert_eq!(
             finish_batch(&store, &registry, std::slice::from_ref(&late), "test")

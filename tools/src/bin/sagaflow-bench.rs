@@ -61,6 +61,11 @@ async fn main() -> Result<(), Error> {
     if let Some(r) = bench::workload::resource(args.resource_limit) {
         builder = builder.with_resource(r);
     }
+    if args.parked.is_some() {
+        for wf in bench::parked::workflows()? {
+            builder = builder.with_workflow(wf);
+        }
+    }
     let engine = builder.start().await?;
     println!(
         "sagaflow-bench · machine: {}",
@@ -78,6 +83,11 @@ async fn main() -> Result<(), Error> {
             "  flow control: every step calls resource `{}`, at most {n} in flight",
             bench::workload::RESOURCE
         );
+    }
+    if let Some(n) = args.parked {
+        bench::parked::measure(&engine, n, Duration::from_secs(args.idle_secs)).await?;
+        engine.shutdown().await;
+        return Ok(());
     }
     if args.prefill_finished > 0 {
         let t = Instant::now();

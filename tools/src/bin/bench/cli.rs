@@ -58,6 +58,14 @@ pub(crate) struct Args {
     /// step back); without it the steps call no resource.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) resource_limit: Option<u32>,
+    /// Instead of the throughput run: park this many runs (half on a 30-day timer, half
+    /// waiting for an event), then measure the engine's resident memory and CPU while they
+    /// wait, against the same engine idle before them.
+    #[arg(long, value_name = "N")]
+    pub(crate) parked: Option<usize>,
+    /// How long each idle measurement of `--parked` lasts, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) idle_secs: u64,
     /// Internal: run as a worker process until killed.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,

@@ -6,4 +6,5 @@ pub(crate) mod cli;
 pub(crate) mod console;
 pub(crate) mod figures;
 pub(crate) mod fleet;
+pub(crate) mod parked;
 pub(crate) mod workload;

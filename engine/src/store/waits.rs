@@ -1,0 +1,645 @@
+//! Parked steps in storage: what a park writes after its attempt's end (a kept event
+//! consumed, a child run started), events and callbacks delivered to waiting steps, the
+//! leader's timer pass, and the wake of a parent's step when its child run ends.
+//!
+//! Every wake is the step rule `waiting --woken--> ready`: the step is due at once (or
+//! parked, when its run is paused: the run's resume makes it due) and its next attempt reads
+//! what woke it from its `wait` column. Deliveries lock the run first, as completion batches
+//! do, so an event and the park that would consume it are serialised.
+
+use sea_orm::Value;
+use uuid::Uuid;
+
+use super::intake::{NewRun, RunInsertOutcome};
+use super::row::Exec;
+use super::tx::{HistoryEntry, StoreTx};
+use super::{Store, Wake};
+use crate::transition::{Trigger, step_rule};
+use crate::wait::{CallbackResult, WaitFor, WaitRequest, WaitState, Woken};
+use crate::{Error, Result, RunState, StepState};
+
+/// A park written by a completion batch, for what follows it in the same transaction.
+#[derive(Debug, Clone)]
+pub struct Park {
+    /// The run.
+    pub run_id: Uuid,
+    /// The parked step's row.
+    pub step_id: i64,
+    /// The step's name.
+    pub step: String,
+    /// What it asked for.
+    pub request: WaitRequest,
+    /// The child run to start, built from the child's workflow (a child step).
+    pub child: Option<NewRun>,
+}
+
+/// What sending an event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventDelivery {
+    /// A waiting step took it and is due again.
+    Delivered {
+        /// The run.
+        run_id: Uuid,
+        /// The step that waited for it.
+        step: String,
+    },
+    /// No step waits for it yet: it is kept for the first step of the run that will.
+    Kept {
+        /// The run.
+        run_id: Uuid,
+    },
+}
+
+impl EventDelivery {
+    /// The run the event went to.
+    pub fn run_id(&self) -> Uuid {
+        match self {
+            Self::Delivered { run_id, .. } | Self::Kept { run_id } => *run_id,
+        }
+    }
+}
+
+/// A waiting step as operators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitingStep {
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step: String,
+    /// What it waits for.
+    pub wait: WaitState,
+    /// When its time comes (epoch ms, database clock), if it is parked with one.
+    pub due_at: Option<i64>,
+}
+
+/// The SQL that wakes one waiting step (`$1` its id, `$2` its new `wait`): due at once
+/// unless its run is paused.
+fn wake_sql() -> String {
+    let to = step_rule(StepState::Waiting, Trigger::Woken).map_or(StepState::Ready, |r| r.to);
+    format!(
+        "UPDATE sagaflow_steps SET state = '{to}', wait = $2, updated_at = {{now}}, \
+           available_at = CASE WHEN EXISTS (SELECT 1 FROM sagaflow_runs r \
+             WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') THEN NULL ELSE {{now}} END, \
+           aging_from = {{now}} \
+         WHERE id = $1 AND state = 'waiting'"
+    )
+}
+
+impl StoreTx<'_> {
+    /// What follows the parks a completion batch wrote: a child step's child run is started
+    /// (once: its business key is `<parent run>:<step>`) and linked to the step; an event
+    /// wait consumes the oldest event of its name kept for the run, and is woken at once.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn after_parks(&mut self, parks: &[Park], actor: &str) -> Result<()> {
+        for p in parks {
+            match &p.request.on {
+                WaitFor::Event { name } => {
+                    if let Some((event_id, payload)) = self.take_kept_event(p.run_id, name).await? {
+                        let wait = WaitState {
+                            on: p.request.on.clone(),
+                            timeout_ms: p.request.timeout_ms,
+                            woken: Some(Woken::Event { payload }),
+                        };
+                        if self
+                            .wake(p.run_id, p.step_id, &p.step, &wait, actor)
+                            .await?
+                        {
+                            self.event_consumed(event_id, p.step_id).await?;
+                        }
+                    }
+                }
+                WaitFor::Child { .. } => {
+                    if let Some(child) = &p.child {
+                        self.start_child(p, child, actor).await?;
+                    }
+                }
+                WaitFor::Timer => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_child(&mut self, p: &Park, child: &NewRun, actor: &str) -> Result<()> {
+        let s = self.store;
+        let id = match s.run_insert(&self.txn, child).await? {
+            RunInsertOutcome::Inserted(id) => {
+                self.history.push(HistoryEntry {
+                    run_id: id,
+                    step: None,
+                    event: "child_started".into(),
+                    from: None,
+                    to: Some(RunState::Pending.as_str().into()),
+                    attempt: None,
+                    actor: actor.into(),
+                    detail: Some(
+                        serde_json::json!({"parent_run": p.run_id, "parent_step": p.step})
+                            .to_string(),
+                    ),
+                });
+                self.notify = true;
+                id
+            }
+            RunInsertOutcome::Duplicate { existing, .. } => existing,
+        };
+        let sql = "UPDATE sagaflow_runs SET parent_step = $1 WHERE id = $2";
+        self.txn
+            .execute(s.stmt(sql, vec![p.step_id.into(), id.into()]))
+            .await?;
+        let wait = WaitState {
+            on: WaitFor::Child {
+                run_id: id,
+                workflow: child.workflow.clone(),
+            },
+            timeout_ms: p.request.timeout_ms,
+            woken: None,
+        };
+        let sql = "UPDATE sagaflow_steps SET wait = $1, wait_key = $2 WHERE id = $3";
+        let values = vec![
+            wait.to_json().into(),
+            format!("child:{id}").into(),
+            p.step_id.into(),
+        ];
+        self.txn.execute(s.stmt(sql, values)).await?;
+        // The child may have ended already (an earlier attempt started it): wake at once.
+        let row = self
+            .txn
+            .query_one(s.stmt(
+                "SELECT state, output FROM sagaflow_runs WHERE id = $1",
+                vec![id.into()],
+            ))
+            .await?;
+        if let Some(r) = row {
+            let state: String = r.try_get("", "state")?;
+            let output: Option<String> = r.try_get("", "output")?;
+            if let Ok(state) = state.parse::<RunState>()
+                && state.is_final()
+            {
+                let woken = child_woken(state, output.as_deref());
+                let wait = WaitState {
+                    woken: Some(woken),
+                    ..wait
+                };
+                self.wake(p.run_id, p.step_id, &p.step, &wait, actor)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The oldest event named `name` kept for `run`, if any.
+    async fn take_kept_event(
+        &self,
+        run: Uuid,
+        name: &str,
+    ) -> Result<Option<(i64, serde_json::Value)>> {
+        let s = self.store;
+        let row = self
+            .txn
+            .query_one(s.stmt(
+                "SELECT id, payload FROM sagaflow_events \
+                 WHERE run_id = $1 AND name = $2 AND consumed_at IS NULL ORDER BY id LIMIT 1",
+                vec![run.into(), name.to_owned().into()],
+            ))
+            .await?;
+        let Some(r) = row else { return Ok(None) };
+        let id: i64 = r.try_get("", "id")?;
+        let raw: String = r.try_get("", "payload")?;
+        let payload = serde_json::from_str(&raw)
+            .map_err(|e| Error::corrupt("sagaflow_events", id, format!("payload: {e}")))?;
+        Ok(Some((id, payload)))
+    }
+
+    async fn event_consumed(&self, event_id: i64, step_id: i64) -> Result<()> {
+        let s = self.store;
+        self.txn
+            .execute(s.stmt(
+                "UPDATE sagaflow_events SET consumed_at = {now}, step_id = $2 WHERE id = $1",
+                vec![event_id.into(), step_id.into()],
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Wakes one waiting step with `wait` (what woke it); returns whether it was waiting.
+    async fn wake(
+        &mut self,
+        run: Uuid,
+        step_id: i64,
+        step: &str,
+        wait: &WaitState,
+        actor: &str,
+    ) -> Result<bool> {
+        let s = self.store;
+        let values = vec![step_id.into(), wait.to_json().into()];
+        let n = self.txn.execute(s.stmt(&wake_sql(), values)).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.history.push(HistoryEntry {
+            run_id: run,
+            step: Some(step.to_owned()),
+            event: Trigger::Woken.as_str().into(),
+            from: Some(StepState::Waiting.as_str().into()),
+            to: Some(StepState::Ready.as_str().into()),
+            attempt: None,
+            actor: actor.into(),
+            detail: Some(woken_detail(wait)),
+        });
+        self.notify = true;
+        Ok(true)
+    }
+
+    /// After runs finished (`finished`, with their new states and outputs): the steps of
+    /// their parents that waited for them are woken, and the completed children among them
+    /// are returned, whose steps are kept (their parent may yet compensate them).
+    pub(super) async fn wake_parents(
+        &mut self,
+        finished: &[(Uuid, RunState, Option<String>)],
+        actor: &str,
+    ) -> Result<Vec<Uuid>> {
+        let s = self.store;
+        let ids: Vec<Uuid> = finished.iter().map(|(id, _, _)| *id).collect();
+        let mut kept = Vec::new();
+        for chunk in ids.chunks(super::tx::CHUNK) {
+            let (cond, values) = s.in_list("c.id", 1, chunk)?;
+            let sql = format!(
+                "SELECT c.id AS child, p.id AS step_id, p.run_id, p.name, p.state, p.wait \
+                 FROM sagaflow_runs c JOIN sagaflow_steps p ON p.id = c.parent_step \
+                 WHERE {cond} AND c.parent_step IS NOT NULL"
+            );
+            let rows = self.txn.query_all(s.stmt(&sql, values)).await?;
+            for r in rows {
+                let child: Uuid = r.try_get("", "child")?;
+                let step_id: i64 = r.try_get("", "step_id")?;
+                let run_id: Uuid = r.try_get("", "run_id")?;
+                let name: String = r.try_get("", "name")?;
+                let state: String = r.try_get("", "state")?;
+                let raw: Option<String> = r.try_get("", "wait")?;
+                let Some((_, ended, output)) = finished.iter().find(|(id, _, _)| *id == child)
+                else {
+                    continue;
+                };
+                if *ended == RunState::Completed {
+                    kept.push(child);
+                }
+                if state == StepState::Waiting.as_str() {
+                    let Some(wait) = raw.and_then(|w| serde_json::from_str::<WaitState>(&w).ok())
+                    else {
+                        continue;
+                    };
+                    let wait = WaitState {
+                        woken: Some(child_woken(*ended, output.as_deref())),
+                        ..wait
+                    };
+                    self.wake(run_id, step_id, &name, &wait, actor).await?;
+                } else if state == StepState::CompensationReady.as_str() {
+                    // The parent's compensation waits for the child's: due now.
+                    self.txn
+                        .execute(s.stmt(
+                            "UPDATE sagaflow_steps SET available_at = {now} \
+                             WHERE id = $1 AND state = 'compensation_ready' AND available_at IS NOT NULL",
+                            vec![step_id.into()],
+                        ))
+                        .await?;
+                    self.notify = true;
+                }
+            }
+        }
+        Ok(kept)
+    }
+}
+
+fn child_woken(state: RunState, output: Option<&str>) -> Woken {
+    Woken::Child {
+        state,
+        output: output.and_then(|o| serde_json::from_str(o).ok()),
+    }
+}
+
+/// The history detail of a wake: what woke the step (without an event's payload, which may
+/// be large or private: the step's output keeps it).
+fn woken_detail(wait: &WaitState) -> String {
+    let by = match &wait.woken {
+        Some(Woken::Event { .. }) => "event".to_owned(),
+        Some(Woken::Child { state, .. }) => format!("child {state}"),
+        None => "time".to_owned(),
+    };
+    serde_json::json!({ "for": wait.on.describe(), "by": by }).to_string()
+}
+
+impl Store {
+    /// Registers a callback token's hash on the attempt `(step_id, attempt)` while it runs;
+    /// returns `false` when the attempt no longer holds the step.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn callback_register(&self, step_id: i64, attempt: i32, hash: &str) -> Result<bool> {
+        let n = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_steps SET wait_key = $3 \
+                 WHERE id = $1 AND attempt = $2 AND state = 'running'",
+                vec![step_id.into(), attempt.into(), hash.to_owned().into()],
+            ))
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Sends the event `name` with `payload` to run `run_id`: the step of the run waiting
+    /// for it takes it and is due again; with none waiting, it is kept for the first that
+    /// will. Recorded in the run's history with `actor`.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`]; [`Error::ActionNotAllowed`] when the run is finished;
+    /// [`Error::Db`].
+    pub async fn event_send(
+        &self,
+        run_id: Uuid,
+        name: &str,
+        payload: &serde_json::Value,
+        actor: &str,
+    ) -> Result<EventDelivery> {
+        let mut tx = self.begin().await?;
+        let state = lock_run_state(&tx, run_id).await?;
+        if state.is_final() {
+            return Err(Error::ActionNotAllowed {
+                action: "send an event to",
+                run_id,
+                reason: format!("the run is already {state}"),
+            });
+        }
+        let delivery = tx.deliver(run_id, name, payload, actor).await?;
+        tx.commit_from(Wake::CLAIM, actor).await?;
+        Ok(delivery)
+    }
+
+    /// Completes (or fails) the step that handed out `token` with `result`: one call of the
+    /// remote. Accepted while the attempt that issued the token waits for it or is still
+    /// running (an early callback is kept for its park).
+    ///
+    /// # Errors
+    /// [`Error::UnknownCallback`] for a token that no step holds (forged, or spent: its step
+    /// moved on); [`Error::Db`].
+    pub async fn callback_complete(
+        &self,
+        token: &str,
+        result: &CallbackResult,
+        actor: &str,
+    ) -> Result<EventDelivery> {
+        let unknown = || Error::UnknownCallback;
+        let run_id = crate::wait::token_run(token).ok_or_else(unknown)?;
+        let hash = crate::wait::token_hash(token);
+        let mut tx = self.begin().await?;
+        let state = lock_run_state(&tx, run_id).await.map_err(|_| unknown())?;
+        if state.is_final() {
+            return Err(unknown());
+        }
+        let s = self;
+        let held = tx
+            .txn
+            .query_one(s.stmt(
+                "SELECT id FROM sagaflow_steps WHERE wait_key = $1 AND run_id = $2 \
+                 AND state IN ('running', 'waiting')",
+                vec![hash.clone().into(), run_id.into()],
+            ))
+            .await?;
+        if held.is_none() {
+            return Err(unknown());
+        }
+        let payload = serde_json::to_value(result).map_err(|e| Error::InvalidInput {
+            workflow: String::new(),
+            reason: e.to_string(),
+            field: None,
+        })?;
+        let name = crate::wait::callback_event(&hash);
+        let delivery = tx.deliver(run_id, &name, &payload, actor).await?;
+        tx.commit_from(Wake::CLAIM, actor).await?;
+        Ok(delivery)
+    }
+
+    /// The leader's timer pass: wakes up to `limit` waiting steps whose time came (timers
+    /// that fire, waits that time out), oldest first, through the partial index
+    /// `sagaflow_steps_waiting`. Steps of paused runs wait for their run's resume. Returns
+    /// how many were woken.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn steps_wake_due(&self, limit: u32, actor: &str) -> Result<u64> {
+        let to = step_rule(StepState::Waiting, Trigger::Woken).map_or(StepState::Ready, |r| r.to);
+        let sql = format!(
+            "UPDATE sagaflow_steps SET state = '{to}', available_at = {{now}}, aging_from = {{now}}, \
+               updated_at = {{now}} \
+             WHERE state = 'waiting' AND id IN (SELECT id FROM sagaflow_steps \
+               WHERE state = 'waiting' AND available_at <= {{now}} \
+               AND NOT EXISTS (SELECT 1 FROM sagaflow_runs r \
+                 WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') \
+               ORDER BY available_at LIMIT $1) \
+             RETURNING run_id, name, wait"
+        );
+        let mut tx = self.begin().await?;
+        let rows = tx
+            .txn
+            .query_all(self.stmt(&sql, vec![i64::from(limit).into()]))
+            .await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        for r in &rows {
+            let run_id: Uuid = r.try_get("", "run_id")?;
+            let name: String = r.try_get("", "name")?;
+            let wait: Option<String> = r.try_get("", "wait")?;
+            let detail = wait
+                .and_then(|w| serde_json::from_str::<WaitState>(&w).ok())
+                .map(|w| woken_detail(&w));
+            tx.history.push(HistoryEntry {
+                run_id,
+                step: Some(name),
+                event: Trigger::Woken.as_str().into(),
+                from: Some(StepState::Waiting.as_str().into()),
+                to: Some(to.as_str().into()),
+                attempt: None,
+                actor: actor.into(),
+                detail,
+            });
+        }
+        tx.notify = true;
+        tx.commit_from(Wake::CLAIM, actor).await?;
+        Ok(rows.len() as u64)
+    }
+
+    /// The waiting steps of a run (all runs when `run` is `None`), due soonest first, at most
+    /// `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn steps_waiting(&self, run: Option<Uuid>, limit: u32) -> Result<Vec<WaitingStep>> {
+        let (filter, mut values): (&str, Vec<Value>) = match run {
+            Some(id) => (" AND run_id = $2", vec![id.into()]),
+            None => ("", vec![]),
+        };
+        values.insert(0, i64::from(limit).into());
+        let sql = format!(
+            "SELECT run_id, name, wait, available_at FROM sagaflow_steps \
+             WHERE state = 'waiting'{filter} ORDER BY available_at LIMIT $1"
+        );
+        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let raw: Option<String> = r.try_get("", "wait")?;
+            let Some(wait) = raw.and_then(|w| serde_json::from_str(&w).ok()) else {
+                continue;
+            };
+            out.push(WaitingStep {
+                run_id: r.try_get("", "run_id")?,
+                step: r.try_get("", "name")?,
+                wait,
+                due_at: r.try_get("", "available_at")?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The child run started by the parent's step `parent_step`, with its state.
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn child_of_step(&self, parent_step: i64) -> Result<Option<(Uuid, RunState)>> {
+        let row = self
+            .exec
+            .query_one(self.stmt(
+                "SELECT id, state FROM sagaflow_runs WHERE parent_step = $1",
+                vec![parent_step.into()],
+            ))
+            .await?;
+        let Some(r) = row else { return Ok(None) };
+        let id: Uuid = r.try_get("", "id")?;
+        let state: String = r.try_get("", "state")?;
+        let state = state
+            .parse::<RunState>()
+            .map_err(|e| Error::corrupt("sagaflow_runs", id, format!("state: {e}")))?;
+        Ok(Some((id, state)))
+    }
+
+    /// How many steps wait.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn steps_waiting_count(&self) -> Result<u64> {
+        let row = self
+            .exec
+            .query_one(self.stmt(
+                "SELECT COUNT(*) AS n FROM sagaflow_steps WHERE state = 'waiting'",
+                vec![],
+            ))
+            .await?;
+        let n: i64 = row.map(|r| r.try_get("", "n")).transpose()?.unwrap_or(0);
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+impl StoreTx<'_> {
+    /// Delivers an event to run `run_id` (locked by the caller): to the step waiting for it,
+    /// or kept.
+    async fn deliver(
+        &mut self,
+        run_id: Uuid,
+        name: &str,
+        payload: &serde_json::Value,
+        actor: &str,
+    ) -> Result<EventDelivery> {
+        let s = self.store;
+        let rows = self
+            .txn
+            .query_all(s.stmt(
+                "SELECT id, name, wait FROM sagaflow_steps WHERE run_id = $1 AND state = 'waiting' \
+                 ORDER BY id",
+                vec![run_id.into()],
+            ))
+            .await?;
+        for r in rows {
+            let raw: Option<String> = r.try_get("", "wait")?;
+            let Some(wait) = raw.and_then(|w| serde_json::from_str::<WaitState>(&w).ok()) else {
+                continue;
+            };
+            if !matches!(&wait.on, WaitFor::Event { name: n } if n == name) {
+                continue;
+            }
+            let step_id: i64 = r.try_get("", "id")?;
+            let step: String = r.try_get("", "name")?;
+            let wait = WaitState {
+                woken: Some(Woken::Event {
+                    payload: payload.clone(),
+                }),
+                ..wait
+            };
+            if self.wake(run_id, step_id, &step, &wait, actor).await? {
+                self.event_recorded(run_id, name, payload, actor, Some(step_id))
+                    .await?;
+                return Ok(EventDelivery::Delivered { run_id, step });
+            }
+        }
+        self.event_recorded(run_id, name, payload, actor, None)
+            .await?;
+        Ok(EventDelivery::Kept { run_id })
+    }
+
+    /// Stores an event: consumed by `step` already, or kept.
+    async fn event_recorded(
+        &mut self,
+        run_id: Uuid,
+        name: &str,
+        payload: &serde_json::Value,
+        actor: &str,
+        step: Option<i64>,
+    ) -> Result<()> {
+        let s = self.store;
+        let consumed = if step.is_some() { "{now}" } else { "NULL" };
+        let sql = format!(
+            "INSERT INTO sagaflow_events (run_id, name, payload, actor, received_at, consumed_at, step_id) \
+             VALUES ($1, $2, $3, $4, {{now}}, {consumed}, $5)"
+        );
+        let values = vec![
+            run_id.into(),
+            name.to_owned().into(),
+            payload.to_string().into(),
+            actor.to_owned().into(),
+            step.into(),
+        ];
+        self.txn.execute(s.stmt(&sql, values)).await?;
+        let shown = if name.starts_with(crate::wait::CALLBACK_EVENT) {
+            "callback"
+        } else {
+            name
+        };
+        self.history.push(HistoryEntry {
+            run_id,
+            step: None,
+            event: "event_received".into(),
+            from: None,
+            to: None,
+            attempt: None,
+            actor: actor.into(),
+            detail: Some(serde_json::json!({ "event": shown, "kept": step.is_none() }).to_string()),
+        });
+        Ok(())
+    }
+}
+
+/// Locks run `id` (its row lock on PostgreSQL, the write lock on SQLite) and reads its state.
+async fn lock_run_state(tx: &StoreTx<'_>, id: Uuid) -> Result<RunState> {
+    let s = tx.store;
+    let row = tx
+        .txn
+        .query_one(s.stmt(
+            "UPDATE sagaflow_runs SET updated_at = updated_at WHERE id = $1 RETURNING state",
+            vec![id.into()],
+        ))
+        .await?
+        .ok_or(Error::RunNotFound(id))?;
+    let state: String = row.try_get("", "state")?;
+    state
+        .parse::<RunState>()
+        .map_err(|e| Error::corrupt("sagaflow_runs", id, format!("state: {e}")))
+}

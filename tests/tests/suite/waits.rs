@@ -1,0 +1,695 @@
+//! Parked steps on both backends: timers that fire once across instances and a SIGKILL;
+//! events that arrive before, during and after their step's wait, by run id or business
+//! key; timeouts that take their configured path; callback tokens completed over loopback
+//! HTTP (and a forged one refused); child runs whose compensation and cancellation cascade.
+//! Named so that `cargo test timer`, `event` and `child` select them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sagaflow::{
+    CallbackResult, Engine, EventDelivery, EventTarget, EventWait, OnTimeout, RunState,
+    StartOptions, StepContext, StepError, StepState, Uuid, Workflow,
+};
+use sagaflow_testkit::effects::{EffectClient, EffectServer};
+use sagaflow_testkit::{ChildTest, TestDb, backends, engine, eventually, expect_state};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// An effect server with the operations these sagas call: each answers what it was sent.
+async fn effects() -> EffectServer {
+    EffectServer::builder()
+        .operation("notify", |req: &Value| Ok(req.clone()))
+        .operation("reserve", |req: &Value| Ok(req.clone()))
+        .operation("release", |req: &Value| Ok(req.clone()))
+        .operation("ship", |req: &Value| Ok(req.clone()))
+        .operation("charge_async", |req: &Value| Ok(req.clone()))
+        .start()
+        .await
+        .expect("effect server")
+}
+
+/// A step body that calls `op` on the effect server with the step's idempotency key and
+/// answers the body it sent: `{run, deps}`.
+fn call(
+    client: &EffectClient,
+    op: &'static str,
+) -> impl Fn(StepContext) -> futures_like::BoxFut + Send + Sync + 'static {
+    let client = client.clone();
+    move |ctx: StepContext| {
+        let client = client.clone();
+        Box::pin(async move {
+            let body = json!({ "run": ctx.run_id(), "step": ctx.step() });
+            client.call(ctx.idempotency_key(), op, &body).await
+        })
+    }
+}
+
+mod futures_like {
+    pub(super) type BoxFut = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<serde_json::Value, sagaflow::StepError>> + Send,
+        >,
+    >;
+}
+
+/// `timed@1`: a timer `hold`, then `notify` on the effect server.
+fn timed(client: &EffectClient, hold: Duration) -> Workflow {
+    Workflow::builder("timed", 1)
+        .timer("hold", hold)
+        .step("notify", call(client, "notify"))
+        .after(["hold"])
+        .build()
+        .expect("valid")
+}
+
+/// How often `step` of run `id` did `event` (history kind as stored).
+async fn count(engine: &Engine, id: Uuid, step: &str, event: &str) -> usize {
+    engine
+        .history(id)
+        .await
+        .expect("history")
+        .iter()
+        .filter(|h| h.step.as_deref() == Some(step) && h.kind.to_string() == event)
+        .count()
+}
+
+fn child_env(db: &TestDb, effects: &str, submit: usize) -> Vec<(&'static str, String)> {
+    vec![
+        ("SAGAFLOW_TIMER_CHILD", "1".into()),
+        ("SAGAFLOW_TIMER_DB", db.url.clone()),
+        ("SAGAFLOW_TIMER_EFFECTS", effects.into()),
+        ("SAGAFLOW_TIMER_SUBMIT", submit.to_string()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_fires_once_across_two_instances_and_a_sigkill() {
+    const RUNS: usize = 6;
+    for db in backends().await {
+        let server = effects().await;
+        // The first instance, a real process, starts the runs and is killed while their
+        // timers are parked; the second, in this process, runs beside it all along.
+        let mut first = ChildTest::spawn(
+            "waits::timer_child_engine",
+            &child_env(&db, &server.base_url(), RUNS),
+        );
+        let second = sagaflow_testkit::fast_builder(&db)
+            .with_instance_id("timer-second")
+            .with_workflow(timed(&server.client(), Duration::from_secs(3)))
+            .start()
+            .await
+            .expect("second engine");
+        let parked = eventually(WAIT, "every timer parked", || async {
+            second
+                .waiting_steps(None, 100)
+                .await
+                .is_ok_and(|w| w.len() == RUNS)
+        });
+        parked.await;
+        first
+            .child
+            .kill()
+            .await
+            .expect("SIGKILL the first instance");
+
+        let ids: Vec<Uuid> = second
+            .list_runs(&sagaflow::RunQuery::default())
+            .await
+            .expect("list")
+            .runs
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids.len(), RUNS, "[{}]", db.backend);
+        for &id in &ids {
+            expect_state(&second, id, RunState::Completed, db.backend).await;
+            // One wake and one completion of the timer, one notification.
+            assert_eq!(
+                count(&second, id, "hold", "woken").await,
+                1,
+                "[{}]",
+                db.backend
+            );
+            assert_eq!(
+                count(&second, id, "hold", "completed").await,
+                1,
+                "[{}]",
+                db.backend
+            );
+        }
+        assert_eq!(server.ledger().applied("notify"), RUNS, "[{}]", db.backend);
+        let calls = server
+            .calls()
+            .iter()
+            .filter(|c| c.operation == "notify")
+            .count();
+        assert_eq!(
+            calls, RUNS,
+            "[{}] each notification called once",
+            db.backend
+        );
+        second.shutdown().await;
+        server.shutdown().await.expect("stop effects");
+    }
+}
+
+/// The first instance of `timer_fires_once_…`: starts the runs, then lives until killed.
+#[tokio::test]
+#[ignore = "run as a child process by timer_fires_once_across_two_instances_and_a_sigkill"]
+async fn timer_child_engine() {
+    if std::env::var("SAGAFLOW_TIMER_CHILD").as_deref() != Ok("1") {
+        return;
+    }
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
+    let client = EffectClient::new(var("SAGAFLOW_TIMER_EFFECTS"));
+    let engine = Engine::builder()
+        .with_database_url(var("SAGAFLOW_TIMER_DB"))
+        .with_instance_id("timer-first")
+        .with_workflow(timed(&client, Duration::from_secs(3)))
+        .with_poll_interval(Duration::from_millis(50))
+        .with_sweep_interval(Duration::from_millis(100))
+        .with_timer_interval(Duration::from_millis(50))
+        .with_lease(Duration::from_secs(2), Duration::from_millis(400))
+        .start()
+        .await
+        .expect("child engine");
+    let n: usize = var("SAGAFLOW_TIMER_SUBMIT").parse().expect("count");
+    for _ in 0..n {
+        engine.start("timed", &()).await.expect("start");
+    }
+    tokio::time::sleep(Duration::from_secs(180)).await;
+}
+
+/// `approval@1`: `reserve` (waits for `gate` when given; undone by `release`), then the
+/// event wait `approval`, then `ship`, which answers the approval it saw.
+fn approval(
+    name: &str,
+    server: &EffectServer,
+    within: Duration,
+    on_timeout: OnTimeout,
+    gate: Option<Arc<Notify>>,
+) -> Workflow {
+    let client = server.client();
+    let undo = server.client();
+    Workflow::builder(name, 1)
+        .step("reserve", move |ctx: StepContext| {
+            let client = client.clone();
+            let gate = gate.clone();
+            async move {
+                if let Some(g) = gate {
+                    g.notified().await;
+                }
+                client
+                    .call(
+                        ctx.idempotency_key(),
+                        "reserve",
+                        &json!({ "run": ctx.run_id() }),
+                    )
+                    .await
+            }
+        })
+        .compensate(move |ctx: StepContext| {
+            let client = undo.clone();
+            async move {
+                client
+                    .call(
+                        ctx.idempotency_key(),
+                        "release",
+                        &json!({ "run": ctx.run_id() }),
+                    )
+                    .await
+            }
+        })
+        .wait_for_event(
+            "approval",
+            EventWait::named("manager_approval")
+                .within(within)
+                .on_timeout(on_timeout),
+        )
+        .after(["reserve"])
+        .step("ship", |ctx: StepContext| async move {
+            ctx.dep::<Value>("approval")
+        })
+        .after(["approval"])
+        .build()
+        .expect("valid")
+}
+
+async fn output_of(engine: &Engine, id: Uuid, step: &str) -> Value {
+    let run = engine.run(id).await.expect("run").expect("exists");
+    run.output.expect("output")[step].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_arrives_before_during_and_after_the_wait() {
+    for db in backends().await {
+        let server = effects().await;
+        let gate = Arc::new(Notify::new());
+        let wf = approval(
+            "approval",
+            &server,
+            Duration::from_millis(600),
+            OnTimeout::Default(json!({ "approved": false, "by": "nobody" })),
+            Some(gate.clone()),
+        );
+        let engine = engine(&db, vec![wf]).await;
+
+        // Before: sent while `reserve` still runs; kept, then taken when the step waits.
+        let early = engine
+            .start_with("approval", &(), StartOptions::keyed("order-1"))
+            .await
+            .expect("start");
+        eventually(WAIT, "reserve running", || async {
+            engine.steps(early.id).await.is_ok_and(|s| {
+                s.iter()
+                    .any(|s| s.name == "reserve" && s.state == StepState::Running)
+            })
+        })
+        .await;
+        let kept = engine
+            .send_event(
+                EventTarget::key("approval", "order-1"),
+                "manager_approval",
+                &json!({ "approved": true, "by": "ann" }),
+            )
+            .await
+            .expect("send");
+        assert_eq!(
+            kept,
+            EventDelivery::Kept { run_id: early.id },
+            "[{}]",
+            db.backend
+        );
+        gate.notify_one();
+        expect_state(&engine, early.id, RunState::Completed, db.backend).await;
+        assert_eq!(output_of(&engine, early.id, "ship").await["by"], "ann");
+
+        // During: the step waits; the event completes it at once.
+        let during = engine.start("approval", &()).await.expect("start");
+        gate.notify_one();
+        eventually(WAIT, "approval waiting", || async {
+            engine
+                .waiting_steps(Some(during), 10)
+                .await
+                .is_ok_and(|w| w.iter().any(|w| w.step == "approval"))
+        })
+        .await;
+        let waiting = engine.waiting_steps(Some(during), 10).await.expect("list");
+        assert!(waiting[0].due_at.is_some(), "a wait shows its timeout");
+        let sent = engine
+            .send_event(
+                during,
+                "manager_approval",
+                &json!({ "approved": true, "by": "bob" }),
+            )
+            .await
+            .expect("send");
+        assert_eq!(
+            sent,
+            EventDelivery::Delivered {
+                run_id: during,
+                step: "approval".into()
+            }
+        );
+        expect_state(&engine, during, RunState::Completed, db.backend).await;
+        assert_eq!(output_of(&engine, during, "ship").await["by"], "bob");
+
+        // After: the timeout passed first and took its default; a late event is refused.
+        let late = engine.start("approval", &()).await.expect("start");
+        gate.notify_one();
+        expect_state(&engine, late, RunState::Completed, db.backend).await;
+        assert_eq!(output_of(&engine, late, "ship").await["by"], "nobody");
+        let refused = engine
+            .send_event(late, "manager_approval", &json!({ "approved": true }))
+            .await;
+        assert!(
+            matches!(refused, Err(sagaflow::Error::ActionNotAllowed { .. })),
+            "[{}] {refused:?}",
+            db.backend
+        );
+        // No such run by key.
+        let unknown = engine
+            .send_event(EventTarget::key("approval", "nope"), "manager_approval", &1)
+            .await;
+        assert!(matches!(unknown, Err(sagaflow::Error::KeyNotFound { .. })));
+        assert_eq!(server.ledger().applied("release"), 0, "nothing undone");
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_timeout_takes_the_configured_path() {
+    for db in backends().await {
+        let server = effects().await;
+        let short = Duration::from_millis(300);
+        let engine = sagaflow_testkit::fast_builder(&db)
+            .with_workflow(approval(
+                "undo",
+                &server,
+                short,
+                OnTimeout::Compensate,
+                None,
+            ))
+            .with_workflow(approval("ask", &server, short, OnTimeout::Fail, None))
+            .with_workflow(approval(
+                "assume",
+                &server,
+                short,
+                OnTimeout::Default(json!({ "by": "default" })),
+                None,
+            ))
+            .start()
+            .await
+            .expect("engine");
+
+        // Compensate: the reservation is released and the run ends compensated.
+        let undo = engine.start("undo", &()).await.expect("start");
+        expect_state(&engine, undo, RunState::Compensated, db.backend).await;
+        assert_eq!(server.ledger().applied("release"), 1, "[{}]", db.backend);
+
+        // Fail: an operator decides (an alert), nothing is undone by itself.
+        let ask = engine.start("ask", &()).await.expect("start");
+        let run = expect_state(&engine, ask, RunState::Error, db.backend).await;
+        assert!(
+            run.error
+                .as_ref()
+                .is_some_and(|e| e["code"] == "wait_timed_out"),
+            "[{}] {:?}",
+            db.backend,
+            run.error
+        );
+        assert!(!engine.run_alerts(ask).await.expect("alerts").is_empty());
+        assert_eq!(server.ledger().applied("release"), 1, "no second release");
+
+        // Default: the run goes on with the default as the event's payload.
+        let assume = engine.start("assume", &()).await.expect("start");
+        expect_state(&engine, assume, RunState::Completed, db.backend).await;
+        assert_eq!(output_of(&engine, assume, "ship").await["by"], "default");
+        assert_eq!(count(&engine, assume, "approval", "parked").await, 1);
+        assert_eq!(count(&engine, assume, "approval", "woken").await, 1);
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
+
+/// `payment@1`: `charge` hands the remote a callback token and waits for its call.
+fn payment(server: &EffectServer, tokens: Arc<std::sync::Mutex<Vec<String>>>) -> Workflow {
+    let client = server.client();
+    Workflow::builder("payment", 1)
+        .step("charge", move |ctx: StepContext| {
+            let client = client.clone();
+            let tokens = tokens.clone();
+            async move {
+                let token = ctx.callback_token().await?;
+                client
+                    .call(
+                        ctx.idempotency_key(),
+                        "charge_async",
+                        &json!({ "token": token }),
+                    )
+                    .await?;
+                tokens.lock().expect("tokens").push(token);
+                Err::<Value, _>(ctx.await_callback(Duration::from_secs(60)).await)
+            }
+        })
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_refused() {
+    for db in backends().await {
+        let server = effects().await;
+        let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let engine = engine(&db, vec![payment(&server, tokens.clone())]).await;
+        let (addr, _admin) =
+            crate::fixtures::serve_admin(&engine, crate::fixtures::admin_tokens("ops", "view"))
+                .await;
+        let admin = format!("http://{addr}");
+        let id = engine.start("payment", &()).await.expect("start");
+        let token = sagaflow_testkit::eventually_some(WAIT, "a token handed out", || async {
+            tokens.lock().expect("tokens").first().cloned()
+        })
+        .await;
+        eventually(WAIT, "charge waiting", || async {
+            engine
+                .waiting_steps(Some(id), 10)
+                .await
+                .is_ok_and(|w| w.len() == 1)
+        })
+        .await;
+        let http = reqwest::Client::new();
+        // A forged token (right run, wrong secret) and a malformed one: refused, nothing moves.
+        let forged = format!("{}.{}", id.simple(), "ab".repeat(32));
+        for bad in [forged.as_str(), "not-a-token"] {
+            let r = http
+                .post(format!("{admin}/api/v1/callbacks/{bad}"))
+                .json(&json!({ "ok": { "paid": true } }))
+                .send()
+                .await
+                .expect("post");
+            assert_eq!(r.status(), 404, "[{}] {bad}", db.backend);
+        }
+        assert_eq!(
+            engine.waiting_steps(Some(id), 10).await.expect("w").len(),
+            1
+        );
+        // The remote's one call, without an admin token: the callback token is its credential.
+        let r = http
+            .post(format!("{admin}/api/v1/callbacks/{token}"))
+            .json(&json!({ "ok": { "paid": true, "amount": 42 } }))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), 202, "[{}]", db.backend);
+        let run = expect_state(&engine, id, RunState::Completed, db.backend).await;
+        assert_eq!(run.output.expect("output")["charge"]["amount"], 42);
+        // Spent: the same token again is refused.
+        let again = engine
+            .complete_callback(&token, &CallbackResult::Ok(json!({})), "remote")
+            .await;
+        assert!(
+            matches!(again, Err(sagaflow::Error::UnknownCallback)),
+            "{again:?}"
+        );
+        assert_eq!(server.ledger().applied("charge_async"), 1);
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
+
+/// `return@1` (the child): `refund` on the effect server, undone by `release`.
+fn refund(server: &EffectServer) -> Workflow {
+    let client = server.client();
+    let undo = server.client();
+    Workflow::builder("return", 1)
+        .step("refund", call(&client, "reserve"))
+        .compensate(call(&undo, "release"))
+        .build()
+        .expect("valid")
+}
+
+/// `claim@1` (the parent): `open`, the child `return` with the parent's input, then
+/// `close`, which fails when told to (so the parent compensates).
+fn claim(fail_close: bool, hold_open: Option<Duration>) -> Workflow {
+    Workflow::builder("claim", 1)
+        .step("open", |_: StepContext| async {
+            Ok::<_, StepError>("opened")
+        })
+        .child("return", "return", |ctx: &StepContext| {
+            Ok(json!({ "for": ctx.run_id() }))
+        })
+        .after(["open"])
+        .timer("cool_off", hold_open.unwrap_or(Duration::from_millis(1)))
+        .after(["return"])
+        .step("close", move |_: StepContext| async move {
+            if fail_close {
+                Err(StepError::refused("closed", "the claim was rejected"))
+            } else {
+                Ok("closed".to_owned())
+            }
+        })
+        .after(["cool_off"])
+        .build()
+        .expect("valid")
+}
+
+async fn child_of(engine: &Engine, parent: Uuid) -> Uuid {
+    let key = format!("{parent}:return");
+    sagaflow_testkit::eventually_some(WAIT, "the child run", || async {
+        engine
+            .run_by_key("return", &key)
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.id)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_completes_with_its_output_and_is_compensated_with_its_parent() {
+    for db in backends().await {
+        let server = effects().await;
+        let engine = sagaflow_testkit::fast_builder(&db)
+            .with_workflow(refund(&server))
+            .with_workflow(claim(false, None))
+            .start()
+            .await
+            .expect("engine");
+        let ok = engine.start("claim", &()).await.expect("start");
+        let run = expect_state(&engine, ok, RunState::Completed, db.backend).await;
+        let child = child_of(&engine, ok).await;
+        assert_eq!(
+            run.output.expect("output")["return"]["refund"]["run"],
+            json!(child),
+            "[{}] the parent's step completes with the child's output",
+            db.backend
+        );
+        engine.shutdown().await;
+
+        // A parent that fails after its child completed compensates the child.
+        let engine = sagaflow_testkit::fast_builder(&db)
+            .with_workflow(refund(&server))
+            .with_workflow(claim(true, None))
+            .start()
+            .await
+            .expect("engine");
+        let bad = engine.start("claim", &()).await.expect("start");
+        expect_state(&engine, bad, RunState::Compensated, db.backend).await;
+        let child = child_of(&engine, bad).await;
+        expect_state(&engine, child, RunState::Compensated, db.backend).await;
+        assert_eq!(server.ledger().applied("release"), 1, "[{}]", db.backend);
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_is_cancelled_with_its_parent() {
+    for db in backends().await {
+        let server = effects().await;
+        // The child waits for an event that never comes, so it is still running.
+        let slow_child = Workflow::builder("return", 1)
+            .step("refund", call(&server.client(), "reserve"))
+            .compensate(call(&server.client(), "release"))
+            .wait_for_event("approved", EventWait::named("refund_approved"))
+            .after(["refund"])
+            .build()
+            .expect("valid");
+        let engine = sagaflow_testkit::fast_builder(&db)
+            .with_workflow(slow_child)
+            .with_workflow(claim(false, None))
+            .start()
+            .await
+            .expect("engine");
+        let parent = engine.start("claim", &()).await.expect("start");
+        let child = child_of(&engine, parent).await;
+        eventually(WAIT, "the child waits", || async {
+            engine
+                .waiting_steps(Some(child), 10)
+                .await
+                .is_ok_and(|w| w.len() == 1)
+        })
+        .await;
+        engine
+            .operator()
+            .on_behalf_of("ops", "customer withdrew")
+            .cancel(parent)
+            .await
+            .expect("cancel");
+        expect_state(&engine, parent, RunState::Compensated, db.backend).await;
+        let run = expect_state(&engine, child, RunState::Compensated, db.backend).await;
+        assert!(
+            run.error.as_ref().is_some_and(|e| e["code"] == "cancelled"),
+            "[{}] the child was cancelled: {:?}",
+            db.backend,
+            run.error
+        );
+        assert_eq!(server.ledger().applied("release"), 1, "the refund undone");
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_sent_from_the_cli_completes_a_waiting_step() {
+    use crate::cli::{code, sagaflow, stdout};
+    for db in backends().await {
+        let server = effects().await;
+        let wf = approval(
+            "approval",
+            &server,
+            Duration::from_secs(3600),
+            OnTimeout::Fail,
+            None,
+        );
+        let engine = engine(&db, vec![wf]).await;
+        let id = engine
+            .start_with("approval", &(), StartOptions::keyed("order-9"))
+            .await
+            .expect("start")
+            .id;
+        eventually(WAIT, "approval waiting", || async {
+            engine
+                .waiting_steps(Some(id), 10)
+                .await
+                .is_ok_and(|w| w.len() == 1)
+        })
+        .await;
+        let listed = sagaflow(&db.url, &["waiting", "--run", &id.to_string()]).await;
+        code(&listed, 0, "waiting");
+        assert!(
+            stdout(&listed).contains("event manager_approval"),
+            "[{}] {}",
+            db.backend,
+            stdout(&listed)
+        );
+        let bad = sagaflow(
+            &db.url,
+            &[
+                "send-event",
+                "manager_approval",
+                "--key",
+                "approval/order-9",
+                "--payload",
+                "{nope",
+            ],
+        )
+        .await;
+        code(&bad, 2, "a payload that is not JSON");
+        let sent = sagaflow(
+            &db.url,
+            &[
+                "send-event",
+                "manager_approval",
+                "--key",
+                "approval/order-9",
+                "--payload",
+                r#"{"approved": true, "by": "cli"}"#,
+                "--as",
+                "alice",
+                "--json",
+            ],
+        )
+        .await;
+        code(&sent, 0, "send-event");
+        let answer: Value = serde_json::from_str(&stdout(&sent)).expect("json");
+        assert_eq!(answer["outcome"], "delivered", "[{}] {answer}", db.backend);
+        assert_eq!(answer["actor"], "cli:alice");
+        expect_state(&engine, id, RunState::Completed, db.backend).await;
+        assert_eq!(output_of(&engine, id, "ship").await["by"], "cli");
+        let late = sagaflow(
+            &db.url,
+            &["send-event", "manager_approval", "--run", &id.to_string()],
+        )
+        .await;
+        code(&late, 4, "a finished run refuses an event");
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
