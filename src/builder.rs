@@ -392,6 +392,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Test hook (see [`CrashHook`](crate::CrashHook)): this instance crashes, once, at the
+    /// point the hook is armed at. Not part of the supported API; tests use
+    /// `sagaflow_testkit::SagaTest::crash_at`.
+    #[doc(hidden)]
+    pub fn with_crash_hook(mut self, hook: Arc<sagaflow_engine::crash::CrashHook>) -> Self {
+        self.scheduler.crash = Some(hook);
+        self
+    }
+
     /// Connects, migrates, and starts the scheduler, agents and (unless disabled) the
     /// supervisor.
     ///

@@ -100,6 +100,8 @@ pub(crate) struct Inner {
     pub(crate) stopped: std::sync::atomic::AtomicBool,
     /// Where the API served by [`EngineBuilder::with_admin`] listens.
     pub(crate) admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The crash hook of a test ([`EngineBuilder::with_crash_hook`]).
+    pub(crate) crash: Option<Arc<sagaflow_engine::crash::CrashHook>>,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -137,7 +139,11 @@ impl Engine {
     ) -> Result<Self> {
         let signals = Arc::new(Signals::new(sinks));
         let tracker = TaskTracker::new();
-        let cancel = CancellationToken::new();
+        // An instance that can crash on purpose (a test hook) stops every loop at the crash.
+        let crash = scheduler.crash.clone();
+        let cancel = crash
+            .as_ref()
+            .map_or_else(CancellationToken::new, |c| c.token().child_token());
         let in_flight = scheduler.max_in_flight;
         let scheduler = Arc::new(Scheduler::new(
             store.clone(),
@@ -157,8 +163,12 @@ impl Engine {
             let (tx, rx) = mpsc::channel(in_flight.max(1));
             AgentPool::spawn(&tracker, cancel.clone(), rx);
             scheduler.clone().spawn(&tracker, cancel.clone(), tx);
-            if let Some(s) = &supervisor {
-                s.clone().spawn(&tracker, cancel.clone());
+            match (&supervisor, &crash) {
+                (Some(s), None) => s.clone().spawn(&tracker, cancel.clone()),
+                (Some(s), Some(c)) => s
+                    .clone()
+                    .spawn_killable(&tracker, cancel.clone(), c.token()),
+                (None, _) => {}
             }
         }
         if let Some((incarnation, every)) = &heartbeat {
@@ -191,6 +201,7 @@ impl Engine {
                 incarnation: heartbeat.map(|(i, _)| i),
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 admin_addr: std::sync::OnceLock::new(),
+                crash,
             }),
         })
     }
@@ -514,6 +525,28 @@ impl Engine {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// Whether this instance crashed on purpose (its test's crash hook fired): its loops
+    /// stopped dead, and shutting it down releases nothing.
+    #[doc(hidden)]
+    pub fn has_crashed(&self) -> bool {
+        self.inner
+            .crash
+            .as_deref()
+            .is_some_and(sagaflow_engine::crash::CrashHook::has_crashed)
+    }
+
+    /// Wakes this instance's scheduler and supervisor at once, as after a test moved its
+    /// [`TestClock`](crate::TestClock): steps that became due are claimed, and deadlines that
+    /// passed are swept, without waiting for the next poll or sweep.
+    #[doc(hidden)]
+    pub fn wake_up(&self) {
+        self.inner.signals.wake_claimer();
+        self.inner.signals.wake_evaluator();
+        if let Some(s) = &self.inner.supervisor {
+            s.request_sweep();
+        }
+    }
+
     /// Which database this engine runs on.
     pub fn backend(&self) -> Backend {
         self.inner.store.backend()
@@ -547,6 +580,10 @@ impl Engine {
         let Some(incarnation) = &self.inner.incarnation else {
             return;
         };
+        if self.has_crashed() {
+            // A crashed instance is dead: it releases nothing and is not marked stopped.
+            return;
+        }
         if self
             .inner
             .stopped

@@ -74,6 +74,9 @@ pub use events::{EVENT_NAME_MAX, EventTarget};
 pub use limits::{describe_limits, describe_state};
 pub use operator::Operator;
 pub use sagaflow_engine::clock::TestClock;
+#[doc(hidden)]
+pub use sagaflow_engine::crash::CrashHook;
+pub use sagaflow_engine::crash::CrashPoint;
 pub use sagaflow_engine::resource::{
     Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
     ResourceView, Window, Windows,

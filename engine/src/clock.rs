@@ -6,6 +6,10 @@
 //! clock that becomes the database's now plus the offset, read afresh for each statement.
 //! Only engines (and stores) given the clock see it: another instance on the same database
 //! keeps the real time unless it is given the same clock. Production code never sets one.
+//!
+//! Process liveness is not business time: instance heartbeats, leader leases and the
+//! leader's sweep progress stay on the database's wall clock (statements say `{wall_now}`),
+//! so a jump of hours leaves every live instance alive and the leader in its term.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -68,6 +68,26 @@ impl Supervisor {
         tracker.spawn(async move { self.election_loop(cancel).await });
     }
 
+    /// Like [`Supervisor::spawn`], for an instance that can crash on purpose (a test's
+    /// [`CrashHook`](sagaflow_engine::crash::CrashHook)): when `killed` fires, the election
+    /// loop is dropped where it stands, and a term in progress ends without releasing the
+    /// lease, which is left to expire as a killed process leaves it. `cancel` should be a
+    /// child of `killed`, so that the term's services stop with it.
+    pub fn spawn_killable(
+        self: Arc<Self>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+        killed: CancellationToken,
+    ) {
+        tracker.spawn(async move {
+            tokio::select! {
+                biased;
+                () = killed.cancelled() => {}
+                () = self.election_loop(cancel) => {}
+            }
+        });
+    }
+
     /// The fence of the current term, if this instance leads.
     pub fn fence(&self) -> Option<LeaderFence> {
         self.term().map(|t| t.fence.clone())

@@ -16,8 +16,13 @@ pub fn init_logging() {
 
 /// An engine builder with short intervals for tests.
 pub fn fast_builder(db: &TestDb) -> EngineBuilder {
+    fast_builder_on(&db.url)
+}
+
+/// [`fast_builder`] for a database URL.
+pub(crate) fn fast_builder_on(url: &str) -> EngineBuilder {
     Engine::builder()
-        .with_database_url(db.url.clone())
+        .with_database_url(url.to_owned())
         .with_pool_size(8)
         .with_poll_interval(Duration::from_millis(50))
         .with_error_pause(Duration::from_millis(100))

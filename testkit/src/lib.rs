@@ -6,6 +6,10 @@
 //!   tests never see each other's runs;
 //! - [`engine`] and [`fast_builder`] start engines with short intervals;
 //! - [`eventually`], [`eventually_some`] and [`expect_state`] wait on conditions with a bound;
+//! - [`SagaTest`] tests one's own sagas: an engine on a fresh database with a test clock
+//!   wired, [`SagaTest::advance`] to let hours pass at once, [`SagaTest::crash_at`] to stop
+//!   the engine dead at a named point of a step ([`sagaflow::CrashPoint`]), and
+//!   [`SagaTest::restart`] to recover on the same database;
 //! - [`ChildTest`] re-runs the test binary as a child engine process, to SIGKILL or SIGSTOP;
 //! - [`PgCluster`] starts a private throwaway PostgreSQL cluster (to restart it mid-run
 //!   without disturbing other tests);
@@ -39,6 +43,7 @@ mod cluster;
 mod db;
 pub mod effects;
 mod engine;
+mod harness;
 mod process;
 pub mod services;
 mod wait;
@@ -46,5 +51,6 @@ mod wait;
 pub use cluster::{ClusterError, PgCluster, make_durable, pg_bin, restart_immediate, script_path};
 pub use db::{TestDb, backends, postgres_db, sqlite_db};
 pub use engine::{engine, fast_builder, init_logging};
+pub use harness::{HARNESS_WAIT, SagaTest, SagaTestBuilder, applied_once};
 pub use process::{ChildTest, workspace_binary};
 pub use wait::{eventually, eventually_some, expect_state};

@@ -8,6 +8,7 @@ use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{ErrorStreak, Scheduler, pause};
+use crate::crash::CrashPoint;
 use crate::definition::StepContext;
 use crate::protocol::{AgentRequest, AgentResponse, Dispatch, StepLease};
 use crate::store::ClaimedStep;
@@ -138,6 +139,9 @@ pub(super) async fn run(
         for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
             match request(&s, &cancel, c, &inputs, claimed_at) {
                 Ok(request) => {
+                    if s.crashes(CrashPoint::BeforeCall, &request.lease.step) {
+                        return;
+                    }
                     if agents
                         .send(Dispatch {
                             request,

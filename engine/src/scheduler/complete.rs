@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::evaluate::plan_and_apply;
 use super::{ErrorStreak, Scheduler, pause};
+use crate::crash::{CrashHook, CrashPoint};
 use crate::model::Alert;
 use crate::protocol::AgentResponse;
 use crate::store::{
@@ -58,6 +59,12 @@ pub(super) async fn run(
             }
             () = cancel.cancelled() => return,
         }
+        if batch
+            .iter()
+            .any(|r| s.crashes(CrashPoint::AfterEffect, &r.lease.step))
+        {
+            return;
+        }
         for r in &batch {
             s.in_flight.ended(&r.lease);
         }
@@ -73,6 +80,7 @@ pub(super) async fn run(
                 &s.config.owner,
                 true,
                 s.config.freeze_in_transaction.as_deref(),
+                s.config.crash.as_deref(),
             );
             // Shutdown does not wait for a write stuck on the database: the transaction is
             // dropped (rolled back) and the attempts are released as interruptions.
@@ -159,7 +167,7 @@ pub async fn finish_batch(
     items: &[StepFinish],
     actor: &str,
 ) -> Result<FinishOutcome, Error> {
-    finish_batch_in(store, registry, items, actor, false, None).await
+    finish_batch_in(store, registry, items, actor, false, None, None).await
 }
 
 async fn finish_batch_in(
@@ -169,6 +177,7 @@ async fn finish_batch_in(
     actor: &str,
     own: bool,
     freeze: Option<&super::Freeze>,
+    crash: Option<&CrashHook>,
 ) -> Result<FinishOutcome, Error> {
     let mut tx = store.begin().await?;
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
@@ -191,6 +200,15 @@ async fn finish_batch_in(
     }
     if let Some(freeze) = freeze {
         freeze.freeze().await;
+    }
+    if let Some(crash) = crash
+        && items
+            .iter()
+            .any(|i| crash.hit(CrashPoint::BeforeCommit, &i.name))
+    {
+        // Dead before the commit: the crash cancelled the loop, which drops this write
+        // and rolls the transaction back, as the database does for a lost connection.
+        std::future::pending::<()>().await;
     }
     // Attempts that found their data undecodable (and still held their lease) set their runs
     // aside; every other result of the batch is written and evaluated as usual.

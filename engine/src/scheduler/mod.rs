@@ -97,6 +97,9 @@ pub struct SchedulerConfig {
     /// Test hook (see [`Freeze`]). Never set outside tests.
     #[doc(hidden)]
     pub freeze_in_transaction: Option<std::sync::Arc<Freeze>>,
+    /// Test hook (see [`crate::crash::CrashHook`]). Never set outside tests.
+    #[doc(hidden)]
+    pub crash: Option<std::sync::Arc<crate::crash::CrashHook>>,
 }
 
 /// Test hook: the first completion batch that reaches the middle of its transaction (its
@@ -136,6 +139,7 @@ impl SchedulerConfig {
             completion_writers: completion_writers_default(),
             max_payload_bytes: MAX_PAYLOAD_DEFAULT,
             freeze_in_transaction: None,
+            crash: None,
         }
     }
 
@@ -276,6 +280,15 @@ impl Scheduler {
     /// The scheduler's owner id.
     pub fn owner(&self) -> &str {
         &self.config.owner
+    }
+
+    /// Whether this instance crashes (test hook) at `point` of an attempt of `step`, or
+    /// crashed before: the caller then stops without writing anything.
+    fn crashes(&self, point: crate::crash::CrashPoint, step: &str) -> bool {
+        self.config
+            .crash
+            .as_deref()
+            .is_some_and(|c| c.hit(point, step))
     }
 }
 

@@ -87,7 +87,7 @@ impl Store {
                ORDER BY aging_from LIMIT $2 {lock}) AS q \
              WHERE s.id = q.id \
                AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $3 AND holder = $4 \
-                 AND term = $5 AND expires_at > {{now}})",
+                 AND term = $5 AND expires_at > {{wall_now}})",
             max = PRIORITY_MAX,
             lock = self.claim_lock(),
         )

@@ -276,7 +276,7 @@ impl StoreTx<'_> {
                     f.term.into(),
                 ]);
                 " AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $2 AND holder = $3 \
-                   AND term = $4 AND expires_at > {now})"
+                   AND term = $4 AND expires_at > {wall_now})"
             }
             None => "",
         };

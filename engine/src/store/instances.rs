@@ -1,4 +1,5 @@
-//! Engine instances: a row per instance id, heartbeaten on the database clock. An instance
+//! Engine instances: a row per instance id, heartbeaten on the database's wall clock
+//! (`{wall_now}`: a test clock's offset does not apply to liveness). An instance
 //! whose heartbeat is older than the configured staleness is dead (crashed, frozen, or
 //! stopped): the supervisor leader releases what it held, as interruptions, and may take
 //! over a leader lease it held.
@@ -43,7 +44,7 @@ impl Store {
             .exec
             .query_all(self.stmt(
                 "SELECT id, incarnation, started_at, heartbeat_at, stopped_at, \
-                 {now} - heartbeat_at AS silent_ms FROM sagaflow_instances ORDER BY id",
+                 {wall_now} - heartbeat_at AS silent_ms FROM sagaflow_instances ORDER BY id",
                 vec![],
             ))
             .await?;
@@ -70,7 +71,7 @@ impl Store {
         let before = self
             .exec
             .query_one(self.stmt(
-                "SELECT {now} - heartbeat_at AS silent FROM sagaflow_instances WHERE id = $1",
+                "SELECT {wall_now} - heartbeat_at AS silent FROM sagaflow_instances WHERE id = $1",
                 vec![id.to_owned().into()],
             ))
             .await?
@@ -79,9 +80,9 @@ impl Store {
         self.exec
             .execute(self.stmt(
                 "INSERT INTO sagaflow_instances (id, incarnation, started_at, heartbeat_at) \
-                 VALUES ($1, $2, {now}, {now}) \
-                 ON CONFLICT (id) DO UPDATE SET incarnation = $2, started_at = {now}, \
-                   heartbeat_at = {now}, stopped_at = NULL",
+                 VALUES ($1, $2, {wall_now}, {wall_now}) \
+                 ON CONFLICT (id) DO UPDATE SET incarnation = $2, started_at = {wall_now}, \
+                   heartbeat_at = {wall_now}, stopped_at = NULL",
                 vec![id.to_owned().into(), incarnation.to_owned().into()],
             ))
             .await?;
@@ -99,7 +100,7 @@ impl Store {
         let res = self
             .exec
             .execute(self.stmt(
-                "UPDATE sagaflow_instances SET heartbeat_at = {now} WHERE id = $1 AND incarnation = $2",
+                "UPDATE sagaflow_instances SET heartbeat_at = {wall_now} WHERE id = $1 AND incarnation = $2",
                 vec![id.to_owned().into(), incarnation.to_owned().into()],
             ))
             .await?;
@@ -113,7 +114,7 @@ impl Store {
     pub async fn instance_stop(&self, id: &str, incarnation: &str) -> Result<()> {
         self.exec
             .execute(self.stmt(
-                "UPDATE sagaflow_instances SET heartbeat_at = 0, stopped_at = {now} \
+                "UPDATE sagaflow_instances SET heartbeat_at = 0, stopped_at = {wall_now} \
                  WHERE id = $1 AND incarnation = $2",
                 vec![id.to_owned().into(), incarnation.to_owned().into()],
             ))
@@ -129,7 +130,7 @@ impl Store {
         let res = self
             .exec
             .execute(self.stmt(
-                "DELETE FROM sagaflow_instances WHERE heartbeat_at < {now} - $1 \
+                "DELETE FROM sagaflow_instances WHERE heartbeat_at < {wall_now} - $1 \
                  AND NOT EXISTS (SELECT 1 FROM sagaflow_steps \
                    WHERE state IN ('running', 'compensating') AND locked_by = sagaflow_instances.id)",
                 vec![older_than_ms.into()],

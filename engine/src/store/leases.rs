@@ -1,5 +1,6 @@
 //! Leader leases (LE-1..3): a row per lease with a holder, a term and an expiry on the
-//! database clock. Every supervisor write is fenced by `(holder, term)`. The row also records
+//! database's wall clock (`{wall_now}`: a test clock's offset does not apply, so moving it
+//! expires no lease). Every supervisor write is fenced by `(holder, term)`. The row also records
 //! when the leader's last sweep completed (`last_sweep_at`), so followers can tell a leader
 //! that renews but no longer works (LE-3).
 
@@ -88,12 +89,12 @@ impl Store {
         let row = self
             .exec
             .query_one(self.stmt(
-                "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {now} + $3, \
+                "UPDATE sagaflow_leases SET holder = $2, term = term + 1, expires_at = {wall_now} + $3, \
                    last_sweep_at = CASE WHEN last_sweep_at IS NULL \
-                     OR ($5 >= 0 AND expires_at < {now} - $5) THEN {now} ELSE last_sweep_at END \
-                 WHERE name = $1 AND (holder IS NULL OR expires_at <= {now} OR holder = $2 \
+                     OR ($5 >= 0 AND expires_at < {wall_now} - $5) THEN {wall_now} ELSE last_sweep_at END \
+                 WHERE name = $1 AND (holder IS NULL OR expires_at <= {wall_now} OR holder = $2 \
                    OR ($4 >= 0 AND holder IN \
-                     (SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $4))) \
+                     (SELECT id FROM sagaflow_instances WHERE heartbeat_at < {wall_now} - $4))) \
                  RETURNING term",
                 vec![
                     name.to_owned().into(),
@@ -122,8 +123,8 @@ impl Store {
         let res = self
             .exec
             .execute(self.stmt(
-                "UPDATE sagaflow_leases SET expires_at = {now} + $4 \
-                 WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
+                "UPDATE sagaflow_leases SET expires_at = {wall_now} + $4 \
+                 WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {wall_now}",
                 vec![
                     fence.name.clone().into(),
                     fence.holder.clone().into(),
@@ -143,7 +144,7 @@ impl Store {
     pub async fn leader_release(&self, fence: &LeaderFence) -> Result<()> {
         self.exec
             .execute(self.stmt(
-                "UPDATE sagaflow_leases SET holder = NULL, expires_at = {now} \
+                "UPDATE sagaflow_leases SET holder = NULL, expires_at = {wall_now} \
                  WHERE name = $1 AND holder = $2 AND term = $3",
                 vec![
                     fence.name.clone().into(),
@@ -164,8 +165,8 @@ impl Store {
         let res = self
             .exec
             .execute(self.stmt(
-                "UPDATE sagaflow_leases SET last_sweep_at = {now} \
-                 WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {now}",
+                "UPDATE sagaflow_leases SET last_sweep_at = {wall_now} \
+                 WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > {wall_now}",
                 vec![
                     fence.name.clone().into(),
                     fence.holder.clone().into(),
@@ -186,8 +187,8 @@ impl Store {
         let row = self
             .exec
             .query_one(self.stmt(
-                "SELECT CASE WHEN expires_at > {now} THEN holder END AS holder, term, \
-                   {now} - last_sweep_at AS since_sweep_ms \
+                "SELECT CASE WHEN expires_at > {wall_now} THEN holder END AS holder, term, \
+                   {wall_now} - last_sweep_at AS since_sweep_ms \
                  FROM sagaflow_leases WHERE name = $1 AND last_sweep_at IS NOT NULL",
                 vec![name.to_owned().into()],
             ))
@@ -210,7 +211,7 @@ impl Store {
         let row = self
             .exec
             .query_one(self.stmt(
-                "SELECT holder, term FROM sagaflow_leases WHERE name = $1 AND holder IS NOT NULL AND expires_at > {now}",
+                "SELECT holder, term FROM sagaflow_leases WHERE name = $1 AND holder IS NOT NULL AND expires_at > {wall_now}",
                 vec![name.to_owned().into()],
             ))
             .await?;
@@ -230,7 +231,7 @@ impl Store {
     /// step's state and attempt make a stale leader's late write match nothing.
     pub(super) async fn fence_check(&self, txn: &Txn, fence: &LeaderFence) -> Result<()> {
         let sql = "SELECT term FROM sagaflow_leases WHERE name = $1 AND holder = $2 AND term = $3 \
-                   AND expires_at > {now}";
+                   AND expires_at > {wall_now}";
         let row = txn
             .query_one(self.stmt(
                 sql,

@@ -1,4 +1,5 @@
-//! Statement building for both backends: the `{now}` clock token and `$n` placeholders
+//! Statement building for both backends: the `{now}` and `{wall_now}` clock tokens and `$n`
+//! placeholders
 //! ([`Store::stmt`]), the claim's lock clause, IN lists and many-row sources bound as one
 //! parameter, and the JSON encoding of bound values they rely on.
 
@@ -143,10 +144,22 @@ impl Store {
         }
     }
 
-    /// Builds a statement from SQL written with `$n` placeholders and `{now}` for the database
-    /// clock. SQLite reads `$n` as a *named* parameter, so placeholders become `?n`, which
-    /// SQLite binds by number.
+    /// Builds a statement from SQL written with `$n` placeholders, `{now}` for the database
+    /// clock and `{wall_now}` for the same clock without a test clock's offset. SQLite reads
+    /// `$n` as a *named* parameter, so placeholders become `?n`, which SQLite binds by number.
+    ///
+    /// `{now}` is business time: deadlines, backoff, scheduled starts, windows, retention.
+    /// `{wall_now}` judges whether a process is alive (instance heartbeats, leader leases and
+    /// the leader's sweep progress): a test that moves its clock by hours must not make every
+    /// live instance look dead, so those columns are written and compared on the wall clock.
     pub(super) fn stmt(&self, sql: &str, values: Vec<Value>) -> Statement {
+        let wall;
+        let sql = if sql.contains("{wall_now}") {
+            wall = sql.replace("{wall_now}", self.now_sql());
+            wall.as_str()
+        } else {
+            sql
+        };
         let sql = match self.clock.as_ref().map(crate::clock::TestClock::offset_ms) {
             None | Some(0) => sql.replace("{now}", self.now_sql()),
             Some(offset) => sql.replace("{now}", &format!("({} + {offset})", self.now_sql())),

@@ -387,7 +387,7 @@ impl Store {
         let dead: Vec<String> = self
             .exec
             .query_all(self.stmt(
-                "SELECT id FROM sagaflow_instances WHERE heartbeat_at < {now} - $1",
+                "SELECT id FROM sagaflow_instances WHERE heartbeat_at < {wall_now} - $1",
                 vec![stale_after_ms.into()],
             ))
             .await?

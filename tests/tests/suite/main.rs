@@ -41,6 +41,7 @@ mod serve;
 mod shutdown;
 mod submission;
 mod supervisor;
+mod testkit_harness;
 mod trace;
 mod travel;
 mod waits;
