@@ -176,7 +176,7 @@ impl Engine {
             signals.clone(),
             cancel.clone(),
         ));
-        Ok(Self {
+        let engine = Self {
             inner: Arc::new(Inner {
                 store,
                 registry,
@@ -192,7 +192,11 @@ impl Engine {
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 admin_addr: std::sync::OnceLock::new(),
             }),
-        })
+        };
+        if let Some(s) = &engine.inner.supervisor {
+            s.set_schedule_starter(crate::schedule::starter(&engine));
+        }
+        Ok(engine)
     }
 
     /// The overview figures of a console: the queue (due, scheduled, running steps), the

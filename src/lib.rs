@@ -58,6 +58,7 @@ mod instance;
 mod limits;
 pub mod metrics;
 mod operator;
+mod schedule;
 mod start;
 mod submit;
 pub mod webhook;
@@ -72,6 +73,7 @@ pub use engine::{Engine, Health, SupervisorStatus};
 pub use limits::{describe_limits, describe_state};
 pub use operator::Operator;
 pub use sagaflow_engine::clock::TestClock;
+pub use sagaflow_engine::cron::{MissedTicks, Schedule, ScheduleView};
 pub use sagaflow_engine::resource::{
     Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
     ResourceView, Window, Windows,

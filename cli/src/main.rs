@@ -19,6 +19,7 @@ mod overview;
 mod purge;
 mod resources;
 mod runs;
+mod schedules;
 mod schema;
 mod serve;
 
@@ -119,6 +120,12 @@ enum Command {
     Resources {
         #[command(subcommand)]
         command: Option<resources::ResourcesCommand>,
+    },
+    /// Lists the recurring schedules with their next tick (the default), or pauses or
+    /// resumes one on every instance.
+    Schedules {
+        #[command(subcommand)]
+        command: Option<schedules::SchedulesCommand>,
     },
     /// The queue: steps ready, scheduled and running and the oldest wait, in all and per
     /// workflow; runs per workflow and state; recent throughput.
@@ -244,6 +251,7 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
         }
         Command::Alerts(c) => alerts::alerts(engine, c, json).await,
         Command::Resources { command } => resources::resources(engine, command, json).await,
+        Command::Schedules { command } => schedules::schedules(engine, command, json).await,
         Command::Queue => overview::queue(engine, json).await,
         Command::Definitions => overview::definitions(engine, json).await,
         Command::Purge {

@@ -10,6 +10,7 @@ mod outcome;
 mod state;
 
 pub mod clock;
+pub mod cron;
 pub mod definition;
 pub mod metrics;
 pub mod operator;

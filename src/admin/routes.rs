@@ -59,6 +59,9 @@ api_routes! {
     get "/api/v1/resources" => super::resources::resources,
     put "/api/v1/resources/{name}/limits" => super::resources::set_limits,
     delete "/api/v1/resources/{name}/limits" => super::resources::clear_limits,
+    get "/api/v1/schedules" => super::schedules::schedules,
+    post "/api/v1/schedules/{name}/pause" => super::schedules::pause,
+    post "/api/v1/schedules/{name}/resume" => super::schedules::resume,
     get "/api/v1/openapi.json" => super::openapi::openapi_json,
     get "/metrics" => super::scrape::metrics,
 }
@@ -70,7 +73,7 @@ api_routes! {
         title = "sagaflow HTTP API",
         description = "Start workflow runs, follow and read them, take operator actions, read \
                        alerts and statistics, read and override the limits of remote \
-                       resources. Answers are JSON; an error answer is an \
+                       resources, read, pause and resume recurring schedules. Answers are JSON; an error answer is an \
                        `ErrorBody`."
     ),
     paths(
@@ -89,6 +92,9 @@ api_routes! {
         super::resources::resources,
         super::resources::set_limits,
         super::resources::clear_limits,
+        super::schedules::schedules,
+        super::schedules::pause,
+        super::schedules::resume,
         stats,
         super::openapi::openapi_json,
         super::scrape::metrics,

@@ -41,6 +41,7 @@ mod serve;
 mod shutdown;
 mod submission;
 mod supervisor;
+mod timer_cron;
 mod trace;
 mod travel;
 mod wakeups;
