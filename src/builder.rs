@@ -26,6 +26,7 @@ pub struct EngineBuilder {
     errors: Vec<Error>,
     sinks: Vec<Arc<dyn AlertSink>>,
     resources: Vec<Resource>,
+    schedules: Vec<sagaflow_engine::cron::Schedule>,
     pub(crate) scheduler: SchedulerConfig,
     pub(crate) supervisor: SupervisorConfig,
     run_supervisor: bool,
@@ -57,6 +58,7 @@ impl Default for EngineBuilder {
             errors: Vec::new(),
             sinks: vec![Arc::new(LogSink)],
             resources: Vec::new(),
+            schedules: Vec::new(),
             scheduler: SchedulerConfig::new(id.clone()),
             supervisor: SupervisorConfig::new(id),
             run_supervisor: true,
@@ -349,6 +351,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Starts a workflow on the ticks of a recurring schedule (see [`crate::Schedule`]): the
+    /// supervisor leader fires each tick once across the fleet, missed ticks as the
+    /// schedule's policy says. The schedule is written to the database when the engine
+    /// starts (the code is the truth: its next tick is kept while its expression and zone
+    /// stay the same). [`EngineBuilder::start`] fails with [`Error::InvalidSchedule`] for a
+    /// workflow this engine does not know, an input its schema refuses, or a name used twice.
+    pub fn with_schedule(mut self, schedule: sagaflow_engine::cron::Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// Whether this instance takes part in supervisor leader election (default: yes).
     pub fn with_supervisor(mut self, on: bool) -> Self {
         self.run_supervisor = on;
@@ -456,6 +469,7 @@ impl EngineBuilder {
                 }
             }
         }
+        crate::schedule::check(&self.schedules, &self.registry, self.published)?;
         self.scheduler.validate()?;
         self.supervisor.validate()?;
         if self.max_input_bytes == 0 {
@@ -520,6 +534,7 @@ impl EngineBuilder {
             .definitions_publish(descriptions, &self.scheduler.owner)
             .await?;
         store.resources_publish(&self.resources).await?;
+        store.schedules_publish(&self.schedules).await?;
         let heartbeat = if self.workers {
             let incarnation = uuid::Uuid::new_v4().simple().to_string();
             crate::instance::register(

@@ -186,7 +186,7 @@ impl Engine {
             signals.clone(),
             cancel.clone(),
         ));
-        Ok(Self {
+        let engine = Self {
             inner: Arc::new(Inner {
                 store,
                 registry,
@@ -203,7 +203,11 @@ impl Engine {
                 admin_addr: std::sync::OnceLock::new(),
                 crash,
             }),
-        })
+        };
+        if let Some(s) = &engine.inner.supervisor {
+            s.set_schedule_starter(crate::schedule::starter(&engine));
+        }
+        Ok(engine)
     }
 
     /// The overview figures of a console: the queue (due, scheduled, running steps), the

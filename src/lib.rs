@@ -59,6 +59,7 @@ mod instance;
 mod limits;
 pub mod metrics;
 mod operator;
+mod schedule;
 mod start;
 mod submit;
 pub mod webhook;
@@ -77,6 +78,7 @@ pub use sagaflow_engine::clock::TestClock;
 #[doc(hidden)]
 pub use sagaflow_engine::crash::CrashHook;
 pub use sagaflow_engine::crash::CrashPoint;
+pub use sagaflow_engine::cron::{MissedTicks, Schedule, ScheduleView};
 pub use sagaflow_engine::resource::{
     Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
     ResourceView, Window, Windows,

@@ -331,7 +331,7 @@ impl Engine {
     }
 
     /// Validates a submission and builds its rows.
-    async fn prepare<I: Serialize>(
+    pub(crate) async fn prepare<I: Serialize>(
         &self,
         workflow: &str,
         input: &I,

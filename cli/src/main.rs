@@ -19,6 +19,7 @@ mod overview;
 mod purge;
 mod resources;
 mod runs;
+mod schedules;
 mod schema;
 mod serve;
 mod waits;
@@ -130,6 +131,12 @@ enum Command {
         /// Only this run's.
         #[arg(long, value_name = "ID")]
         run: Option<Uuid>,
+    },
+    /// Lists the recurring schedules with their next tick (the default), or pauses or
+    /// resumes one on every instance.
+    Schedules {
+        #[command(subcommand)]
+        command: Option<schedules::SchedulesCommand>,
     },
     /// The queue: steps ready, scheduled and running and the oldest wait, in all and per
     /// workflow; runs per workflow and state; recent throughput.
@@ -257,6 +264,7 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
         Command::Resources { command } => resources::resources(engine, command, json).await,
         Command::SendEvent(args) => waits::send_event(engine, args, json).await,
         Command::Waiting { run } => waits::waiting(engine, run, json).await,
+        Command::Schedules { command } => schedules::schedules(engine, command, json).await,
         Command::Queue => overview::queue(engine, json).await,
         Command::Definitions => overview::definitions(engine, json).await,
         Command::Purge {

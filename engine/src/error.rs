@@ -201,6 +201,20 @@ pub enum Error {
         /// Migrations it has that this release does not know.
         unknown: Vec<String>,
     },
+
+    /// A recurring schedule is invalid: its cron expression, its time zone, its input, or a
+    /// workflow the engine does not know; the message says which.
+    #[error("invalid schedule `{name}`: {reason}")]
+    InvalidSchedule {
+        /// Schedule name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// No schedule with this name is stored.
+    #[error("schedule `{0}` not found")]
+    ScheduleNotFound(String),
 }
 
 /// Says what a [`Error::SchemaOutOfDate`] lacks or has in excess.

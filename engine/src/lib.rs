@@ -11,6 +11,7 @@ mod state;
 
 pub mod clock;
 pub mod crash;
+pub mod cron;
 pub mod definition;
 pub mod metrics;
 pub mod operator;

@@ -57,6 +57,7 @@ mod m0013_resources;
 mod m0014_resource_state;
 mod m0015_retry_lane_and_aging;
 mod m0016_waits;
+mod m0017_schedules;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -95,6 +96,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0014_resource_state::Migration),
             Box::new(m0015_retry_lane_and_aging::Migration),
             Box::new(m0016_waits::Migration),
+            Box::new(m0017_schedules::Migration),
         ]
     }
 

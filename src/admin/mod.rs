@@ -21,6 +21,9 @@
 //! | `GET /api/v1/resources` | read | the remote resources: limits in force, the code's defaults, the operator's override (who, why), attempts in flight and steps waiting ([`Engine::resources`]) |
 //! | `PUT /api/v1/resources/{name}/limits` | operator | overrides a resource's limits for every instance (`{"limits": ResourceLimits, "reason": "…"}`), stored with `api:<token name>` and the reason; 400 `invalid_limits` with why, 404 `resource_not_found` |
 //! | `DELETE /api/v1/resources/{name}/limits` | operator | clears the override (`{"reason": "…"}`): the code's limits apply again; 404 `resource_not_found` |
+//! | `GET /api/v1/schedules` | read | the recurring schedules: workflow, cron expression, zone, next tick, last firing and run, an operator's pause (who, why) ([`Engine::schedules`]) |
+//! | `POST /api/v1/schedules/{name}/pause` | operator | pauses a schedule on every instance (`{"reason": "…"}`), stored with `api:<token name>` and the reason; 404 `schedule_not_found` |
+//! | `POST /api/v1/schedules/{name}/resume` | operator | resumes it at its first tick after now (`{"reason": "…"}`), logged with `api:<token name>`; 404 `schedule_not_found` |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
 //! | `GET /api/v1/openapi.json` | read | this API as an OpenAPI 3.1 document, generated from the code |
 //! | `GET /metrics` | read | the engine's metrics in the Prometheus text format ([`crate::metrics`]); 501 when the process installed no Prometheus recorder |
@@ -35,6 +38,7 @@ mod events;
 mod openapi;
 mod resources;
 mod routes;
+mod schedules;
 mod scrape;
 pub(crate) mod serve;
 mod token_file;

@@ -62,6 +62,9 @@ api_routes! {
     post "/api/v1/runs/{id}/events/{name}" => super::waits::send_event,
     post "/api/v1/workflows/{workflow}/keys/{key}/events/{name}" => super::waits::send_event_by_key,
     get "/api/v1/waiting" => super::waits::waiting,
+    get "/api/v1/schedules" => super::schedules::schedules,
+    post "/api/v1/schedules/{name}/pause" => super::schedules::pause,
+    post "/api/v1/schedules/{name}/resume" => super::schedules::resume,
     get "/api/v1/openapi.json" => super::openapi::openapi_json,
     get "/metrics" => super::scrape::metrics,
 }
@@ -73,7 +76,7 @@ api_routes! {
         title = "sagaflow HTTP API",
         description = "Start workflow runs, follow and read them, take operator actions, read \
                        alerts and statistics, read and override the limits of remote \
-                       resources. Answers are JSON; an error answer is an \
+                       resources, read, pause and resume recurring schedules. Answers are JSON; an error answer is an \
                        `ErrorBody`."
     ),
     paths(
@@ -96,6 +99,9 @@ api_routes! {
         super::waits::send_event_by_key,
         super::waits::callback,
         super::waits::waiting,
+        super::schedules::schedules,
+        super::schedules::pause,
+        super::schedules::resume,
         stats,
         super::openapi::openapi_json,
         super::scrape::metrics,

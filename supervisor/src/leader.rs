@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::SupervisorConfig;
 use crate::service::{LeaderContext, MaintenanceService, millis, run_service};
+use crate::services::schedules::{ScheduleStarter, StarterSlot};
 use crate::services::{Rescue, maintenance_services};
 use crate::stall::StallWatch;
 use crate::stats::{Counters, SupervisorStats};
@@ -40,6 +41,8 @@ pub struct Supervisor {
     /// What the leader starts each term.
     services: Vec<Arc<dyn MaintenanceService>>,
     stats: Arc<Counters>,
+    /// What builds the runs of recurring schedules, once the engine gives it.
+    starter: StarterSlot,
 }
 
 impl Supervisor {
@@ -50,7 +53,8 @@ impl Supervisor {
     pub fn new(store: Store, signals: Arc<Signals>, config: SupervisorConfig) -> Result<Self> {
         config.validate()?;
         let rescue = Arc::new(Rescue::default());
-        let services = maintenance_services(&config, rescue.clone(), &signals);
+        let starter = StarterSlot::default();
+        let services = maintenance_services(&config, rescue.clone(), &signals, &starter);
         Ok(Self {
             store,
             signals,
@@ -59,7 +63,14 @@ impl Supervisor {
             rescue,
             services,
             stats: Arc::default(),
+            starter,
         })
+    }
+
+    /// Gives the schedules service what builds the runs of recurring schedules (the engine,
+    /// once it exists); no schedule fires before. Only the first call counts.
+    pub fn set_schedule_starter(&self, starter: Arc<dyn ScheduleStarter>) {
+        let _ = self.starter.set(starter);
     }
 
     /// Spawns the election loop: try to lead; while leading, renew and run the maintenance

@@ -19,6 +19,9 @@
 //!   [`SupervisorConfig::priority_aging`] period they wait, so that low priorities progress
 //!   under a sustained load of higher ones.
 //!
+//! - **schedules** (`services/schedules.rs`): fires the recurring schedules that are due, each
+//!   tick once across instances and failovers, missed ticks as the schedule's policy says.
+//!
 //! Adding a service is one file in `services/` implementing the crate's `MaintenanceService`
 //! trait (`service.rs`) and one line in `services/mod.rs`. The supervisor knows no business
 //! logic and never compensates itself; it detects and requests. The services are cancelled
@@ -48,4 +51,5 @@ pub use config::{
 #[doc(hidden)]
 pub use gate::SweepGate;
 pub use leader::Supervisor;
+pub use services::schedules::ScheduleStarter;
 pub use stats::SupervisorStats;

@@ -18,6 +18,7 @@ mod live;
 mod pages;
 mod resources;
 mod run;
+mod schedules;
 mod session;
 mod view;
 mod waits;
@@ -71,6 +72,8 @@ where
         .route("/console/definitions", get(pages::definitions))
         .route("/console/resources", get(resources::page))
         .route("/console/resources/{name}/limits", post(resources::change))
+        .route("/console/schedules", get(schedules::page))
+        .route("/console/schedules/{name}/{op}", post(schedules::change))
         .route("/console/fragments/overview", get(pages::overview_fragment))
         .route("/console/fragments/runs", get(pages::runs_fragment))
         .route("/console/fragments/alerts", get(pages::alerts_fragment))

@@ -14,6 +14,7 @@ pub(crate) mod queue;
 pub(crate) mod rescue;
 pub(crate) mod retention;
 pub(crate) mod timers;
+pub(crate) mod schedules;
 
 pub(crate) use rescue::Rescue;
 
@@ -23,6 +24,7 @@ pub(crate) fn maintenance_services(
     config: &SupervisorConfig,
     rescue: Arc<Rescue>,
     signals: &Arc<Signals>,
+    starter: &schedules::StarterSlot,
 ) -> Vec<Arc<dyn MaintenanceService>> {
     let mut services: Vec<Arc<dyn MaintenanceService>> =
         vec![rescue, Arc::new(delivery::Delivery::new(signals.clone()))];
@@ -30,5 +32,6 @@ pub(crate) fn maintenance_services(
     services.extend(aging::Aging::from_config(config).map(|s| Arc::new(s) as _));
     services.push(Arc::new(queue::QueueWatch::new(config)));
     services.push(Arc::new(timers::Timers));
+    services.push(Arc::new(schedules::Schedules::new(starter.clone())));
     services
 }

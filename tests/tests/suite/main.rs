@@ -42,6 +42,7 @@ mod shutdown;
 mod submission;
 mod supervisor;
 mod testkit_harness;
+mod timer_cron;
 mod trace;
 mod travel;
 mod waits;
