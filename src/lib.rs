@@ -53,6 +53,7 @@
 
 pub mod admin;
 mod builder;
+mod correction;
 mod engine;
 mod instance;
 mod limits;

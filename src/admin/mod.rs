@@ -32,6 +32,7 @@ mod answers;
 mod auth;
 mod console;
 mod events;
+mod input;
 mod openapi;
 mod resources;
 mod routes;

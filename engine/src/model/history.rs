@@ -51,6 +51,9 @@ pub enum HistoryKind {
     OperatorMarkCompensated,
     /// An operator released a set-aside run.
     OperatorRelease,
+    /// An operator replaced the run's input (the detail keeps the old one and the new one)
+    /// and resumed it.
+    OperatorReplaceInput,
     /// An event this version does not know (written by a newer one).
     #[strum(default)]
     Other(String),

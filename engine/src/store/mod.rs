@@ -33,6 +33,7 @@ mod outbox;
 mod plans;
 mod postgres;
 mod resources;
+mod rewrite;
 mod row;
 mod rows;
 mod runs;

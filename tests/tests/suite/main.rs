@@ -26,6 +26,7 @@ mod flow_control;
 mod flow_control_gates;
 mod frozen;
 mod http_agent;
+mod input_correction;
 mod interruption;
 mod list;
 mod metrics;
