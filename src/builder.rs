@@ -34,6 +34,7 @@ pub struct EngineBuilder {
     max_input_bytes: usize,
     heartbeat_every: Duration,
     pub(crate) admin: Option<(std::net::SocketAddr, crate::admin::AdminConfig)>,
+    pub(crate) migrations: Vec<sagaflow_engine::migration::Migration>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -65,6 +66,7 @@ impl Default for EngineBuilder {
             max_input_bytes: MAX_INPUT_DEFAULT,
             heartbeat_every: HEARTBEAT_INTERVAL_DEFAULT,
             admin: None,
+            migrations: Vec::new(),
         }
     }
 }
@@ -439,6 +441,7 @@ impl EngineBuilder {
                 }
             }
         }
+        crate::migrate::check(&self.migrations, &self.registry)?;
         self.scheduler.validate()?;
         self.supervisor.validate()?;
         if self.max_input_bytes == 0 {
@@ -483,6 +486,7 @@ impl EngineBuilder {
             self.published,
             self.max_input_bytes,
         )?;
+        let _ = engine.inner.migrations.set(self.migrations);
         for a in &changed {
             engine.deliver_alert(a);
         }

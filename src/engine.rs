@@ -100,6 +100,8 @@ pub(crate) struct Inner {
     pub(crate) stopped: std::sync::atomic::AtomicBool,
     /// Where the API served by [`EngineBuilder::with_admin`] listens.
     pub(crate) admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The migrations between versions ([`EngineBuilder::with_migration`]), set once started.
+    pub(crate) migrations: std::sync::OnceLock<Vec<sagaflow_engine::migration::Migration>>,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -191,6 +193,7 @@ impl Engine {
                 incarnation: heartbeat.map(|(i, _)| i),
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 admin_addr: std::sync::OnceLock::new(),
+                migrations: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -12,6 +12,7 @@ mod state;
 pub mod clock;
 pub mod definition;
 pub mod metrics;
+pub mod migration;
 pub mod operator;
 pub mod protocol;
 pub mod resource;

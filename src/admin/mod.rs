@@ -33,6 +33,7 @@ mod auth;
 mod console;
 mod events;
 mod input;
+mod migrations;
 mod openapi;
 mod resources;
 mod routes;

@@ -54,6 +54,9 @@ pub enum HistoryKind {
     /// An operator replaced the run's input (the detail keeps the old one and the new one)
     /// and resumed it.
     OperatorReplaceInput,
+    /// The run moved to another version of its workflow (the detail has `from`, `to` and the
+    /// steps that changed).
+    Migrated,
     /// An event this version does not know (written by a newer one).
     #[strum(default)]
     Other(String),

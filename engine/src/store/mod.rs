@@ -66,6 +66,7 @@ pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
 pub use resources::{ResourceClaim, ResourceOutcomes};
+pub use rewrite::{MigrationWrite, StepInsert, StepUpdate};
 pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub(crate) use rows::phase_attempts;

@@ -30,6 +30,7 @@ mod input_correction;
 mod interruption;
 mod list;
 mod metrics;
+mod migrate;
 mod openapi;
 mod operator;
 mod pause;
