@@ -35,6 +35,7 @@ pub struct EngineBuilder {
     max_input_bytes: usize,
     heartbeat_every: Duration,
     pub(crate) admin: Option<(std::net::SocketAddr, crate::admin::AdminConfig)>,
+    pub(crate) migrations: Vec<sagaflow_engine::migration::Migration>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -67,6 +68,7 @@ impl Default for EngineBuilder {
             max_input_bytes: MAX_INPUT_DEFAULT,
             heartbeat_every: HEARTBEAT_INTERVAL_DEFAULT,
             admin: None,
+            migrations: Vec::new(),
         }
     }
 }
@@ -470,6 +472,7 @@ impl EngineBuilder {
             }
         }
         crate::schedule::check(&self.schedules, &self.registry, self.published)?;
+        crate::migrate::check(&self.migrations, &self.registry)?;
         self.scheduler.validate()?;
         self.supervisor.validate()?;
         if self.max_input_bytes == 0 {
@@ -514,6 +517,7 @@ impl EngineBuilder {
             self.published,
             self.max_input_bytes,
         )?;
+        let _ = engine.inner.migrations.set(self.migrations);
         for a in &changed {
             engine.deliver_alert(a);
         }

@@ -102,6 +102,8 @@ pub(crate) struct Inner {
     pub(crate) admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// The crash hook of a test ([`EngineBuilder::with_crash_hook`]).
     pub(crate) crash: Option<Arc<sagaflow_engine::crash::CrashHook>>,
+    /// The migrations between versions ([`EngineBuilder::with_migration`]), set once started.
+    pub(crate) migrations: std::sync::OnceLock<Vec<sagaflow_engine::migration::Migration>>,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -202,6 +204,7 @@ impl Engine {
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 admin_addr: std::sync::OnceLock::new(),
                 crash,
+                migrations: std::sync::OnceLock::new(),
             }),
         };
         if let Some(s) = &engine.inner.supervisor {

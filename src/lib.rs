@@ -53,11 +53,13 @@
 
 pub mod admin;
 mod builder;
+mod correction;
 mod engine;
 mod events;
 mod instance;
 mod limits;
 pub mod metrics;
+mod migrate;
 mod operator;
 mod schedule;
 mod start;
@@ -104,6 +106,18 @@ pub use start::{
     OnDuplicate, PRIORITY_MAX, PRIORITY_MIN, START_AHEAD_MAX, StartOptions, StartTime, Started,
 };
 pub use webhook::WebhookSink;
+
+/// Moving in-flight runs from one version of their workflow to the next: register a
+/// [`Migration`](migration::Migration) with
+/// [`EngineBuilder::with_migration`](crate::EngineBuilder::with_migration), then
+/// [`Operator::migration_plan`](crate::Operator::migration_plan) (the dry run) and
+/// [`Operator::migrate`](crate::Operator::migrate).
+pub mod migration {
+    pub use sagaflow_engine::migration::{
+        MapFn, MigratingRun, MigratingStep, Migration, MigrationOutcome, MigrationPlan,
+        MigrationRefusal, RunMigration, StepMigration,
+    };
+}
 
 /// The engine's lower layers, for this project's own tests and tools (the `internals`
 /// feature). Not part of the product's API: no stability promise, absent from its listing.

@@ -205,7 +205,7 @@ impl Operator<'_> {
         Ok(again)
     }
 
-    fn after(&self, a: EvalApplied) -> RunState {
+    pub(crate) fn after(&self, a: EvalApplied) -> RunState {
         let signals = &self.engine.inner.signals;
         signals.publish(RunEvent {
             run_id: a.before.id,

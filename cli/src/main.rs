@@ -14,6 +14,7 @@ mod act;
 mod alerts;
 mod db;
 mod exit;
+mod input;
 mod output;
 mod overview;
 mod purge;

@@ -24,6 +24,13 @@ Examples:
         /// The run's id.
         run: Uuid,
     },
+    /// Replaces the input of a run that is paused or in error and resumes it (its failed
+    /// steps are retried with the new input).
+    #[command(after_help = "\
+Examples:
+  sagaflow runs set-input 0190c0de-... --input '{\"sku\": \"A-1\"}' --reason \"sku corrected\"
+  sagaflow runs set-input 0190c0de-... --input @fixed.json --reason \"address corrected\"")]
+    SetInput(crate::input::SetInputArgs),
 }
 
 /// The filters of `runs list`.
@@ -89,6 +96,7 @@ pub(crate) async fn runs(engine: &Engine, command: RunsCommand, json: bool) -> O
     match command {
         RunsCommand::List(args) => list(engine, args, json).await,
         RunsCommand::Show { run } => show(engine, run, json).await,
+        RunsCommand::SetInput(args) => crate::input::set_input(engine, &args, json).await,
     }
 }
 

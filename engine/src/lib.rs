@@ -14,6 +14,7 @@ pub mod crash;
 pub mod cron;
 pub mod definition;
 pub mod metrics;
+pub mod migration;
 pub mod operator;
 pub mod protocol;
 pub mod resource;

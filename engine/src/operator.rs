@@ -66,6 +66,20 @@ async fn act<F>(store: &Store, run_id: Uuid, audit: &Audit, plan: F) -> Result<E
 where
     F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
 {
+    act_with_input(store, run_id, audit, None, plan).await
+}
+
+/// [`act`], writing `input` as the run's new input in the same unit of work when given.
+async fn act_with_input<F>(
+    store: &Store,
+    run_id: Uuid,
+    audit: &Audit,
+    input: Option<&str>,
+    plan: F,
+) -> Result<EvalApplied>
+where
+    F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
+{
     let mut tx = store.begin().await?;
     let run = tx
         .lock_run_for_action(run_id)
@@ -81,6 +95,9 @@ where
     write.detail = audit.detail(write.detail.take());
     if write.resolve_alerts {
         write.resolution = Some(audit.resolution(write.event));
+    }
+    if let Some(input) = input {
+        tx.run_set_input(run_id, input).await?;
     }
     let plans = vec![(run, write)];
     let cancelled = crate::metrics::cancelled_runs(&plans);
@@ -238,4 +255,24 @@ pub async fn child_undo(store: &Store, parent_step: i64, audit: &Audit) -> Resul
         Ok(_) | Err(Error::ActionNotAllowed { .. }) => Ok(ChildUndo::Pending),
         Err(e) => Err(e),
     }
+}
+
+/// Replaces the input of a run that is `Paused` or in `Error` (set aside or not) with `input`
+/// (JSON text the caller checked against the run's workflow version) and resumes it: the
+/// failed steps of the phase it stopped in are retried, its parked steps are due again. The
+/// history event keeps the old input and the new one.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] for a run in any other state; [`Error::CorruptRow`] while a
+/// step row is damaged; [`Error::RunNotFound`]; [`Error::Db`].
+pub async fn replace_input(
+    store: &Store,
+    run_id: Uuid,
+    input: &str,
+    audit: &Audit,
+) -> Result<EvalApplied> {
+    act_with_input(store, run_id, audit, Some(input), |run, steps| {
+        decide::replace_input(run, steps, input)
+    })
+    .await
 }

@@ -35,6 +35,8 @@ mod answers;
 mod auth;
 mod console;
 mod events;
+mod input;
+mod migrations;
 mod openapi;
 mod resources;
 mod routes;

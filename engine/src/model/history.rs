@@ -63,6 +63,12 @@ pub enum HistoryKind {
     ChildStarted,
     /// The parent of this completed child run compensates it.
     ParentCompensates,
+    /// An operator replaced the run's input (the detail keeps the old one and the new one)
+    /// and resumed it.
+    OperatorReplaceInput,
+    /// The run moved to another version of its workflow (the detail has `from`, `to` and the
+    /// steps that changed).
+    Migrated,
     /// An event this version does not know (written by a newer one).
     #[strum(default)]
     Other(String),

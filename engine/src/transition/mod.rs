@@ -18,6 +18,7 @@ use crate::StepError;
 use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
 
 mod doc;
+pub mod migrate;
 pub mod operator;
 pub mod pause;
 mod run;

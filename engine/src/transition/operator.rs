@@ -355,3 +355,46 @@ pub fn release(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
 
 /// The error code of a run set aside for a damaged row (in the run's error envelope).
 pub const CORRUPT_ROW: &str = "corrupt_row";
+
+/// The history event of an operator's corrected input.
+pub const REPLACE_INPUT: &str = "operator_replace_input";
+
+/// Replaces the input of a run parked for an operator (`Paused`, or `Error`, set aside or
+/// not) and resumes it as [`resume`] or [`release`] would: the failed steps of the phase it
+/// stopped in are retried, its parked steps are due again. The history event keeps the old
+/// input and the new one (`old` and `new`, stored text; text that is not JSON is kept as a
+/// string). Writing the new input is the caller's part, in the same unit of work.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] unless the run is `Paused` or in `Error`.
+pub fn replace_input(run: &RunRow, steps: &[StepRow], new: &str) -> Result<PlanWrite> {
+    const ACTION: &str = "replace the input of";
+    let mut plan = match run.state {
+        RunState::Paused => resume(run, steps)?,
+        RunState::Error if is_set_aside(run) => release(run, steps)?,
+        RunState::Error => resume(run, steps)?,
+        other => {
+            return Err(not_allowed(
+                ACTION,
+                run,
+                format!("the run is {other}; only a paused run or one in error takes a new input"),
+            ));
+        }
+    };
+    let json = |text: &str| {
+        serde_json::from_str::<serde_json::Value>(text)
+            .unwrap_or_else(|_| serde_json::Value::String(text.to_owned()))
+    };
+    plan.event = REPLACE_INPUT;
+    plan.detail =
+        Some(serde_json::json!({ "old": json(&run.input), "new": json(new) }).to_string());
+    Ok(plan)
+}
+
+/// Whether `run` was set aside for a damaged row (its error code is [`CORRUPT_ROW`]).
+fn is_set_aside(run: &RunRow) -> bool {
+    run.error
+        .as_deref()
+        .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+        .is_some_and(|e| e["code"] == CORRUPT_ROW)
+}

@@ -14,6 +14,7 @@
 //!   file (`Content-Security-Policy` without inline script), and the pages refuse framing.
 
 mod graph;
+mod input;
 mod live;
 mod pages;
 mod resources;
@@ -66,6 +67,7 @@ where
         .route("/console/runs/{id}", get(run::page))
         .route("/console/runs/{id}/actions/{action}", post(run::act))
         .route("/console/runs/{id}/events", post(waits::send))
+        .route("/console/runs/{id}/input", post(input::set_input))
         .route("/console/alerts", get(pages::alerts))
         .route("/console/alerts/{id}/resolve", post(pages::resolve))
         .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))

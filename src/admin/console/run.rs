@@ -36,12 +36,15 @@ pub(super) async fn page(
     Query(notice): Query<Notice>,
 ) -> Response {
     let message = Action::parse(&notice.done)
-        .map(|a| flash("ok", &format!("Done: {}.", a.name().replace('_', " "))));
+        .map(|a| flash("ok", &format!("Done: {}.", a.name().replace('_', " "))))
+        .or_else(|| {
+            (notice.done == super::input::DONE).then(|| flash("ok", "Done: input replaced."))
+        });
     render(&c.admin.engine, &s, &id, message, StatusCode::OK).await
 }
 
 /// The page of run `id` with `message` above it, answered with `status`.
-async fn render(
+pub(super) async fn render(
     engine: &Engine,
     s: &Session,
     id: &str,
@@ -357,6 +360,9 @@ fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
                 }
                 @if set_aside {
                     (action_form(run.id, "release", None, "Release", s))
+                }
+                @if super::input::applies(run) {
+                    (super::input::form(run, s))
                 }
             }
         }

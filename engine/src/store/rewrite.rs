@@ -1,0 +1,176 @@
+//! Rewriting a run's stored data by hand: an operator's corrected input, and the move of an
+//! in-flight run to another version of its workflow. The transition module decides what
+//! changes; these statements only write it, in the caller's unit of work, on a run it
+//! locked.
+
+use sea_orm::Value;
+use uuid::Uuid;
+
+use super::row::Exec;
+use super::rows::RUN_COLS;
+use super::tx::HistoryEntry;
+use super::{NewStep, RunRow, StoreTx};
+use crate::{Result, StepState};
+
+impl StoreTx<'_> {
+    /// Replaces the stored input of run `id` (locked by this transaction).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn run_set_input(&mut self, id: Uuid, input: &str) -> Result<()> {
+        let s = self.store;
+        let sql = "UPDATE sagaflow_runs SET input = $1, updated_at = {now} WHERE id = $2";
+        let values: Vec<Value> = vec![input.into(), id.into()];
+        self.txn.execute(s.stmt(sql, values)).await?;
+        Ok(())
+    }
+
+    /// Records an event of run `id` in its history, written at commit.
+    pub fn history_push(
+        &mut self,
+        id: Uuid,
+        step: Option<&str>,
+        event: &str,
+        actor: &str,
+        detail: Option<String>,
+    ) {
+        self.history.push(HistoryEntry {
+            run_id: id,
+            step: step.map(str::to_owned),
+            event: event.to_owned(),
+            from: None,
+            to: None,
+            attempt: None,
+            actor: actor.to_owned(),
+            detail,
+        });
+    }
+}
+
+/// A kept step of a migrated run: its state and output under the new version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepUpdate {
+    /// Row id.
+    pub id: i64,
+    /// Its state.
+    pub state: StepState,
+    /// Its output JSON.
+    pub output: Option<String>,
+}
+
+/// A step new in the version a run migrates to.
+#[derive(Debug, Clone)]
+pub struct StepInsert {
+    /// Its state (`not_started` unless the mapping said otherwise).
+    pub state: StepState,
+    /// Its output JSON.
+    pub output: Option<String>,
+    /// Its settings, from the new version.
+    pub step: NewStep,
+}
+
+/// What migrating one run writes (decided by [`crate::transition::migrate`]).
+#[derive(Debug, Clone)]
+pub struct MigrationWrite {
+    /// The run.
+    pub run_id: Uuid,
+    /// The version it moves to.
+    pub version: i32,
+    /// Its new `name@version`.
+    pub workflow_key: String,
+    /// Its new input JSON, when the mapping changed it.
+    pub input: Option<String>,
+    /// Its kept steps.
+    pub update: Vec<StepUpdate>,
+    /// The rows of its dropped steps.
+    pub delete: Vec<i64>,
+    /// Its new steps.
+    pub insert: Vec<StepInsert>,
+}
+
+impl StoreTx<'_> {
+    /// The unfinished runs of `name@version` (`key`), oldest first.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`]; [`crate::Error::CorruptRow`] for a run row that does not decode.
+    pub async fn runs_unfinished_of(&self, key: &str) -> Result<Vec<RunRow>> {
+        let s = self.store;
+        let sql = format!(
+            "SELECT {RUN_COLS} FROM sagaflow_runs WHERE workflow_key = $1 AND finished_at IS NULL \
+             ORDER BY created_at, id"
+        );
+        let rows = self.txn.query_all(s.stmt(&sql, vec![key.into()])).await?;
+        rows.iter().map(RunRow::decode).collect()
+    }
+
+    /// Ends the unit of work without writing anything.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn rollback(self) -> Result<()> {
+        self.txn.rollback().await?;
+        Ok(())
+    }
+
+    /// Writes a decided migration of a run this transaction locked: the run re-pinned to the
+    /// new version, its kept steps rewritten (a step whose state changes is no longer
+    /// queued: the evaluation the lock asked for queues it again if it is due), its dropped
+    /// steps deleted, its new steps inserted.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn run_migrate(&mut self, w: &MigrationWrite) -> Result<()> {
+        let s = self.store;
+        let sql = "UPDATE sagaflow_runs SET version = $1, workflow_key = $2, input = COALESCE($3, input), \
+                   updated_at = {now} WHERE id = $4";
+        let values: Vec<Value> = vec![
+            w.version.into(),
+            w.workflow_key.clone().into(),
+            w.input.clone().into(),
+            w.run_id.into(),
+        ];
+        self.txn.execute(s.stmt(sql, values)).await?;
+        for u in &w.update {
+            let sql = "UPDATE sagaflow_steps SET workflow_key = $1, \
+                       available_at = CASE WHEN state = $2 THEN available_at ELSE NULL END, \
+                       aging_from = CASE WHEN state = $2 THEN aging_from ELSE NULL END, \
+                       state = $2, output = $3, updated_at = {now} WHERE id = $4";
+            let values: Vec<Value> = vec![
+                w.workflow_key.clone().into(),
+                u.state.as_str().into(),
+                u.output.clone().into(),
+                u.id.into(),
+            ];
+            self.txn.execute(s.stmt(sql, values)).await?;
+        }
+        for id in &w.delete {
+            let sql = "DELETE FROM sagaflow_steps WHERE id = $1";
+            self.txn.execute(s.stmt(sql, vec![(*id).into()])).await?;
+        }
+        for i in &w.insert {
+            // Priority and flow key from the run; the retry priority its other steps have.
+            let sql = "INSERT INTO sagaflow_steps (run_id, workflow_key, name, state, max_failures, \
+                       max_interruptions, deadline_ms, initial_deadline_ms, deadline_cap_ms, \
+                       idempotency_key, output, updated_at, priority, retry_priority, resource, flow_key) \
+                       SELECT r.id, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, {now}, r.priority, \
+                       COALESCE((SELECT MIN(o.retry_priority) FROM sagaflow_steps AS o WHERE o.run_id = r.id), r.priority), \
+                       $11, r.flow_key FROM sagaflow_runs AS r WHERE r.id = $1";
+            let n = &i.step;
+            let values: Vec<Value> = vec![
+                w.run_id.into(),
+                w.workflow_key.clone().into(),
+                n.name.clone().into(),
+                i.state.as_str().into(),
+                n.max_failures.into(),
+                n.max_interruptions.into(),
+                n.deadline_ms.into(),
+                n.deadline_cap_ms.into(),
+                n.idempotency_key.clone().into(),
+                i.output.clone().into(),
+                n.resource.clone().into(),
+            ];
+            self.txn.execute(s.stmt(sql, values)).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,286 @@
+//! Migrating in-flight runs between versions, on both backends: the dry run reports which
+//! runs of the old version would migrate (each step before and after) and which are refused
+//! (and why), changing nothing; applying it re-pins the runs that migrate, which then finish
+//! under the new version including its new step, and leaves the refused runs as they were.
+
+use reqwest::StatusCode;
+use sagaflow::migration::{MigratingRun, Migration, MigrationOutcome, MigrationRefusal};
+use sagaflow::{
+    Engine, HistoryKind, OnFailure, RunState, StepContext, StepError, StepState, Workflow,
+};
+use sagaflow_testkit::{TestDb, backends, eventually, expect_state, fast_builder};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::fixtures::{admin_tokens, answer, serve_admin};
+
+const OPS: &str = "ops-secret-0123456789";
+const VIEW: &str = "view-secret-0123456789";
+
+/// `shipment@1`: `reserve`, then `ship`, which refuses the sku `hold`; a failed run is
+/// parked (`OnFailure::Pause`).
+fn v1() -> Workflow {
+    Workflow::builder("shipment", 1)
+        .on_failure(OnFailure::Pause)
+        .step("reserve", |_: StepContext| async {
+            Ok::<_, StepError>("reserved")
+        })
+        .compensate(|_: StepContext| async { Ok::<_, StepError>(()) })
+        .step("ship", |ctx: StepContext| async move {
+            let input: serde_json::Value = ctx.input()?;
+            if input["sku"] == "hold" {
+                return Err(StepError::refused("held", "the sku is on hold"));
+            }
+            Ok("shipped")
+        })
+        .after(["reserve"])
+        .build()
+        .expect("v1")
+}
+
+/// `shipment@2`: `ship` ships anything, and a new step `notify` follows it.
+fn v2() -> Workflow {
+    Workflow::builder("shipment", 2)
+        .on_failure(OnFailure::Pause)
+        .step("reserve", |_: StepContext| async {
+            Ok::<_, StepError>("reserved")
+        })
+        .compensate(|_: StepContext| async { Ok::<_, StepError>(()) })
+        .step("ship", |_: StepContext| async {
+            Ok::<_, StepError>("shipped v2")
+        })
+        .after(["reserve"])
+        .step("notify", |_: StepContext| async {
+            Ok::<_, StepError>("notified")
+        })
+        .after(["ship"])
+        .build()
+        .expect("v2")
+}
+
+/// The migration: runs of the `eu` region stay on version 1.
+fn migration() -> Migration {
+    Migration::new("shipment", 1, 2).map(|run: &mut MigratingRun| {
+        if run.input()["region"] == "eu" {
+            return Err(MigrationRefusal::new("eu runs stay on version 1"));
+        }
+        Ok(())
+    })
+}
+
+/// Two runs of version 1 parked with `ship` failed: one that migrates, one the mapping
+/// refuses. Started by an engine that has only version 1.
+async fn parked_runs(db: &TestDb) -> (Uuid, Uuid) {
+    let old = fast_builder(db)
+        .with_workflow(v1())
+        .start()
+        .await
+        .expect("v1 engine");
+    let a = old
+        .start("shipment", &json!({ "sku": "hold", "region": "us" }))
+        .await
+        .expect("start a");
+    let b = old
+        .start("shipment", &json!({ "sku": "hold", "region": "eu" }))
+        .await
+        .expect("start b");
+    for id in [a, b] {
+        eventually(
+            std::time::Duration::from_secs(30),
+            "the run to park",
+            || async {
+                old.run(id).await.ok().flatten().map(|r| r.state) == Some(RunState::Paused)
+            },
+        )
+        .await;
+    }
+    old.shutdown().await;
+    (a, b)
+}
+
+async fn both_versions(db: &TestDb) -> Engine {
+    fast_builder(db)
+        .with_workflow(v1())
+        .with_workflow(v2())
+        .with_migration(migration())
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_plans_then_applies_and_the_run_finishes_under_the_new_version() {
+    for db in backends().await {
+        let b = db.backend;
+        let (a, refused) = parked_runs(&db).await;
+        let engine = both_versions(&db).await;
+        let history_before = engine.history(a).await.expect("history").len();
+
+        let op = engine
+            .operator()
+            .on_behalf_of("ops:ada", "ship v2 ships held skus");
+        let plan = op.migration_plan("shipment", 1, 2).await.expect("plan");
+        assert_eq!(plan.runs.len(), 2, "[{b}] {plan:?}");
+        let pa = plan.runs.iter().find(|r| r.run_id == a).expect("a planned");
+        assert_eq!(pa.outcome, MigrationOutcome::Migrates, "[{b}] {pa:?}");
+        let notify = pa
+            .steps
+            .iter()
+            .find(|s| s.step == "notify")
+            .expect("notify");
+        assert_eq!(
+            (notify.before, notify.after),
+            (None, Some(StepState::NotStarted)),
+            "[{b}]"
+        );
+        let ship = pa.steps.iter().find(|s| s.step == "ship").expect("ship");
+        assert_eq!(
+            (ship.before, ship.after),
+            (Some(StepState::Failed), Some(StepState::Failed)),
+            "[{b}]"
+        );
+        let pb = plan
+            .runs
+            .iter()
+            .find(|r| r.run_id == refused)
+            .expect("b planned");
+        assert_eq!(pb.outcome, MigrationOutcome::Refused, "[{b}] {pb:?}");
+        assert_eq!(
+            pb.reason.as_deref(),
+            Some("eu runs stay on version 1"),
+            "[{b}]"
+        );
+        // The dry run changed nothing.
+        for id in [a, refused] {
+            let run = engine.run(id).await.expect("read").expect("run");
+            assert_eq!((run.version, run.state), (1, RunState::Paused), "[{b}]");
+        }
+        assert_eq!(
+            engine.history(a).await.expect("history").len(),
+            history_before,
+            "[{b}]"
+        );
+
+        let report = op.migrate("shipment", 1, 2).await.expect("apply");
+        assert_eq!(
+            (report.migrating(), report.refused()),
+            (1, 1),
+            "[{b}] {report:?}"
+        );
+        let run = engine.run(a).await.expect("read").expect("run");
+        assert_eq!((run.version, run.state), (2, RunState::Paused), "[{b}]");
+        let history = engine.history(a).await.expect("history");
+        let migrated = history
+            .iter()
+            .find(|h| h.kind == HistoryKind::Migrated)
+            .unwrap_or_else(|| panic!("[{b}] no migrated event"));
+        assert_eq!(migrated.actor, "ops:ada", "[{b}]");
+        let detail = migrated.detail.clone().expect("detail");
+        assert_eq!(
+            (detail["from"].clone(), detail["to"].clone()),
+            (json!(1), json!(2)),
+            "[{b}]"
+        );
+        assert_eq!(detail["reason"], "ship v2 ships held skus", "[{b}]");
+
+        // Resumed, the run finishes under version 2, its new step included.
+        op.resume(a).await.expect("resume");
+        let done = expect_state(&engine, a, RunState::Completed, b).await;
+        let output = done.output.expect("output");
+        assert_eq!(output["ship"], "shipped v2", "[{b}] {output}");
+        assert_eq!(output["notify"], "notified", "[{b}] {output}");
+
+        // The refused run is untouched, and a second apply finds nothing more to migrate.
+        let run = engine.run(refused).await.expect("read").expect("run");
+        assert_eq!((run.version, run.state), (1, RunState::Paused), "[{b}]");
+        let again = op.migrate("shipment", 1, 2).await.expect("apply again");
+        assert_eq!(
+            (again.migrating(), again.refused()),
+            (0, 1),
+            "[{b}] {again:?}"
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_to_start_without_both_versions() {
+    let db = sagaflow_testkit::sqlite_db();
+    let err = fast_builder(&db)
+        .with_workflow(v1())
+        .with_migration(migration())
+        .start()
+        .await
+        .expect_err("version 2 is missing");
+    assert!(
+        err.to_string()
+            .contains("version 2 of `shipment` is not registered"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_over_the_api_plans_for_any_token_and_applies_for_an_operator() {
+    for db in backends().await {
+        let b = db.backend;
+        let (a, _) = parked_runs(&db).await;
+        let engine = both_versions(&db).await;
+        let (addr, server) = serve_admin(&engine, admin_tokens(OPS, VIEW)).await;
+        let http = reqwest::Client::new();
+        let url = |p: &str| format!("http://{addr}/api/v1/migrations/shipment/1/2/{p}");
+
+        let (status, _) = answer(http.get(url("plan"))).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "[{b}]");
+        let (status, body) = answer(http.get(url("plan")).bearer_auth(VIEW)).await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {body}");
+        assert_eq!(
+            body["runs"].as_array().map(Vec::len),
+            Some(2),
+            "[{b}] {body}"
+        );
+
+        let reason = json!({ "reason": "ship v2" });
+        let (status, body) = answer(http.post(url("apply")).bearer_auth(VIEW).json(&reason)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "[{b}] {body}");
+        let (status, body) = answer(
+            http.post(url("apply"))
+                .bearer_auth(OPS)
+                .json(&json!({ "reason": " " })),
+        )
+        .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("reason_required")),
+            "[{b}] {body}"
+        );
+        assert_eq!(
+            engine.run(a).await.expect("read").expect("run").version,
+            1,
+            "[{b}]"
+        );
+
+        let (status, body) = answer(http.post(url("apply")).bearer_auth(OPS).json(&reason)).await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {body}");
+        let outcomes: Vec<&str> = body["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .filter_map(|r| r["outcome"].as_str())
+            .collect();
+        assert!(
+            outcomes.contains(&"migrated") && outcomes.contains(&"refused"),
+            "[{b}] {body}"
+        );
+        let run = engine.run(a).await.expect("read").expect("run");
+        assert_eq!(run.version, 2, "[{b}]");
+        let history = engine.history(a).await.expect("history");
+        assert!(
+            history
+                .iter()
+                .any(|h| h.actor == "api:ops" && h.kind.as_ref() == "migrated"),
+            "[{b}]"
+        );
+        server.abort();
+        engine.shutdown().await;
+    }
+}
