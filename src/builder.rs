@@ -472,6 +472,8 @@ impl EngineBuilder {
             Ok(registered) => registered,
             Err(e) => return Err(store.lost_or(e)),
         };
+        let declared = self.resources.iter().map(|r| r.name().to_owned()).collect();
+        let stale_after = self.supervisor.instance_stale_after;
         let engine = Engine::launch(
             store,
             heartbeat,
@@ -482,6 +484,8 @@ impl EngineBuilder {
             self.workers,
             self.published,
             self.max_input_bytes,
+            declared,
+            stale_after,
         )?;
         for a in &changed {
             engine.deliver_alert(a);
@@ -509,6 +513,7 @@ impl EngineBuilder {
                 store,
                 &self.scheduler.owner,
                 &incarnation,
+                &self.registry.keys(),
                 self.supervisor.instance_stale_after,
             )
             .await?;

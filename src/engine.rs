@@ -84,7 +84,6 @@ async fn watch_database(store: Store, signals: Arc<Signals>, cancel: Cancellatio
 
 pub(crate) struct Inner {
     pub(crate) store: Store,
-    pub(crate) registry: Arc<Registry>,
     pub(crate) signals: Arc<Signals>,
     pub(crate) scheduler: Arc<Scheduler>,
     pub(crate) supervisor: Option<Arc<Supervisor>>,
@@ -100,6 +99,13 @@ pub(crate) struct Inner {
     pub(crate) stopped: std::sync::atomic::AtomicBool,
     /// Where the API served by [`EngineBuilder::with_admin`] listens.
     pub(crate) admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The resources this engine declared: those the steps of a workflow registered at run
+    /// time may call.
+    pub(crate) declared_resources: Vec<String>,
+    /// Taken while the registry changes, so that changes apply one after the other.
+    pub(crate) registration: tokio::sync::Mutex<()>,
+    /// How long an instance may stay silent before it counts as dead.
+    pub(crate) stale_after: Duration,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -134,6 +140,8 @@ impl Engine {
         workers: bool,
         published: bool,
         max_input_bytes: usize,
+        declared_resources: Vec<String>,
+        stale_after: Duration,
     ) -> Result<Self> {
         let signals = Arc::new(Signals::new(sinks));
         let tracker = TaskTracker::new();
@@ -179,7 +187,6 @@ impl Engine {
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
-                registry,
                 signals,
                 scheduler,
                 supervisor,
@@ -191,6 +198,9 @@ impl Engine {
                 incarnation: heartbeat.map(|(i, _)| i),
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 admin_addr: std::sync::OnceLock::new(),
+                declared_resources,
+                registration: tokio::sync::Mutex::new(()),
+                stale_after,
             }),
         })
     }

@@ -54,6 +54,7 @@
 pub mod admin;
 mod builder;
 mod engine;
+mod hotplug;
 mod instance;
 mod limits;
 pub mod metrics;
@@ -69,6 +70,7 @@ pub mod otel;
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
+pub use hotplug::InstanceInfo;
 pub use limits::{describe_limits, describe_state};
 pub use operator::Operator;
 pub use sagaflow_engine::clock::TestClock;

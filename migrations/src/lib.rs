@@ -56,6 +56,7 @@ mod m0012_alert_resolution;
 mod m0013_resources;
 mod m0014_resource_state;
 mod m0015_retry_lane_and_aging;
+mod m0018_instance_workflows;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -93,6 +94,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0013_resources::Migration),
             Box::new(m0014_resource_state::Migration),
             Box::new(m0015_retry_lane_and_aging::Migration),
+            Box::new(m0018_instance_workflows::Migration),
         ]
     }
 

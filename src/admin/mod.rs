@@ -21,6 +21,7 @@
 //! | `GET /api/v1/resources` | read | the remote resources: limits in force, the code's defaults, the operator's override (who, why), attempts in flight and steps waiting ([`Engine::resources`]) |
 //! | `PUT /api/v1/resources/{name}/limits` | operator | overrides a resource's limits for every instance (`{"limits": ResourceLimits, "reason": "…"}`), stored with `api:<token name>` and the reason; 400 `invalid_limits` with why, 404 `resource_not_found` |
 //! | `DELETE /api/v1/resources/{name}/limits` | operator | clears the override (`{"reason": "…"}`): the code's limits apply again; 404 `resource_not_found` |
+//! | `GET /api/v1/instances` | read | the engine instances registered on the database: started, silent for, live, and the `name@version` keys of the workflows each runs ([`Engine::instances`]) |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
 //! | `GET /api/v1/openapi.json` | read | this API as an OpenAPI 3.1 document, generated from the code |
 //! | `GET /metrics` | read | the engine's metrics in the Prometheus text format ([`crate::metrics`]); 501 when the process installed no Prometheus recorder |
@@ -32,6 +33,7 @@ mod answers;
 mod auth;
 mod console;
 mod events;
+mod instances;
 mod openapi;
 mod resources;
 mod routes;

@@ -59,6 +59,7 @@ api_routes! {
     get "/api/v1/resources" => super::resources::resources,
     put "/api/v1/resources/{name}/limits" => super::resources::set_limits,
     delete "/api/v1/resources/{name}/limits" => super::resources::clear_limits,
+    get "/api/v1/instances" => super::instances::instances,
     get "/api/v1/openapi.json" => super::openapi::openapi_json,
     get "/metrics" => super::scrape::metrics,
 }
@@ -70,7 +71,7 @@ api_routes! {
         title = "sagaflow HTTP API",
         description = "Start workflow runs, follow and read them, take operator actions, read \
                        alerts and statistics, read and override the limits of remote \
-                       resources. Answers are JSON; an error answer is an \
+                       resources, list the engine instances and what they run. Answers are JSON; an error answer is an \
                        `ErrorBody`."
     ),
     paths(
@@ -89,6 +90,7 @@ api_routes! {
         super::resources::resources,
         super::resources::set_limits,
         super::resources::clear_limits,
+        super::instances::instances,
         stats,
         super::openapi::openapi_json,
         super::scrape::metrics,

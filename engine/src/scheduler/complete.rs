@@ -62,11 +62,12 @@ pub(super) async fn run(
         // An attempt that ends frees room under its resource's limits: claim again at once.
         let frees_resource = batch.iter().any(|r| s.holds_resource(&r.lease));
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| attempt_end(&s, r)).collect();
+        let registry = s.registry();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
             let write = finish_batch_in(
                 &s.store,
-                &s.registry,
+                &registry,
                 &finishes,
                 &s.config.owner,
                 true,
@@ -297,7 +298,7 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
     });
     let c = lease.counters;
     let policy = || {
-        s.registry
+        s.registry()
             .by_key(&lease.workflow_key)
             .and_then(|w| w.step(&lease.step))
             .map(|d| d.settings().retry)

@@ -14,6 +14,7 @@
 //!   file (`Content-Security-Policy` without inline script), and the pages refuse framing.
 
 mod graph;
+mod instances;
 mod live;
 mod pages;
 mod resources;
@@ -68,6 +69,7 @@ where
         .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))
         .route("/console/definitions", get(pages::definitions))
         .route("/console/resources", get(resources::page))
+        .route("/console/instances", get(instances::page))
         .route("/console/resources/{name}/limits", post(resources::change))
         .route("/console/fragments/overview", get(pages::overview_fragment))
         .route("/console/fragments/runs", get(pages::runs_fragment))

@@ -18,6 +18,7 @@ pub(super) enum Tab {
     Alerts,
     Definitions,
     Resources,
+    Instances,
     None,
 }
 
@@ -63,6 +64,7 @@ impl Page<'_> {
                             (tab(Tab::Alerts, "/console/alerts", "Alerts"))
                             (tab(Tab::Definitions, "/console/definitions", "Definitions"))
                             (tab(Tab::Resources, "/console/resources", "Resources"))
+                            (tab(Tab::Instances, "/console/instances", "Instances"))
                         }
                         div.who {
                             span.live-status #live-status title="live updates" {}

@@ -9,6 +9,7 @@ use crate::config::SupervisorConfig;
 use crate::service::MaintenanceService;
 
 pub(crate) mod aging;
+pub(crate) mod coverage;
 pub(crate) mod delivery;
 pub(crate) mod queue;
 pub(crate) mod rescue;
@@ -28,5 +29,6 @@ pub(crate) fn maintenance_services(
     services.extend(retention::Retention::from_config(config).map(|s| Arc::new(s) as _));
     services.extend(aging::Aging::from_config(config).map(|s| Arc::new(s) as _));
     services.push(Arc::new(queue::QueueWatch::new(config)));
+    services.push(Arc::new(coverage::Coverage));
     services
 }
