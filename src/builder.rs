@@ -506,6 +506,8 @@ impl EngineBuilder {
             Ok(registered) => registered,
             Err(e) => return Err(store.lost_or(e)),
         };
+        let declared = self.resources.iter().map(|r| r.name().to_owned()).collect();
+        let stale_after = self.supervisor.instance_stale_after;
         let engine = Engine::launch(
             store,
             heartbeat,
@@ -516,6 +518,8 @@ impl EngineBuilder {
             self.workers,
             self.published,
             self.max_input_bytes,
+            declared,
+            stale_after,
         )?;
         let _ = engine.inner.migrations.set(self.migrations);
         for a in &changed {
@@ -545,6 +549,7 @@ impl EngineBuilder {
                 store,
                 &self.scheduler.owner,
                 &incarnation,
+                &self.registry.keys(),
                 self.supervisor.instance_stale_after,
             )
             .await?;

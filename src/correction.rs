@@ -63,7 +63,7 @@ impl crate::Engine {
         name: &str,
         version: i32,
     ) -> Result<Option<Arc<Workflow>>> {
-        if let Some(wf) = self.inner.registry.get(name, version) {
+        if let Some(wf) = self.inner.scheduler.registry().get(name, version) {
             return Ok(Some(wf.clone()));
         }
         let Some(published) = self.inner.store.definition(name, version).await? else {

@@ -84,7 +84,6 @@ async fn watch_database(store: Store, signals: Arc<Signals>, cancel: Cancellatio
 
 pub(crate) struct Inner {
     pub(crate) store: Store,
-    pub(crate) registry: Arc<Registry>,
     pub(crate) signals: Arc<Signals>,
     pub(crate) scheduler: Arc<Scheduler>,
     pub(crate) supervisor: Option<Arc<Supervisor>>,
@@ -104,6 +103,13 @@ pub(crate) struct Inner {
     pub(crate) crash: Option<Arc<sagaflow_engine::crash::CrashHook>>,
     /// The migrations between versions ([`EngineBuilder::with_migration`]), set once started.
     pub(crate) migrations: std::sync::OnceLock<Vec<sagaflow_engine::migration::Migration>>,
+    /// The resources this engine declared: those the steps of a workflow registered at run
+    /// time may call.
+    pub(crate) declared_resources: Vec<String>,
+    /// Taken while the registry changes, so that changes apply one after the other.
+    pub(crate) registration: tokio::sync::Mutex<()>,
+    /// How long an instance may stay silent before it counts as dead.
+    pub(crate) stale_after: Duration,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -138,6 +144,8 @@ impl Engine {
         workers: bool,
         published: bool,
         max_input_bytes: usize,
+        declared_resources: Vec<String>,
+        stale_after: Duration,
     ) -> Result<Self> {
         let signals = Arc::new(Signals::new(sinks));
         let tracker = TaskTracker::new();
@@ -191,7 +199,6 @@ impl Engine {
         let engine = Self {
             inner: Arc::new(Inner {
                 store,
-                registry,
                 signals,
                 scheduler,
                 supervisor,
@@ -205,6 +212,9 @@ impl Engine {
                 admin_addr: std::sync::OnceLock::new(),
                 crash,
                 migrations: std::sync::OnceLock::new(),
+                declared_resources,
+                registration: tokio::sync::Mutex::new(()),
+                stale_after,
             }),
         };
         if let Some(s) = &engine.inner.supervisor {

@@ -12,15 +12,17 @@ use tokio_util::sync::CancellationToken;
 /// Steps released per statement.
 const RELEASE_BATCH: u32 = 512;
 
-/// Registers the instance under a fresh incarnation and releases what a previous process
+/// Registers the instance under a fresh incarnation, running `workflows` (`name@version`), and
+/// releases what a previous process
 /// with the same id still held (it cannot be running here: this process just started).
 pub(crate) async fn register(
     store: &Store,
     id: &str,
     incarnation: &str,
+    workflows: &[String],
     stale_after: Duration,
 ) -> Result<u64> {
-    let reg = store.instance_register(id, incarnation).await?;
+    let reg = store.instance_register(id, incarnation, workflows).await?;
     if let Some(silent) = reg.predecessor_silent_ms
         && silent < i64::try_from(stale_after.as_millis()).unwrap_or(i64::MAX)
     {

@@ -346,11 +346,13 @@ impl Engine {
             return Err(Error::Shutdown);
         }
         let published;
+        let registry;
         let wf = if self.inner.published {
             published = self.published_workflow(workflow).await?;
             &published
         } else {
-            self.inner.registry.latest(workflow)?
+            registry = self.inner.scheduler.registry();
+            registry.latest(workflow)?
         };
         let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
             workflow: workflow.to_owned(),

@@ -3,7 +3,7 @@
 //! Finds and inspects runs, takes the operator's actions on them (recorded in their history
 //! as `cli:<operator>`), acknowledges alerts, reads and overrides the limits of remote
 //! resources, watches the queue, lists the published
-//! definitions, applies the schema migrations on purpose and purges finished runs; and
+//! definitions and the engine instances with what they run, applies the schema migrations on purpose and purges finished runs; and
 //! `sagaflow serve` serves the console and the HTTP API. It runs no step and no workflow
 //! code: it opens the database as a client-only engine, which never registers as a worker
 //! instance. Every command but `migrate` (and `serve`, which migrates as an engine start
@@ -15,6 +15,7 @@ mod alerts;
 mod db;
 mod exit;
 mod input;
+mod instances;
 mod output;
 mod overview;
 mod purge;
@@ -144,6 +145,9 @@ enum Command {
     Queue,
     /// The workflow definitions engines published: name, version, steps.
     Definitions,
+    /// The engine instances registered on the database: live or not, and the workflows
+    /// (`name@version`) each of them runs.
+    Instances,
     /// Applies the schema migrations the database lacks, under the engines' migration lock.
     #[command(after_help = "\
 Other commands never migrate: on a database that lacks migrations they exit with code 5.")]
@@ -268,6 +272,7 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
         Command::Schedules { command } => schedules::schedules(engine, command, json).await,
         Command::Queue => overview::queue(engine, json).await,
         Command::Definitions => overview::definitions(engine, json).await,
+        Command::Instances => instances::instances(engine, json).await,
         Command::Purge {
             older_than,
             dry_run,

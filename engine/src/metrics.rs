@@ -432,6 +432,7 @@ fn alert_kind(kind: &AlertKind) -> &'static str {
         AlertKind::DefinitionChanged => "definition_changed",
         AlertKind::BacklogGrowing => "backlog_growing",
         AlertKind::BreakerOpen => "breaker_open",
+        AlertKind::NoInstanceForWorkflow => "no_instance_for_workflow",
         AlertKind::DeliveryDeadLettered => "delivery_dead_lettered",
         AlertKind::Other(_) => "other",
     }

@@ -58,6 +58,7 @@ mod m0014_resource_state;
 mod m0015_retry_lane_and_aging;
 mod m0016_waits;
 mod m0017_schedules;
+mod m0018_instance_workflows;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -97,6 +98,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0015_retry_lane_and_aging::Migration),
             Box::new(m0016_waits::Migration),
             Box::new(m0017_schedules::Migration),
+            Box::new(m0018_instance_workflows::Migration),
         ]
     }
 

@@ -24,6 +24,7 @@
 //! | `GET /api/v1/schedules` | read | the recurring schedules: workflow, cron expression, zone, next tick, last firing and run, an operator's pause (who, why) ([`Engine::schedules`]) |
 //! | `POST /api/v1/schedules/{name}/pause` | operator | pauses a schedule on every instance (`{"reason": "…"}`), stored with `api:<token name>` and the reason; 404 `schedule_not_found` |
 //! | `POST /api/v1/schedules/{name}/resume` | operator | resumes it at its first tick after now (`{"reason": "…"}`), logged with `api:<token name>`; 404 `schedule_not_found` |
+//! | `GET /api/v1/instances` | read | the engine instances registered on the database: started, silent for, live, and the `name@version` keys of the workflows each runs ([`Engine::instances`]) |
 //! | `GET /api/v1/runs/{id}/events` | read | server-sent events: the run's state now, then each change, until it is `completed` or `compensated`; 404 |
 //! | `GET /api/v1/openapi.json` | read | this API as an OpenAPI 3.1 document, generated from the code |
 //! | `GET /metrics` | read | the engine's metrics in the Prometheus text format ([`crate::metrics`]); 501 when the process installed no Prometheus recorder |
@@ -36,6 +37,7 @@ mod auth;
 mod console;
 mod events;
 mod input;
+mod instances;
 mod migrations;
 mod openapi;
 mod resources;

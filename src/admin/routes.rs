@@ -68,6 +68,7 @@ api_routes! {
     get "/api/v1/schedules" => super::schedules::schedules,
     post "/api/v1/schedules/{name}/pause" => super::schedules::pause,
     post "/api/v1/schedules/{name}/resume" => super::schedules::resume,
+    get "/api/v1/instances" => super::instances::instances,
     get "/api/v1/openapi.json" => super::openapi::openapi_json,
     get "/metrics" => super::scrape::metrics,
 }
@@ -80,6 +81,7 @@ api_routes! {
         description = "Start workflow runs, follow and read them, take operator actions, read \
                        alerts and statistics, read and override the limits of remote \
                        resources, read, pause and resume recurring schedules. Answers are JSON; an error answer is an \
+                       resources, list the engine instances and what they run. Answers are JSON; an error answer is an \
                        `ErrorBody`."
     ),
     paths(
@@ -108,6 +110,7 @@ api_routes! {
         super::schedules::schedules,
         super::schedules::pause,
         super::schedules::resume,
+        super::instances::instances,
         stats,
         super::openapi::openapi_json,
         super::scrape::metrics,

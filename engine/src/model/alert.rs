@@ -47,6 +47,9 @@ pub enum AlertKind {
     /// A remote resource's circuit breaker has stayed open (or half-open) longer than its
     /// policy allows: its steps wait.
     BreakerOpen,
+    /// Steps of a workflow version are due and no live engine instance runs it (none has it
+    /// registered): they wait, and its runs with them, until one registers it.
+    NoInstanceForWorkflow,
     /// A kind this version does not know (raised by a newer one).
     #[strum(default)]
     Other(String),

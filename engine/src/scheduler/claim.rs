@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{ErrorStreak, Scheduler, pause};
+use super::{Catalog, ErrorStreak, Scheduler, pause};
 use crate::crash::CrashPoint;
 use crate::definition::StepContext;
 use crate::protocol::{AgentRequest, AgentResponse, Dispatch, StepLease};
@@ -60,10 +60,12 @@ pub(super) async fn run(
             return;
         }
         let limit = u32::try_from(permits.len()).unwrap_or(u32::MAX);
+        // What this pass claims for: the registry may change between passes.
+        let cat = s.catalog();
         // Outputs of earlier steps are read only for steps with dependencies (a run's first
         // step has none). On PostgreSQL the claim and these reads are one statement.
         let needs_outputs = |c: &ClaimedStep| {
-            s.registry
+            cat.registry
                 .by_key(&c.workflow_key)
                 .and_then(|wf| wf.step(&c.name))
                 .is_none_or(|d| !d.is_root())
@@ -73,7 +75,7 @@ pub(super) async fn run(
                 Ok(Default::default())
             } else {
                 s.store
-                    .step_claim_with_inputs(&s.config.owner, &s.keys, limit, needs_outputs)
+                    .step_claim_with_inputs(&s.config.owner, &cat.keys, limit, needs_outputs)
                     .await
             }
         };
@@ -97,11 +99,19 @@ pub(super) async fn run(
         // Steps of remote resources are claimed apart, within their limits, with the slots
         // the ordinary claim left.
         let mut idle_pause = s.config.empty_poll_pause;
-        if claimed.len() < permits.len() && !s.resources.is_empty() {
+        if claimed.len() < permits.len() && !cat.resources.is_empty() {
             turn = turn.wrapping_add(1);
             let room = u32::try_from(permits.len() - claimed.len()).unwrap_or(u32::MAX);
-            let taken =
-                claim_resources(&s, room, turn, &mut held, &mut busy, &mut resource_streak).await;
+            let taken = claim_resources(
+                &s,
+                &cat,
+                room,
+                turn,
+                &mut held,
+                &mut busy,
+                &mut resource_streak,
+            )
+            .await;
             if let Some(wait) = taken.wait {
                 idle_pause = idle_pause.min(wait);
             }
@@ -109,14 +119,14 @@ pub(super) async fn run(
             // take but rows queued before a step was given its resource: it is skipped while
             // the resources keep the loop busy, and asked again whenever they do not.
             let took = !taken.with_inputs.is_empty() || !taken.without_inputs.is_empty();
-            skip_plain = !s.plain_steps && took;
+            skip_plain = !cat.plain_steps && took;
             if took {
                 claimed_at = Instant::now();
             }
             inputs.extend(taken.inputs);
             claimed.extend(taken.with_inputs);
             if !taken.without_inputs.is_empty() {
-                match resource_inputs(&s, &taken.without_inputs).await {
+                match resource_inputs(&s, &cat, &taken.without_inputs).await {
                     Ok(more_inputs) => {
                         inputs.extend(more_inputs);
                         claimed.extend(taken.without_inputs);
@@ -137,7 +147,7 @@ pub(super) async fn run(
             continue;
         }
         for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
-            match request(&s, &cancel, c, &inputs, claimed_at) {
+            match request(&s, &cat, &cancel, c, &inputs, claimed_at) {
                 Ok(request) => {
                     if s.crashes(CrashPoint::BeforeCall, &request.lease.step) {
                         return;
@@ -193,6 +203,7 @@ struct Taken {
 /// error) is skipped: its steps wait, the others' go on.
 async fn claim_resources(
     s: &Scheduler,
+    cat: &Catalog,
     mut room: u32,
     turn: usize,
     held: &mut HashMap<String, Instant>,
@@ -200,11 +211,11 @@ async fn claim_resources(
     streak: &mut ErrorStreak,
 ) -> Taken {
     let mut taken = Taken::default();
-    let n = s.resources.len();
+    let n = cat.resources.len();
     let now = Instant::now();
     held.retain(|_, until| *until > now);
     let needs_outputs = |c: &ClaimedStep| {
-        s.registry
+        cat.registry
             .by_key(&c.workflow_key)
             .and_then(|wf| wf.step(&c.name))
             .is_none_or(|d| !d.is_root())
@@ -213,7 +224,7 @@ async fn claim_resources(
         if room == 0 {
             break;
         }
-        let name = &s.resources[(turn + i) % n];
+        let name = &cat.resources[(turn + i) % n];
         if let Some(until) = held.get(name) {
             let d = *until - now;
             taken.wait = Some(taken.wait.map_or(d, |w| w.min(d)));
@@ -222,7 +233,7 @@ async fn claim_resources(
         let claim = s.store.resource_claim(
             &s.config.owner,
             name,
-            &s.keys,
+            &cat.keys,
             room,
             busy.contains(name),
             &needs_outputs,
@@ -264,13 +275,14 @@ async fn claim_resources(
 /// dependencies, the outputs of their runs' completed steps.
 async fn resource_inputs(
     s: &Scheduler,
+    cat: &Catalog,
     claimed: &[ClaimedStep],
 ) -> crate::Result<crate::store::StepInputs> {
     let runs: Vec<uuid::Uuid> = claimed.iter().map(|c| c.run_id).collect();
     let with_outputs: Vec<uuid::Uuid> = claimed
         .iter()
         .filter(|c| {
-            s.registry
+            cat.registry
                 .by_key(&c.workflow_key)
                 .and_then(|wf| wf.step(&c.name))
                 .is_none_or(|d| !d.is_root())
@@ -282,6 +294,7 @@ async fn resource_inputs(
 
 fn request(
     s: &Scheduler,
+    cat: &Catalog,
     cancel: &CancellationToken,
     c: ClaimedStep,
     inputs: &crate::store::StepInputs,
@@ -307,7 +320,7 @@ fn request(
         };
         Box::new((lease, error))
     };
-    let Some(wf) = s.registry.by_key(&c.workflow_key) else {
+    let Some(wf) = cat.registry.by_key(&c.workflow_key) else {
         return Err(fail(lease, Error::WorkflowNotFound(c.workflow_key)));
     };
     // The run's first step, claimed for the first time: its wait is the run's start latency.

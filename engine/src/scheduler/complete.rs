@@ -71,11 +71,12 @@ pub(super) async fn run(
         // An attempt that ends frees room under its resource's limits: claim again at once.
         let frees_resource = batch.iter().any(|r| s.holds_resource(&r.lease));
         let finishes: Vec<StepFinish> = batch.drain(..).map(|r| attempt_end(&s, r)).collect();
+        let registry = s.registry();
         let mut written = false;
         for _ in 0..WRITE_ATTEMPTS {
             let write = finish_batch_in(
                 &s.store,
-                &s.registry,
+                &registry,
                 &finishes,
                 &s.config.owner,
                 true,
@@ -328,7 +329,7 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
     });
     let c = lease.counters;
     let policy = || {
-        s.registry
+        s.registry()
             .by_key(&lease.workflow_key)
             .and_then(|w| w.step(&lease.step))
             .map(|d| d.settings().retry)
@@ -439,8 +440,8 @@ fn child_run(
         return Ok(None);
     };
     let refuse = |why: String| StepError::terminal("child_refused", why).not_applied();
-    let wf = s
-        .registry
+    let registry = s.registry();
+    let wf = registry
         .latest(workflow)
         .map_err(|e| refuse(format!("cannot start child workflow `{workflow}`: {e}")))?;
     wf.check_input(input)

@@ -35,7 +35,7 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
                 streak.failed("checking workflow versions", &e);
             }
         }
-        let dirty = match s.store.run_list_dirty(&s.keys, EVAL_BATCH).await {
+        let dirty = match s.store.run_list_dirty(&s.catalog().keys, EVAL_BATCH).await {
             Ok(d) => {
                 streak.succeeded("evaluating runs");
                 d
@@ -99,7 +99,8 @@ async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error>
     }
     let mut tx = s.store.begin().await?;
     let runs = tx.lock_runs(ids, true).await?;
-    let out = plan_and_apply(&mut tx, &s.registry, runs, HashMap::new(), &s.config.owner).await?;
+    let registry = s.registry();
+    let out = plan_and_apply(&mut tx, &registry, runs, HashMap::new(), &s.config.owner).await?;
     // Steps it readied wake this engine's claim loop in process (`after_eval`): the
     // notification is for the other engines.
     tx.commit_from(Wake::CLAIM, &s.config.owner).await?;
@@ -230,14 +231,15 @@ pub(super) fn after_eval(s: &Scheduler, a: &EvalApplied) -> bool {
 /// SAS-5 / versioning: a run pinned to a version this engine lacks is not guessed at; the
 /// operator is told.
 async fn check_versions(s: &Scheduler) -> Result<(), Error> {
+    let registry = s.registry();
     for (key, count) in s.store.run_unfinished_keys().await? {
-        if s.registry.by_key(&key).is_some() {
+        if registry.by_key(&key).is_some() {
             continue;
         }
         let Some((name, _)) = key.rsplit_once('@') else {
             continue;
         };
-        if s.registry.latest(name).is_err() {
+        if registry.latest(name).is_err() {
             continue; // another application's workflow on a shared database
         }
         raise(

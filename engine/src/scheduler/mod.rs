@@ -17,12 +17,14 @@
 //! dirty runs evaluated again, and steps left `Running` by a dead process expire and are
 //! re-queued by the supervisor.
 
+mod catalog;
 mod claim;
 mod complete;
 mod evaluate;
 mod inflight;
 mod listen;
 
+pub use catalog::Catalog;
 pub use complete::{FinishOutcome, finish_batch};
 pub use evaluate::plan_and_apply;
 pub use inflight::CANCEL_POLL;
@@ -174,24 +176,20 @@ impl SchedulerConfig {
 #[derive(Debug)]
 pub struct Scheduler {
     store: Store,
-    registry: Arc<Registry>,
+    /// The registry and its claim filter, swapped when definitions are (un)registered.
+    catalog: catalog::Current,
     signals: Arc<Signals>,
     config: SchedulerConfig,
     slots: Arc<Semaphore>,
-    keys: Vec<String>,
-    /// The resources the registered workflows' steps call, claimed each on its own.
-    resources: Vec<String>,
-    /// Whether a registered step calls no resource: without one, the ordinary claim (which
-    /// takes only such steps) is not asked.
-    plain_steps: bool,
     in_flight: inflight::InFlight,
 }
 
 impl Scheduler {
     /// Whether the leased step calls a resource (its attempt counts against its limits).
     fn holds_resource(&self, lease: &crate::protocol::StepLease) -> bool {
-        !self.resources.is_empty()
-            && self
+        let catalog = self.catalog();
+        !catalog.resources.is_empty()
+            && catalog
                 .registry
                 .by_key(&lease.workflow_key)
                 .and_then(|w| w.step(&lease.step))
@@ -209,25 +207,12 @@ impl Scheduler {
         config: SchedulerConfig,
     ) -> Result<Self> {
         config.validate()?;
-        let keys = registry.keys();
-        let mut resources: Vec<String> = registry
-            .workflows()
-            .flat_map(|w| w.resources().map(str::to_owned).collect::<Vec<_>>())
-            .collect();
-        resources.sort();
-        resources.dedup();
-        let plain_steps = registry
-            .workflows()
-            .any(|w| w.steps().iter().any(|d| d.resource().is_none()));
         Ok(Self {
             slots: Arc::new(Semaphore::new(config.max_in_flight)),
             store,
-            registry,
+            catalog: catalog::Current::new(registry),
             signals,
             config,
-            keys,
-            resources,
-            plain_steps,
             in_flight: inflight::InFlight::default(),
         })
     }
@@ -275,6 +260,27 @@ impl Scheduler {
     #[doc(hidden)]
     pub fn spawn_listener(self: Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken) {
         tracker.spawn(listen::run(self, cancel));
+    }
+
+    /// What this scheduler runs now: the registry and the claim filter derived from it.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.load()
+    }
+
+    /// The workflow definitions this scheduler runs now.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.catalog.load().registry.clone()
+    }
+
+    /// Runs the definitions of `registry` from now on: the next claim and evaluation passes
+    /// use its keys and resources (both loops are woken), while attempts in flight finish
+    /// with the definitions they started with. A definition taken out stays known to
+    /// `registry` by its key (see [`Registry::unregister`]), so that their results are
+    /// written and their runs evaluated as usual.
+    pub fn set_registry(&self, registry: Arc<Registry>) {
+        self.catalog.store(registry);
+        self.signals.wake_claimer();
+        self.signals.wake_evaluator();
     }
 
     /// The scheduler's owner id.

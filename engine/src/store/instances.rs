@@ -3,6 +3,11 @@
 //! whose heartbeat is older than the configured staleness is dead (crashed, frozen, or
 //! stopped): the supervisor leader releases what it held, as interruptions, and may take
 //! over a leader lease it held.
+//!
+//! Each row also records what its instance runs: the `name@version` keys of the workflows
+//! registered on it (`workflows`, a JSON array), written at registration and whenever a
+//! definition is registered or unregistered while it runs. `NULL` (an instance of an older
+//! release) means unknown.
 
 use super::row::Exec;
 
@@ -32,6 +37,23 @@ pub struct InstanceRow {
     pub stopped_at: Option<i64>,
     /// Milliseconds since its last heartbeat, by the database clock.
     pub silent_ms: i64,
+    /// The `name@version` keys of the workflows it runs, sorted; `None` when unknown (an
+    /// instance of an older release).
+    pub workflows: Option<Vec<String>>,
+}
+
+/// The stored form of an instance's workflows: a JSON array of `name@version` keys.
+fn encode_workflows(workflows: &[String]) -> String {
+    let mut keys = workflows.to_vec();
+    keys.sort();
+    keys.dedup();
+    serde_json::to_string(&keys).unwrap_or_else(|_| "[]".into())
+}
+
+/// Decodes a stored list of workflows; text that is no JSON array of strings reads as
+/// unknown.
+pub(super) fn decode_workflows(raw: Option<String>) -> Option<Vec<String>> {
+    raw.and_then(|t| serde_json::from_str(&t).ok())
 }
 
 impl Store {
@@ -43,7 +65,7 @@ impl Store {
         let rows = self
             .exec
             .query_all(self.stmt(
-                "SELECT id, incarnation, started_at, heartbeat_at, stopped_at, \
+                "SELECT id, incarnation, started_at, heartbeat_at, stopped_at, workflows, \
                  {wall_now} - heartbeat_at AS silent_ms FROM sagaflow_instances ORDER BY id",
                 vec![],
             ))
@@ -57,17 +79,23 @@ impl Store {
                     heartbeat_at: r.try_get("", "heartbeat_at")?,
                     stopped_at: r.try_get("", "stopped_at")?,
                     silent_ms: r.try_get("", "silent_ms")?,
+                    workflows: decode_workflows(r.try_get("", "workflows")?),
                 })
             })
             .collect()
     }
 
     /// Registers (or re-registers, on a restart with the same id) instance `id` under a new
-    /// `incarnation`, heartbeating now.
+    /// `incarnation`, heartbeating now, running the workflows `workflows` (`name@version`).
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn instance_register(&self, id: &str, incarnation: &str) -> Result<Registered> {
+    pub async fn instance_register(
+        &self,
+        id: &str,
+        incarnation: &str,
+        workflows: &[String],
+    ) -> Result<Registered> {
         let before = self
             .exec
             .query_one(self.stmt(
@@ -79,11 +107,15 @@ impl Store {
             .transpose()?;
         self.exec
             .execute(self.stmt(
-                "INSERT INTO sagaflow_instances (id, incarnation, started_at, heartbeat_at) \
-                 VALUES ($1, $2, {wall_now}, {wall_now}) \
+                "INSERT INTO sagaflow_instances (id, incarnation, started_at, heartbeat_at, workflows) \
+                 VALUES ($1, $2, {wall_now}, {wall_now}, $3) \
                  ON CONFLICT (id) DO UPDATE SET incarnation = $2, started_at = {wall_now}, \
-                   heartbeat_at = {wall_now}, stopped_at = NULL",
-                vec![id.to_owned().into(), incarnation.to_owned().into()],
+                   heartbeat_at = {wall_now}, stopped_at = NULL, workflows = $3",
+                vec![
+                    id.to_owned().into(),
+                    incarnation.to_owned().into(),
+                    encode_workflows(workflows).into(),
+                ],
             ))
             .await?;
         Ok(Registered {
@@ -102,6 +134,32 @@ impl Store {
             .execute(self.stmt(
                 "UPDATE sagaflow_instances SET heartbeat_at = {wall_now} WHERE id = $1 AND incarnation = $2",
                 vec![id.to_owned().into(), incarnation.to_owned().into()],
+            ))
+            .await?;
+        Ok(res == 1)
+    }
+
+    /// Records that instance `id`, while `incarnation` owns it, runs the workflows
+    /// `workflows` (`name@version`) from now on. `false` means another process registered
+    /// the same id since.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn instance_set_workflows(
+        &self,
+        id: &str,
+        incarnation: &str,
+        workflows: &[String],
+    ) -> Result<bool> {
+        let res = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_instances SET workflows = $3 WHERE id = $1 AND incarnation = $2",
+                vec![
+                    id.to_owned().into(),
+                    incarnation.to_owned().into(),
+                    encode_workflows(workflows).into(),
+                ],
             ))
             .await?;
         Ok(res == 1)

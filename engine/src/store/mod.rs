@@ -12,7 +12,8 @@
 //! backends; `options.rs`, `open.rs` and `file.rs` configure, open and watch the database;
 //! `tx.rs` is the unit of work and `plans.rs` writes decided plans through it; the tables
 //! have `intake.rs`, `runs.rs`, `steps.rs` (claims, inputs, rescue listings),
-//! `attempts.rs` (fenced attempt-end writes), `aging.rs` (priority aging), `instances.rs`,
+//! `attempts.rs` (fenced attempt-end writes), `aging.rs` (priority aging), `instances.rs`, `coverage.rs` (workflows no live instance
+//! runs),
 //! `alerts.rs` and `leases.rs`;
 //! `rows.rs` decodes rows.
 
@@ -20,6 +21,7 @@ mod aging;
 mod alerts;
 mod attempts;
 mod conn;
+mod coverage;
 mod definitions;
 mod file;
 mod instances;
@@ -53,6 +55,7 @@ use sea_orm::{DatabaseConnection, DbBackend, Statement};
 pub use alerts::NewAlert;
 pub use attempts::{DeadlineGuard, RescueCounts, StepFinish, WaitWrite};
 pub use conn::{Db, Txn};
+pub use coverage::Uncovered;
 pub use definitions::PublishedDefinition;
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome, RunStart};

@@ -15,6 +15,7 @@
 
 mod graph;
 mod input;
+mod instances;
 mod live;
 mod pages;
 mod resources;
@@ -73,6 +74,7 @@ where
         .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))
         .route("/console/definitions", get(pages::definitions))
         .route("/console/resources", get(resources::page))
+        .route("/console/instances", get(instances::page))
         .route("/console/resources/{name}/limits", post(resources::change))
         .route("/console/schedules", get(schedules::page))
         .route("/console/schedules/{name}/{op}", post(schedules::change))

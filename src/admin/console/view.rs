@@ -19,6 +19,7 @@ pub(super) enum Tab {
     Definitions,
     Resources,
     Schedules,
+    Instances,
     None,
 }
 
@@ -65,6 +66,7 @@ impl Page<'_> {
                             (tab(Tab::Definitions, "/console/definitions", "Definitions"))
                             (tab(Tab::Resources, "/console/resources", "Resources"))
                             (tab(Tab::Schedules, "/console/schedules", "Schedules"))
+                            (tab(Tab::Instances, "/console/instances", "Instances"))
                         }
                         div.who {
                             span.live-status #live-status title="live updates" {}

@@ -9,12 +9,13 @@ use crate::config::SupervisorConfig;
 use crate::service::MaintenanceService;
 
 pub(crate) mod aging;
+pub(crate) mod coverage;
 pub(crate) mod delivery;
 pub(crate) mod queue;
 pub(crate) mod rescue;
 pub(crate) mod retention;
-pub(crate) mod timers;
 pub(crate) mod schedules;
+pub(crate) mod timers;
 
 pub(crate) use rescue::Rescue;
 
@@ -33,5 +34,6 @@ pub(crate) fn maintenance_services(
     services.push(Arc::new(queue::QueueWatch::new(config)));
     services.push(Arc::new(timers::Timers));
     services.push(Arc::new(schedules::Schedules::new(starter.clone())));
+    services.push(Arc::new(coverage::Coverage));
     services
 }
