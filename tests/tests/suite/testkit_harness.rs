@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sagaflow::{
-    CrashPoint, Engine, HistoryKind, RetryPolicy, RunState, StepContext, StepError, StepState,
-    TestClock, Uuid, Workflow,
+    CrashPoint, Engine, EventWait, HistoryKind, OnTimeout, RetryPolicy, RunState, StepContext,
+    StepError, StepState, TestClock, Uuid, Workflow,
 };
 use sagaflow_testkit::effects::{EffectClient, EffectServer};
 use sagaflow_testkit::services::Scripted;
@@ -262,40 +262,48 @@ async fn timer_travel_crash_before_commit_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timer_travel_timeout_and_crash_example() {
     for db in backends().await {
-        // docs/testing.md: begin
-        let payments = EffectServer::builder()
-            .operation("charge", |_| Ok(json!({ "charged": true })))
-            .start()
-            .await
-            .expect("server");
-        let order = Workflow::builder("order", 1)
-            .step_using("charge", payments.client(), |api, ctx| async move {
-                api.call(ctx.idempotency_key(), "charge", &()).await
-            })
-            .deadline(Duration::from_secs(60))
-            .build()
-            .expect("valid");
-        let mut t = SagaTest::new([order]).on(&db).await;
-        // The first call applies and never answers: past its deadline the step is retried.
-        payments.script("charge", [Scripted::Hang]).expect("script");
-        let id = t.start("order", &()).await;
-        t.wait_step(id, "charge", StepState::Running).await;
-        t.advance(Duration::from_secs(61));
-        t.wait_history(id, HistoryKind::Timeout).await;
-        t.expect(id, RunState::Completed).await;
-        assert_eq!(applied_once(&payments.ledger(), "charge").replays, 1);
-        // A crash after the effect: the restarted engine repeats the call, replayed.
-        t.crash_at("charge", CrashPoint::AfterEffect);
-        let id = t.start("order", &()).await;
-        t.restart().await;
-        t.expect(id, RunState::Completed).await;
-        let kinds = t.history_kinds(id).await;
-        assert!(kinds.contains(&HistoryKind::Interrupted));
-        assert_eq!(payments.ledger().replays("charge"), 2); // both runs' repeats replayed
-        // docs/testing.md: end
-        t.shutdown().await;
-        payments.shutdown().await.expect("server shutdown");
+        approval_timeout_and_crash(&db).await.expect("example");
     }
+}
+
+async fn approval_timeout_and_crash(
+    db: &sagaflow_testkit::TestDb,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // docs/testing.md: begin
+    let shop = EffectServer::builder()
+        .operation("reserve", |_| Ok(json!("held")))
+        .operation("release", |_| Ok(json!("released")))
+        .start()
+        .await?;
+    let approval = EventWait::named("manager_approval")
+        .within(Duration::from_secs(48 * 3600))
+        .on_timeout(OnTimeout::Compensate);
+    let refund = Workflow::builder("refund", 1)
+        .step_using("reserve", shop.client(), |api, ctx| async move {
+            api.call(ctx.idempotency_key(), "reserve", &()).await
+        })
+        .compensate_using(shop.client(), |api, ctx| async move {
+            api.call(ctx.idempotency_key(), "release", &()).await
+        })
+        .wait_for_event("approval", approval)
+        .after(["reserve"])
+        .build()?;
+    let mut t = SagaTest::new([refund]).on(db).await;
+    t.crash_at("reserve", CrashPoint::AfterEffect); // dies once the reservation applied
+    let id = t.start("refund", &()).await;
+    t.restart().await;
+    t.wait_step(id, "approval", StepState::Waiting).await;
+    // No manager answers within 48 hours: the reservation is released.
+    t.advance(Duration::from_secs(49 * 3600));
+    t.expect(id, RunState::Compensated).await;
+    let kinds = t.history_kinds(id).await;
+    assert!(kinds.contains(&HistoryKind::Interrupted));
+    assert_eq!(applied_once(&shop.ledger(), "reserve").replays, 1);
+    assert_eq!(applied_once(&shop.ledger(), "release").replays, 0);
+    // docs/testing.md: end
+    t.shutdown().await;
+    shop.shutdown().await?;
+    Ok(())
 }
 
 /// The harness on its own SQLite file: a retry's backoff passes at once with `advance`.
