@@ -24,6 +24,7 @@ mod runs;
 mod schedules;
 mod schema;
 mod serve;
+mod versions;
 mod waits;
 
 use std::process::ExitCode;

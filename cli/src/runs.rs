@@ -31,6 +31,9 @@ Examples:
   sagaflow runs set-input 0190c0de-... --input '{\"sku\": \"A-1\"}' --reason \"sku corrected\"
   sagaflow runs set-input 0190c0de-... --input @fixed.json --reason \"address corrected\"")]
     SetInput(crate::input::SetInputArgs),
+    /// Moves the unfinished runs of one version of a workflow to another: a dry run unless
+    /// `--apply`.
+    Migrate(crate::versions::MigrateArgs),
 }
 
 /// The filters of `runs list`.
@@ -97,6 +100,7 @@ pub(crate) async fn runs(engine: &Engine, command: RunsCommand, json: bool) -> O
         RunsCommand::List(args) => list(engine, args, json).await,
         RunsCommand::Show { run } => show(engine, run, json).await,
         RunsCommand::SetInput(args) => crate::input::set_input(engine, &args, json).await,
+        RunsCommand::Migrate(args) => crate::versions::migrate(engine, &args, json).await,
     }
 }
 

@@ -284,3 +284,72 @@ async fn migrate_over_the_api_plans_for_any_token_and_applies_for_an_operator() 
         engine.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_from_the_cli_dry_runs_then_applies_the_default_mapping() {
+    use crate::cli::{code, sagaflow, stdout};
+    for db in backends().await {
+        let b = db.backend;
+        let (a, other) = parked_runs(&db).await;
+        // An engine with both versions has published them; the command maps by step name.
+        let engine = both_versions(&db).await;
+        let dry = sagaflow(
+            &db.url,
+            &["runs", "migrate", "shipment", "--from", "1", "--to", "2"],
+        )
+        .await;
+        code(&dry, 0, "dry run");
+        assert!(
+            stdout(&dry).contains("2 would migrate, 0 refused"),
+            "[{b}] {}",
+            stdout(&dry)
+        );
+        for id in [a, other] {
+            let run = engine.run(id).await.expect("read").expect("run");
+            assert_eq!(run.version, 1, "[{b}] the dry run changed nothing");
+        }
+        let no_reason = sagaflow(
+            &db.url,
+            &[
+                "runs", "migrate", "shipment", "--from", "1", "--to", "2", "--apply",
+            ],
+        )
+        .await;
+        code(&no_reason, 2, "--apply needs a reason");
+        let applied = sagaflow(
+            &db.url,
+            &[
+                "runs",
+                "migrate",
+                "shipment",
+                "--from",
+                "1",
+                "--to",
+                "2",
+                "--apply",
+                "--reason",
+                "v2 ships held skus",
+                "--as",
+                "alice",
+                "--json",
+            ],
+        )
+        .await;
+        code(&applied, 0, "apply");
+        let report: serde_json::Value = serde_json::from_str(&stdout(&applied)).expect("json");
+        assert!(
+            report["runs"]
+                .as_array()
+                .is_some_and(|r| r.len() == 2 && r.iter().all(|r| r["outcome"] == "migrated")),
+            "[{b}] {report}"
+        );
+        let history = engine.history(a).await.expect("history");
+        let migrated = history
+            .iter()
+            .find(|h| h.kind == HistoryKind::Migrated)
+            .unwrap_or_else(|| panic!("[{b}] no migrated event"));
+        assert_eq!(migrated.actor, "cli:alice", "[{b}]");
+        assert_eq!(engine.run(a).await.expect("read").expect("run").version, 2);
+        engine.shutdown().await;
+    }
+}
