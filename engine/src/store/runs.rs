@@ -320,7 +320,13 @@ impl Store {
             let key = (r.try_get("", "workflow")?, r.try_get("", "state")?);
             *gone.entry(key).or_default() -= 1;
         }
-        for table in ["sagaflow_history", "sagaflow_alerts"] {
+        // Steps too: a completed child run keeps its steps for its parent's compensation.
+        for table in [
+            "sagaflow_history",
+            "sagaflow_alerts",
+            "sagaflow_steps",
+            "sagaflow_events",
+        ] {
             let (cond, values) = self.in_list("run_id", 1, &ids)?;
             let sql = format!("DELETE FROM {table} WHERE {cond}");
             txn.execute(self.stmt(&sql, values)).await?;

@@ -14,7 +14,6 @@ use sagaflow::{
     StepError, StepState, TestClock, Uuid, Workflow,
 };
 use sagaflow_testkit::effects::{EffectClient, EffectServer};
-use sagaflow_testkit::services::Scripted;
 use sagaflow_testkit::{SagaTest, applied_once, backends, eventually, fast_builder};
 use serde_json::json;
 use tokio::sync::Notify;

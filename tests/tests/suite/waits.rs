@@ -65,6 +65,17 @@ fn timed(client: &EffectClient, hold: Duration) -> Workflow {
         .expect("valid")
 }
 
+/// Waits until run `id` has one waiting step.
+async fn parked(engine: &Engine, id: Uuid) {
+    eventually(WAIT, "a step waiting", || async {
+        engine
+            .waiting_steps(Some(id), 10)
+            .await
+            .is_ok_and(|w| w.len() == 1)
+    })
+    .await;
+}
+
 /// How often `step` of run `id` did `event` (history kind as stored).
 async fn count(engine: &Engine, id: Uuid, step: &str, event: &str) -> usize {
     engine
@@ -435,13 +446,7 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
             tokens.lock().expect("tokens").first().cloned()
         })
         .await;
-        eventually(WAIT, "charge waiting", || async {
-            engine
-                .waiting_steps(Some(id), 10)
-                .await
-                .is_ok_and(|w| w.len() == 1)
-        })
-        .await;
+        parked(&engine, id).await;
         let http = reqwest::Client::new();
         // A forged token (right run, wrong secret) and a malformed one: refused, nothing moves.
         let forged = format!("{}.{}", id.simple(), "ab".repeat(32));
@@ -589,13 +594,7 @@ async fn child_is_cancelled_with_its_parent() {
             .expect("engine");
         let parent = engine.start("claim", &()).await.expect("start");
         let child = child_of(&engine, parent).await;
-        eventually(WAIT, "the child waits", || async {
-            engine
-                .waiting_steps(Some(child), 10)
-                .await
-                .is_ok_and(|w| w.len() == 1)
-        })
-        .await;
+        parked(&engine, child).await;
         engine
             .operator()
             .on_behalf_of("ops", "customer withdrew")
@@ -634,13 +633,7 @@ async fn event_sent_from_the_cli_completes_a_waiting_step() {
             .await
             .expect("start")
             .id;
-        eventually(WAIT, "approval waiting", || async {
-            engine
-                .waiting_steps(Some(id), 10)
-                .await
-                .is_ok_and(|w| w.len() == 1)
-        })
-        .await;
+        parked(&engine, id).await;
         let listed = sagaflow(&db.url, &["waiting", "--run", &id.to_string()]).await;
         code(&listed, 0, "waiting");
         assert!(
