@@ -104,8 +104,8 @@ impl SagaTestBuilder {
     }
 }
 
-/// An engine under test, on its own database, with a [`TestClock`] (see the
-/// [module documentation](self)).
+/// An engine under test, on its own database, with a [`TestClock`] (docs/testing.md,
+/// "Testing your saga", shows a whole test).
 ///
 /// Every engine of the test has the same instance id: [`SagaTest::restart`] is a process
 /// restarted in place, which releases what its predecessor left in flight at once (as

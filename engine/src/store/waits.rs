@@ -392,7 +392,11 @@ impl Store {
         let run_id = crate::wait::token_run(token).ok_or_else(unknown)?;
         let hash = crate::wait::token_hash(token);
         let mut tx = self.begin().await?;
-        let state = lock_run_state(&tx, run_id).await.map_err(|_| unknown())?;
+        // A database error is not a verdict on the token: the remote tries again later.
+        let state = match lock_run_state(&tx, run_id).await {
+            Err(Error::RunNotFound(_)) => return Err(unknown()),
+            other => other?,
+        };
         if state.is_final() {
             return Err(unknown());
         }

@@ -17,6 +17,7 @@ mod graph;
 mod input;
 mod instances;
 mod live;
+mod migrations;
 mod pages;
 mod resources;
 mod run;
@@ -73,6 +74,10 @@ where
         .route("/console/alerts/{id}/resolve", post(pages::resolve))
         .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))
         .route("/console/definitions", get(pages::definitions))
+        .route(
+            "/console/migrations",
+            get(migrations::page).post(migrations::apply),
+        )
         .route("/console/resources", get(resources::page))
         .route("/console/instances", get(instances::page))
         .route("/console/resources/{name}/limits", post(resources::change))

@@ -590,6 +590,7 @@ pub(super) async fn definitions(State(c): State<Console>, PageSession(s): PageSe
     };
     let body = html! {
         h1 { "Definitions" }
+        p { a href="/console/migrations" { "Migrate runs to another version" } " (a dry run first)" }
         @if defs.is_empty() { p.muted { "No workflow was published to this database." } }
         nav.toc {
             @for (i, d) in defs.iter().enumerate() {

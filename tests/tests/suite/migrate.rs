@@ -353,3 +353,115 @@ async fn migrate_from_the_cli_dry_runs_then_applies_the_default_mapping() {
         engine.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_from_the_console_shows_the_dry_run_then_applies_it() {
+    for db in backends().await {
+        let b = db.backend;
+        let (a, refused) = parked_runs(&db).await;
+        let engine = both_versions(&db).await;
+        let (addr, _server) = serve_admin(&engine, admin_tokens(OPS, VIEW)).await;
+        let http = crate::console::http();
+        let login = |token: &'static str| {
+            let http = http.clone();
+            async move {
+                let r = http
+                    .post(format!("http://{addr}/console/login"))
+                    .form(&[("token", token)])
+                    .send()
+                    .await
+                    .expect("login");
+                let set = r.headers()["set-cookie"]
+                    .to_str()
+                    .expect("ascii")
+                    .to_owned();
+                set.split(';').next().expect("pair").to_owned()
+            }
+        };
+        let page = |cookie: String| {
+            let http = http.clone();
+            async move {
+                let r = http
+                    .get(format!(
+                        "http://{addr}/console/migrations?workflow=shipment&from=1&to=2"
+                    ))
+                    .header("cookie", cookie)
+                    .send()
+                    .await
+                    .expect("page");
+                (r.status(), r.text().await.expect("body"))
+            }
+        };
+        // A read-only session sees the dry run, without the apply form.
+        let (status, body) = page(login(VIEW).await).await;
+        assert_eq!(status, StatusCode::OK, "[{b}]");
+        assert!(
+            body.contains(&format!("data-run=\"{a}\" data-outcome=\"migrates\"")),
+            "[{b}]"
+        );
+        assert!(
+            body.contains(&format!("data-run=\"{refused}\" data-outcome=\"refused\"")),
+            "[{b}] {body}"
+        );
+        assert!(!body.contains("data-action=\"migrate\""), "[{b}]");
+        // An operator applies it, with a reason and the session's CSRF token.
+        let ops = login(OPS).await;
+        let (_, body) = page(ops.clone()).await;
+        let csrf = crate::console::csrf_of(&body);
+        let form = |csrf: &str, reason: &str| {
+            vec![
+                ("csrf", csrf.to_owned()),
+                ("workflow", "shipment".to_owned()),
+                ("from", "1".to_owned()),
+                ("to", "2".to_owned()),
+                ("reason", reason.to_owned()),
+            ]
+        };
+        let post = |form: Vec<(&'static str, String)>| {
+            let (http, ops) = (http.clone(), ops.clone());
+            async move {
+                http.post(format!("http://{addr}/console/migrations"))
+                    .header("cookie", ops)
+                    .form(&form)
+                    .send()
+                    .await
+                    .expect("post")
+                    .status()
+            }
+        };
+        assert_eq!(
+            post(form("forged", "x")).await,
+            StatusCode::FORBIDDEN,
+            "[{b}]"
+        );
+        assert_eq!(
+            post(form(&csrf, " ")).await,
+            StatusCode::BAD_REQUEST,
+            "[{b}]"
+        );
+        assert_eq!(engine.run(a).await.expect("read").expect("run").version, 1);
+        assert_eq!(
+            post(form(&csrf, "ship v2 ships held skus")).await,
+            StatusCode::SEE_OTHER,
+            "[{b}]"
+        );
+        assert_eq!(engine.run(a).await.expect("read").expect("run").version, 2);
+        assert_eq!(
+            engine
+                .run(refused)
+                .await
+                .expect("read")
+                .expect("run")
+                .version,
+            1
+        );
+        let history = engine.history(a).await.expect("history");
+        assert!(
+            history
+                .iter()
+                .any(|h| h.kind == HistoryKind::Migrated && h.actor == "console:ops"),
+            "[{b}]"
+        );
+        engine.shutdown().await;
+    }
+}
