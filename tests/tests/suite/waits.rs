@@ -686,3 +686,110 @@ async fn event_sent_from_the_cli_completes_a_waiting_step() {
         server.shutdown().await.expect("stop");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_sent_from_the_console_completes_a_waiting_step() {
+    for db in backends().await {
+        let server = effects().await;
+        let wf = approval(
+            "approval",
+            &server,
+            Duration::from_secs(3600),
+            OnTimeout::Fail,
+            None,
+        );
+        let engine = engine(&db, vec![wf]).await;
+        let (addr, _admin) = crate::fixtures::serve_admin(
+            &engine,
+            crate::fixtures::admin_tokens("ops-secret-0123456789", "view-secret-0123456789"),
+        )
+        .await;
+        let id = engine.start("approval", &()).await.expect("start");
+        parked(&engine, id).await;
+        let http = crate::console::http();
+        let login = |token: &'static str| {
+            let http = http.clone();
+            async move {
+                let r = http
+                    .post(format!("http://{addr}/console/login"))
+                    .form(&[("token", token)])
+                    .send()
+                    .await
+                    .expect("login");
+                let set = r.headers()["set-cookie"]
+                    .to_str()
+                    .expect("ascii")
+                    .to_owned();
+                set.split(';').next().expect("pair").to_owned()
+            }
+        };
+        let page = |cookie: String| {
+            let http = http.clone();
+            async move {
+                http.get(format!("http://{addr}/console/runs/{id}"))
+                    .header("cookie", cookie)
+                    .send()
+                    .await
+                    .expect("page")
+                    .text()
+                    .await
+                    .expect("body")
+            }
+        };
+        // Everyone sees what the step waits for; only an operator gets the form.
+        let viewer = page(login("view-secret-0123456789").await).await;
+        assert!(viewer.contains("waiting-steps") && viewer.contains("event manager_approval"));
+        assert!(
+            !viewer.contains("data-action=\"send_event\""),
+            "[{}]",
+            db.backend
+        );
+        let ops = login("ops-secret-0123456789").await;
+        let body = page(ops.clone()).await;
+        assert!(
+            body.contains("data-event=\"manager_approval\""),
+            "[{}]",
+            db.backend
+        );
+        let csrf = crate::console::csrf_of(&body);
+        let post = |csrf: String, payload: &'static str| {
+            let (http, ops) = (http.clone(), ops.clone());
+            async move {
+                http.post(format!("http://{addr}/console/runs/{id}/events"))
+                    .header("cookie", ops)
+                    .form(&[
+                        ("csrf", csrf.as_str()),
+                        ("name", "manager_approval"),
+                        ("payload", payload),
+                    ])
+                    .send()
+                    .await
+                    .expect("post")
+                    .status()
+            }
+        };
+        assert_eq!(post("forged".into(), "{}").await, 403, "[{}]", db.backend);
+        assert_eq!(post(csrf.clone(), "{nope").await, 400, "[{}]", db.backend);
+        assert_eq!(
+            post(csrf, r#"{"approved": true, "by": "<b>console</b>"}"#).await,
+            303,
+            "[{}]",
+            db.backend
+        );
+        expect_state(&engine, id, RunState::Completed, db.backend).await;
+        assert_eq!(output_of(&engine, id, "ship").await["by"], "<b>console</b>");
+        let history = engine.history(id).await.expect("history");
+        assert!(
+            history
+                .iter()
+                .any(|h| h.kind.to_string() == "event_received" && h.actor == "console:ops"),
+            "[{}]",
+            db.backend
+        );
+        // What a user sent is escaped where the page shows it.
+        let shown = page(login("ops-secret-0123456789").await).await;
+        assert!(!shown.contains("<b>console</b>"), "[{}]", db.backend);
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
