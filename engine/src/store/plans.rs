@@ -209,7 +209,9 @@ impl StoreTx<'_> {
             }
             if state.is_final() && state != before.state {
                 finished.push(id);
-                ended.push((id, state, write.run_output.clone()));
+                if before.parent_step.is_some() {
+                    ended.push((id, state, write.run_output.clone()));
+                }
                 *totals.entry((before.workflow.clone(), state)).or_default() += 1;
                 if before.notify {
                     notices.push(finished_notice(&before, &write, state));
@@ -278,7 +280,11 @@ impl StoreTx<'_> {
         }
         // A child run's end wakes its parent's step; a completed child keeps its steps (its
         // parent may yet compensate it).
-        let kept = self.wake_parents(&ended, actor).await?;
+        let kept = if ended.is_empty() {
+            Vec::new()
+        } else {
+            self.wake_parents(&ended, actor).await?
+        };
         finished.retain(|id| !kept.contains(id));
         // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
         for chunk in finished.chunks(CHUNK) {

@@ -144,6 +144,8 @@ pub struct RunRow {
     pub trace_parent: Option<String>,
     /// The W3C `tracestate` kept with it.
     pub trace_state: Option<String>,
+    /// For a child run, the row id of its parent's step that started it.
+    pub parent_step: Option<i64>,
 }
 
 from_row!(RunRow {
@@ -162,9 +164,10 @@ from_row!(RunRow {
     notify,
     trace_parent,
     trace_state,
+    parent_step,
 });
 
-pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts, notify, trace_parent, trace_state";
+pub(super) const RUN_COLS: &str = "id, workflow, version, business_key, state, input, output, error, created_at, updated_at, finished_at, failed_attempts, notify, trace_parent, trace_state, parent_step";
 
 impl RunRow {
     pub(super) fn decode(r: &Row) -> Result<Self> {

@@ -48,6 +48,7 @@ fn run(state: RunState) -> RunRow {
         notify: false,
         trace_parent: None,
         trace_state: None,
+        parent_step: None,
     }
 }
 
