@@ -5,8 +5,9 @@
 //!   for (a timer, a named event, a callback, a child run) and, once woken, what woke it; it
 //!   is cleared when the step's next attempt ends. `wait_key` is what deliveries look the
 //!   step up by: the SHA-256 of a callback token, or `child:<run id>`.
-//! - The partial index `sagaflow_steps_waiting` holds the parked steps by due time, so the
-//!   leader's timer pass reads only the steps whose time came.
+//! - The partial index `sagaflow_steps_waiting` holds the steps with a stored wait (the
+//!   parked ones, and the few resuming after one) by due time, so the leader's timer pass
+//!   reads only the steps whose time came.
 //! - `sagaflow_events` keeps named events sent to a run (by id or business key) until a step
 //!   waits for them: an event that arrives before its step waits is not lost.
 //! - `sagaflow_runs.parent_step` is the row id of the parent's step that started a child
@@ -35,8 +36,11 @@ const TABLES: &str = r#"CREATE TABLE IF NOT EXISTS sagaflow_events (
     )"#;
 
 const INDEXES: &[&str] = &[
+    // Keyed on `wait`, not on `state = 'waiting'`: SQLite would otherwise plan every
+    // statement that compares `state` with a bound value anew at each execution, to see
+    // whether the value matches the index's predicate (the evaluator's writes do).
     "CREATE INDEX IF NOT EXISTS sagaflow_steps_waiting ON sagaflow_steps (available_at) \
-     WHERE state = 'waiting'",
+     WHERE wait IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS sagaflow_steps_wait_key ON sagaflow_steps (wait_key) \
      WHERE wait_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS sagaflow_events_kept ON sagaflow_events (run_id, name, id) \

@@ -436,7 +436,7 @@ impl Store {
             "UPDATE sagaflow_steps SET state = '{to}', available_at = {{now}}, aging_from = {{now}}, \
                updated_at = {{now}} \
              WHERE state = 'waiting' AND id IN (SELECT id FROM sagaflow_steps \
-               WHERE state = 'waiting' AND available_at <= {{now}} \
+               WHERE wait IS NOT NULL AND available_at <= {{now}} AND state = 'waiting' \
                AND NOT EXISTS (SELECT 1 FROM sagaflow_runs r \
                  WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') \
                ORDER BY available_at LIMIT $1) \
@@ -486,7 +486,7 @@ impl Store {
         values.insert(0, i64::from(limit).into());
         let sql = format!(
             "SELECT run_id, name, wait, available_at FROM sagaflow_steps \
-             WHERE state = 'waiting'{filter} ORDER BY available_at LIMIT $1"
+             WHERE wait IS NOT NULL AND state = 'waiting'{filter} ORDER BY available_at LIMIT $1"
         );
         let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
         let mut out = Vec::with_capacity(rows.len());
@@ -534,7 +534,7 @@ impl Store {
         let row = self
             .exec
             .query_one(self.stmt(
-                "SELECT COUNT(*) AS n FROM sagaflow_steps WHERE state = 'waiting'",
+                "SELECT COUNT(*) AS n FROM sagaflow_steps WHERE wait IS NOT NULL AND state = 'waiting'",
                 vec![],
             ))
             .await?;
