@@ -508,13 +508,17 @@ impl EngineBuilder {
         };
         let declared = self.resources.iter().map(|r| r.name().to_owned()).collect();
         let stale_after = self.supervisor.instance_stale_after;
+        let (supervisor, timer_interval) = {
+            let t = self.supervisor.timer_interval;
+            (self.supervisor, t)
+        };
         let engine = Engine::launch(
             store,
             heartbeat,
             Arc::new(self.registry),
             self.sinks,
             self.scheduler,
-            (self.run_supervisor && self.workers).then_some(self.supervisor),
+            (self.run_supervisor && self.workers).then_some(supervisor),
             self.workers,
             self.published,
             self.max_input_bytes,
@@ -522,6 +526,9 @@ impl EngineBuilder {
             stale_after,
         )?;
         let _ = engine.inner.migrations.set(self.migrations);
+        if self.run_supervisor && self.workers {
+            engine.spawn_automatic_migrations(timer_interval);
+        }
         for a in &changed {
             engine.deliver_alert(a);
         }

@@ -137,3 +137,56 @@ impl Operator<'_> {
             .ok_or_else(|| Error::WorkflowNotFound(format!("{name}@{version}")))
     }
 }
+
+impl crate::Engine {
+    /// Spawns the loop that applies the automatic migrations ([`Migration::automatic`]) on
+    /// this engine while it leads the supervisor, every `every`, until shutdown. Holds the
+    /// engine weakly, so it never keeps a dropped engine alive.
+    pub(crate) fn spawn_automatic_migrations(&self, every: std::time::Duration) {
+        let automatic: Vec<Migration> = self
+            .inner
+            .migrations
+            .get()
+            .map(|ms| ms.iter().filter(|m| m.is_automatic()).cloned().collect())
+            .unwrap_or_default();
+        if automatic.is_empty() {
+            return;
+        }
+        let inner = Arc::downgrade(&self.inner);
+        let cancel = self.inner.cancel.clone();
+        self.inner.tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    () = cancel.cancelled() => return,
+                }
+                let Some(inner) = inner.upgrade() else { return };
+                let engine = crate::Engine { inner };
+                if !engine.supervisor().is_some_and(|s| s.is_leader()) {
+                    continue;
+                }
+                let actor = format!("engine:{}", engine.instance_id());
+                for m in &automatic {
+                    let op = engine
+                        .operator()
+                        .on_behalf_of(actor.clone(), "automatic migration");
+                    match op.migrate(m.name(), m.from(), m.to()).await {
+                        Ok(r) if r.migrating() > 0 => tracing::info!(
+                            workflow = m.name(),
+                            from = m.from(),
+                            to = m.to(),
+                            migrated = r.migrating(),
+                            "automatic migration"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(
+                            workflow = m.name(),
+                            error = %e,
+                            "automatic migration failed; trying again at the next pass"
+                        ),
+                    }
+                }
+            }
+        });
+    }
+}

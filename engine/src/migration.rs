@@ -55,6 +55,7 @@ pub struct Migration {
     from: i32,
     to: i32,
     map: Option<Arc<MapFn>>,
+    automatic: bool,
 }
 
 impl fmt::Debug for Migration {
@@ -64,6 +65,7 @@ impl fmt::Debug for Migration {
             .field("from", &self.from)
             .field("to", &self.to)
             .field("mapped", &self.map.is_some())
+            .field("automatic", &self.automatic)
             .finish()
     }
 }
@@ -77,7 +79,25 @@ impl Migration {
             from,
             to,
             map: None,
+            automatic: false,
         }
+    }
+
+    /// Applies the migration without an operator: the supervisor leader's engine migrates
+    /// the unfinished runs of the old version at every timer pass (recorded as done by
+    /// `engine:<instance>`), each as an operator's `migrate` would; a run that cannot be
+    /// migrated yet (an attempt in flight) is tried again at the next pass, one the mapping
+    /// refuses stays on its version. Off by default: an operator applies a migration after
+    /// reading its dry run.
+    #[must_use]
+    pub fn automatic(mut self) -> Self {
+        self.automatic = true;
+        self
+    }
+
+    /// Whether engines apply it without an operator ([`Migration::automatic`]).
+    pub fn is_automatic(&self) -> bool {
+        self.automatic
     }
 
     /// Adds a mapping closure, called for each run after the default mapping: it may rewrite

@@ -465,3 +465,45 @@ async fn migrate_from_the_console_shows_the_dry_run_then_applies_it() {
         engine.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_automatically_when_the_migration_says_so() {
+    for db in backends().await {
+        let b = db.backend;
+        let (a, refused) = parked_runs(&db).await;
+        let engine = fast_builder(&db)
+            .with_workflow(v1())
+            .with_workflow(v2())
+            .with_migration(migration().automatic())
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        eventually(
+            std::time::Duration::from_secs(30),
+            "the leader to migrate the run by itself",
+            || async {
+                engine
+                    .run(a)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.version == 2)
+            },
+        )
+        .await;
+        let history = engine.history(a).await.expect("history");
+        let migrated = history
+            .iter()
+            .find(|h| h.kind == HistoryKind::Migrated)
+            .unwrap_or_else(|| panic!("[{b}] no migrated event"));
+        assert!(
+            migrated.actor.starts_with("engine:"),
+            "[{b}] {}",
+            migrated.actor
+        );
+        // The mapping's refusal holds at every pass: that run stays on version 1.
+        let run = engine.run(refused).await.expect("read").expect("run");
+        assert_eq!(run.version, 1, "[{b}]");
+        engine.shutdown().await;
+    }
+}
