@@ -402,10 +402,10 @@ async fn the_counters_equal_the_database_and_the_gauges_show_the_queue() {
         // so scrape until this engine's figure shows (each scrape refreshes it).
         #[allow(clippy::cast_precision_loss)]
         let scheduled = w.scheduled as f64;
-        let m = eventually_some(Duration::from_secs(10), "the scheduled gauge", || async {
+        let queue = eventually_some(Duration::from_secs(10), "the scheduled gauge", || async {
             let (_, text) = scrape(addr, Some(VIEW)).await;
-            let m = samples(&text, &w.workflow);
-            (total(&m, "sagaflow_steps_scheduled", &[("workflow", wf)]) == scheduled).then_some(m)
+            let q = samples(&text, &w.workflow);
+            (total(&q, "sagaflow_steps_scheduled", &[("workflow", wf)]) == scheduled).then_some(q)
         })
         .await;
         for gauge in [
@@ -413,7 +413,11 @@ async fn the_counters_equal_the_database_and_the_gauges_show_the_queue() {
             "sagaflow_steps_running",
             "sagaflow_oldest_ready_age_seconds",
         ] {
-            assert_eq!(total(&m, gauge, &[("workflow", wf)]), 0.0, "[{b}] {gauge}");
+            assert_eq!(
+                total(&queue, gauge, &[("workflow", wf)]),
+                0.0,
+                "[{b}] {gauge}"
+            );
         }
         assert!(total(&m, "sagaflow_leader", &[]) >= 1.0, "[{b}] {text}");
         assert!(
