@@ -51,7 +51,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::RunNotFound`] (no such run or key); [`Error::ActionNotAllowed`] for a
-    /// finished run; [`Error::InvalidInput`] for an empty or too long name;
+    /// finished run; [`Error::InvalidEvent`] for an empty or too long name;
     /// [`Error::PayloadTooLarge`]; [`Error::Db`].
     pub async fn send_event<P: Serialize>(
         &self,
@@ -73,11 +73,7 @@ impl Engine {
         payload: &P,
         actor: &str,
     ) -> Result<EventDelivery> {
-        let invalid = |reason: String| Error::InvalidInput {
-            workflow: String::new(),
-            reason,
-            field: None,
-        };
+        let invalid = Error::InvalidEvent;
         if name.is_empty() || name.len() > EVENT_NAME_MAX || name.starts_with("callback:") {
             return Err(invalid(format!(
                 "an event name is 1 to {EVENT_NAME_MAX} bytes and does not start with `callback:`"

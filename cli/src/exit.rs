@@ -64,7 +64,9 @@ impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         match &e {
             Error::RunNotFound(_) | Error::KeyNotFound { .. } => Self::not_found(e),
-            Error::InvalidInput { .. } | Error::PayloadTooLarge { .. } => Self::usage(e),
+            Error::InvalidInput { .. } | Error::InvalidEvent(_) | Error::PayloadTooLarge { .. } => {
+                Self::usage(e)
+            }
             Error::ActionNotAllowed { .. } => Self::refused(e),
             Error::InvalidQuery(_) => Self::usage(e),
             Error::SchemaOutOfDate { unknown, .. } if unknown.is_empty() => Self::new(

@@ -173,6 +173,10 @@ pub enum Error {
         business_key: String,
     },
 
+    /// An event (or a callback's result) that cannot be sent: its name or payload says why.
+    #[error("invalid event: {0}")]
+    InvalidEvent(String),
+
     /// No step holds this callback token: it is forged, or spent (the step that issued it
     /// moved on).
     #[error("unknown or spent callback token")]

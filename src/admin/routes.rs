@@ -212,6 +212,7 @@ impl From<Error> for ApiError {
             Error::RunNotFound(_) | Error::KeyNotFound { .. } => {
                 Self::new(S::NOT_FOUND, "run_not_found", e.to_string())
             }
+            Error::InvalidEvent(_) => Self::new(S::BAD_REQUEST, "invalid_event", e.to_string()),
             Error::UnknownCallback => Self::new(S::NOT_FOUND, "unknown_callback", e.to_string()),
             Error::InvalidQuery(_) => Self::new(S::BAD_REQUEST, "invalid_query", e.to_string()),
             Error::InvalidInput { field, .. } => {

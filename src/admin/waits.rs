@@ -73,7 +73,7 @@ const EVENT_SHAPE: &str = r#"{"payload"?: any JSON}"#;
     request_body = EventBody,
     responses(
         (status = 200, description = "Delivered to a waiting step, or kept", body = EventAnswer),
-        (status = 400, description = "`invalid_id`, `invalid_input` (the name), `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 400, description = "`invalid_id`, `invalid_event` (the name), `invalid_json` or `invalid_body`", body = ErrorBody),
         (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
         (status = 404, description = "`run_not_found`", body = ErrorBody),
         (status = 409, description = "`action_not_allowed`: the run is finished", body = ErrorBody),
@@ -109,7 +109,7 @@ pub(super) async fn send_event(
     request_body = EventBody,
     responses(
         (status = 200, description = "Delivered to a waiting step, or kept", body = EventAnswer),
-        (status = 400, description = "`invalid_input` (the name), `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 400, description = "`invalid_event` (the name), `invalid_json` or `invalid_body`", body = ErrorBody),
         (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
         (status = 404, description = "`run_not_found`: no run has the key", body = ErrorBody),
         (status = 409, description = "`action_not_allowed`: the run is finished", body = ErrorBody),

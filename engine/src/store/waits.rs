@@ -412,11 +412,8 @@ impl Store {
         if held.is_none() {
             return Err(unknown());
         }
-        let payload = serde_json::to_value(result).map_err(|e| Error::InvalidInput {
-            workflow: String::new(),
-            reason: e.to_string(),
-            field: None,
-        })?;
+        let payload =
+            serde_json::to_value(result).map_err(|e| Error::InvalidEvent(e.to_string()))?;
         let name = crate::wait::callback_event(&hash);
         let delivery = tx.deliver(run_id, &name, &payload, actor).await?;
         tx.commit_from(Wake::CLAIM, actor).await?;

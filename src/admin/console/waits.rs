@@ -121,7 +121,7 @@ pub(super) async fn send(
             tracing::info!(run_id = %run_id, event = %form.name, by = %s.name, "console event");
             Redirect::to(&format!("/console/runs/{run_id}?done=send_event")).into_response()
         }
-        Err(e @ (Error::ActionNotAllowed { .. } | Error::InvalidInput { .. })) => {
+        Err(e @ (Error::ActionNotAllowed { .. } | Error::InvalidEvent(_))) => {
             view::error_page(&s, StatusCode::CONFLICT, &format!("Not sent: {e}"))
         }
         Err(e @ Error::RunNotFound(_)) => {

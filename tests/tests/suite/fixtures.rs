@@ -363,3 +363,18 @@ static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 pub(crate) async fn timing_turn() -> tokio::sync::MutexGuard<'static, ()> {
     TIMING.lock().await
 }
+
+/// Logs in to the console served at `addr` with `token`; returns the session's `Cookie`.
+pub(crate) async fn console_login(addr: std::net::SocketAddr, token: &str) -> String {
+    let r = crate::console::http()
+        .post(format!("http://{addr}/console/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .expect("login");
+    let set = r.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    set.split(';').next().expect("pair").to_owned()
+}

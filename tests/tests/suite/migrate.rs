@@ -362,22 +362,7 @@ async fn migrate_from_the_console_shows_the_dry_run_then_applies_it() {
         let engine = both_versions(&db).await;
         let (addr, _server) = serve_admin(&engine, admin_tokens(OPS, VIEW)).await;
         let http = crate::console::http();
-        let login = |token: &'static str| {
-            let http = http.clone();
-            async move {
-                let r = http
-                    .post(format!("http://{addr}/console/login"))
-                    .form(&[("token", token)])
-                    .send()
-                    .await
-                    .expect("login");
-                let set = r.headers()["set-cookie"]
-                    .to_str()
-                    .expect("ascii")
-                    .to_owned();
-                set.split(';').next().expect("pair").to_owned()
-            }
-        };
+        let login = |token: &'static str| crate::fixtures::console_login(addr, token);
         let page = |cookie: String| {
             let http = http.clone();
             async move {

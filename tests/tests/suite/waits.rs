@@ -707,22 +707,7 @@ async fn event_sent_from_the_console_completes_a_waiting_step() {
         let id = engine.start("approval", &()).await.expect("start");
         parked(&engine, id).await;
         let http = crate::console::http();
-        let login = |token: &'static str| {
-            let http = http.clone();
-            async move {
-                let r = http
-                    .post(format!("http://{addr}/console/login"))
-                    .form(&[("token", token)])
-                    .send()
-                    .await
-                    .expect("login");
-                let set = r.headers()["set-cookie"]
-                    .to_str()
-                    .expect("ascii")
-                    .to_owned();
-                set.split(';').next().expect("pair").to_owned()
-            }
-        };
+        let login = |token: &'static str| crate::fixtures::console_login(addr, token);
         let page = |cookie: String| {
             let http = http.clone();
             async move {
