@@ -36,6 +36,7 @@ pub struct EngineBuilder {
     heartbeat_every: Duration,
     pub(crate) admin: Option<(std::net::SocketAddr, crate::admin::AdminConfig)>,
     pub(crate) migrations: Vec<sagaflow_engine::migration::Migration>,
+    pause_hook: Option<Arc<sagaflow_engine::interleave::PauseHook>>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -69,6 +70,7 @@ impl Default for EngineBuilder {
             heartbeat_every: HEARTBEAT_INTERVAL_DEFAULT,
             admin: None,
             migrations: Vec::new(),
+            pause_hook: None,
         }
     }
 }
@@ -407,6 +409,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Test hook (see `sagaflow_engine::interleave`): this instance's units of work stop at
+    /// the pause points the hook holds.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn with_pause_hook(mut self, hook: Arc<sagaflow_engine::interleave::PauseHook>) -> Self {
+        self.pause_hook = Some(hook);
+        self
+    }
+
     /// Test hook (see [`CrashHook`](crate::CrashHook)): this instance crashes, once, at the
     /// point the hook is armed at. Not part of the supported API; tests use
     /// `sagaflow_testkit::SagaTest::crash_at`.
@@ -494,7 +505,13 @@ impl EngineBuilder {
             None => None,
         };
         let store = match self.url.take() {
-            Some(url) => Store::open(&url, &self.store_options).await?,
+            Some(url) => {
+                let store = Store::open(&url, &self.store_options).await?;
+                match self.pause_hook.take() {
+                    Some(hook) => store.with_pause_hook(hook),
+                    None => store,
+                }
+            }
             None => {
                 return Err(Error::Config("no database: call with_database_url".into()));
             }
@@ -544,7 +561,7 @@ impl EngineBuilder {
         &self,
         store: &Store,
         descriptions: &[WorkflowDescription],
-    ) -> Result<(Vec<Alert>, Option<(String, Duration)>)> {
+    ) -> Result<(Vec<Alert>, Option<crate::instance::Heartbeat>)> {
         let changed = store
             .definitions_publish(descriptions, &self.scheduler.owner)
             .await?;
@@ -560,7 +577,11 @@ impl EngineBuilder {
                 self.supervisor.instance_stale_after,
             )
             .await?;
-            Some((incarnation, self.heartbeat_every))
+            Some(crate::instance::Heartbeat {
+                incarnation,
+                every: self.heartbeat_every,
+                stale_after: self.supervisor.instance_stale_after,
+            })
         } else {
             None
         };

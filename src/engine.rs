@@ -136,7 +136,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch(
         store: Store,
-        heartbeat: Option<(String, Duration)>,
+        heartbeat: Option<crate::instance::Heartbeat>,
         registry: Arc<Registry>,
         sinks: Vec<Arc<dyn AlertSink>>,
         scheduler: SchedulerConfig,
@@ -181,12 +181,11 @@ impl Engine {
                 (None, _) => {}
             }
         }
-        if let Some((incarnation, every)) = &heartbeat {
+        if let Some(beat) = &heartbeat {
             tracker.spawn(crate::instance::heartbeat(
                 store.clone(),
-                scheduler.owner().to_owned(),
-                incarnation.clone(),
-                *every,
+                scheduler.clone(),
+                beat.clone(),
                 cancel.clone(),
             ));
         }
@@ -207,7 +206,7 @@ impl Engine {
                 max_input_bytes,
                 published,
                 submit,
-                incarnation: heartbeat.map(|(i, _)| i),
+                incarnation: heartbeat.map(|h| h.incarnation),
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 admin_addr: std::sync::OnceLock::new(),
                 crash,

@@ -3,10 +3,13 @@
 //! steps at shutdown. Steps released here are interruptions, decided by the transition
 //! module: they never count as failures.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use sagaflow_engine::transition::rescue;
-use sagaflow_engine::{Result, Store};
+use sagaflow_engine::{Result, Scheduler, Store};
 use tokio_util::sync::CancellationToken;
 
 /// Steps released per statement.
@@ -62,39 +65,115 @@ pub(crate) async fn release_owned(store: &Store, owner: &str) -> Result<u64> {
     }
 }
 
-/// Heartbeats until cancelled. Losing the registration (another process took the id) is
-/// logged once.
+/// What an instance's heartbeat needs to know.
+#[derive(Debug, Clone)]
+pub(crate) struct Heartbeat {
+    /// This process's registration of the instance id.
+    pub(crate) incarnation: String,
+    /// How often it beats.
+    pub(crate) every: Duration,
+    /// How long silence lasts before other instances count this one dead.
+    pub(crate) stale_after: Duration,
+}
+
+impl Heartbeat {
+    /// How long after the start of its last heartbeat that landed the instance stops its
+    /// own attempts: a margin before `stale_after` (a quarter of it, or half of the room
+    /// between a beat and `stale_after` when that is smaller), so that it has stopped acting
+    /// before any other instance may take its steps over.
+    pub(crate) fn fence_after(&self) -> Duration {
+        let margin = (self.stale_after / 4).min(self.stale_after.saturating_sub(self.every) / 2);
+        self.stale_after.saturating_sub(margin)
+    }
+}
+
+/// Heartbeats until cancelled, and fences the instance while its liveness is in doubt: when
+/// no heartbeat has landed for [`Heartbeat::fence_after`] (the database is slow or out of
+/// reach, the process was frozen), the scheduler stops every attempt in flight and claims
+/// nothing, before the leader may count the instance dead and re-queue its steps. The
+/// next heartbeat that lands releases what the stopped attempts still held (interruptions)
+/// and lets the instance claim again. Losing the registration (another process took the
+/// id) fences it for good, logged once.
 pub(crate) async fn heartbeat(
     store: Store,
-    id: String,
-    incarnation: String,
-    every: Duration,
+    scheduler: Arc<Scheduler>,
+    beat: Heartbeat,
     cancel: CancellationToken,
 ) {
+    let id = scheduler.owner().to_owned();
+    let fence_after = beat.fence_after();
+    // Registration just landed: liveness is measured from here.
+    let mut last_ok = Instant::now();
+    let mut next = last_ok + beat.every;
     let mut failing = false;
     let mut lost = false;
     loop {
+        let fence_at = last_ok + fence_after;
         tokio::select! {
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep_until(if scheduler.is_fenced() { next } else { next.min(fence_at) }) => {}
             () = cancel.cancelled() => return,
         }
-        match store.instance_heartbeat(&id, &incarnation).await {
-            Ok(true) => failing = false,
-            Ok(false) => {
-                if !lost {
-                    tracing::error!(
-                        instance = %id,
-                        "another process registered this instance id; its steps are no longer ours"
-                    );
-                    lost = true;
+        if Instant::now() >= next {
+            let sent = Instant::now();
+            next = sent + beat.every;
+            // A beat that hangs must not hold the fence back.
+            let wait = if scheduler.is_fenced() {
+                beat.every
+            } else {
+                fence_at.saturating_duration_since(sent)
+            };
+            let landed =
+                tokio::time::timeout(wait, store.instance_heartbeat(&id, &beat.incarnation)).await;
+            match landed {
+                Ok(Ok(true)) if !lost => {
+                    last_ok = sent;
+                    failing = false;
+                    if scheduler.is_fenced() {
+                        unfence(&store, &scheduler, &id).await;
+                    }
                 }
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(instance = %id, error = %e, "heartbeat failed; retrying");
-                    failing = true;
+                Ok(Ok(_)) => {
+                    if !lost {
+                        tracing::error!(
+                            instance = %id,
+                            "another process registered this instance id; its steps are no longer ours"
+                        );
+                        lost = true;
+                        scheduler.fence();
+                    }
                 }
+                Ok(Err(e)) => {
+                    if !failing {
+                        tracing::warn!(instance = %id, error = %e, "heartbeat failed; retrying");
+                        failing = true;
+                    }
+                }
+                Err(_) => {}
             }
+        }
+        if !scheduler.is_fenced() && last_ok.elapsed() >= fence_after {
+            let stopped = scheduler.fence();
+            tracing::error!(
+                instance = %id,
+                silent_ms = u64::try_from(last_ok.elapsed().as_millis()).unwrap_or(u64::MAX),
+                stopped,
+                "no heartbeat landed in time: this instance stopped its attempts before another \
+                 may take its steps over; it claims again once a heartbeat lands"
+            );
+        }
+    }
+}
+
+/// After a heartbeat landed again: releases what the stopped attempts still hold (as
+/// interruptions, decided by the transition module) and lets the instance claim again.
+async fn unfence(store: &Store, scheduler: &Scheduler, id: &str) {
+    match release_owned(store, id).await {
+        Ok(released) => {
+            tracing::info!(instance = %id, released, "a heartbeat landed again: claiming again");
+            scheduler.unfence();
+        }
+        Err(e) => {
+            tracing::warn!(instance = %id, error = %e, "could not release the stopped attempts; still fenced");
         }
     }
 }

@@ -127,7 +127,7 @@ pub mod migration {
 #[doc(hidden)]
 pub mod internals {
     pub use sagaflow_engine::{
-        Registry, operator, protocol, scheduler, signals, store, trace, transition,
+        Registry, interleave, operator, protocol, scheduler, signals, store, trace, transition,
     };
     pub use sagaflow_supervisor::{Supervisor, SupervisorConfig, SweepGate};
 

@@ -44,7 +44,8 @@ impl std::fmt::Display for CrashPoint {
 #[doc(hidden)]
 #[derive(Debug, Default)]
 pub struct CrashHook {
-    armed: Mutex<Option<(String, CrashPoint)>>,
+    /// Step, point, and the phase (`Some(true)`: a compensation attempt only; `None`: any).
+    armed: Mutex<Option<(String, CrashPoint, Option<bool>)>>,
     crashed: CancellationToken,
 }
 
@@ -57,7 +58,15 @@ impl CrashHook {
     /// Crash at `point` of the next attempt (forward or compensation) of the step named
     /// `step`, in any workflow.
     pub fn arm(&self, step: impl Into<String>, point: CrashPoint) {
-        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) = Some((step.into(), point));
+        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((step.into(), point, None));
+    }
+
+    /// Crash at `point` of the next *compensation* attempt of the step named `step` (its
+    /// forward attempts pass).
+    pub fn arm_compensation(&self, step: impl Into<String>, point: CrashPoint) {
+        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((step.into(), point, Some(true)));
     }
 
     /// What the hook is armed at, if it has not fired yet.
@@ -65,7 +74,8 @@ impl CrashHook {
         self.armed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .map(|(s, p, _)| (s.clone(), *p))
     }
 
     /// Whether the instance crashed.
@@ -84,16 +94,17 @@ impl CrashHook {
         self.crashed.clone()
     }
 
-    /// Crashes the instance if the hook is armed at `point` of `step`; `true` when the
-    /// instance crashed, now or before (the caller must then stop without writing anything).
-    pub(crate) fn hit(&self, point: CrashPoint, step: &str) -> bool {
+    /// Crashes the instance if the hook is armed at `point` of `step` (in the phase of the
+    /// attempt: `compensation`); `true` when the instance crashed, now or before (the caller
+    /// must then stop without writing anything).
+    pub(crate) fn hit(&self, point: CrashPoint, step: &str, compensation: bool) -> bool {
         if self.has_crashed() {
             return true;
         }
         let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
-        let fires = armed
-            .as_ref()
-            .is_some_and(|(s, p)| *p == point && s == step);
+        let fires = armed.as_ref().is_some_and(|(s, p, phase)| {
+            *p == point && s == step && phase.is_none_or(|c| c == compensation)
+        });
         if fires {
             *armed = None;
             tracing::warn!(step, %point, "crashing this engine instance on purpose (test hook)");
@@ -110,16 +121,24 @@ mod tests {
     #[test]
     fn fires_once_at_the_armed_point_of_the_armed_step() {
         let hook = CrashHook::new();
-        assert!(!hook.hit(CrashPoint::BeforeCall, "charge"));
+        assert!(!hook.hit(CrashPoint::BeforeCall, "charge", false));
         hook.arm("charge", CrashPoint::AfterEffect);
-        assert!(!hook.hit(CrashPoint::BeforeCall, "charge"));
-        assert!(!hook.hit(CrashPoint::AfterEffect, "reserve"));
+        assert!(!hook.hit(CrashPoint::BeforeCall, "charge", false));
+        assert!(!hook.hit(CrashPoint::AfterEffect, "reserve", false));
         assert!(!hook.has_crashed());
-        assert!(hook.hit(CrashPoint::AfterEffect, "charge"));
+        assert!(hook.hit(CrashPoint::AfterEffect, "charge", false));
         assert!(hook.has_crashed());
         assert_eq!(hook.armed(), None);
         // Once dead, every point reports the crash.
-        assert!(hook.hit(CrashPoint::BeforeCommit, "reserve"));
+        assert!(hook.hit(CrashPoint::BeforeCommit, "reserve", false));
         assert!(hook.token().is_cancelled());
+    }
+
+    #[test]
+    fn a_compensation_point_lets_forward_attempts_pass() {
+        let hook = CrashHook::new();
+        hook.arm_compensation("charge", CrashPoint::BeforeCall);
+        assert!(!hook.hit(CrashPoint::BeforeCall, "charge", false));
+        assert!(hook.hit(CrashPoint::BeforeCall, "charge", true));
     }
 }

@@ -13,6 +13,7 @@ pub mod clock;
 pub mod crash;
 pub mod cron;
 pub mod definition;
+pub mod interleave;
 pub mod metrics;
 pub mod migration;
 pub mod operator;

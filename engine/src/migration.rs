@@ -18,6 +18,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::definition::{Registry, Workflow};
+use crate::interleave::{Point, Unit};
 use crate::operator::Audit;
 use crate::store::Store;
 use crate::transition::migrate::{Decided, decide, step_rows};
@@ -240,7 +241,8 @@ impl MigratingRun {
     }
 
     /// Sets a step's state: `not_started` (it runs when its dependencies completed),
-    /// `completed` (give it an output with [`set_output`](Self::set_output)) or `skipped`.
+    /// `completed` (give it an output with [`set_output`](Self::set_output)) or `skipped`
+    /// (only in a run that is unwinding: a run going forward with a skipped step is refused).
     ///
     /// # Errors
     /// A [`MigrationRefusal`] for another state or an unknown step.
@@ -467,7 +469,9 @@ pub async fn apply_one(
         tx.rollback().await?;
         return Ok(None);
     }
-    let decided = match tx.steps_of(&[id]).await?.take(id) {
+    let mut read = tx.steps_of(&[id]).await?;
+    tx.pause_point(Unit::Migrate, Point::AfterReads).await;
+    let decided = match read.take(id) {
         Ok(s) => decide(v, &run, &s).map(|d| (d, s)),
         Err(d) => Err(MigrationRefusal::new(d.to_error().to_string())),
     };
@@ -500,8 +504,22 @@ pub async fn apply_one(
     if let Some(reason) = &audit.reason {
         detail["reason"] = reason.clone().into();
     }
-    tx.run_migrate(&write).await?;
+    if !tx.run_migrate(&write).await? {
+        // A step moved after it was read (the row locks make this a last line): nothing is
+        // written, and the run is decided again at the next try.
+        tx.rollback().await?;
+        let refusal = MigrationRefusal::new(
+            "a step of the run moved while it was being migrated; try again".to_owned(),
+        );
+        return Ok(Some(report(
+            id,
+            run.state,
+            Err(refusal),
+            MigrationOutcome::Migrated,
+        )));
+    }
     tx.history_push(id, None, MIGRATED, &audit.actor, Some(detail.to_string()));
+    tx.pause_point(Unit::Migrate, Point::BeforeCommit).await;
     tx.commit().await?;
     Ok(Some(report(
         id,

@@ -5,6 +5,7 @@
 
 use uuid::Uuid;
 
+use crate::interleave::{Point, Unit};
 use crate::store::{EvalApplied, PlanWrite, RunRow, StepRow, Store};
 use crate::transition::operator as decide;
 use crate::{Error, Result};
@@ -91,6 +92,7 @@ where
         .await?
         .take(run_id)
         .map_err(|d| d.to_error())?;
+    tx.pause_point(Unit::Operator, Point::AfterReads).await;
     let mut write = plan(&run, &steps)?;
     write.detail = audit.detail(write.detail.take());
     if write.resolve_alerts {
@@ -107,6 +109,7 @@ where
         .into_iter()
         .next()
         .ok_or(Error::RunNotFound(run_id))?;
+    tx.pause_point(Unit::Operator, Point::BeforeCommit).await;
     tx.commit().await?;
     Ok(applied)
 }

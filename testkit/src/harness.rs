@@ -199,6 +199,12 @@ impl SagaTest {
         self.hook.arm(step, point);
     }
 
+    /// Like [`SagaTest::crash_at`], at `point` of the next *compensation* attempt of `step`
+    /// (its forward attempts pass).
+    pub fn crash_in_compensation_at(&self, step: &str, point: CrashPoint) {
+        self.hook.arm_compensation(step, point);
+    }
+
     /// Whether the engine crashed at the point armed by [`SagaTest::crash_at`].
     pub fn has_crashed(&self) -> bool {
         self.engine().has_crashed()
@@ -219,6 +225,11 @@ impl SagaTest {
                 self.backend
             );
         }
+    }
+
+    /// Waits, without a bound, until the engine crashed at the armed point.
+    pub(crate) async fn crashed_quietly(&self) {
+        self.hook.crashed().await;
     }
 
     /// Starts a fresh engine on the same database, with the same clock and instance id, as

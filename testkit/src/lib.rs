@@ -43,6 +43,7 @@ mod cluster;
 mod db;
 pub mod effects;
 mod engine;
+pub mod explore;
 mod harness;
 mod process;
 pub mod services;

@@ -31,7 +31,6 @@ pub(super) async fn run(
     // Resources whose last claim took steps: asked again without an unlocked probe first.
     let mut busy: HashSet<String> = HashSet::new();
     let mut skip_plain = false;
-    let mut claimed_at;
     loop {
         // Wait for one free slot, then take as many more as are free (up to a batch).
         let first = tokio::select! {
@@ -53,6 +52,17 @@ pub(super) async fn run(
             cancel.cancelled().await;
             return;
         }
+        // An instance whose heartbeat is late claims nothing: another may soon count it
+        // dead and take its steps over.
+        if s.is_fenced() {
+            drop(permits);
+            tokio::select! {
+                () = s.signals.claimer_woken() => {}
+                () = tokio::time::sleep(s.config.empty_poll_pause) => {}
+                () = cancel.cancelled() => return,
+            }
+            continue;
+        }
         // A deleted or replaced SQLite file would take every claim and result into a file
         // nobody reads: stop here and say why (one stat per claim batch).
         if let Err(e) = s.store.check_file() {
@@ -70,6 +80,11 @@ pub(super) async fn run(
                 .and_then(|wf| wf.step(&c.name))
                 .is_none_or(|d| !d.is_root())
         };
+        // Each claimed step's local deadline is measured from here, before the first claim
+        // statement of the pass was sent: the database's clock read during any claim of the
+        // pass is later, so an attempt is stopped no later than its stored `complete_by`
+        // (a later instant, after a slow resource claim, would let it run past it).
+        let claimed_at = Instant::now();
         let claim = async {
             if skip_plain {
                 Ok(Default::default())
@@ -81,7 +96,6 @@ pub(super) async fn run(
         };
         let (mut claimed, mut inputs) = match claim.await {
             Ok(c) => {
-                claimed_at = Instant::now();
                 streak.succeeded("claiming steps");
                 c
             }
@@ -120,9 +134,6 @@ pub(super) async fn run(
             // the resources keep the loop busy, and asked again whenever they do not.
             let took = !taken.with_inputs.is_empty() || !taken.without_inputs.is_empty();
             skip_plain = !cat.plain_steps && took;
-            if took {
-                claimed_at = Instant::now();
-            }
             inputs.extend(taken.inputs);
             claimed.extend(taken.with_inputs);
             if !taken.without_inputs.is_empty() {
@@ -149,7 +160,7 @@ pub(super) async fn run(
         for (c, permit) in claimed.into_iter().zip(permits.drain(..)) {
             match request(&s, &cat, &cancel, c, &inputs, claimed_at) {
                 Ok(request) => {
-                    if s.crashes(CrashPoint::BeforeCall, &request.lease.step) {
+                    if s.crashes(CrashPoint::BeforeCall, &request.lease) {
                         return;
                     }
                     if agents
@@ -467,6 +478,10 @@ fn request(
     .traced(&inputs.trace_of(c.run_id), &c.workflow_key, compensation)
     .waiting(wait, Some(hook));
     s.in_flight.started(&lease, &context);
+    // Fenced between the claim and here: the attempt is stopped before it acts.
+    if s.is_fenced() {
+        s.in_flight.cancel_all();
+    }
     Ok(AgentRequest {
         lease,
         action,

@@ -61,12 +61,16 @@ pub(super) async fn run(
         }
         if batch
             .iter()
-            .any(|r| s.crashes(CrashPoint::AfterEffect, &r.lease.step))
+            .any(|r| s.crashes(CrashPoint::AfterEffect, &r.lease))
         {
             return;
         }
-        for r in &batch {
-            s.in_flight.ended(&r.lease);
+        // Attempts the fence stopped answer nothing: the instance releases their steps as
+        // interruptions once a heartbeat lands, or the supervisor does when it counts the
+        // instance dead.
+        batch.retain(|r| !s.in_flight.ended(&r.lease));
+        if batch.is_empty() {
+            continue;
         }
         // An attempt that ends frees room under its resource's limits: claim again at once.
         let frees_resource = batch.iter().any(|r| s.holds_resource(&r.lease));
@@ -203,9 +207,13 @@ async fn finish_batch_in(
         freeze.freeze().await;
     }
     if let Some(crash) = crash
-        && items
-            .iter()
-            .any(|i| crash.hit(CrashPoint::BeforeCommit, &i.name))
+        && items.iter().any(|i| {
+            crash.hit(
+                CrashPoint::BeforeCommit,
+                &i.name,
+                i.change.from == crate::StepState::Compensating,
+            )
+        })
     {
         // Dead before the commit: the crash cancelled the loop, which drops this write
         // and rolls the transaction back, as the database does for a lost connection.

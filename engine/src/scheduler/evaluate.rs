@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
+use crate::interleave::{Point, Unit};
 use crate::model::{Alert, AlertKind};
 use crate::signals::RunEvent;
 use crate::store::{Damage, EvalApplied, NewAlert, PlanWrite, RunRow, StepRow, StoreTx, Wake};
@@ -101,6 +102,7 @@ async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error>
     let runs = tx.lock_runs(ids, true).await?;
     let registry = s.registry();
     let out = plan_and_apply(&mut tx, &registry, runs, HashMap::new(), &s.config.owner).await?;
+    tx.pause_point(Unit::Evaluate, Point::BeforeCommit).await;
     // Steps it readied wake this engine's claim loop in process (`after_eval`): the
     // notification is for the other engines.
     tx.commit_from(Wake::CLAIM, &s.config.owner).await?;
@@ -154,6 +156,7 @@ pub async fn plan_and_apply(
     }
     let ids: Vec<Uuid> = healthy.iter().map(|r| r.id).collect();
     let mut steps = tx.steps_of(&ids).await?;
+    tx.pause_point(Unit::Evaluate, Point::AfterReads).await;
     let mut plans = Vec::with_capacity(healthy.len());
     let mut failed = Vec::new();
     for run in healthy {

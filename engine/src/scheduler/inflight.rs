@@ -39,6 +39,8 @@ struct Attempt {
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     runs: Mutex<HashMap<Uuid, Vec<Attempt>>>,
+    /// Attempts stopped by the fence (step id, fencing token): their answers are not written.
+    fenced: Mutex<std::collections::HashSet<(i64, i32)>>,
 }
 
 impl InFlight {
@@ -59,8 +61,26 @@ impl InFlight {
         crate::metrics::in_flight(1.0);
     }
 
-    /// Forgets an attempt its agent answered for.
-    pub(crate) fn ended(&self, lease: &StepLease) {
+    /// Forgets an attempt its agent answered for; `true` when the fence stopped it (its answer
+    /// must not be written: the step is released as an interruption instead).
+    pub(crate) fn ended(&self, lease: &StepLease) -> bool {
+        self.forget(lease);
+        self.fenced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(lease.step_id, lease.attempt))
+    }
+
+    /// Forgets the attempts the fence stopped (their steps were released: a late answer
+    /// would miss its fenced write anyway).
+    pub(crate) fn clear_fenced(&self) {
+        self.fenced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    fn forget(&self, lease: &StepLease) {
         let removed = self.with(|runs| {
             let Some(list) = runs.get_mut(&lease.run_id) else {
                 return 0;
@@ -153,6 +173,28 @@ impl InFlight {
             }
             fired
         })
+    }
+
+    /// Fires the tokens of every attempt in flight, of both phases, and remembers them as
+    /// stopped by the fence; returns how many.
+    pub(crate) fn cancel_all(&self) -> usize {
+        let stopped: Vec<(i64, i32)> = self.with(|runs| {
+            runs.values()
+                .flatten()
+                .filter(|a| !a.token.is_cancelled())
+                .map(|a| (a.step_id, a.attempt))
+                .collect()
+        });
+        self.fenced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(stopped.iter().copied());
+        self.with(|runs| {
+            for a in runs.values().flatten() {
+                a.token.cancel();
+            }
+        });
+        stopped.len()
     }
 }
 

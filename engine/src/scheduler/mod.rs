@@ -182,6 +182,9 @@ pub struct Scheduler {
     config: SchedulerConfig,
     slots: Arc<Semaphore>,
     in_flight: inflight::InFlight,
+    /// Set while this instance's liveness is in doubt (its heartbeat is late): it claims
+    /// nothing and has stopped its attempts (see [`Scheduler::fence`]).
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl Scheduler {
@@ -214,6 +217,7 @@ impl Scheduler {
             signals,
             config,
             in_flight: inflight::InFlight::default(),
+            fenced: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -246,6 +250,31 @@ impl Scheduler {
     /// attempts were stopped. Other instances notice within [`CANCEL_POLL`].
     pub fn cancel_attempts(&self, run_id: uuid::Uuid) -> usize {
         self.in_flight.cancel_forward(run_id)
+    }
+
+    /// Stops every attempt in flight on this instance, of both phases, and claims nothing
+    /// until [`Scheduler::unfence`]: called when the instance's heartbeat is late, before
+    /// any other instance may count it dead and take its steps over. A compensation must
+    /// never start while a forward attempt of its step may still act, and two attempts of a
+    /// step must not overlap: an instance that cannot prove it is alive stops acting first.
+    /// Returns how many attempts were stopped; their results are written as any stopped
+    /// attempt's are (fenced: a step taken over meanwhile keeps what its new owner wrote).
+    pub fn fence(&self) -> usize {
+        self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.in_flight.cancel_all()
+    }
+
+    /// Claims again after a [`Scheduler::fence`] (the heartbeat landed).
+    pub fn unfence(&self) {
+        if self.fenced.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.in_flight.clear_fenced();
+            self.signals.wake_claimer();
+        }
+    }
+
+    /// Whether the instance is fenced (see [`Scheduler::fence`]).
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Moves the local deadlines of this instance's attempts of a run later by `by` (an
@@ -290,11 +319,14 @@ impl Scheduler {
 
     /// Whether this instance crashes (test hook) at `point` of an attempt of `step`, or
     /// crashed before: the caller then stops without writing anything.
-    fn crashes(&self, point: crate::crash::CrashPoint, step: &str) -> bool {
-        self.config
-            .crash
-            .as_deref()
-            .is_some_and(|c| c.hit(point, step))
+    fn crashes(&self, point: crate::crash::CrashPoint, lease: &crate::protocol::StepLease) -> bool {
+        self.config.crash.as_deref().is_some_and(|c| {
+            c.hit(
+                point,
+                &lease.step,
+                lease.state == crate::StepState::Compensating,
+            )
+        })
     }
 }
 

@@ -281,7 +281,9 @@ impl StoreTx<'_> {
             None => "",
         };
         let sql = format!(
-            "UPDATE sagaflow_steps AS s SET state = v.to_state, locked_by = NULL, complete_by = NULL, \
+            "UPDATE sagaflow_steps AS s SET state = v.to_state, locked_by = NULL, \
+               complete_by = CASE WHEN v.interruptions > s.interruptions AND s.complete_by > {{now}} \
+                 THEN s.complete_by ELSE NULL END, \
                updated_at = {{now}}, output = COALESCE(v.output, s.output), error = v.error, \
                failure_count = v.failures, interruptions = v.interruptions, deadline_ms = v.deadline_ms, \
                available_at = CASE WHEN v.due_ms IS NULL THEN NULL ELSE {{now}} + v.due_ms END, \

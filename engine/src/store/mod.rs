@@ -125,6 +125,8 @@ pub struct Store {
     file: Option<Arc<file::FileIdentity>>,
     /// A test clock's offset, added to `{now}` (tests only).
     clock: Option<crate::clock::TestClock>,
+    /// Pause points armed by a test (see [`crate::interleave`]).
+    pauses: Option<Arc<crate::interleave::PauseHook>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -179,6 +181,7 @@ impl Store {
             target: Arc::from("(an existing connection)"),
             file: None,
             clock: None,
+            pauses: None,
         })
     }
 
@@ -204,6 +207,26 @@ impl Store {
     /// The backend.
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// This store with pause points a test armed (see [`crate::interleave`]): its units of
+    /// work stop where the hook holds them. Never used outside tests.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_pause_hook(mut self, hook: Arc<crate::interleave::PauseHook>) -> Self {
+        self.pauses = Some(hook);
+        self
+    }
+
+    /// Stops at `point` of `unit` when a test's hook holds it.
+    pub(crate) async fn pause_point(
+        &self,
+        unit: crate::interleave::Unit,
+        point: crate::interleave::Point,
+    ) {
+        if let Some(h) = &self.pauses {
+            h.reach(unit, point).await;
+        }
     }
 
     /// The database's clock, in epoch milliseconds.

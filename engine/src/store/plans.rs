@@ -122,7 +122,14 @@ impl StoreTx<'_> {
             // aging made of it, and waits toward aging from now.
             let extra = format!(
                 "{}{}",
-                if *due_now {
+                if *due_now && *to == StepState::CompensationReady {
+                    // An attempt lost with its instance keeps its deadline (see
+                    // `complete_by` in the rescue): until then it may still act, and its
+                    // compensation must not run before it.
+                    ", available_at = CASE WHEN complete_by > {now} THEN complete_by ELSE {now} END, \
+                     aging_from = {now}, priority = \
+                     (SELECT r.priority FROM sagaflow_runs AS r WHERE r.id = sagaflow_steps.run_id)"
+                } else if *due_now {
                     ", available_at = {now}, aging_from = {now}, priority = \
                      (SELECT r.priority FROM sagaflow_runs AS r WHERE r.id = sagaflow_steps.run_id)"
                 } else {
@@ -169,12 +176,31 @@ impl StoreTx<'_> {
         let mut resolve: Vec<(Uuid, Option<String>)> = Vec::new();
         let mut with_payload: Vec<RunPayload> = Vec::new();
         let mut notices: Vec<RunFinished> = Vec::new();
-        for (before, write) in plans {
+        for (before, mut write) in plans {
             let id = before.id;
-            let (mut ready, mut stale) = (0, 0);
+            let stale = write
+                .steps
+                .iter()
+                .filter(|w| !moved.contains(&w.id))
+                .count();
+            if stale > 0 {
+                // A step moved after the plan read it: the plan no longer describes the rows.
+                // Nothing of it that the rows could contradict is written (the run keeps its
+                // state, no alert, no finish); the run is marked and planned again. The
+                // units of work lock the rows they plan from, so this is a last line.
+                tracing::warn!(
+                    run_id = %id,
+                    stale,
+                    "a guarded step write missed: the run is planned again"
+                );
+                write = PlanWrite {
+                    steps: write.steps,
+                    ..PlanWrite::default()
+                };
+            }
+            let mut ready = 0;
             for w in &write.steps {
                 if !moved.contains(&w.id) {
-                    stale += 1;
                     continue;
                 }
                 if w.effects.due != Due::Never {
@@ -261,10 +287,12 @@ impl StoreTx<'_> {
                 let (cond, ids) = s.in_list("id", 2, chunk)?;
                 let sql = format!(
                     "UPDATE sagaflow_runs SET state = $1, updated_at = {{now}}{}{}{} WHERE {cond}",
+                    // A run reopened from a final state (a completed child its parent
+                    // compensates) is unfinished again: retention must not take it.
                     if state.is_final() {
                         ", finished_at = {now}"
                     } else {
-                        ""
+                        ", finished_at = NULL"
                     },
                     if *release_key {
                         ", active_key = NULL"
@@ -340,7 +368,7 @@ impl StoreTx<'_> {
             let sql = format!(
                 "UPDATE sagaflow_runs AS r SET state = v.state, output = COALESCE(v.output, r.output), \
                    error = COALESCE(v.error, r.error), updated_at = {{now}}, \
-                   finished_at = CASE WHEN v.fin THEN {{now}} ELSE r.finished_at END, \
+                   finished_at = CASE WHEN v.fin THEN {{now}} ELSE NULL END, \
                    active_key = CASE WHEN v.rel THEN NULL ELSE r.active_key END \
                  FROM {source} WHERE r.id = v.vid"
             );

@@ -52,6 +52,10 @@ impl StoreTx<'_> {
 pub struct StepUpdate {
     /// Row id.
     pub id: i64,
+    /// The state the migration was decided from: the write is guarded by it.
+    pub from: StepState,
+    /// The fencing token the migration was decided from: the write is guarded by it.
+    pub attempt: i32,
     /// Its state.
     pub state: StepState,
     /// Its output JSON.
@@ -82,8 +86,9 @@ pub struct MigrationWrite {
     pub input: Option<String>,
     /// Its kept steps.
     pub update: Vec<StepUpdate>,
-    /// The rows of its dropped steps.
-    pub delete: Vec<i64>,
+    /// The rows of its dropped steps, with the state and fencing token each was decided
+    /// from (the delete is guarded by them).
+    pub delete: Vec<(i64, StepState, i32)>,
     /// Its new steps.
     pub insert: Vec<StepInsert>,
 }
@@ -117,9 +122,13 @@ impl StoreTx<'_> {
     /// queued: the evaluation the lock asked for queues it again if it is due), its dropped
     /// steps deleted, its new steps inserted.
     ///
+    /// Every step write is guarded by the state and fencing token the migration was decided
+    /// from. Returns `false` when one missed (a step moved after it was read): the caller
+    /// must then roll the unit of work back and decide again.
+    ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn run_migrate(&mut self, w: &MigrationWrite) -> Result<()> {
+    pub async fn run_migrate(&mut self, w: &MigrationWrite) -> Result<bool> {
         let s = self.store;
         let sql = "UPDATE sagaflow_runs SET version = $1, workflow_key = $2, input = COALESCE($3, input), \
                    updated_at = {now} WHERE id = $4";
@@ -134,18 +143,26 @@ impl StoreTx<'_> {
             let sql = "UPDATE sagaflow_steps SET workflow_key = $1, \
                        available_at = CASE WHEN state = $2 THEN available_at ELSE NULL END, \
                        aging_from = CASE WHEN state = $2 THEN aging_from ELSE NULL END, \
-                       state = $2, output = $3, updated_at = {now} WHERE id = $4";
+                       state = $2, output = $3, updated_at = {now} \
+                       WHERE id = $4 AND state = $5 AND attempt = $6";
             let values: Vec<Value> = vec![
                 w.workflow_key.clone().into(),
                 u.state.as_str().into(),
                 u.output.clone().into(),
                 u.id.into(),
+                u.from.as_str().into(),
+                u.attempt.into(),
             ];
-            self.txn.execute(s.stmt(sql, values)).await?;
+            if self.txn.execute(s.stmt(sql, values)).await? == 0 {
+                return Ok(false);
+            }
         }
-        for id in &w.delete {
-            let sql = "DELETE FROM sagaflow_steps WHERE id = $1";
-            self.txn.execute(s.stmt(sql, vec![(*id).into()])).await?;
+        for (id, from, attempt) in &w.delete {
+            let sql = "DELETE FROM sagaflow_steps WHERE id = $1 AND state = $2 AND attempt = $3";
+            let values: Vec<Value> = vec![(*id).into(), from.as_str().into(), (*attempt).into()];
+            if self.txn.execute(s.stmt(sql, values)).await? == 0 {
+                return Ok(false);
+            }
         }
         for i in &w.insert {
             // Priority and flow key from the run; the retry priority its other steps have.
@@ -171,6 +188,6 @@ impl StoreTx<'_> {
             ];
             self.txn.execute(s.stmt(sql, values)).await?;
         }
-        Ok(())
+        Ok(true)
     }
 }

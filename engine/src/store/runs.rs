@@ -6,7 +6,8 @@ use super::row::Exec;
 use uuid::Uuid;
 
 use super::rows::{RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
-use super::{RunRow, RunView, StepRow, Store, placeholders};
+use super::{Backend, RunRow, RunView, StepRow, Store, placeholders};
+use crate::interleave::{Point, Unit};
 use crate::model::{HistoryEvent, RunCounts};
 use crate::{Error, Result, RunState};
 
@@ -265,7 +266,18 @@ impl Store {
             })
             .collect()
     }
+}
 
+/// The runs retention may delete (`$1`: the retention window in ms): final, finished before
+/// the window, and not a child run whose parent may still compensate it. A child's parent
+/// step row lives until the parent itself finishes (a completed child run keeps its steps
+/// for its own parent), so a child goes only once no step of a parent can reach it. A
+/// child reopened for compensation is no longer final and has no `finished_at`.
+const PURGEABLE: &str = "state IN ('completed', 'compensated') AND finished_at IS NOT NULL \
+     AND finished_at < {now} - $1 AND (parent_step IS NULL OR NOT EXISTS \
+     (SELECT 1 FROM sagaflow_steps AS p WHERE p.id = sagaflow_runs.parent_step))";
+
+impl Store {
     /// How many runs finished more than `older_than_ms` ago (DB clock): what
     /// [`Store::run_purge_finished`] would delete.
     ///
@@ -275,8 +287,7 @@ impl Store {
         let row = self
             .exec
             .query_one(self.stmt(
-                "SELECT COUNT(*) AS n FROM sagaflow_runs WHERE finished_at IS NOT NULL \
-                 AND finished_at < {now} - $1",
+                &format!("SELECT COUNT(*) AS n FROM sagaflow_runs WHERE {PURGEABLE}"),
                 vec![older_than_ms.into()],
             ))
             .await?;
@@ -303,14 +314,21 @@ impl Store {
         let txn = self.exec.begin().await?;
         let rows = txn
             .query_all(self.stmt(
-                "SELECT id, workflow, state FROM sagaflow_runs WHERE finished_at IS NOT NULL \
-                 AND finished_at < {now} - $1 ORDER BY finished_at LIMIT $2",
+                &format!(
+                    "SELECT id, workflow, state FROM sagaflow_runs WHERE {PURGEABLE} \
+                     ORDER BY finished_at LIMIT $2{lock}",
+                    lock = match self.backend {
+                        Backend::Postgres => " FOR UPDATE SKIP LOCKED",
+                        Backend::Sqlite => "",
+                    }
+                ),
                 vec![older_than_ms.into(), i64::from(limit).into()],
             ))
             .await?;
         if rows.is_empty() {
             return Ok(0);
         }
+        self.pause_point(Unit::Purge, Point::AfterReads).await;
         let mut ids: Vec<Uuid> = Vec::with_capacity(rows.len());
         // What the deleted runs took off the totals, per workflow and (stored) state.
         let mut gone: std::collections::BTreeMap<(String, String), i64> =
@@ -341,6 +359,7 @@ impl Store {
                 .map(|st| (w.as_str(), st, *n))
         });
         super::stats::add_totals(self, &txn, 0, counted).await?;
+        self.pause_point(Unit::Purge, Point::BeforeCommit).await;
         txn.commit().await?;
         Ok(n)
     }

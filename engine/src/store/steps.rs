@@ -18,6 +18,11 @@ use crate::trace::TraceContext;
 use crate::transition::{Trigger, step_rule};
 use crate::{Result, StepState};
 
+/// The state an attempt that met damaged data gives its step back in, from the table.
+fn set_aside(from: StepState) -> StepState {
+    step_rule(from, Trigger::SetAside).map_or(from, |r| r.to)
+}
+
 /// The state a claim moves a queued step to, from the transition table.
 fn claimed(from: StepState) -> StepState {
     step_rule(from, Trigger::Claimed).map_or(from, |r| r.to)
@@ -113,7 +118,9 @@ impl Store {
             let sql = self.claim_sql(workflow_keys.len());
             let values = claim_values(owner, workflow_keys, limit);
             let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
-            return rows.iter().map(ClaimedStep::decode).collect();
+            let (claimed, bad) = decode_each(&rows, ClaimedStep::decode);
+            self.park_undecodable(&self.exec, &bad).await?;
+            return Ok(claimed);
         }
         // SQLite's RETURNING sees only the updated row, whose `available_at` the claim
         // clears. So the due steps are read first, with when they fell due, and claimed by
@@ -151,10 +158,8 @@ impl Store {
         let ids: Vec<i64> = due.keys().copied().collect();
         let (sql, values) = self.claim_by_ids_sql(owner, &ids)?;
         let rows = txn.query_all(self.stmt(&sql, values)).await?;
-        let mut claimed = rows
-            .iter()
-            .map(ClaimedStep::decode)
-            .collect::<Result<Vec<_>>>()?;
+        let (mut claimed, bad) = decode_each(&rows, ClaimedStep::decode);
+        self.park_undecodable(txn, &bad).await?;
         for c in &mut claimed {
             c.due_at = due.get(&c.id).copied();
         }
@@ -260,7 +265,9 @@ impl Store {
             .exec
             .query_all(self.stmt(&sql, claim_values(owner, workflow_keys, limit)))
             .await?;
-        decode_with_inputs(&rows, needs_outputs)
+        let (claimed, inputs, bad) = decode_with_inputs(&rows, needs_outputs);
+        self.park_undecodable(&self.exec, &bad).await?;
+        Ok((claimed, inputs))
     }
 
     /// PostgreSQL: claims the due steps `due` (id → when it fell due) for `owner` by id, and
@@ -278,7 +285,8 @@ impl Store {
         let ids: Vec<i64> = due.keys().copied().collect();
         let (sql, values) = self.claim_by_ids_sql(owner, &ids)?;
         let rows = txn.query_all(self.stmt(&with_inputs(&sql), values)).await?;
-        let (mut claimed, inputs) = decode_with_inputs(&rows, needs_outputs)?;
+        let (mut claimed, inputs, bad) = decode_with_inputs(&rows, needs_outputs);
+        self.park_undecodable(txn, &bad).await?;
         for c in &mut claimed {
             c.due_at = due.get(&c.id).copied();
         }
@@ -305,11 +313,18 @@ fn with_inputs(claim: &str) -> String {
 fn decode_with_inputs(
     rows: &[super::Row],
     needs_outputs: impl Fn(&ClaimedStep) -> bool,
-) -> Result<(Vec<ClaimedStep>, StepInputs)> {
+) -> (Vec<ClaimedStep>, StepInputs, Vec<Undecodable>) {
     let mut claimed = Vec::with_capacity(rows.len());
     let mut inputs = StepInputs::default();
+    let mut bad = Vec::new();
     for r in rows {
-        let c = ClaimedStep::decode(r)?;
+        let c = match ClaimedStep::decode(r) {
+            Ok(c) => c,
+            Err(e) => {
+                bad.extend(Undecodable::of(r, e));
+                continue;
+            }
+        };
         // An unreadable input or output list is left out: the step's request reports
         // what is missing as damage of that run alone.
         if let Ok(input) = r.try_get::<String>("", "run_input") {
@@ -326,7 +341,43 @@ fn decode_with_inputs(
         }
         claimed.push(c);
     }
-    Ok((claimed, inputs))
+    (claimed, inputs, bad)
+}
+
+/// An in-flight step row that a claim or a rescue listing could not decode.
+#[derive(Debug)]
+struct Undecodable {
+    id: i64,
+    run_id: Uuid,
+    error: crate::Error,
+}
+
+impl Undecodable {
+    /// The row's id and run with the decoding error, or `None` when even those do not read
+    /// (nothing can then be done with the row but say so).
+    fn of(r: &Row, error: crate::Error) -> Option<Self> {
+        match (r.try_get::<i64>("", "id"), r.try_get::<Uuid>("", "run_id")) {
+            (Ok(id), Ok(run_id)) => Some(Self { id, run_id, error }),
+            _ => {
+                tracing::error!(%error, "an in-flight step row has no readable id or run id");
+                None
+            }
+        }
+    }
+}
+
+/// The rows that decode, and those that do not: one bad row costs its own run, not the
+/// batch it was read with.
+fn decode_each<T>(rows: &[Row], decode: impl Fn(&Row) -> Result<T>) -> (Vec<T>, Vec<Undecodable>) {
+    let mut ok = Vec::with_capacity(rows.len());
+    let mut bad = Vec::new();
+    for r in rows {
+        match decode(r) {
+            Ok(v) => ok.push(v),
+            Err(e) => bad.extend(Undecodable::of(r, e)),
+        }
+    }
+    (ok, bad)
 }
 
 impl Store {
@@ -404,10 +455,8 @@ impl Store {
             .exec
             .query_all(self.stmt(&sql, vec![i64::from(limit).into()]))
             .await?;
-        let mut out = rows
-            .iter()
-            .map(ExpiredStep::decode)
-            .collect::<Result<Vec<_>>>()?;
+        let (mut out, bad) = decode_each(&rows, ExpiredStep::decode);
+        self.park_undecodable(&self.exec, &bad).await?;
         if !dead.is_empty() {
             let orphans = self.steps_held_by(&dead, limit).await?;
             let mut by_id: std::collections::HashMap<i64, ExpiredStep> =
@@ -441,7 +490,40 @@ impl Store {
             cols = ExpiredStep::COLS,
         );
         let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
-        rows.iter().map(ExpiredStep::decode).collect()
+        let (out, bad) = decode_each(&rows, ExpiredStep::decode);
+        self.park_undecodable(&self.exec, &bad).await?;
+        Ok(out)
+    }
+
+    /// Gives in-flight step rows that do not decode back to their phase's queue, parked (no
+    /// due time: never claimed, never listed for rescue again), as the transition table's
+    /// `set_aside` does for an attempt that met damaged data, and marks their runs for
+    /// evaluation, which sets each run aside in `error` with a `corrupt_row` alert. Each write
+    /// is guarded by the row being in flight still.
+    async fn park_undecodable<C: Exec>(&self, conn: &C, bad: &[Undecodable]) -> Result<()> {
+        if bad.is_empty() {
+            return Ok(());
+        }
+        let (running, compensating) = (StepState::Running, StepState::Compensating);
+        let sql = format!(
+            "UPDATE sagaflow_steps SET state = CASE WHEN state = '{running}' THEN '{r}' ELSE '{c}' END, \
+               locked_by = NULL, available_at = NULL, updated_at = {{now}} \
+             WHERE id = $1 AND state IN ('{running}', '{compensating}')",
+            r = set_aside(running),
+            c = set_aside(compensating),
+        );
+        let mut runs = Vec::with_capacity(bad.len());
+        for b in bad {
+            tracing::error!(
+                step_id = b.id,
+                run_id = %b.run_id,
+                error = %b.error,
+                "an in-flight step row does not decode: it is parked and its run set aside"
+            );
+            conn.execute(self.stmt(&sql, vec![b.id.into()])).await?;
+            runs.push(b.run_id);
+        }
+        mark_dirty(self, conn, &runs).await
     }
 
     /// Writes decided rescues (timeouts and interruptions) in one transaction. With `fence`

@@ -236,8 +236,22 @@ impl StoreTx<'_> {
         row.as_ref().map(RunRow::decode).transpose()
     }
 
+    /// Stops at `point` of `unit` when a test's hook holds it (see [`crate::interleave`]).
+    pub async fn pause_point(
+        &self,
+        unit: crate::interleave::Unit,
+        point: crate::interleave::Point,
+    ) {
+        self.store.pause_point(unit, point).await;
+    }
+
     /// The steps of many runs, grouped by run, each run's sorted by id. A step row that does
     /// not decode marks its run damaged instead of failing the read.
+    ///
+    /// The rows are locked until the unit of work ends (`FOR UPDATE` on PostgreSQL; SQLite's
+    /// unit of work holds the file's write lock): what is decided from them cannot be undone
+    /// by a writer that takes no run lock. A claim skips them (`SKIP LOCKED`), a timer wake
+    /// waits and then finds the state it expects gone or kept.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
@@ -249,7 +263,11 @@ impl StoreTx<'_> {
             let (cond, values) = s.in_list("run_id", 1, chunk)?;
             // No `ORDER BY id` here: it would invite a walk of the whole primary key in
             // id order instead of a lookup by run. Each run's steps are sorted below.
-            let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}");
+            let lock = match s.backend {
+                Backend::Postgres => " FOR UPDATE",
+                Backend::Sqlite => "",
+            };
+            let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}{lock}");
             let rows = self.txn.query_all(s.stmt(&sql, values)).await?;
             for r in &rows {
                 match StepRow::decode(r) {

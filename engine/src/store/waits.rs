@@ -436,8 +436,12 @@ impl Store {
                WHERE wait IS NOT NULL AND available_at <= {{now}} AND state = 'waiting' \
                AND NOT EXISTS (SELECT 1 FROM sagaflow_runs r \
                  WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') \
-               ORDER BY available_at LIMIT $1) \
-             RETURNING run_id, name, wait"
+               ORDER BY available_at LIMIT $1 {lock}) \
+             RETURNING run_id, name, wait",
+            // A step whose run is being planned is locked by that unit of work: skipped
+            // (woken at the next pass), never waited for, so that the pass holds no lock
+            // while it waits for another (a lock-order cycle with a batch evaluation).
+            lock = self.claim_lock(),
         );
         let mut tx = self.begin().await?;
         let rows = tx

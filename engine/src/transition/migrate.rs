@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::migration::{MigratingRun, MigratingStep, MigrationRefusal, StepMigration, Versions};
 use crate::store::{MigrationWrite, NewStep, RunRow, StepInsert, StepRow, StepUpdate};
-use crate::{StepState, workflow_key};
+use crate::{RunState, StepState, workflow_key};
 
 /// What migrating a run decides: the run as it will be, and what changes.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,6 +113,24 @@ pub fn decide(
         }
     }
     target.steps.retain(|name, _| v.new.step(name).is_some());
+    // `skipped` means "dropped while the run unwinds". A run going forward completes only
+    // when every step completed, and its resume would read a skipped step as a sign that it
+    // was unwinding: a forward run with a skipped step could never end.
+    let unwinding = run.state == RunState::Compensating
+        || steps
+            .iter()
+            .any(|s| s.state.is_compensation() || s.state == StepState::Skipped);
+    if !unwinding
+        && let Some((name, _)) = target
+            .steps
+            .iter()
+            .find(|(_, s)| s.state == StepState::Skipped)
+    {
+        return Err(refuse(format!(
+            "step `{name}` is skipped, but the run is going forward and completes only when \
+             every step completed: map it to completed (with its output) or not_started"
+        )));
+    }
     for st in v.new.steps() {
         target
             .steps
@@ -180,9 +198,11 @@ pub fn step_rows(v: Versions<'_>, run: &RunRow, steps: &[StepRow], d: &Decided) 
     let mut insert = Vec::new();
     for st in v.new.steps() {
         let s = &d.target.steps[st.name()];
-        match s.row {
-            Some(id) => update.push(StepUpdate {
-                id,
+        match s.row.and_then(|id| steps.iter().find(|r| r.id == id)) {
+            Some(row) => update.push(StepUpdate {
+                id: row.id,
+                from: row.state,
+                attempt: row.attempt,
                 state: s.state,
                 output: text(&s.output),
             }),
@@ -216,7 +236,7 @@ pub fn step_rows(v: Versions<'_>, run: &RunRow, steps: &[StepRow], d: &Decided) 
         delete: steps
             .iter()
             .filter(|s| !kept.contains(&s.id))
-            .map(|s| s.id)
+            .map(|s| (s.id, s.state, s.attempt))
             .collect(),
         insert,
     }

@@ -88,10 +88,12 @@ impl MaintenanceService for Rescue {
             Err(e @ Error::LeaseLost { .. }) => return Err(e),
             other => other,
         };
-        // A sweep that returned, even with an error, is progress: the loop is not hung.
+        // Only a sweep that did its work is progress. One that fails every time (a database
+        // that refuses it) is a stall: the lease lapses to another instance, and followers
+        // raise `supervisor_stalled` when none can sweep.
+        let c = swept?;
         ctx.mark_progress();
         ctx.record_sweep().await;
-        let c = swept?;
         Ok(ServiceReport::default()
             .with("requeued", c.requeued)
             .with("interrupted", c.interrupted)

@@ -675,3 +675,71 @@ async fn bad_input_step_row_names_an_unknown_step() {
     )
     .await;
 }
+
+/// A queued step row that no claim can decode costs its own run, not the claims of its
+/// workflow (SQLite, whose columns take any value): the claim parks it and has its run set
+/// aside with one `corrupt_row` alert, and every other run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_undecodable_queued_row_costs_its_run_alone_sqlite() {
+    let db = sqlite_db();
+    let gate = Arc::new(Semaphore::new(1_000));
+    let log = Log::default();
+    // Runs queued by an instance that runs nothing, so every first step is still `ready`.
+    let intake = fast_builder(&db)
+        .with_workers(false)
+        .with_supervisor(false)
+        .with_workflow(gated(gate.clone(), log.clone()))
+        .start()
+        .await
+        .expect("intake");
+    let mut ids = Vec::new();
+    for n in 0..=NEIGHBOURS as u32 {
+        ids.push(intake.start("gated", &Job { n }).await.expect("start"));
+    }
+    let victim = ids.remove(NEIGHBOURS / 2);
+    edit(
+        &db,
+        "UPDATE sagaflow_steps SET max_failures = 'many' WHERE run_id = $1 AND name = 'a'",
+        victim,
+    )
+    .await;
+    intake.shutdown().await;
+    let engine = sagaflow_testkit::engine(&db, vec![gated(gate, log.clone())]).await;
+    let alert = wait_alert(&engine, "corrupt_row", victim).await;
+    assert!(alert.reason.contains("max_failures"), "{}", alert.reason);
+    expect_state(&engine, victim, RunState::Error, "sqlite").await;
+    for id in &ids {
+        expect_state(&engine, *id, RunState::Completed, "sqlite").await;
+    }
+    assert_eq!(log.count("undo"), 0, "nothing compensated");
+    engine.shutdown().await;
+}
+
+/// An in-flight step row that the supervisor's rescue cannot decode costs its own run, not
+/// the sweep (SQLite): it is parked, its run set aside with one `corrupt_row` alert, and the
+/// other runs complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_undecodable_in_flight_row_costs_its_run_alone_sqlite() {
+    let db = sqlite_db();
+    let g = gated_runs(&db).await;
+    // The victim's attempt is past its deadline, and its row does not decode.
+    edit(
+        &db,
+        "UPDATE sagaflow_steps SET complete_by = 1, max_interruptions = 'x' \
+         WHERE run_id = $1 AND name = 'a'",
+        g.victim,
+    )
+    .await;
+    let alert = wait_alert(&g.engine, "corrupt_row", g.victim).await;
+    assert!(
+        alert.reason.contains("max_interruptions"),
+        "{}",
+        alert.reason
+    );
+    g.open();
+    expect_state(&g.engine, g.victim, RunState::Error, "sqlite").await;
+    for id in &g.others {
+        expect_state(&g.engine, *id, RunState::Completed, "sqlite").await;
+    }
+    g.engine.shutdown().await;
+}

@@ -28,6 +28,7 @@ mod frozen;
 mod hotplug;
 mod http_agent;
 mod input_correction;
+mod interleave;
 mod interruption;
 mod list;
 mod metrics;

@@ -778,3 +778,58 @@ async fn event_sent_from_the_console_completes_a_waiting_step() {
         server.shutdown().await.expect("stop");
     }
 }
+
+/// Retention never takes a completed child its parent may still compensate (defect 3): a
+/// parent that parks for 30 days after its child completed keeps the child through a
+/// retention of 7 days, and when it then fails, the child's effect is undone, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_completed_long_ago_outlives_retention_while_its_parent_may_compensate() {
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    for db in backends().await {
+        let server = effects().await;
+        let clock = sagaflow::TestClock::new();
+        let engine = sagaflow_testkit::fast_builder(&db)
+            .with_test_clock(clock.clone())
+            .with_workflow(refund(&server))
+            .with_workflow(claim(true, Some(30 * DAY)))
+            .start()
+            .await
+            .expect("engine");
+        let parent = engine.start("claim", &()).await.expect("start");
+        let child = child_of(&engine, parent).await;
+        expect_state(&engine, child, RunState::Completed, db.backend).await;
+        parked(&engine, parent).await;
+
+        clock.advance(8 * DAY);
+        let purged = engine.purge_finished(7 * DAY).await.expect("purge");
+        assert_eq!(purged, 0, "[{}] nothing may go yet", db.backend);
+        assert!(
+            engine.run(child).await.expect("read").is_some(),
+            "[{}] the child its parent may compensate was purged",
+            db.backend
+        );
+
+        // The parent's cool-off ends, `close` fails: the parent unwinds through its child.
+        clock.advance(30 * DAY);
+        expect_state(&engine, parent, RunState::Compensated, db.backend).await;
+        expect_state(&engine, child, RunState::Compensated, db.backend).await;
+        assert_eq!(
+            server.ledger().applied("release"),
+            1,
+            "[{}] the child's refund undone once",
+            db.backend
+        );
+        // Both finished: now both may go.
+        clock.advance(8 * DAY);
+        let purged = engine.purge_finished(7 * DAY).await.expect("purge");
+        assert!(purged >= 1, "[{}] the parent goes", db.backend);
+        let purged_child = engine.purge_finished(7 * DAY).await.expect("purge");
+        assert!(
+            engine.run(child).await.expect("read").is_none(),
+            "[{}] the child goes once its parent is gone ({purged} then {purged_child})",
+            db.backend
+        );
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}

@@ -1,0 +1,640 @@
+//! Two writers meeting on one run, on both backends: the interleaving matrix and the defects
+//! it was built to catch.
+//!
+//! A unit of work of one engine (an evaluation, an operator's action, a version migration, a
+//! retention purge) is held at a pause point (after its reads, before its commit) while a
+//! competing writer (a claim, a supervisor rescue, another evaluation, an operator's cancel)
+//! runs against the same run; then the held unit goes on. Whatever order the database let
+//! them in, the rows they leave must keep the promise (see [`check`]). A writer that blocks
+//! behind the held unit's locks is given [`BLOCKED_AFTER`] to show it, then the held unit is
+//! released; either way both finish, and the outcome is checked, not the timing.
+//!
+//! A new unit of work joins the matrix by being listed in `Unit::ALL` (with a setup here), a
+//! new competing writer by being listed in [`Writer::ALL`]; a new pause point by being listed
+//! in `Point::ALL`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sagaflow::internals::Registry;
+use sagaflow::internals::interleave::{PauseHook, Point, Unit};
+use sagaflow::internals::scheduler::plan_and_apply;
+use sagaflow::internals::store::Store;
+use sagaflow::internals::transition;
+use sagaflow::sea_orm::{ConnectionTrait, Statement, Value};
+use sagaflow::{Engine, StepContext, StepError, Uuid, Workflow};
+use sagaflow_testkit::{TestDb, backends, fast_builder};
+
+/// How long a competing writer may take before it counts as blocked behind the held unit.
+const BLOCKED_AFTER: Duration = Duration::from_millis(300);
+/// The bound on every other wait of these tests.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// `pair@v`: two roots, `a` and `b`, each undone by its compensation. Nothing runs them here:
+/// the tests move their rows.
+fn pair(version: i32) -> Workflow {
+    let ok = |_: StepContext| async { Ok::<_, StepError>(()) };
+    Workflow::builder("pair", version)
+        .step("a", ok)
+        .compensate(ok)
+        .step("b", ok)
+        .compensate(ok)
+        .build()
+        .expect("valid")
+}
+
+/// How a competing writer met the held unit of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Meeting {
+    /// It ran to its end while the unit was held.
+    Ran,
+    /// It waited for the held unit's locks.
+    Blocked,
+    /// The unit ended without reaching its point (it had nothing to write), the writer ran
+    /// after it.
+    After,
+}
+
+/// A step row as the checks read it: name, state, owner, due time.
+type StepLine = (String, String, Option<String>, Option<i64>);
+
+/// A competing writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    /// The claim of an instance (`intruder`): lock-free, one statement.
+    Claim,
+    /// The supervisor's rescue of `b`, held by an instance past its deadline.
+    Rescue,
+    /// Another evaluation of the run.
+    Evaluate,
+    /// An operator's cancel of the run.
+    Cancel,
+}
+
+impl Writer {
+    const ALL: [Writer; 4] = [Self::Claim, Self::Rescue, Self::Evaluate, Self::Cancel];
+}
+
+/// One database with a passive engine (no claims, no supervisor) whose units of work stop
+/// where `hook` holds them, and the plain store the competing writers use.
+struct Rig {
+    db: TestDb,
+    engine: Engine,
+    /// Starts runs of `pair@1` (an engine starts a workflow's newest version it has).
+    intake: Engine,
+    hook: Arc<PauseHook>,
+    plain: Store,
+    registry: Registry,
+}
+
+/// A passive engine that has `pair@1` only: what it starts is a run of version 1.
+async fn v1_intake(db: &TestDb) -> Engine {
+    fast_builder(db)
+        .with_workers(false)
+        .with_supervisor(false)
+        .with_workflow(pair(1))
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] intake: {e}", db.backend))
+}
+
+async fn rig(db: TestDb) -> Rig {
+    sagaflow_testkit::init_logging();
+    let hook = Arc::new(PauseHook::new());
+    let engine = fast_builder(&db)
+        .with_workers(false)
+        .with_supervisor(false)
+        .with_workflow(pair(1))
+        .with_workflow(pair(2))
+        .with_pause_hook(hook.clone())
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
+    let intake = v1_intake(&db).await;
+    let plain = Store::open(&db.url, &Default::default())
+        .await
+        .expect("plain store");
+    let mut registry = Registry::new();
+    registry.register(pair(1)).expect("register");
+    registry.register(pair(2)).expect("register");
+    Rig {
+        db,
+        engine,
+        intake,
+        hook,
+        plain,
+        registry,
+    }
+}
+
+impl Rig {
+    /// Runs `sql` with `$1` bound to `run`.
+    async fn sql(&self, sql: &str, run: Uuid) -> u64 {
+        let conn = self.plain.connection();
+        conn.execute_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            sql,
+            [Value::from(run)],
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("[{}] {sql}: {e}", self.db.backend))
+        .rows_affected()
+    }
+
+    /// A fresh run of `pair@1`: `a` and `b` ready.
+    async fn run(&self) -> Uuid {
+        self.intake
+            .start("pair", &serde_json::json!(null))
+            .await
+            .expect("start")
+    }
+
+    /// Evaluates `run` on `store`, as the evaluation loop does.
+    async fn evaluate(&self, store: &Store, run: Uuid) {
+        let mut tx = store.begin().await.expect("begin");
+        let runs = tx.lock_runs(&[run], false).await.expect("lock");
+        plan_and_apply(&mut tx, &self.registry, runs, HashMap::new(), "test")
+            .await
+            .expect("evaluate");
+        tx.pause_point(Unit::Evaluate, Point::BeforeCommit).await;
+        tx.commit().await.expect("commit");
+    }
+
+    /// The held unit's setup and action: what `unit` does to `run`.
+    async fn prepare(&self, unit: Unit, run: Uuid) {
+        match unit {
+            // `a` failed for good without acting: the evaluation unwinds the run, drops `b`
+            // and (with nothing else to undo) ends it compensated.
+            Unit::Evaluate => {
+                self.sql(
+                    "UPDATE sagaflow_steps SET state = 'failed', failure_count = max_failures \
+                     WHERE run_id = $1 AND name = 'a'",
+                    run,
+                )
+                .await;
+            }
+            // A run that completed long ago: its steps are gone, its finish time is old.
+            Unit::Purge => {
+                self.sql("DELETE FROM sagaflow_steps WHERE run_id = $1", run)
+                    .await;
+                self.sql(
+                    "UPDATE sagaflow_runs SET state = 'completed', finished_at = 1 WHERE id = $1",
+                    run,
+                )
+                .await;
+            }
+            _ => {}
+        }
+    }
+
+    async fn act(&self, unit: Unit, run: Uuid) {
+        match unit {
+            Unit::Evaluate => {
+                let held = self.engine.store().clone();
+                self.evaluate(&held, run).await;
+            }
+            Unit::Operator => {
+                // Refused when the competitor finished the run first: that is an answer.
+                let _ = self.engine.operator().cancel(run).await;
+            }
+            Unit::Migrate => {
+                self.engine
+                    .operator()
+                    .migrate("pair", 1, 2)
+                    .await
+                    .expect("migrate");
+            }
+            Unit::Purge => {
+                self.engine
+                    .purge_finished(Duration::ZERO)
+                    .await
+                    .expect("purge");
+            }
+            _ => unreachable!("a unit without a setup: add it to `prepare` and `act`"),
+        }
+    }
+
+    /// The competing writer's setup (before the held unit starts).
+    async fn prepare_writer(&self, w: Writer, run: Uuid) {
+        match w {
+            Writer::Rescue => {
+                // `b` was claimed by an instance (by hand, as the claim writes it), and its
+                // deadline passed.
+                let n = self
+                    .sql(
+                        "UPDATE sagaflow_steps SET state = 'running', locked_by = 'ghost', \
+                         attempt = attempt + 1, forward_attempts = forward_attempts + 1, \
+                         complete_by = 1, available_at = NULL WHERE run_id = $1 AND name = 'b'",
+                        run,
+                    )
+                    .await;
+                assert_eq!(n, 1, "[{}] setup claim", self.db.backend);
+            }
+            Writer::Evaluate | Writer::Cancel | Writer::Claim => {}
+        }
+    }
+
+    /// The competing writer; returns the steps it claimed (ids).
+    async fn write(&self, w: Writer, run: Uuid) -> Vec<i64> {
+        match w {
+            Writer::Claim => self
+                .plain
+                .step_claim("intruder", &["pair@1".to_owned(), "pair@2".to_owned()], 8)
+                .await
+                .expect("claim")
+                .into_iter()
+                .filter(|c| c.run_id == run)
+                .map(|c| c.id)
+                .collect(),
+            Writer::Rescue => {
+                let expired = self
+                    .plain
+                    .step_list_rescuable(60_000, 16)
+                    .await
+                    .expect("list");
+                let items: Vec<_> = expired.iter().map(transition::rescue).collect();
+                self.plain.step_rescue(None, &items).await.expect("rescue");
+                Vec::new()
+            }
+            Writer::Evaluate => {
+                self.evaluate(&self.plain, run).await;
+                Vec::new()
+            }
+            Writer::Cancel => {
+                let _ = sagaflow::internals::operator::cancel(
+                    &self.plain,
+                    run,
+                    &sagaflow::internals::operator::Audit::new("intruder", "interleaving test"),
+                )
+                .await;
+                Vec::new()
+            }
+        }
+    }
+
+    /// The run's state and its step rows (name, state, locked_by, available_at).
+    async fn rows(&self, run: Uuid) -> (Option<String>, Vec<StepLine>) {
+        let conn = self.plain.connection();
+        let b = conn.get_database_backend();
+        let state = conn
+            .query_one_raw(Statement::from_sql_and_values(
+                b,
+                "SELECT state FROM sagaflow_runs WHERE id = $1",
+                [Value::from(run)],
+            ))
+            .await
+            .expect("run")
+            .map(|r| r.try_get::<String>("", "state").expect("state"));
+        let steps = conn
+            .query_all_raw(Statement::from_sql_and_values(
+                b,
+                "SELECT name, state, locked_by, available_at FROM sagaflow_steps WHERE run_id = $1 \
+                 ORDER BY name",
+                [Value::from(run)],
+            ))
+            .await
+            .expect("steps")
+            .iter()
+            .map(|r| {
+                (
+                    r.try_get("", "name").expect("name"),
+                    r.try_get("", "state").expect("state"),
+                    r.try_get("", "locked_by").expect("locked_by"),
+                    r.try_get("", "available_at").expect("available_at"),
+                )
+            })
+            .collect();
+        (state, steps)
+    }
+
+    /// Holds `unit` at `point` while `writer` runs against one fresh run, then checks what
+    /// they left. Returns how the two met.
+    async fn triple(&self, unit: Unit, point: Point, writer: Writer) -> Meeting {
+        let run = self.run().await;
+        self.prepare(unit, run).await;
+        if unit != Unit::Purge {
+            // A finished run has nothing a writer could hold.
+            self.prepare_writer(writer, run).await;
+        }
+        let held = self.hook.hold(unit, point);
+        let what = format!(
+            "[{}] {} at {} against {writer:?}",
+            self.db.backend,
+            unit.as_str(),
+            point.as_str()
+        );
+        // A unit that decides to write nothing may end without reaching its point (a
+        // migration refused, a purge with nothing to take): the writer then runs after it.
+        let finished = tokio_util::sync::CancellationToken::new();
+        let unit_done = async {
+            self.act(unit, run).await;
+            finished.cancel();
+        };
+        let both = async {
+            tokio::time::timeout(LIMIT, async {
+                tokio::select! {
+                    () = held.reached() => {}
+                    () = finished.cancelled() => {}
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the unit neither reached its point nor ended"));
+            let writing = self.write(writer, run);
+            tokio::pin!(writing);
+            let outcome = match tokio::time::timeout(BLOCKED_AFTER, &mut writing).await {
+                Ok(c) => (c, Meeting::Ran),
+                Err(_) => {
+                    held.release();
+                    (writing.await, Meeting::Blocked)
+                }
+            };
+            held.release();
+            outcome
+        };
+        let ((), (claimed, mut meeting)) =
+            tokio::time::timeout(LIMIT, async { tokio::join!(unit_done, both) })
+                .await
+                .unwrap_or_else(|_| panic!("{what}: deadlocked"));
+        if !held.has_reached() {
+            meeting = Meeting::After;
+        }
+        self.check(&what, run, &claimed).await;
+        // The next triple's units must meet their own run only (a migration takes every run
+        // of its version, oldest first).
+        self.sql("DELETE FROM sagaflow_steps WHERE run_id = $1", run)
+            .await;
+        self.sql("DELETE FROM sagaflow_runs WHERE id = $1", run)
+            .await;
+        meeting
+    }
+
+    /// What every interleaving must leave behind: a run in a final state has no step rows
+    /// (none in flight, none queued); a step the competing writer claimed is still its
+    /// attempt in flight (nobody moved it under its feet, nobody deleted it) and its run is
+    /// not final; a run that is not final has no step the writers left without a way on.
+    async fn check(&self, what: &str, run: Uuid, claimed: &[i64]) {
+        let (state, steps) = self.rows(run).await;
+        let final_state = matches!(state.as_deref(), Some("completed" | "compensated") | None);
+        if final_state {
+            assert!(
+                steps.is_empty(),
+                "{what}: the run is {state:?} but has step rows {steps:?}"
+            );
+        }
+        for id in claimed {
+            let row = self.step_row(*id).await;
+            assert_eq!(
+                row.as_ref().map(|(s, l)| (s.as_str(), l.as_deref())),
+                Some(("running", Some("intruder"))),
+                "{what}: the claimed step {id} was moved under its attempt (run {state:?}, steps {steps:?})"
+            );
+            assert!(
+                !final_state,
+                "{what}: the run ended {state:?} with a claimed step in flight"
+            );
+        }
+        for (name, s, _, due) in &steps {
+            // A queued step the writers left must be due, or parked in a paused run.
+            if (s == "ready" || s == "compensation_ready") && due.is_none() {
+                assert_eq!(
+                    state.as_deref(),
+                    Some("paused"),
+                    "{what}: step `{name}` is {s} with no due time: nothing will ever take it"
+                );
+            }
+        }
+    }
+
+    async fn step_row(&self, id: i64) -> Option<(String, Option<String>)> {
+        let conn = self.plain.connection();
+        conn.query_one_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            "SELECT state, locked_by FROM sagaflow_steps WHERE id = $1",
+            [Value::from(id)],
+        ))
+        .await
+        .expect("step")
+        .map(|r| {
+            (
+                r.try_get("", "state").expect("state"),
+                r.try_get("", "locked_by").expect("locked_by"),
+            )
+        })
+    }
+}
+
+/// Every (unit of work × pause point × competing writer) on both backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_matrix_every_unit_point_and_writer() {
+    let mut ran = 0;
+    let mut met: HashMap<Meeting, usize> = HashMap::new();
+    for db in backends().await {
+        let r = rig(db).await;
+        for unit in Unit::ALL {
+            for point in Point::ALL {
+                for writer in Writer::ALL {
+                    *met.entry(r.triple(unit, point, writer).await).or_default() += 1;
+                    ran += 1;
+                }
+            }
+        }
+        r.intake.shutdown().await;
+        r.engine.shutdown().await;
+    }
+    let per_backend = Unit::ALL.len() * Point::ALL.len() * Writer::ALL.len();
+    println!(
+        "interleavings: {ran} triples run ({} units x {} points x {} writers = {per_backend} per backend); \
+         the writer ran while the unit was held in {}, waited for its locks in {}, ran after a unit \
+         that had nothing to write in {}",
+        Unit::ALL.len(),
+        Point::ALL.len(),
+        Writer::ALL.len(),
+        met.get(&Meeting::Ran).unwrap_or(&0),
+        met.get(&Meeting::Blocked).unwrap_or(&0),
+        met.get(&Meeting::After).unwrap_or(&0),
+    );
+    assert!(ran >= per_backend, "the matrix ran {ran} triples");
+}
+
+/// Defect 1: an evaluation that read `b` ready and decided to drop it and end the run
+/// `compensated` must not do so when a claim took `b` meanwhile: the run would end with an
+/// attempt in flight whose effect nothing undoes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_claim_during_an_evaluation_never_ends_the_run_under_it() {
+    for db in backends().await {
+        let r = rig(db).await;
+        r.triple(Unit::Evaluate, Point::AfterReads, Writer::Claim)
+            .await;
+        r.intake.shutdown().await;
+        r.engine.shutdown().await;
+    }
+}
+
+/// Defect 1, through an operator: a cancel that read `b` ready must not drop it under a
+/// claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_claim_during_a_cancel_keeps_the_attempt() {
+    for db in backends().await {
+        let r = rig(db).await;
+        r.triple(Unit::Operator, Point::AfterReads, Writer::Claim)
+            .await;
+        r.intake.shutdown().await;
+        r.engine.shutdown().await;
+    }
+}
+
+/// Defect 2: a migration that read `b` ready (and ran its mapping) must not write it back
+/// to `ready` with no due time after a claim took it: the result would be dropped and the
+/// run would hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_claim_during_a_migration_keeps_the_attempt() {
+    for db in backends().await {
+        let r = rig(db).await;
+        r.triple(Unit::Migrate, Point::AfterReads, Writer::Claim)
+            .await;
+        r.intake.shutdown().await;
+        r.engine.shutdown().await;
+    }
+}
+
+/// Defect 4: a mapping that marks a step of a run going forward `skipped` is refused with
+/// its reason (the run could never complete, and a resume would read it as unwinding); the
+/// run stays on its version, untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleave_a_migration_may_not_skip_a_step_of_a_run_going_forward() {
+    use sagaflow::StepState;
+    use sagaflow::migration::{MigratingRun, Migration};
+    for db in backends().await {
+        let engine = fast_builder(&db)
+            .with_workers(false)
+            .with_supervisor(false)
+            .with_workflow(pair(1))
+            .with_workflow(pair(2))
+            .with_migration(
+                Migration::new("pair", 1, 2)
+                    .map(|run: &mut MigratingRun| run.set_state("b", StepState::Skipped)),
+            )
+            .start()
+            .await
+            .expect("engine");
+        let intake = v1_intake(&db).await;
+        let run = intake.start("pair", &()).await.expect("start");
+        let plan = engine
+            .operator()
+            .migrate("pair", 1, 2)
+            .await
+            .expect("migrate");
+        assert_eq!(plan.refused(), 1, "[{}] {plan:?}", db.backend);
+        let reason = plan.runs[0].reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("step `b` is skipped") && reason.contains("going forward"),
+            "[{}] {reason}",
+            db.backend
+        );
+        let view = engine.run(run).await.expect("read").expect("run");
+        assert_eq!(view.version, 1, "[{}] the run stays", db.backend);
+        intake.shutdown().await;
+        engine.shutdown().await;
+    }
+}
+
+/// `slow@1`: one step, `hold`. On instance `a` its first attempt waits for its cancellation
+/// token (logging when it fires) and a later one completes; on `b` it completes at once.
+fn slow(log: &crate::fixtures::Log, hangs: bool) -> Workflow {
+    let log = log.clone();
+    Workflow::builder("slow", 1)
+        .step("hold", move |ctx: StepContext| {
+            let log = log.clone();
+            async move {
+                if !hangs {
+                    log.push("b ran");
+                    return Ok::<_, StepError>(());
+                }
+                if ctx.attempt() > 1 {
+                    // Claiming again once its heartbeat landed.
+                    log.push("a ran");
+                    return Ok(());
+                }
+                let token = ctx.cancellation().clone();
+                let seen = log.clone();
+                tokio::spawn(async move {
+                    token.cancelled().await;
+                    seen.push("a stopped");
+                });
+                log.push("a started");
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        })
+        .deadline(Duration::from_secs(120))
+        .build()
+        .expect("valid")
+}
+
+/// Defect 6: an instance whose heartbeat cannot land (here: its instance row is locked by
+/// another transaction, as a database under load or a lost connection would leave it) stops
+/// its own attempts before the supervisor may count it dead and another instance take its
+/// steps over; once a heartbeat lands again it claims again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_late_heartbeat_stops_the_instance_attempts_before_a_takeover() {
+    use crate::fixtures::Log;
+    use sagaflow::sea_orm::TransactionTrait;
+    for db in backends().await {
+        sagaflow_testkit::init_logging();
+        let log = Log::default();
+        let a = fast_builder(&db)
+            .with_instance_id("a")
+            .with_supervisor(false)
+            .with_workflow(slow(&log, true))
+            .start()
+            .await
+            .expect("a");
+        let run = a.start("slow", &()).await.expect("start");
+        sagaflow_testkit::eventually(LIMIT, "a started", || async {
+            log.entries().iter().any(|e| e == "a started")
+        })
+        .await;
+        let b = fast_builder(&db)
+            .with_instance_id("b")
+            .with_workflow(slow(&log, false))
+            .start()
+            .await
+            .expect("b");
+        // From now on no heartbeat of `a` lands.
+        let blocker = sagaflow::sea_orm::Database::connect(db.url.as_str())
+            .await
+            .expect("connect");
+        let txn = blocker.begin().await.expect("begin");
+        txn.execute_unprepared(
+            "UPDATE sagaflow_instances SET heartbeat_at = heartbeat_at WHERE id = 'a'",
+        )
+        .await
+        .expect("lock the instance row");
+        sagaflow_testkit::eventually(LIMIT, "a stopped its attempt", || async {
+            log.entries().iter().any(|e| e == "a stopped")
+        })
+        .await;
+        let order = log.entries();
+        assert!(
+            !order.iter().any(|e| e == "b ran"),
+            "[{}] another instance took the step over before `a` stopped: {order:?}",
+            db.backend
+        );
+        txn.rollback().await.expect("release");
+        let _ = blocker.close().await;
+        // `a` heartbeats again, releases the stopped attempt's step and claims again; either
+        // instance completes it.
+        sagaflow_testkit::expect_state(&b, run, sagaflow::RunState::Completed, db.backend).await;
+        let order = log.entries();
+        let stopped = order.iter().position(|e| e == "a stopped");
+        let ran = order.iter().position(|e| e == "b ran" || e == "a ran");
+        assert!(
+            stopped.is_some() && stopped < ran,
+            "[{}] `a` stopped before `b` ran: {order:?}",
+            db.backend
+        );
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
