@@ -3,7 +3,8 @@
 //! Finds and inspects runs, takes the operator's actions on them (recorded in their history
 //! as `cli:<operator>`), acknowledges alerts, reads and overrides the limits of remote
 //! resources, watches the queue, lists the published
-//! definitions and the engine instances with what they run, applies the schema migrations on purpose and purges finished runs; and
+//! definitions and the engine instances with what they run, applies the schema migrations on purpose, purges finished runs and
+//! checks the stored history against the engine's invariants (`check`); and
 //! `sagaflow serve` serves the console and the HTTP API. It runs no step and no workflow
 //! code: it opens the database as a client-only engine, which never registers as a worker
 //! instance. Every command but `migrate` (and `serve`, which migrates as an engine start

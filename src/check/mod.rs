@@ -34,7 +34,9 @@
 //! 5. [`Invariant::Stuck`]: every unfinished run can move: it is marked for evaluation
 //!    (`dirty`), or has a step due (`ready`/`compensation_ready` with a due time), in flight,
 //!    or waiting with its stated wait, or is `pending` with a scheduled start, or is in
-//!    `error` or `paused` with an open alert (or `paused` with its pause envelope).
+//!    `error` or `paused` with an open alert (or `paused` with its pause envelope). A run in
+//!    `error` whose alerts were all acknowledged is reported: nothing moves it, and nothing
+//!    says so any more.
 //!
 //! ```no_run
 //! # async fn demo(engine: &sagaflow::Engine) -> Result<(), sagaflow::Error> {

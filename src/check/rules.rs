@@ -282,7 +282,7 @@ fn attempts(f: &mut Found<'_, '_>) {
             }
             Some((n, before)) if a > n + 1 => {
                 let msg = format!(
-                    "{}, yet attempt {a} was claimed after it",
+                    "{}, yet a later one (attempt {a}) was claimed",
                     no_end(n + 1, a - 1)
                 );
                 f.push(
@@ -293,7 +293,10 @@ fn attempts(f: &mut Found<'_, '_>) {
                 );
             }
             None if track.from_first && a > 1 => {
-                let msg = format!("{}, yet attempt {a} was claimed after it", no_end(1, a - 1));
+                let msg = format!(
+                    "{}, yet a later one (attempt {a}) was claimed",
+                    no_end(1, a - 1)
+                );
                 f.push(Invariant::OverlappingAttempts, Some(step), msg, &[l]);
             }
             _ => {}

@@ -191,7 +191,7 @@ async fn rows_corrupted_by_hand_are_reported_one_violation_each() {
             "[{b}] {text}"
         );
         assert!(
-            text.contains("attempts 1 to 2 have no recorded end"),
+            text.contains("attempts 1 to 2 have no recorded end, yet a later one"),
             "[{b}] {text}"
         );
         for v in &report.violations {
