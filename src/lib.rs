@@ -53,6 +53,7 @@
 
 pub mod admin;
 mod builder;
+pub mod check;
 mod correction;
 mod engine;
 mod events;

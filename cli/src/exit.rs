@@ -16,6 +16,8 @@ pub(crate) const NOT_FOUND: u8 = 3;
 pub(crate) const REFUSED: u8 = 4;
 /// The database's schema is not this release's: `sagaflow migrate` applies what it lacks.
 pub(crate) const SCHEMA: u8 = 5;
+/// `check` read the database and found runs that break the engine's invariants.
+pub(crate) const VIOLATIONS: u8 = 6;
 
 /// Why a command stopped: its exit code and one line for standard error.
 #[derive(Debug)]

@@ -3,7 +3,8 @@
 //! Finds and inspects runs, takes the operator's actions on them (recorded in their history
 //! as `cli:<operator>`), acknowledges alerts, reads and overrides the limits of remote
 //! resources, watches the queue, lists the published
-//! definitions and the engine instances with what they run, applies the schema migrations on purpose and purges finished runs; and
+//! definitions and the engine instances with what they run, applies the schema migrations on purpose, purges finished runs and
+//! checks the stored history against the engine's invariants (`check`); and
 //! `sagaflow serve` serves the console and the HTTP API. It runs no step and no workflow
 //! code: it opens the database as a client-only engine, which never registers as a worker
 //! instance. Every command but `migrate` (and `serve`, which migrates as an engine start
@@ -12,6 +13,7 @@
 
 mod act;
 mod alerts;
+mod check;
 mod db;
 mod exit;
 mod input;
@@ -45,7 +47,8 @@ use crate::exit::{Failure, Outcome};
     version,
     after_help = "\
 Exit codes: 0 done; 1 failure (database unreachable, ...); 2 usage; 3 run, step, alert or \
-resource not found; 4 action refused in the run's state; 5 schema not this release's (`sagaflow migrate`).
+resource not found; 4 action refused in the run's state; 5 schema not this release's (`sagaflow migrate`); \
+6 `check` found violations.
 
 Examples:
   sagaflow runs list --state error --database-url ./orders.db
@@ -167,6 +170,13 @@ Other commands never migrate: on a database that lacks migrations they exit with
         #[arg(long)]
         dry_run: bool,
     },
+    /// Checks every run against the engine's invariants: its history is a path of the
+    /// transition tables, no finished run has a step in flight, a compensated run undid every
+    /// step that may have acted, no two attempts of a step overlap, and no unfinished run is
+    /// stuck. Reads only; prints each violation with its history lines.
+    #[command(after_help = "\
+Exits with code 6 when it finds a violation, 0 when none.")]
+    Check,
     /// Prints a completion script for a shell (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -274,6 +284,7 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
         Command::Queue => overview::queue(engine, json).await,
         Command::Definitions => overview::definitions(engine, json).await,
         Command::Instances => instances::instances(engine, json).await,
+        Command::Check => check::check(engine, json).await,
         Command::Purge {
             older_than,
             dry_run,

@@ -6,6 +6,8 @@
 //!   tests never see each other's runs;
 //! - [`engine`] and [`fast_builder`] start engines with short intervals;
 //! - [`eventually`], [`eventually_some`] and [`expect_state`] wait on conditions with a bound;
+//! - [`check_history`] ends a test by checking every run of its database against the
+//!   engine's invariants ([`sagaflow::check`]), and fails it with the report on a violation;
 //! - [`SagaTest`] tests one's own sagas: an engine on a fresh database with a test clock
 //!   wired, [`SagaTest::advance`] to let hours pass at once, [`SagaTest::crash_at`] to stop
 //!   the engine dead at a named point of a step ([`sagaflow::CrashPoint`]), and
@@ -39,6 +41,7 @@
 //! # }
 //! ```
 
+mod check;
 mod cluster;
 mod db;
 pub mod effects;
@@ -49,6 +52,7 @@ mod process;
 pub mod services;
 mod wait;
 
+pub use check::{check_engine_history, check_history};
 pub use cluster::{ClusterError, PgCluster, make_durable, pg_bin, restart_immediate, script_path};
 pub use db::{TestDb, backends, postgres_db, sqlite_db};
 pub use engine::{engine, fast_builder, init_logging};

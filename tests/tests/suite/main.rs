@@ -25,6 +25,7 @@ mod flow;
 mod flow_control;
 mod flow_control_gates;
 mod frozen;
+mod history_check;
 mod hotplug;
 mod http_agent;
 mod input_correction;
