@@ -11,8 +11,9 @@
 //!
 //! Each case runs on a fresh database with a fresh copy of the saga and whatever the user's
 //! `make` returns with it (typically a loopback remote with its ledger), waits until the run
-//! finished (`completed`, `compensated` or `error`), and hands the run and that state to the
-//! user's check. A case whose stop was never reached (a step after one that always fails)
+//! finished (`completed`, `compensated` or `error`), runs the history checker
+//! ([`sagaflow::check`]) on the database, and hands the run and that state to the user's
+//! check. A case whose stop was never reached (a step after one that always fails)
 //! is reported as such, not as a pass.
 //!
 //! ```no_run
@@ -204,8 +205,9 @@ impl Explore {
         for stop in stops {
             for db in self.databases().await {
                 let (wfs, state) = make().await;
-                let (reached, run) = self.case(&db, wfs, &stop).await;
-                let check = check(&stop, &run, &state);
+                let (reached, run, history) = self.case(&db, wfs, &stop).await;
+                // The engine's own promise first (the history checker), then the user's.
+                let check = history.and_then(|()| check(&stop, &run, &state));
                 report.cases.push(Case {
                     stop: stop.clone(),
                     backend: db.backend,
@@ -256,8 +258,14 @@ impl Explore {
         stops
     }
 
-    /// One case on `db`: returns whether the stop was reached, and the finished run.
-    async fn case(&self, db: &TestDb, wfs: Vec<Workflow>, stop: &Stop) -> (bool, Run) {
+    /// One case on `db`: returns whether the stop was reached, the finished run, and what
+    /// the history checker found on the database.
+    async fn case(
+        &self,
+        db: &TestDb,
+        wfs: Vec<Workflow>,
+        stop: &Stop,
+    ) -> (bool, Run, Result<(), String>) {
         let mut t = SagaTest::new(wfs).on(db).await;
         let (reached, id) = match stop {
             Stop::Crash { step, point } => {
@@ -287,8 +295,13 @@ impl Explore {
             t.restart().await;
         }
         let run = t.finish(id).await;
+        let history = match sagaflow::check::check(t.engine().connection()).await {
+            Ok(report) if report.is_clean() => Ok(()),
+            Ok(report) => Err(format!("the history checker found:\n{report}")),
+            Err(e) => Err(format!("the history checker could not read: {e}")),
+        };
         t.shutdown().await;
-        (reached, run)
+        (reached, run, history)
     }
 }
 

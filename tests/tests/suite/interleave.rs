@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sagaflow::check::Invariant;
 use sagaflow::internals::Registry;
 use sagaflow::internals::interleave::{PauseHook, Point, Unit};
 use sagaflow::internals::scheduler::plan_and_apply;
@@ -360,6 +361,20 @@ impl Rig {
             meeting = Meeting::After;
         }
         self.check(&what, run, &claimed).await;
+        // The history checker's row invariants (its history ones would flag the setups'
+        // hand-made moves, which write no history).
+        let report = sagaflow::check::check(self.plain.connection())
+            .await
+            .expect("history check");
+        for v in &report.violations {
+            assert!(
+                !matches!(
+                    v.invariant,
+                    Invariant::InFlightAfterFinish | Invariant::Stuck
+                ),
+                "{what}: {v}"
+            );
+        }
         // The next triple's units must meet their own run only (a migration takes every run
         // of its version, oldest first).
         self.sql("DELETE FROM sagaflow_steps WHERE run_id = $1", run)
@@ -626,6 +641,8 @@ async fn interleave_a_late_heartbeat_stops_the_instance_attempts_before_a_takeov
         // `a` heartbeats again, releases the stopped attempt's step and claims again; either
         // instance completes it.
         sagaflow_testkit::expect_state(&b, run, sagaflow::RunState::Completed, db.backend).await;
+        let report = sagaflow_testkit::check_engine_history(&b).await;
+        assert!(report.is_clean(), "[{}] {report}", db.backend);
         let order = log.entries();
         let stopped = order.iter().position(|e| e == "a stopped");
         let ran = order.iter().position(|e| e == "b ran" || e == "a ran");

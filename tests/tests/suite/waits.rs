@@ -819,6 +819,8 @@ async fn child_completed_long_ago_outlives_retention_while_its_parent_may_compen
             "[{}] the child's refund undone once",
             db.backend
         );
+        let report = sagaflow_testkit::check_engine_history(&engine).await;
+        assert!(report.is_clean(), "[{}] {report}", db.backend);
         // Both finished: now both may go.
         clock.advance(8 * DAY);
         let purged = engine.purge_finished(7 * DAY).await.expect("purge");
