@@ -24,11 +24,20 @@ pub enum Unit {
     Migrate,
     /// The retention purge of finished runs.
     Purge,
+    /// The rescue of attempts past their deadline or lost with their instance (the
+    /// supervisor's sweep, an instance's release of its own).
+    Rescue,
 }
 
 impl Unit {
     /// Every unit with pause points, in the order the interleaving matrix lists them.
-    pub const ALL: [Unit; 4] = [Self::Evaluate, Self::Operator, Self::Migrate, Self::Purge];
+    pub const ALL: [Unit; 5] = [
+        Self::Evaluate,
+        Self::Operator,
+        Self::Migrate,
+        Self::Purge,
+        Self::Rescue,
+    ];
 
     /// The unit's name, as tests and docs print it.
     pub const fn as_str(self) -> &'static str {
@@ -37,6 +46,7 @@ impl Unit {
             Self::Operator => "operator",
             Self::Migrate => "migrate",
             Self::Purge => "purge",
+            Self::Rescue => "rescue",
         }
     }
 }

@@ -14,6 +14,7 @@ use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
 use super::tx::{CHUNK, mark_dirty};
 use super::{Backend, Row, Store, placeholders};
+use crate::interleave::{Point, Unit};
 use crate::trace::TraceContext;
 use crate::transition::{Trigger, step_rule};
 use crate::{Result, StepState};
@@ -547,6 +548,7 @@ impl Store {
         runs.sort_unstable();
         runs.dedup();
         mark_dirty(self, &tx.txn, &runs).await?;
+        tx.pause_point(Unit::Rescue, Point::AfterReads).await;
         let applied = tx.write_attempts(items, fence).await?;
         // A paused run claims no new step: what this re-queued for one waits parked (its
         // evaluation, marked above, would park it too, but a claim could come first).
@@ -573,6 +575,7 @@ impl Store {
             // Re-queued steps, and runs to evaluate for the ones that failed.
             tx.notify();
         }
+        tx.pause_point(Unit::Rescue, Point::BeforeCommit).await;
         tx.commit().await?;
         Ok(counts)
     }

@@ -71,10 +71,21 @@ enum Writer {
     Evaluate,
     /// An operator's cancel of the run.
     Cancel,
+    /// A migration of the runs of `pair@1` to `pair@2`.
+    Migrate,
+    /// The retention purge, with a retention of zero.
+    Purge,
 }
 
 impl Writer {
-    const ALL: [Writer; 4] = [Self::Claim, Self::Rescue, Self::Evaluate, Self::Cancel];
+    const ALL: [Writer; 6] = [
+        Self::Claim,
+        Self::Rescue,
+        Self::Evaluate,
+        Self::Cancel,
+        Self::Migrate,
+        Self::Purge,
+    ];
 }
 
 /// One database with a passive engine (no claims, no supervisor) whose units of work stop
@@ -84,6 +95,8 @@ struct Rig {
     engine: Engine,
     /// Starts runs of `pair@1` (an engine starts a workflow's newest version it has).
     intake: Engine,
+    /// Another passive engine, without pause points: the competing operator.
+    peer: Engine,
     hook: Arc<PauseHook>,
     plain: Store,
     registry: Registry,
@@ -113,6 +126,14 @@ async fn rig(db: TestDb) -> Rig {
         .await
         .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
     let intake = v1_intake(&db).await;
+    let peer = fast_builder(&db)
+        .with_workers(false)
+        .with_supervisor(false)
+        .with_workflow(pair(1))
+        .with_workflow(pair(2))
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] peer: {e}", db.backend));
     let plain = Store::open(&db.url, &Default::default())
         .await
         .expect("plain store");
@@ -123,6 +144,7 @@ async fn rig(db: TestDb) -> Rig {
         db,
         engine,
         intake,
+        peer,
         hook,
         plain,
         registry,
@@ -130,6 +152,33 @@ async fn rig(db: TestDb) -> Rig {
 }
 
 impl Rig {
+    async fn shutdown(&self) {
+        self.intake.shutdown().await;
+        self.peer.shutdown().await;
+        self.engine.shutdown().await;
+    }
+
+    /// `b` claimed by an instance (by hand, as the claim writes it) whose deadline passed.
+    async fn claim_b_expired(&self, run: Uuid) {
+        let n = self
+            .sql(
+                "UPDATE sagaflow_steps SET state = 'running', locked_by = 'ghost', \
+                 attempt = attempt + 1, forward_attempts = forward_attempts + 1, \
+                 complete_by = 1, available_at = NULL WHERE run_id = $1 AND name = 'b' \
+                 AND state = 'ready'",
+                run,
+            )
+            .await;
+        assert_eq!(n, 1, "[{}] setup claim", self.db.backend);
+    }
+
+    /// The supervisor's rescue (listing, then the fenced writes) on `store`.
+    async fn rescue(&self, store: &Store) {
+        let expired = store.step_list_rescuable(60_000, 16).await.expect("list");
+        let items: Vec<_> = expired.iter().map(transition::rescue).collect();
+        store.step_rescue(None, &items).await.expect("rescue");
+    }
+
     /// Runs `sql` with `$1` bound to `run`.
     async fn sql(&self, sql: &str, run: Uuid) -> u64 {
         let conn = self.plain.connection();
@@ -185,6 +234,7 @@ impl Rig {
                 )
                 .await;
             }
+            Unit::Rescue => self.claim_b_expired(run).await,
             _ => {}
         }
     }
@@ -212,27 +262,20 @@ impl Rig {
                     .await
                     .expect("purge");
             }
+            Unit::Rescue => {
+                let held = self.engine.store().clone();
+                self.rescue(&held).await;
+            }
             _ => unreachable!("a unit without a setup: add it to `prepare` and `act`"),
         }
     }
 
     /// The competing writer's setup (before the held unit starts).
-    async fn prepare_writer(&self, w: Writer, run: Uuid) {
+    async fn prepare_writer(&self, unit: Unit, w: Writer, run: Uuid) {
         match w {
-            Writer::Rescue => {
-                // `b` was claimed by an instance (by hand, as the claim writes it), and its
-                // deadline passed.
-                let n = self
-                    .sql(
-                        "UPDATE sagaflow_steps SET state = 'running', locked_by = 'ghost', \
-                         attempt = attempt + 1, forward_attempts = forward_attempts + 1, \
-                         complete_by = 1, available_at = NULL WHERE run_id = $1 AND name = 'b'",
-                        run,
-                    )
-                    .await;
-                assert_eq!(n, 1, "[{}] setup claim", self.db.backend);
-            }
-            Writer::Evaluate | Writer::Cancel | Writer::Claim => {}
+            // A held rescue has set `b` up already: the writer rescues the same attempt.
+            Writer::Rescue if unit != Unit::Rescue => self.claim_b_expired(run).await,
+            _ => {}
         }
     }
 
@@ -249,13 +292,7 @@ impl Rig {
                 .map(|c| c.id)
                 .collect(),
             Writer::Rescue => {
-                let expired = self
-                    .plain
-                    .step_list_rescuable(60_000, 16)
-                    .await
-                    .expect("list");
-                let items: Vec<_> = expired.iter().map(transition::rescue).collect();
-                self.plain.step_rescue(None, &items).await.expect("rescue");
+                self.rescue(&self.plain).await;
                 Vec::new()
             }
             Writer::Evaluate => {
@@ -263,12 +300,23 @@ impl Rig {
                 Vec::new()
             }
             Writer::Cancel => {
-                let _ = sagaflow::internals::operator::cancel(
-                    &self.plain,
-                    run,
-                    &sagaflow::internals::operator::Audit::new("intruder", "interleaving test"),
-                )
-                .await;
+                // Refused when the run finished meanwhile: that is an answer.
+                let _ = self.peer.operator().cancel(run).await;
+                Vec::new()
+            }
+            Writer::Migrate => {
+                self.peer
+                    .operator()
+                    .migrate("pair", 1, 2)
+                    .await
+                    .expect("migrate");
+                Vec::new()
+            }
+            Writer::Purge => {
+                self.peer
+                    .purge_finished(Duration::ZERO)
+                    .await
+                    .expect("purge");
                 Vec::new()
             }
         }
@@ -316,7 +364,7 @@ impl Rig {
         self.prepare(unit, run).await;
         if unit != Unit::Purge {
             // A finished run has nothing a writer could hold.
-            self.prepare_writer(writer, run).await;
+            self.prepare_writer(unit, writer, run).await;
         }
         let held = self.hook.hold(unit, point);
         let what = format!(
@@ -454,8 +502,7 @@ async fn interleave_matrix_every_unit_point_and_writer() {
                 }
             }
         }
-        r.intake.shutdown().await;
-        r.engine.shutdown().await;
+        r.shutdown().await;
     }
     let per_backend = Unit::ALL.len() * Point::ALL.len() * Writer::ALL.len();
     println!(
@@ -481,8 +528,7 @@ async fn interleave_a_claim_during_an_evaluation_never_ends_the_run_under_it() {
         let r = rig(db).await;
         r.triple(Unit::Evaluate, Point::AfterReads, Writer::Claim)
             .await;
-        r.intake.shutdown().await;
-        r.engine.shutdown().await;
+        r.shutdown().await;
     }
 }
 
@@ -494,8 +540,7 @@ async fn interleave_a_claim_during_a_cancel_keeps_the_attempt() {
         let r = rig(db).await;
         r.triple(Unit::Operator, Point::AfterReads, Writer::Claim)
             .await;
-        r.intake.shutdown().await;
-        r.engine.shutdown().await;
+        r.shutdown().await;
     }
 }
 
@@ -508,8 +553,7 @@ async fn interleave_a_claim_during_a_migration_keeps_the_attempt() {
         let r = rig(db).await;
         r.triple(Unit::Migrate, Point::AfterReads, Writer::Claim)
             .await;
-        r.intake.shutdown().await;
-        r.engine.shutdown().await;
+        r.shutdown().await;
     }
 }
 
