@@ -33,11 +33,15 @@ pub enum InvariantKind {
     /// Every planned kill happened, no engine process exited on its own, and the PostgreSQL
     /// restart (when asked for) worked.
     ChaosAsPlanned,
+    /// The history checker (`sagaflow::check`) found no run breaking the engine's
+    /// invariants: every history a path of the transition tables, nothing in flight in a
+    /// finished run, every compensation done, no overlapping attempts, no stuck run.
+    History,
 }
 
 impl InvariantKind {
     /// Every invariant, in the order they are checked and printed.
-    pub const ALL: [InvariantKind; 7] = [
+    pub const ALL: [InvariantKind; 8] = [
         Self::EveryRunTerminal,
         Self::NoLostRuns,
         Self::ExactlyOnce,
@@ -45,6 +49,7 @@ impl InvariantKind {
         Self::NetConsistency,
         Self::Alerts,
         Self::ChaosAsPlanned,
+        Self::History,
     ];
 }
 
@@ -139,6 +144,13 @@ pub enum Finding {
         /// The PostgreSQL restart.
         pg_restart: PgRestart,
     },
+    /// [`InvariantKind::History`].
+    History {
+        /// Runs the checker read.
+        runs_checked: usize,
+        /// Violations it reported.
+        violations: usize,
+    },
 }
 
 impl Finding {
@@ -152,6 +164,7 @@ impl Finding {
             Self::NetConsistency { .. } => InvariantKind::NetConsistency,
             Self::Alerts { .. } => InvariantKind::Alerts,
             Self::ChaosAsPlanned { .. } => InvariantKind::ChaosAsPlanned,
+            Self::History { .. } => InvariantKind::History,
         }
     }
 }
@@ -213,6 +226,13 @@ impl fmt::Display for Finding {
                 f,
                 "chaos as planned: {kills} kills, {unexpected_exits} engine processes exited on their own, postgres restart {pg_restart}"
             ),
+            Self::History {
+                runs_checked,
+                violations,
+            } => write!(
+                f,
+                "history: {runs_checked} runs checked against the transition tables and the engine's invariants, {violations} violations"
+            ),
         }
     }
 }
@@ -256,6 +276,12 @@ pub struct ChaosTally {
     pub idle_kills: u64,
     /// Engine processes that did not stop within the grace period at the end.
     pub forced_stops: usize,
+    /// SIGSTOPs of an engine process for 1 to 3 s (its heartbeat late, its attempts fenced).
+    #[serde(default)]
+    pub pauses: u64,
+    /// Operators' cancels sent to runs in flight.
+    #[serde(default)]
+    pub cancels: u64,
 }
 
 /// How the run ended overall.

@@ -1,8 +1,9 @@
 //! A short chaos run (SAS-10, AT-8): the `sagaflow-chaos` binary with 2 engine processes,
 //! 1000 order sagas, the default fault rates (10% transient, 2% hangs, 2% lost replies, 1%
-//! terminal), and 8 SIGKILLs of engine processes spread over the run by its progress (one
-//! each time another ninth of the orders ended, however fast the machine), on the PostgreSQL
-//! test server. The server is shared with other tests, so it is never restarted here
+//! terminal), 8 SIGKILLs of engine processes spread over the run by its progress (one
+//! each time another ninth of the orders ended, however fast the machine), 3 SIGSTOPs of an
+//! engine process for 1 to 3 s (late heartbeats), and 20 operators' cancels, on the
+//! PostgreSQL test server; the verdict includes the history checker's. The server is shared with other tests, so it is never restarted here
 //! (`--no-pg-restart`); the full command, with the restart and 25 kills, is described in
 //! docs/operations.md ("Chaos runs").
 //!
@@ -45,6 +46,10 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
             "0.01",
             "--kills",
             "8",
+            "--pauses",
+            "3",
+            "--cancels",
+            "20",
             "--no-pg-restart",
             "--timeout-secs",
             "45",
@@ -130,4 +135,6 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
         chaos.kills,
         "{report}"
     );
+    assert_eq!(chaos.pauses, 3, "every planned SIGSTOP\n{report}");
+    assert!(chaos.cancels >= 1, "no run was cancelled\n{report}");
 }

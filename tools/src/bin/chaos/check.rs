@@ -15,7 +15,8 @@
 //!    half-way and are reported separately;
 //! 6. every run in `error` has an alert;
 //! 7. no engine process exited on its own, and the PostgreSQL restart (when asked for)
-//!    worked.
+//!    worked;
+//! 8. the history checker (`sagaflow::check`) finds no run breaking the engine's invariants.
 
 use sagaflow::internals::store::Store;
 use sagaflow_testkit::services::Services;
@@ -36,13 +37,19 @@ pub(crate) async fn verify(
 ) -> InvariantReport {
     let findings = gather(store, services, submitted).await;
     summary::print(&findings, services, stats);
-    let report = judge(&findings, submitted, stats);
+    let history = history(store).await;
+    let report = judge(&findings, submitted, stats, &history);
     println!("{report}");
     report
 }
 
 /// The seven invariants, judged on `f`.
-fn judge(f: &Findings, submitted: &Submitted, stats: &ChaosStats) -> InvariantReport {
+fn judge(
+    f: &Findings,
+    submitted: &Submitted,
+    stats: &ChaosStats,
+    history: &Invariant,
+) -> InvariantReport {
     let terminal = Invariant::judge(
         Finding::EveryRunTerminal {
             orders: f.orders,
@@ -127,14 +134,41 @@ fn judge(f: &Findings, submitted: &Submitted, stats: &ChaosStats) -> InvariantRe
             consistency,
             alerts,
             chaos_as_planned(stats),
+            history.clone(),
         ],
         chaos: ChaosTally {
             kills: stats.kills,
+            pauses: stats.pauses,
+            cancels: stats.cancels,
             rescues_measured: stats.rescues.len(),
             idle_kills: stats.idle_kills,
             forced_stops: stats.forced_stops,
         },
         interrupted: stats.ending == Some(Ending::Interrupted),
+    }
+}
+
+/// The history checker's verdict on the whole database.
+async fn history(store: &Store) -> Invariant {
+    match sagaflow::check::check(store.connection()).await {
+        Ok(report) => Invariant::judge(
+            Finding::History {
+                runs_checked: usize::try_from(report.runs_checked).unwrap_or(usize::MAX),
+                violations: report.violations.len(),
+            },
+            true,
+            report.violations.iter().map(ToString::to_string).collect(),
+        ),
+        Err(e) => Invariant::judge(
+            Finding::History {
+                runs_checked: 0,
+                violations: 0,
+            },
+            false,
+            vec![format!(
+                "the history checker could not read the database: {e}"
+            )],
+        ),
     }
 }
 

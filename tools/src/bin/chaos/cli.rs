@@ -52,6 +52,15 @@ pub(crate) struct Args {
     /// 1)` runs have ended, so a faster machine gets as many kills as a slower one; 0: none.
     #[arg(long, default_value_t = 25)]
     pub(crate) kills: u64,
+    /// SIGSTOPs of a random engine process for 1 to 3 s, then SIGCONT (a process frozen
+    /// past its heartbeat: it must stop its own attempts before others take its steps
+    /// over), spread over the run by progress like the kills; 0: none.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) pauses: u64,
+    /// Operators' cancels of runs that have not reserved stock yet, spread over the run by
+    /// progress; 0: none.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) cancels: u64,
     /// Do not restart PostgreSQL mid-run.
     #[arg(long)]
     pub(crate) no_pg_restart: bool,

@@ -47,6 +47,47 @@ pub(crate) enum Ending {
     Interrupted,
 }
 
+/// Freezes the engine process `pid` (SIGSTOP) for `d`, then lets it go on (SIGCONT): a
+/// process whose heartbeat is late while it lives, as a long pause of its host would leave it.
+async fn freeze(pid: u32, d: Duration) {
+    signal(pid, "STOP");
+    tokio::time::sleep(d).await;
+    signal(pid, "CONT");
+}
+
+/// Sends `sig` to `pid` with kill(1) (a process that exited meanwhile is ignored).
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// An operator cancels one run that has not reserved stock yet (a cancel past the pivot
+/// `ship` would leave its effect standing: see the closing notes of docs/reliability.md);
+/// `true` when a run was cancelled.
+async fn cancel_one(store: Store) -> bool {
+    use sagaflow::sea_orm::{ConnectionTrait, Statement};
+    let conn = store.connection();
+    let pick = Statement::from_string(
+        conn.get_database_backend(),
+        "SELECT run_id FROM sagaflow_steps WHERE name = 'reserve_stock' \
+         AND state IN ('not_started', 'ready', 'running') LIMIT 1",
+    );
+    let Ok(Some(row)) = conn.query_one_raw(pick).await else {
+        return false;
+    };
+    let Ok(id) = row.try_get::<uuid::Uuid>("", "run_id") else {
+        return false;
+    };
+    let audit = sagaflow::internals::operator::Audit::new("chaos", "the customer cancelled");
+    sagaflow::internals::operator::cancel(&store, id, &audit)
+        .await
+        .is_ok()
+}
+
 /// The coordinator's main: returns the exit code (0 pass, 1 an invariant failed, 2 the run
 /// could not be set up, 130 interrupted).
 pub(crate) async fn run(args: Args) -> u8 {
@@ -128,7 +169,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         log_dir.display()
     );
     println!(
-        "  engine: deadline {:?} (cap {:?}) · {} failures max · lease {:?}/{:?} · sweep {:?} · heartbeat defaults · {} SIGKILLs, one per {} ended runs",
+        "  engine: deadline {:?} (cap {:?}) · {} failures max · lease {:?}/{:?} · sweep {:?} · heartbeat defaults · {} SIGKILLs, one per {} ended runs · {} SIGSTOPs of 1-3 s · {} cancels",
         worker::DEADLINE,
         worker::DEADLINE_CAP,
         worker::MAX_FAILURES,
@@ -136,7 +177,9 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         worker::LEASE_RENEW,
         worker::SWEEP,
         args.kills,
-        args.orders as u64 / (args.kills + 1)
+        args.orders as u64 / (args.kills + 1),
+        args.pauses,
+        args.cancels
     );
     let logs_are_ours = args.log_dir.is_none();
     let logs_at = log_dir.clone();
@@ -178,6 +221,8 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     let mut stats = ChaosStats::default();
     let mut rng = StdRng::seed_from_u64(args.seed ^ 0x5eed_c4a0_5000_0001);
     let mut rescues = tokio::task::JoinSet::new();
+    let mut freezes = tokio::task::JoinSet::new();
+    let mut cancels = tokio::task::JoinSet::new();
     let mut poll_tick = tokio::time::interval(POLL);
     let mut last_progress = Instant::now();
     let mut restarting: Option<(Duration, JoinHandle<Result<Duration, Error>>)> = None;
@@ -241,6 +286,20 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                         .map_err(Error::io(format!("cannot restart engine process {slot}")))?;
                     rescues.spawn(rescue_time(store.clone(), victim, Instant::now()));
                 }
+                // SIGSTOPs and cancels follow progress the same way.
+                let due = |n: u64| u64::try_from(terminal).unwrap_or(0) * (n + 1) / args.orders as u64;
+                if stats.pauses < due(args.pauses).min(args.pauses) {
+                    let slot = rng.random_range(0..fleet.len());
+                    if let Some(pid) = fleet.pid(slot) {
+                        let frozen = Duration::from_millis(rng.random_range(1_000..=3_000));
+                        freezes.spawn(freeze(pid, frozen));
+                        stats.pauses += 1;
+                    }
+                }
+                if stats.cancels < due(args.cancels).min(args.cancels) {
+                    stats.cancels += 1;
+                    cancels.spawn(cancel_one(store.clone()));
+                }
                 // Restart PostgreSQL once, when a third of the orders are done: the fleet is
                 // busy with the rest.
                 if let Some(target) = &restart
@@ -264,7 +323,9 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                 }
                 // The chaos must happen, however quick the run: one kill and the restart.
                 let restart_done = restart.is_none() || stats.pg_restart.is_some();
-                let killed = fleet.kills >= args.kills;
+                let killed = fleet.kills >= args.kills
+                    && stats.pauses >= args.pauses
+                    && stats.cancels >= args.cancels;
                 if let Some(expected) = expected
                     && restart_done
                     && killed
@@ -302,7 +363,14 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         Ending::Interrupted => println!("  interrupted; stopping the fleet"),
     }
 
-    // Stop the chaos: no more kills; the engine processes shut down.
+    // Stop the chaos: no more kills; frozen processes are thawed; the engine processes shut
+    // down.
+    while freezes.join_next().await.is_some() {}
+    let mut cancelled = 0;
+    while let Some(r) = cancels.join_next().await {
+        cancelled += u64::from(r.unwrap_or(false));
+    }
+    stats.cancels = cancelled;
     let forced = fleet.stop(Duration::from_secs(10)).await;
     if let Some(task) = submission.take() {
         if task.is_finished() {

@@ -113,6 +113,11 @@ impl Fleet {
         Ok(())
     }
 
+    /// The process id of the engine process in `slot`.
+    pub(crate) fn pid(&self, slot: usize) -> Option<u32> {
+        self.slots[slot].as_ref().map(|w| w.child.id())
+    }
+
     /// SIGKILLs the process in `slot` (no shutdown hook runs) and starts a new one.
     pub(crate) fn kill_and_restart(&mut self, slot: usize) -> io::Result<String> {
         let mut killed = String::new();

@@ -18,6 +18,10 @@ pub(crate) struct Restart {
 pub(crate) struct ChaosStats {
     /// SIGKILLs.
     pub(crate) kills: u64,
+    /// SIGSTOPs (each followed by a SIGCONT 1 to 3 s later).
+    pub(crate) pauses: u64,
+    /// Cancels sent.
+    pub(crate) cancels: u64,
     /// For each SIGKILL that hit a process with steps in flight: the time until all of them
     /// were released to the queue.
     pub(crate) rescues: Vec<Duration>,

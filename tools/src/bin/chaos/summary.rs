@@ -72,6 +72,10 @@ pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
         ms(rescues.max()),
         stats.idle_kills
     );
+    println!(
+        "  chaos       {} SIGKILLs · {} SIGSTOPs of 1-3 s (late heartbeats) · {} runs cancelled by an operator",
+        stats.kills, stats.pauses, stats.cancels
+    );
     let hist_line: Vec<String> = f.history.iter().map(|(e, n)| format!("{e} {n}")).collect();
     println!("  history     {}", hist_line.join(" · "));
     println!(
