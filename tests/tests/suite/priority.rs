@@ -204,6 +204,23 @@ async fn step_priorities(engine: &Engine, run: Uuid) -> Vec<i32> {
         .collect()
 }
 
+/// Waits until the database's clock is past its reading now (due times are milliseconds).
+async fn clock_moves_on(engine: &sagaflow::Engine) {
+    let then = engine.store().now_ms().await.expect("clock");
+    eventually(
+        Duration::from_secs(5),
+        "the database clock moves on",
+        || async {
+            engine
+                .store()
+                .now_ms()
+                .await
+                .is_ok_and(|now| now > then + 1)
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flow_control_priority_retry_lanes_put_retried_steps_ahead_of_or_behind_new_work() {
     for db in backends().await {
@@ -250,8 +267,12 @@ async fn flow_control_priority_retry_lanes_put_retried_steps_ahead_of_or_behind_
         for t in ["old-1", "old-2"] {
             ids.push(client.start("plain", &tag(t)).await.expect("start"));
         }
+        // Due times tie at the millisecond: the database's clock moves on before the retries
+        // are queued, so that "old" work is older by its due time, whatever the machine.
+        clock_moves_on(&client).await;
         // Stopping interrupts the three attempts: each step is queued again, a retry.
         first.shutdown().await;
+        clock_moves_on(&client).await;
         let mut ran = entries(&log);
         ran.sort();
         assert_eq!(
@@ -270,6 +291,20 @@ async fn flow_control_priority_retry_lanes_put_retried_steps_ahead_of_or_behind_
         // New work queued after the retries.
         for t in ["new-1", "new-2"] {
             ids.push(client.start("plain", &tag(t)).await.expect("start"));
+        }
+        // The release marked the three runs for evaluation, which moves nothing of theirs
+        // (their steps are queued). A claim skips the steps of a run while it is evaluated
+        // (docs/reliability.md): unmarked, so that the worker's first claims see every
+        // queued step and the order is the claim's alone.
+        for run in &stuck {
+            let conn = client.connection();
+            conn.execute_raw(sagaflow::sea_orm::Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "UPDATE sagaflow_runs SET dirty = FALSE WHERE id = $1",
+                [(*run).into()],
+            ))
+            .await
+            .expect("unmark");
         }
         client.shutdown().await;
 
