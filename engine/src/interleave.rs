@@ -27,17 +27,43 @@ pub enum Unit {
     /// The rescue of attempts past their deadline or lost with their instance (the
     /// supervisor's sweep, an instance's release of its own).
     Rescue,
+    /// A completion batch: the ends of attempts written (fenced by their attempt), then
+    /// their runs evaluated, in one transaction.
+    Complete,
+    /// The delivery of an event or a callback to a run: the waiting step it wakes, or the
+    /// event kept for a later wait.
+    Deliver,
+    /// The leader's timer pass: waiting steps whose time came are woken. One statement
+    /// reads and writes, so it has no point between the two.
+    Wake,
+    /// The claim of a remote resource's steps, within the resource's limits: one
+    /// transaction holding the resource's row. One statement reads and claims the steps.
+    Claim,
 }
 
 impl Unit {
     /// Every unit with pause points, in the order the interleaving matrix lists them.
-    pub const ALL: [Unit; 5] = [
+    pub const ALL: [Unit; 9] = [
         Self::Evaluate,
         Self::Operator,
         Self::Migrate,
         Self::Purge,
         Self::Rescue,
+        Self::Complete,
+        Self::Deliver,
+        Self::Wake,
+        Self::Claim,
     ];
+
+    /// The points the unit stops at: every unit stops before its commit; a unit whose reads
+    /// and writes are separate statements also stops after its reads (which is before its
+    /// first write).
+    pub const fn points(self) -> &'static [Point] {
+        match self {
+            Self::Wake | Self::Claim => &[Point::BeforeCommit],
+            _ => &Point::ALL,
+        }
+    }
 
     /// The unit's name, as tests and docs print it.
     pub const fn as_str(self) -> &'static str {
@@ -47,6 +73,10 @@ impl Unit {
             Self::Migrate => "migrate",
             Self::Purge => "purge",
             Self::Rescue => "rescue",
+            Self::Complete => "complete",
+            Self::Deliver => "deliver",
+            Self::Wake => "wake",
+            Self::Claim => "claim",
         }
     }
 }
@@ -55,7 +85,8 @@ impl Unit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Point {
-    /// Its rows are read (and locked, where it locks them) and nothing is written yet.
+    /// Its rows are read (and locked, where it locks them) and nothing is written yet: after
+    /// its reads is before its writes.
     AfterReads,
     /// Its writes are done and its transaction is not committed.
     BeforeCommit,
@@ -112,6 +143,8 @@ impl Drop for Held {
 #[derive(Debug, Default)]
 pub struct PauseHook {
     armed: Mutex<Vec<(Unit, Point, CancellationToken, CancellationToken)>>,
+    /// Answers held: the step's name, with the tokens of its [`Held`].
+    answers: Mutex<Vec<(String, CancellationToken, CancellationToken)>>,
 }
 
 impl PauseHook {
@@ -131,6 +164,39 @@ impl PauseHook {
             .unwrap_or_else(PoisonError::into_inner)
             .push((unit, point, held.reached.clone(), held.release.clone()));
         held
+    }
+
+    /// Holds the answer of the next forward attempt of the step named `step` (in any
+    /// workflow) when it reaches the engine: its action returned (its effect happened) and
+    /// nothing of its result is written, as at [`crate::crash::CrashPoint::AfterEffect`];
+    /// the attempt stays `running` until the test releases it, then its end is written as
+    /// usual. The completion writer that received it waits with it.
+    pub fn hold_answer(&self, step: impl Into<String>) -> Held {
+        let held = Held {
+            reached: CancellationToken::new(),
+            release: CancellationToken::new(),
+        };
+        self.answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((step.into(), held.reached.clone(), held.release.clone()));
+        held
+    }
+
+    /// Stops here if the answer of a forward attempt of `step` is held, until the test
+    /// releases it.
+    pub(crate) async fn reach_answer(&self, step: &str) {
+        let release = {
+            let mut armed = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(i) = armed.iter().position(|a| a.0 == step) else {
+                return;
+            };
+            let (_, reached, release) = armed.swap_remove(i);
+            reached.cancel();
+            release
+        };
+        tracing::debug!(step, "answer held (test hook)");
+        release.cancelled().await;
     }
 
     /// Stops here if `point` of `unit` is armed, until the test releases it.

@@ -15,6 +15,7 @@ use uuid::Uuid;
 use super::evaluate::plan_and_apply;
 use super::{ErrorStreak, Scheduler, pause};
 use crate::crash::{CrashHook, CrashPoint};
+use crate::interleave::{Point, Unit};
 use crate::model::Alert;
 use crate::protocol::AgentResponse;
 use crate::store::{
@@ -64,6 +65,12 @@ pub(super) async fn run(
             .any(|r| s.crashes(CrashPoint::AfterEffect, &r.lease))
         {
             return;
+        }
+        for r in batch
+            .iter()
+            .filter(|r| r.lease.state == crate::StepState::Running)
+        {
+            s.store.pause_answer(&r.lease.step).await;
         }
         // Attempts the fence stopped answer nothing: the instance releases their steps as
         // interruptions once a heartbeat lands, or the supervisor does when it counts the
@@ -187,6 +194,7 @@ async fn finish_batch_in(
     let mut tx = store.begin().await?;
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
     let runs = tx.lock_runs(&run_ids, false).await?;
+    tx.pause_point(Unit::Complete, Point::AfterReads).await;
     let applied = tx.write_attempts(items, None).await?;
     let parks: Vec<Park> = items
         .iter()
@@ -228,6 +236,7 @@ async fn finish_batch_in(
         .filter_map(|(i, _)| i.error.as_ref().map(|e| (i.run_id, damage(i.run_id, e))))
         .collect();
     let out = plan_and_apply(&mut tx, registry, runs, damaged, actor).await?;
+    tx.pause_point(Unit::Complete, Point::BeforeCommit).await;
     if own {
         // The scheduler's own batch (`actor` is its instance id): it wakes its own claim loop
         // in process, so its notification (steps readied) is for the other engines only.

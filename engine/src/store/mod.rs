@@ -218,6 +218,13 @@ impl Store {
         self
     }
 
+    /// Stops while a test's hook holds the answer of a forward attempt of `step`.
+    pub(crate) async fn pause_answer(&self, step: &str) {
+        if let Some(h) = &self.pauses {
+            h.reach_answer(step).await;
+        }
+    }
+
     /// Stops at `point` of `unit` when a test's hook holds it.
     pub(crate) async fn pause_point(
         &self,

@@ -8,6 +8,7 @@ use sea_orm::Value;
 use super::row::Exec;
 use super::rows::ClaimedStep;
 use super::{Backend, Row, Store, placeholders};
+use crate::interleave::{Point, Unit};
 use crate::resource::{
     BreakerGate, BreakerState, BreakerStatus, Resource, ResourceLimits, ResourceView, WindowGate,
 };
@@ -240,6 +241,9 @@ impl Store {
         let result = self
             .resource_claim_in(&txn, owner, name, workflow_keys, limit, needs_outputs)
             .await;
+        if matches!(&result, Ok((c, _)) if !c.claimed.is_empty()) {
+            self.pause_point(Unit::Claim, Point::BeforeCommit).await;
+        }
         // Kept when it claimed or moved the breaker; otherwise it changed nothing.
         let kept = txn
             .end(result, |(c, dirty)| *dirty || !c.claimed.is_empty())

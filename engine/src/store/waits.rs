@@ -14,6 +14,7 @@ use super::intake::{NewRun, RunInsertOutcome};
 use super::row::Exec;
 use super::tx::{HistoryEntry, StoreTx};
 use super::{Store, Wake};
+use crate::interleave::{Point, Unit};
 use crate::transition::{Trigger, step_rule};
 use crate::wait::{CallbackResult, WaitFor, WaitRequest, WaitState, Woken};
 use crate::{Error, Result, RunState, StepState};
@@ -370,7 +371,9 @@ impl Store {
                 reason: format!("the run is already {state}"),
             });
         }
+        tx.pause_point(Unit::Deliver, Point::AfterReads).await;
         let delivery = tx.deliver(run_id, name, payload, actor).await?;
+        tx.pause_point(Unit::Deliver, Point::BeforeCommit).await;
         tx.commit_from(Wake::CLAIM, actor).await?;
         Ok(delivery)
     }
@@ -412,10 +415,12 @@ impl Store {
         if held.is_none() {
             return Err(unknown());
         }
+        tx.pause_point(Unit::Deliver, Point::AfterReads).await;
         let payload =
             serde_json::to_value(result).map_err(|e| Error::InvalidEvent(e.to_string()))?;
         let name = crate::wait::callback_event(&hash);
         let delivery = tx.deliver(run_id, &name, &payload, actor).await?;
+        tx.pause_point(Unit::Deliver, Point::BeforeCommit).await;
         tx.commit_from(Wake::CLAIM, actor).await?;
         Ok(delivery)
     }
@@ -470,6 +475,7 @@ impl Store {
             });
         }
         tx.notify = true;
+        tx.pause_point(Unit::Wake, Point::BeforeCommit).await;
         tx.commit_from(Wake::CLAIM, actor).await?;
         Ok(rows.len() as u64)
     }

@@ -2,16 +2,18 @@
 //! it was built to catch.
 //!
 //! A unit of work of one engine (an evaluation, an operator's action, a version migration, a
-//! retention purge) is held at a pause point (after its reads, before its commit) while a
-//! competing writer (a claim, a supervisor rescue, another evaluation, an operator's cancel)
-//! runs against the same run; then the held unit goes on. Whatever order the database let
+//! retention purge, a rescue, a completion batch, an event delivery, the timer pass, a
+//! resource claim) is held at a pause point (after its reads, before its commit) while a
+//! competing writer (a claim, a supervisor rescue, another evaluation, an operator's cancel,
+//! a migration, a purge, a late completion, an event, the timer pass) runs against the same
+//! run; then the held unit goes on. Whatever order the database let
 //! them in, the rows they leave must keep the promise (see [`check`]). A writer that blocks
 //! behind the held unit's locks is given [`BLOCKED_AFTER`] to show it, then the held unit is
 //! released; either way both finish, and the outcome is checked, not the timing.
 //!
 //! A new unit of work joins the matrix by being listed in `Unit::ALL` (with a setup here), a
 //! new competing writer by being listed in [`Writer::ALL`]; a new pause point by being listed
-//! in `Point::ALL`.
+//! in `Point::ALL` (and in `Unit::points` of the units that stop there).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,11 +22,13 @@ use std::time::Duration;
 use sagaflow::check::Invariant;
 use sagaflow::internals::Registry;
 use sagaflow::internals::interleave::{PauseHook, Point, Unit};
-use sagaflow::internals::scheduler::plan_and_apply;
-use sagaflow::internals::store::Store;
-use sagaflow::internals::transition;
+use sagaflow::internals::scheduler::{finish_batch, plan_and_apply};
+use sagaflow::internals::store::{self, ClaimedStep, Store};
+use sagaflow::internals::transition::{self, Counters, Trigger};
 use sagaflow::sea_orm::{ConnectionTrait, Statement, Value};
-use sagaflow::{Engine, StepContext, StepError, Uuid, Workflow};
+use sagaflow::{
+    Engine, EngineBuilder, Resource, StepContext, StepError, StepState, Uuid, Workflow,
+};
 use sagaflow_testkit::{TestDb, backends, fast_builder};
 
 /// How long a competing writer may take before it counts as blocked behind the held unit.
@@ -32,8 +36,9 @@ const BLOCKED_AFTER: Duration = Duration::from_millis(300);
 /// The bound on every other wait of these tests.
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// `pair@v`: two roots, `a` and `b`, each undone by its compensation. Nothing runs them here:
-/// the tests move their rows.
+/// `pair@v`: three roots, `a`, `b` and `c`, each undone by its compensation; `c` calls the
+/// remote resource `api`, so it is claimed apart, within the resource's limits. Nothing
+/// runs them here: the tests move their rows.
 fn pair(version: i32) -> Workflow {
     let ok = |_: StepContext| async { Ok::<_, StepError>(()) };
     Workflow::builder("pair", version)
@@ -41,9 +46,31 @@ fn pair(version: i32) -> Workflow {
         .compensate(ok)
         .step("b", ok)
         .compensate(ok)
+        .step("c", ok)
+        .resource("api")
+        .compensate(ok)
         .build()
         .expect("valid")
 }
+
+/// A passive engine (no claims, no supervisor) of the matrix's database, with `pair`'s
+/// resource declared.
+fn passive(db: &TestDb) -> EngineBuilder {
+    fast_builder(db)
+        .with_workers(false)
+        .with_supervisor(false)
+        .with_resource(Resource::new("api").max_in_flight(8))
+}
+
+/// The workflow keys the claims take.
+fn pair_keys() -> Vec<String> {
+    vec!["pair@1".to_owned(), "pair@2".to_owned()]
+}
+
+/// The event a waiting `b` waits for.
+const EVENT: &str = "go";
+/// A due time far ahead (year 2100, in milliseconds).
+const FAR: i64 = 4_102_444_800_000;
 
 /// How a competing writer met the held unit of work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,7 +90,8 @@ type StepLine = (String, String, Option<String>, Option<i64>);
 /// A competing writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Writer {
-    /// The claim of an instance (`intruder`): lock-free, one statement.
+    /// The claims of an instance (`intruder`): the plain claim (lock-free, one statement),
+    /// then the claim of `api`'s steps (a transaction holding the resource's row).
     Claim,
     /// The supervisor's rescue of `b`, held by an instance past its deadline.
     Rescue,
@@ -75,16 +103,26 @@ enum Writer {
     Migrate,
     /// The retention purge, with a retention of zero.
     Purge,
+    /// The completion batch of `b`'s attempt (succeeded), held by `ghost`: live when the
+    /// writer set it up, a late one when the held unit rescues it.
+    Complete,
+    /// The event `b` waits for, sent to the run.
+    Deliver,
+    /// The timer pass, with `b` waiting on a timer that is due.
+    Wake,
 }
 
 impl Writer {
-    const ALL: [Writer; 6] = [
+    const ALL: [Writer; 9] = [
         Self::Claim,
         Self::Rescue,
         Self::Evaluate,
         Self::Cancel,
         Self::Migrate,
         Self::Purge,
+        Self::Complete,
+        Self::Deliver,
+        Self::Wake,
     ];
 }
 
@@ -104,9 +142,7 @@ struct Rig {
 
 /// A passive engine that has `pair@1` only: what it starts is a run of version 1.
 async fn v1_intake(db: &TestDb) -> Engine {
-    fast_builder(db)
-        .with_workers(false)
-        .with_supervisor(false)
+    passive(db)
         .with_workflow(pair(1))
         .start()
         .await
@@ -116,9 +152,7 @@ async fn v1_intake(db: &TestDb) -> Engine {
 async fn rig(db: TestDb) -> Rig {
     sagaflow_testkit::init_logging();
     let hook = Arc::new(PauseHook::new());
-    let engine = fast_builder(&db)
-        .with_workers(false)
-        .with_supervisor(false)
+    let engine = passive(&db)
         .with_workflow(pair(1))
         .with_workflow(pair(2))
         .with_pause_hook(hook.clone())
@@ -126,9 +160,7 @@ async fn rig(db: TestDb) -> Rig {
         .await
         .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
     let intake = v1_intake(&db).await;
-    let peer = fast_builder(&db)
-        .with_workers(false)
-        .with_supervisor(false)
+    let peer = passive(&db)
         .with_workflow(pair(1))
         .with_workflow(pair(2))
         .start()
@@ -160,16 +192,103 @@ impl Rig {
 
     /// `b` claimed by an instance (by hand, as the claim writes it) whose deadline passed.
     async fn claim_b_expired(&self, run: Uuid) {
+        self.claim_b(run, 1).await;
+    }
+
+    /// `b` claimed by `ghost` (by hand, as the claim writes it), due to end by `complete_by`.
+    async fn claim_b(&self, run: Uuid, complete_by: i64) {
         let n = self
             .sql(
-                "UPDATE sagaflow_steps SET state = 'running', locked_by = 'ghost', \
-                 attempt = attempt + 1, forward_attempts = forward_attempts + 1, \
-                 complete_by = 1, available_at = NULL WHERE run_id = $1 AND name = 'b' \
-                 AND state = 'ready'",
+                &format!(
+                    "UPDATE sagaflow_steps SET state = 'running', locked_by = 'ghost', \
+                     attempt = attempt + 1, forward_attempts = forward_attempts + 1, \
+                     complete_by = {complete_by}, available_at = NULL WHERE run_id = $1 \
+                     AND name = 'b' AND state = 'ready'"
+                ),
                 run,
             )
             .await;
         assert_eq!(n, 1, "[{}] setup claim", self.db.backend);
+    }
+
+    /// `b` waiting (as a park writes it): for the event [`EVENT`] until far ahead, or on a
+    /// timer that is due.
+    async fn park_b(&self, run: Uuid, on_event: bool) {
+        let (wait, due) = if on_event {
+            (
+                format!(r#"{{"for":"event","name":"{EVENT}","timeout_ms":60000}}"#),
+                FAR,
+            )
+        } else {
+            (r#"{"for":"timer","timeout_ms":0}"#.to_owned(), 1)
+        };
+        let n = self
+            .sql(
+                &format!(
+                    "UPDATE sagaflow_steps SET state = 'waiting', wait = '{wait}', \
+                     available_at = {due} WHERE run_id = $1 AND name = 'b' AND state = 'ready'"
+                ),
+                run,
+            )
+            .await;
+        assert_eq!(n, 1, "[{}] setup park", self.db.backend);
+    }
+
+    /// `b`'s attempt held by `ghost`, ended as succeeded (fenced by the attempt it has now).
+    async fn b_succeeded(&self, run: Uuid) -> store::StepFinish {
+        let conn = self.plain.connection();
+        let row = conn
+            .query_one_raw(Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "SELECT id, attempt FROM sagaflow_steps WHERE run_id = $1 AND name = 'b'",
+                [Value::from(run)],
+            ))
+            .await
+            .expect("read b");
+        // A finished run has no `b`: the attempt's end then meets no row, as a late one does.
+        let (id, attempt) = row.map_or((0, 0), |r| {
+            (
+                r.try_get::<i64>("", "id").expect("id"),
+                r.try_get::<i32>("", "attempt").expect("attempt"),
+            )
+        });
+        let counters = Counters {
+            failure_count: 0,
+            max_failures: 3,
+            interruptions: 0,
+            max_interruptions: 3,
+            deadline_ms: 1_000,
+            deadline_cap_ms: 1_000,
+            phase_attempt: 1,
+        };
+        store::StepFinish {
+            id,
+            run_id: run,
+            workflow_key: "pair@1".into(),
+            name: "b".into(),
+            attempt,
+            owner: "ghost".into(),
+            change: transition::decide(StepState::Running, Trigger::Succeeded, &counters, false, 0)
+                .expect("edge"),
+            output: Some("null".into()),
+            error: None,
+            guard: store::DeadlineGuard::Live,
+            elapsed: None,
+            wait: store::WaitWrite::Clear,
+        }
+    }
+
+    /// The claim of `api`'s steps on `store` for `owner`; the ids it claimed.
+    async fn claim_api(&self, store: &Store, owner: &str) -> Vec<i64> {
+        let no_outputs = |_: &ClaimedStep| false;
+        store
+            .resource_claim(owner, "api", &pair_keys(), 8, true, &no_outputs)
+            .await
+            .expect("resource claim")
+            .claimed
+            .into_iter()
+            .map(|c| c.id)
+            .collect()
     }
 
     /// The supervisor's rescue (listing, then the fenced writes) on `store`.
@@ -177,6 +296,15 @@ impl Rig {
         let expired = store.step_list_rescuable(60_000, 16).await.expect("list");
         let items: Vec<_> = expired.iter().map(transition::rescue).collect();
         store.step_rescue(None, &items).await.expect("rescue");
+    }
+
+    /// Ends `b`'s attempt as succeeded on `store` (a completion batch); a fenced miss is an
+    /// answer.
+    async fn complete_b(&self, store: &Store, run: Uuid) {
+        let done = self.b_succeeded(run).await;
+        finish_batch(store, &self.registry, &[done], "test")
+            .await
+            .expect("completion batch");
     }
 
     /// Runs `sql` with `$1` bound to `run`.
@@ -235,11 +363,15 @@ impl Rig {
                 .await;
             }
             Unit::Rescue => self.claim_b_expired(run).await,
+            Unit::Complete => self.claim_b(run, FAR).await,
+            Unit::Deliver => self.park_b(run, true).await,
+            Unit::Wake => self.park_b(run, false).await,
             _ => {}
         }
     }
 
-    async fn act(&self, unit: Unit, run: Uuid) {
+    /// What `unit` does to `run`; the steps it claimed (ids), with the owner they must keep.
+    async fn act(&self, unit: Unit, run: Uuid) -> Vec<(i64, &'static str)> {
         match unit {
             Unit::Evaluate => {
                 let held = self.engine.store().clone();
@@ -266,15 +398,58 @@ impl Rig {
                 let held = self.engine.store().clone();
                 self.rescue(&held).await;
             }
+            Unit::Complete => {
+                let held = self.engine.store().clone();
+                self.complete_b(&held, run).await;
+            }
+            Unit::Deliver => {
+                // Refused when the competitor finished the run first: that is an answer.
+                let _ = self
+                    .engine
+                    .store()
+                    .event_send(run, EVENT, &serde_json::json!(1), "test")
+                    .await;
+            }
+            Unit::Wake => {
+                self.engine
+                    .store()
+                    .steps_wake_due(16, "test")
+                    .await
+                    .expect("timer pass");
+            }
+            Unit::Claim => {
+                let held = self.engine.store().clone();
+                let ids = self.claim_api(&held, "held").await;
+                // `c` was due and nothing else claims it before the held unit.
+                assert_eq!(
+                    ids.len(),
+                    1,
+                    "[{}] the resource claim took {ids:?}",
+                    self.db.backend
+                );
+                return ids.into_iter().map(|id| (id, "held")).collect();
+            }
             _ => unreachable!("a unit without a setup: add it to `prepare` and `act`"),
         }
+        Vec::new()
     }
 
-    /// The competing writer's setup (before the held unit starts).
+    /// The competing writer's setup (before the held unit starts). Units that set `b` up
+    /// themselves (a rescue, a completion, a delivery, a wake) leave it as it is: the writer
+    /// meets the unit's `b` (rescues its attempt, completes it late, sends an event nobody
+    /// waits for, finds no timer due).
     async fn prepare_writer(&self, unit: Unit, w: Writer, run: Uuid) {
+        if matches!(
+            unit,
+            Unit::Rescue | Unit::Complete | Unit::Deliver | Unit::Wake
+        ) {
+            return;
+        }
         match w {
-            // A held rescue has set `b` up already: the writer rescues the same attempt.
-            Writer::Rescue if unit != Unit::Rescue => self.claim_b_expired(run).await,
+            Writer::Rescue => self.claim_b_expired(run).await,
+            Writer::Complete => self.claim_b(run, FAR).await,
+            Writer::Deliver => self.park_b(run, true).await,
+            Writer::Wake => self.park_b(run, false).await,
             _ => {}
         }
     }
@@ -282,15 +457,19 @@ impl Rig {
     /// The competing writer; returns the steps it claimed (ids).
     async fn write(&self, w: Writer, run: Uuid) -> Vec<i64> {
         match w {
-            Writer::Claim => self
-                .plain
-                .step_claim("intruder", &["pair@1".to_owned(), "pair@2".to_owned()], 8)
-                .await
-                .expect("claim")
-                .into_iter()
-                .filter(|c| c.run_id == run)
-                .map(|c| c.id)
-                .collect(),
+            Writer::Claim => {
+                let mut ids: Vec<i64> = self
+                    .plain
+                    .step_claim("intruder", &pair_keys(), 8)
+                    .await
+                    .expect("claim")
+                    .into_iter()
+                    .filter(|c| c.run_id == run)
+                    .map(|c| c.id)
+                    .collect();
+                ids.extend(self.claim_api(&self.plain, "intruder").await);
+                ids
+            }
             Writer::Rescue => {
                 self.rescue(&self.plain).await;
                 Vec::new()
@@ -317,6 +496,25 @@ impl Rig {
                     .purge_finished(Duration::ZERO)
                     .await
                     .expect("purge");
+                Vec::new()
+            }
+            Writer::Complete => {
+                self.complete_b(&self.plain, run).await;
+                Vec::new()
+            }
+            Writer::Deliver => {
+                // Refused when the run finished meanwhile: that is an answer.
+                let _ = self
+                    .plain
+                    .event_send(run, EVENT, &serde_json::json!(2), "test")
+                    .await;
+                Vec::new()
+            }
+            Writer::Wake => {
+                self.plain
+                    .steps_wake_due(16, "test")
+                    .await
+                    .expect("timer pass");
                 Vec::new()
             }
         }
@@ -377,8 +575,9 @@ impl Rig {
         // migration refused, a purge with nothing to take): the writer then runs after it.
         let finished = tokio_util::sync::CancellationToken::new();
         let unit_done = async {
-            self.act(unit, run).await;
+            let claimed = self.act(unit, run).await;
             finished.cancel();
+            claimed
         };
         let both = async {
             tokio::time::timeout(LIMIT, async {
@@ -401,13 +600,14 @@ impl Rig {
             held.release();
             outcome
         };
-        let ((), (claimed, mut meeting)) =
+        let (mut claimed, (intruded, mut meeting)) =
             tokio::time::timeout(LIMIT, async { tokio::join!(unit_done, both) })
                 .await
                 .unwrap_or_else(|_| panic!("{what}: deadlocked"));
         if !held.has_reached() {
             meeting = Meeting::After;
         }
+        claimed.extend(intruded.into_iter().map(|id| (id, "intruder")));
         self.check(&what, run, &claimed).await;
         // The history checker's row invariants (its history ones would flag the setups'
         // hand-made moves, which write no history).
@@ -433,10 +633,11 @@ impl Rig {
     }
 
     /// What every interleaving must leave behind: a run in a final state has no step rows
-    /// (none in flight, none queued); a step the competing writer claimed is still its
-    /// attempt in flight (nobody moved it under its feet, nobody deleted it) and its run is
-    /// not final; a run that is not final has no step the writers left without a way on.
-    async fn check(&self, what: &str, run: Uuid, claimed: &[i64]) {
+    /// (none in flight, none queued); a step the held unit or the competing writer claimed is
+    /// still that attempt in flight (nobody moved it under its feet, nobody deleted it) and
+    /// its run is not final; a run that is not final has no step the writers left without a
+    /// way on.
+    async fn check(&self, what: &str, run: Uuid, claimed: &[(i64, &str)]) {
         let (state, steps) = self.rows(run).await;
         let final_state = matches!(state.as_deref(), Some("completed" | "compensated") | None);
         if final_state {
@@ -445,11 +646,11 @@ impl Rig {
                 "{what}: the run is {state:?} but has step rows {steps:?}"
             );
         }
-        for id in claimed {
+        for (id, owner) in claimed {
             let row = self.step_row(*id).await;
             assert_eq!(
                 row.as_ref().map(|(s, l)| (s.as_str(), l.as_deref())),
-                Some(("running", Some("intruder"))),
+                Some(("running", Some(*owner))),
                 "{what}: the claimed step {id} was moved under its attempt (run {state:?}, steps {steps:?})"
             );
             assert!(
@@ -495,7 +696,7 @@ async fn interleave_matrix_every_unit_point_and_writer() {
     for db in backends().await {
         let r = rig(db).await;
         for unit in Unit::ALL {
-            for point in Point::ALL {
+            for &point in unit.points() {
                 for writer in Writer::ALL {
                     *met.entry(r.triple(unit, point, writer).await).or_default() += 1;
                     ran += 1;
@@ -504,13 +705,13 @@ async fn interleave_matrix_every_unit_point_and_writer() {
         }
         r.shutdown().await;
     }
-    let per_backend = Unit::ALL.len() * Point::ALL.len() * Writer::ALL.len();
+    let pairs: usize = Unit::ALL.iter().map(|u| u.points().len()).sum();
+    let per_backend = pairs * Writer::ALL.len();
     println!(
-        "interleavings: {ran} triples run ({} units x {} points x {} writers = {per_backend} per backend); \
+        "interleavings: {ran} triples run ({} units, {pairs} (unit, point) pairs x {} writers = {per_backend} per backend); \
          the writer ran while the unit was held in {}, waited for its locks in {}, ran after a unit \
          that had nothing to write in {}",
         Unit::ALL.len(),
-        Point::ALL.len(),
         Writer::ALL.len(),
         met.get(&Meeting::Ran).unwrap_or(&0),
         met.get(&Meeting::Blocked).unwrap_or(&0),
@@ -565,9 +766,7 @@ async fn interleave_a_migration_may_not_skip_a_step_of_a_run_going_forward() {
     use sagaflow::StepState;
     use sagaflow::migration::{MigratingRun, Migration};
     for db in backends().await {
-        let engine = fast_builder(&db)
-            .with_workers(false)
-            .with_supervisor(false)
+        let engine = passive(&db)
             .with_workflow(pair(1))
             .with_workflow(pair(2))
             .with_migration(
@@ -697,5 +896,82 @@ async fn interleave_a_late_heartbeat_stops_the_instance_attempts_before_a_takeov
         );
         a.shutdown().await;
         b.shutdown().await;
+    }
+}
+
+/// Defect 7: a claim pass measures each attempt's local deadline from before its first claim
+/// statement, so an attempt whose resource claim waited (here: held before its commit while
+/// the database clock moves on by two seconds) is stopped no later than the `complete_by` the
+/// claim stored. Measured from after the claim, the attempt would believe it had the two
+/// seconds the claim waited on top of what the database gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_slow_resource_claim_never_lets_an_attempt_outlive_its_stored_deadline() {
+    const HELD_MS: i64 = 2_000;
+    for db in backends().await {
+        let b = db.backend;
+        sagaflow_testkit::init_logging();
+        let plain = Store::open(&db.url, &Default::default())
+            .await
+            .expect("plain store");
+        // What the attempt believes is left, and what the database says is left, at its start.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(i64, i64)>();
+        let reader = plain.clone();
+        let metered = Workflow::builder("metered", 1)
+            .step("m", move |ctx: StepContext| {
+                let (tx, reader) = (tx.clone(), reader.clone());
+                async move {
+                    let local = i64::try_from(ctx.remaining().as_millis()).unwrap_or(i64::MAX);
+                    let conn = reader.connection();
+                    let row = conn
+                        .query_one_raw(Statement::from_sql_and_values(
+                            conn.get_database_backend(),
+                            "SELECT complete_by FROM sagaflow_steps WHERE run_id = $1 AND name = 'm'",
+                            [Value::from(ctx.run_id())],
+                        ))
+                        .await
+                        .expect("read")
+                        .expect("row");
+                    let complete_by: i64 = row.try_get("", "complete_by").expect("complete_by");
+                    let now = reader.now_ms().await.expect("now");
+                    let _ = tx.send((local, complete_by - now));
+                    Ok::<_, StepError>(())
+                }
+            })
+            .resource("meter")
+            .deadline(Duration::from_secs(60))
+            .build()
+            .expect("valid");
+        let hook = Arc::new(PauseHook::new());
+        let held = hook.hold(Unit::Claim, Point::BeforeCommit);
+        let engine = fast_builder(&db)
+            .with_workflow(metered)
+            .with_resource(Resource::new("meter").max_in_flight(4))
+            .with_pause_hook(hook.clone())
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let run = engine.start("metered", &()).await.expect("start");
+        tokio::time::timeout(LIMIT, held.reached())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the claim never reached its point"));
+        // The claim is held after its statement read the database clock; let that clock move.
+        let from = plain.now_ms().await.expect("now");
+        sagaflow_testkit::eventually(LIMIT, "the database clock moved on", || async {
+            plain.now_ms().await.expect("now") >= from + HELD_MS
+        })
+        .await;
+        held.release();
+        let (local, stored) = tokio::time::timeout(LIMIT, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the attempt never started"))
+            .expect("attempt");
+        // The attempt's own reads take a moment (a fraction of the hold); a deadline measured
+        // from after the claim is off by the whole hold.
+        assert!(
+            local <= stored + HELD_MS / 2,
+            "[{b}] the attempt believes {local} ms are left, the stored deadline leaves {stored} ms"
+        );
+        sagaflow_testkit::expect_state(&engine, run, sagaflow::RunState::Completed, b).await;
+        engine.shutdown().await;
     }
 }
