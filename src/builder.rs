@@ -409,9 +409,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Test hook (see `sagaflow_engine::interleave`): this instance's units of work stop at
-    /// the pause points the hook holds.
-    #[cfg(feature = "internals")]
+    /// Test hook (see [`interleave`](crate::interleave)): this instance's units of work stop
+    /// at the pause points the hook holds. Not part of the supported API; tests use
+    /// `sagaflow_testkit::SagaTest::hold`.
     #[doc(hidden)]
     pub fn with_pause_hook(mut self, hook: Arc<sagaflow_engine::interleave::PauseHook>) -> Self {
         self.pause_hook = Some(hook);

@@ -84,6 +84,7 @@ pub use sagaflow_engine::clock::TestClock;
 pub use sagaflow_engine::crash::CrashHook;
 pub use sagaflow_engine::crash::CrashPoint;
 pub use sagaflow_engine::cron::{MissedTicks, Schedule, ScheduleView};
+pub use sagaflow_engine::interleave;
 pub use sagaflow_engine::resource::{
     Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
     ResourceView, Window, Windows,

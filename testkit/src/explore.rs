@@ -5,9 +5,16 @@
 //!
 //! - the engine crashes before the step's call, after its effect but before the reply is
 //!   stored, and after the write but before its commit ([`CrashPoint`]), then restarts;
-//! - an operator cancels the run while the step's forward attempt is in flight;
+//! - an operator cancels the run while the step's forward attempt is in flight (its effect
+//!   happened, its answer is held before it is written: [`SagaTest::hold_answer`]);
+//! - the same cancel, held inside its transaction (after its reads, then before its commit:
+//!   [`Point`]) while the attempt's answer is let go and its write waits for the cancel's
+//!   locks; then the cancel is let go: the two writers meet as they do in production;
+//! - an operator pauses the run while the attempt is in flight, then resumes it once the
+//!   attempt's end was written;
 //! - for a step with a compensation: the same three crashes during its compensation (an
-//!   operator cancels the run once the step completed, unless the saga unwinds by itself).
+//!   operator cancels the run while the step's answer is held, so the step completes into
+//!   a run that unwinds it).
 //!
 //! Each case runs on a fresh database with a fresh copy of the saga and whatever the user's
 //! `make` returns with it (typically a loopback remote with its ledger), waits until the run
@@ -43,6 +50,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use sagaflow::interleave::{Held, Point, Unit};
 use sagaflow::{CrashPoint, Run, RunState, StepState, Workflow};
 
 use crate::db::{TestDb, postgres_db, sqlite_db};
@@ -73,8 +81,24 @@ pub enum Stop {
         /// Where in its compensation attempt.
         point: CrashPoint,
     },
-    /// An operator cancels the run while the step's forward attempt is in flight.
+    /// An operator cancels the run while the step's forward attempt is in flight: its
+    /// action returned and its answer is held before it is written.
     CancelDuring {
+        /// The step.
+        step: String,
+    },
+    /// An operator cancels the run while the step's forward attempt is in flight, and the
+    /// cancel is held at `point` of its transaction (with the run's locks) while the
+    /// attempt's answer is let go, for [`HELD_FOR`]: its write waits for those locks.
+    CancelHeld {
+        /// The step.
+        step: String,
+        /// Where in the operator's unit of work.
+        point: Point,
+    },
+    /// An operator pauses the run while the step's forward attempt is in flight (its answer
+    /// held), and resumes it once the attempt's end was written.
+    PauseDuring {
         /// The step.
         step: String,
     },
@@ -88,6 +112,14 @@ impl fmt::Display for Stop {
                 write!(f, "crash {point} of `{step}`'s compensation")
             }
             Self::CancelDuring { step } => write!(f, "cancel while `{step}` runs"),
+            Self::CancelHeld { step, point } => {
+                write!(
+                    f,
+                    "cancel held {point} while `{step}` runs",
+                    point = point.as_str()
+                )
+            }
+            Self::PauseDuring { step } => write!(f, "pause and resume while `{step}` runs"),
         }
     }
 }
@@ -246,6 +278,15 @@ impl Explore {
             stops.push(Stop::CancelDuring {
                 step: step.name.clone(),
             });
+            for &point in Unit::Operator.points() {
+                stops.push(Stop::CancelHeld {
+                    step: step.name.clone(),
+                    point,
+                });
+            }
+            stops.push(Stop::PauseDuring {
+                step: step.name.clone(),
+            });
             if step.compensates {
                 for point in POINTS {
                     stops.push(Stop::CrashCompensating {
@@ -275,20 +316,69 @@ impl Explore {
             }
             Stop::CrashCompensating { step, point } => {
                 t.crash_in_compensation_at(step, *point);
+                // Unwind the run while the step's forward attempt is in flight (its answer
+                // held), so that it completes into a run that compensates it.
+                let answer = t.hold_answer(step);
                 let id = t.start(&self.workflow, &self.input).await;
-                // Unwind the run once the step completed (unless it unwinds by itself).
-                if step_reaches(&t, id, step, StepState::Completed).await && !t.has_crashed() {
+                if answer_held(&t, id, &answer).await {
                     let _ = t.engine().operator().cancel(id).await;
                 }
+                answer.release();
                 (crashed_or_finished(&t, id).await, id)
             }
             Stop::CancelDuring { step } => {
+                let answer = t.hold_answer(step);
                 let id = t.start(&self.workflow, &self.input).await;
-                let running = step_reaches(&t, id, step, StepState::Running).await;
-                (
-                    running && t.engine().operator().cancel(id).await.is_ok(),
-                    id,
-                )
+                let reached = answer_held(&t, id, &answer).await
+                    && t.engine().operator().cancel(id).await.is_ok();
+                answer.release();
+                (reached, id)
+            }
+            Stop::CancelHeld { step, point } => {
+                let answer = t.hold_answer(step);
+                let id = t.start(&self.workflow, &self.input).await;
+                let mut reached = false;
+                if answer_held(&t, id, &answer).await {
+                    let held = t.hold(Unit::Operator, *point);
+                    let cancel = async {
+                        // Refused when the run ended meanwhile: that is an answer.
+                        let _ = t.engine().operator().cancel(id).await;
+                    };
+                    let meanwhile = async {
+                        if tokio::time::timeout(HARNESS_WAIT, held.reached())
+                            .await
+                            .is_ok()
+                        {
+                            // The answer goes on; its write waits for the cancel's locks.
+                            answer.release();
+                            tokio::time::sleep(HELD_FOR).await;
+                        }
+                        held.release();
+                    };
+                    tokio::join!(cancel, meanwhile);
+                    reached = held.has_reached();
+                }
+                answer.release();
+                (reached, id)
+            }
+            Stop::PauseDuring { step } => {
+                let answer = t.hold_answer(step);
+                let id = t.start(&self.workflow, &self.input).await;
+                let mut reached = false;
+                if answer_held(&t, id, &answer).await
+                    && t.engine().operator().pause(id).await.is_ok()
+                {
+                    reached = true;
+                    answer.release();
+                    step_leaves(&t, id, step, StepState::Running).await;
+                    t.engine()
+                        .operator()
+                        .resume(id)
+                        .await
+                        .unwrap_or_else(|e| panic!("[{}] resume of {id}: {e}", t.backend()));
+                }
+                answer.release();
+                (reached, id)
             }
         };
         if t.has_crashed() {
@@ -330,30 +420,55 @@ async fn crashed_or_finished(t: &SagaTest, id: sagaflow::Uuid) -> bool {
     })
 }
 
-/// Waits until step `step` of the run is in `state` (`true`), or the run is finished or
-/// the engine crashed first (`false`).
-async fn step_reaches(t: &SagaTest, id: sagaflow::Uuid, step: &str, state: StepState) -> bool {
-    let probe = async {
+/// Waits until the held answer reached the engine (`true`), or the run finished or the
+/// engine crashed first (`false`: the step was never run).
+async fn answer_held(t: &SagaTest, id: sagaflow::Uuid, answer: &Held) -> bool {
+    let finished = async {
         loop {
             if t.has_crashed() {
-                return false;
-            }
-            let steps = t.engine().steps(id).await.unwrap_or_default();
-            if steps.iter().any(|s| s.name == step && s.state == state) {
-                return true;
+                return;
             }
             if let Ok(Some(r)) = t.engine().run(id).await
                 && r.state.is_terminal()
             {
-                return false;
+                return;
             }
             tokio::time::sleep(POLL).await;
         }
     };
-    tokio::time::timeout(HARNESS_WAIT, probe)
-        .await
-        .unwrap_or(false)
+    let waited = tokio::time::timeout(HARNESS_WAIT, async {
+        tokio::select! {
+            () = answer.reached() => true,
+            () = finished => answer.has_reached(),
+        }
+    })
+    .await;
+    waited.unwrap_or_else(|_| {
+        panic!(
+            "[{}] run {id}: the step's answer was neither held nor the run finished within {HARNESS_WAIT:?}",
+            t.backend()
+        )
+    })
 }
+
+/// Waits, within [`HARNESS_WAIT`], until step `step` of the run is no longer in `state` (or
+/// the run is finished).
+async fn step_leaves(t: &SagaTest, id: sagaflow::Uuid, step: &str, state: StepState) {
+    let probe = async {
+        loop {
+            let steps = t.engine().steps(id).await.unwrap_or_default();
+            if !steps.iter().any(|s| s.name == step && s.state == state) {
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    };
+    let _ = tokio::time::timeout(HARNESS_WAIT, probe).await;
+}
+
+/// How long a held operator's action keeps its transaction open after the attempt's answer
+/// was let go: the answer's write meets the action's locks and waits for them.
+pub const HELD_FOR: Duration = Duration::from_millis(300);
 
 /// How often the exploration looks at a run.
 const POLL: Duration = Duration::from_millis(10);

@@ -30,6 +30,8 @@ use sagaflow::{
     StepState, TestClock, Uuid, Workflow,
 };
 
+use sagaflow::interleave::{Held, PauseHook, Point, Unit};
+
 use crate::db::{TestDb, sqlite_db};
 use crate::effects::{Effect, EffectLedger};
 use crate::engine::{fast_builder_on, init_logging};
@@ -97,6 +99,7 @@ impl SagaTestBuilder {
             clock: TestClock::new(),
             instance: format!("saga-test-{}", Uuid::new_v4().simple()),
             hook: Arc::new(CrashHook::new()),
+            pauses: Arc::new(PauseHook::new()),
             engine: None,
         };
         t.engine = Some(t.launch().await);
@@ -121,6 +124,7 @@ pub struct SagaTest {
     clock: TestClock,
     instance: String,
     hook: Arc<CrashHook>,
+    pauses: Arc<PauseHook>,
     engine: Option<Engine>,
 }
 
@@ -151,7 +155,8 @@ impl SagaTest {
         let mut b = fast_builder_on(&self.url)
             .with_instance_id(self.instance.clone())
             .with_test_clock(self.clock.clone())
-            .with_crash_hook(self.hook.clone());
+            .with_crash_hook(self.hook.clone())
+            .with_pause_hook(self.pauses.clone());
         for wf in &self.workflows {
             b = b.with_workflow(wf.clone());
         }
@@ -203,6 +208,25 @@ impl SagaTest {
     /// (its forward attempts pass).
     pub fn crash_in_compensation_at(&self, step: &str, point: CrashPoint) {
         self.hook.arm_compensation(step, point);
+    }
+
+    /// Holds the engine's next unit of work `unit` (an operator's action, an evaluation, a
+    /// completion batch…) at `point`, inside its transaction and with its locks, until the
+    /// returned [`Held`] is released or dropped: the test acts meanwhile (lets a step's
+    /// attempt go on, sends an event), then lets the unit finish, and checks what the two
+    /// left. Armed once; it holds the first unit that reaches the point, also of an engine
+    /// started by [`SagaTest::restart`].
+    pub fn hold(&self, unit: Unit, point: Point) -> Held {
+        self.pauses.hold(unit, point)
+    }
+
+    /// Holds the answer of the next forward attempt of `step` when it reaches the engine:
+    /// the step's action returned (its effect happened) and nothing of its result is written;
+    /// the step stays `running` until the returned [`Held`] is released or dropped. The test
+    /// acts meanwhile (an operator cancels, an event arrives), knowing the attempt is in
+    /// flight, however fast the step is.
+    pub fn hold_answer(&self, step: &str) -> Held {
+        self.pauses.hold_answer(step)
     }
 
     /// Whether the engine crashed at the point armed by [`SagaTest::crash_at`].

@@ -85,6 +85,17 @@ fn two_steps(instance: &str, log: &Log, gate: Option<Arc<Semaphore>>) -> Workflo
         .expect("valid")
 }
 
+/// `only` of `run` ran, and only under the code tagged `tag`. Steps run at least once: an
+/// instance whose heartbeat is late on a loaded machine stops its attempts and runs them
+/// again, which is not what these tests are about.
+fn ran_only_by(log: &Log, run: Uuid, tag: &str, backend: &str) {
+    let ran = log.ran("only", run);
+    assert!(
+        !ran.is_empty() && ran.iter().all(|t| t == tag),
+        "[{backend}] `only` of {run} ran under {ran:?}, not under `{tag}` alone"
+    );
+}
+
 /// An instance `id` with the workflow `base@1` (an engine starts with one at least), whose
 /// supervisor checks the queues often.
 fn instance(db: &TestDb, id: &str, log: &Log) -> EngineBuilder {
@@ -331,14 +342,14 @@ async fn hotplug_a_definition_conflicting_with_the_registered_or_published_one_i
         assert_eq!(steps, 1, "[{b}]");
         let id = a.start("shape", &json!({})).await.expect("start");
         expect_state(&a, id, RunState::Completed, b).await;
-        assert_eq!(log.ran("only", id), ["a"], "[{b}]");
+        ran_only_by(&log, id, "a", b);
         // The same graph is accepted (and its code put in place of the old one).
         a.register(tagged("shape", "a2", &log))
             .await
             .unwrap_or_else(|e| panic!("[{b}] same graph: {e}"));
         let id = a.start("shape", &json!({})).await.expect("start");
         expect_state(&a, id, RunState::Completed, b).await;
-        assert_eq!(log.ran("only", id), ["a2"], "[{b}]");
+        ran_only_by(&log, id, "a2", b);
         // A definition rebuilt from its description has no code to run.
         let rebuilt =
             Workflow::from_description(&tagged("other", "a", &log).describe()).expect("rebuilt");

@@ -422,6 +422,20 @@ async fn explore_every_crash_and_cancel_of_a_users_saga() {
         .await;
     println!("{report}");
     report.assert_held();
-    // 3 steps x (3 crashes + 1 cancel + 3 crashes of its compensation), per backend.
-    assert!(report.cases.len() >= 21, "{report}");
+    // 3 steps x (3 crashes + 1 cancel + 2 held cancels + 1 pause + 3 crashes of its
+    // compensation), per backend.
+    assert!(report.cases.len() >= 30, "{report}");
+    for stop in [
+        "cancel held after_reads",
+        "cancel held before_commit",
+        "pause and resume",
+    ] {
+        assert!(
+            report
+                .cases
+                .iter()
+                .any(|c| c.reached && c.stop.to_string().starts_with(stop)),
+            "no `{stop}` case reached its stop\n{report}"
+        );
+    }
 }
