@@ -110,10 +110,12 @@ enum Writer {
     Deliver,
     /// The timer pass, with `b` waiting on a timer that is due.
     Wake,
+    /// The end of a child run `b` waits for: its evaluation completes it and wakes `b`.
+    ChildEnd,
 }
 
 impl Writer {
-    const ALL: [Writer; 9] = [
+    const ALL: [Writer; 10] = [
         Self::Claim,
         Self::Rescue,
         Self::Evaluate,
@@ -123,6 +125,7 @@ impl Writer {
         Self::Complete,
         Self::Deliver,
         Self::Wake,
+        Self::ChildEnd,
     ];
 }
 
@@ -138,6 +141,10 @@ struct Rig {
     hook: Arc<PauseHook>,
     plain: Store,
     registry: Registry,
+    /// The child run of the triple in progress, if its writer made one.
+    child: std::sync::Mutex<Option<Uuid>>,
+    /// Triples whose child ended and woke `b`.
+    woken_by_child: std::sync::atomic::AtomicUsize,
 }
 
 /// A passive engine that has `pair@1` only: what it starts is a run of version 1.
@@ -180,6 +187,8 @@ async fn rig(db: TestDb) -> Rig {
         hook,
         plain,
         registry,
+        child: std::sync::Mutex::new(None),
+        woken_by_child: std::sync::atomic::AtomicUsize::new(0),
     }
 }
 
@@ -232,6 +241,44 @@ impl Rig {
             )
             .await;
         assert_eq!(n, 1, "[{}] setup park", self.db.backend);
+    }
+
+    /// A child run of `run`'s step `b` (a run of `pair@1` whose steps all completed, so its
+    /// next evaluation completes it), with `b` waiting for it.
+    async fn child_of_b(&self, run: Uuid) -> Uuid {
+        let child = self.run().await;
+        let conn = self.plain.connection();
+        let n = conn
+            .execute_raw(Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "UPDATE sagaflow_runs SET parent_step = (SELECT id FROM sagaflow_steps \
+                 WHERE run_id = $1 AND name = 'b') WHERE id = $2",
+                [Value::from(run), Value::from(child)],
+            ))
+            .await
+            .expect("link the child")
+            .rows_affected();
+        assert_eq!(n, 1, "[{}] setup child", self.db.backend);
+        self.sql(
+            "UPDATE sagaflow_steps SET state = 'completed', available_at = NULL, output = 'null' \
+             WHERE run_id = $1",
+            child,
+        )
+        .await;
+        let wait =
+            format!(r#"{{"for":"child","run_id":"{child}","workflow":"pair","timeout_ms":60000}}"#);
+        let n = self
+            .sql(
+                &format!(
+                    "UPDATE sagaflow_steps SET state = 'waiting', wait = '{wait}', \
+                     available_at = {FAR} WHERE run_id = $1 AND name = 'b' AND state = 'ready'"
+                ),
+                run,
+            )
+            .await;
+        assert_eq!(n, 1, "[{}] setup park", self.db.backend);
+        *self.child.lock().expect("child") = Some(child);
+        child
     }
 
     /// `b`'s attempt held by `ghost`, ended as succeeded (fenced by the attempt it has now).
@@ -450,6 +497,9 @@ impl Rig {
             Writer::Complete => self.claim_b(run, FAR).await,
             Writer::Deliver => self.park_b(run, true).await,
             Writer::Wake => self.park_b(run, false).await,
+            Writer::ChildEnd => {
+                self.child_of_b(run).await;
+            }
             _ => {}
         }
     }
@@ -515,6 +565,14 @@ impl Rig {
                     .steps_wake_due(16, "test")
                     .await
                     .expect("timer pass");
+                Vec::new()
+            }
+            Writer::ChildEnd => {
+                // A unit that set `b` up itself leaves no child: nothing ends.
+                let child = *self.child.lock().expect("child");
+                if let Some(child) = child {
+                    self.evaluate(&self.plain, child).await;
+                }
                 Vec::new()
             }
         }
@@ -625,10 +683,27 @@ impl Rig {
         }
         // The next triple's units must meet their own run only (a migration takes every run
         // of its version, oldest first).
-        self.sql("DELETE FROM sagaflow_steps WHERE run_id = $1", run)
-            .await;
-        self.sql("DELETE FROM sagaflow_runs WHERE id = $1", run)
-            .await;
+        let child = self.child.lock().expect("child").take();
+        if let Some(child) = child {
+            // A child that ended woke the parent's step that waited for it.
+            let (child_state, _) = self.rows(child).await;
+            let (_, steps) = self.rows(run).await;
+            let b = steps.iter().find(|s| s.0 == "b").map(|s| s.1.as_str());
+            assert!(
+                !(matches!(child_state.as_deref(), Some("completed")) && b == Some("waiting")),
+                "{what}: the child completed and `b` still waits for it"
+            );
+            if matches!(child_state.as_deref(), Some("completed")) && b == Some("ready") {
+                self.woken_by_child
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        for id in std::iter::once(run).chain(child) {
+            self.sql("DELETE FROM sagaflow_steps WHERE run_id = $1", id)
+                .await;
+            self.sql("DELETE FROM sagaflow_runs WHERE id = $1", id)
+                .await;
+        }
         meeting
     }
 
@@ -703,6 +778,12 @@ async fn interleave_matrix_every_unit_point_and_writer() {
                 }
             }
         }
+        // The child-end writer is real: where nothing else moved `b`, the child woke it.
+        assert!(
+            r.woken_by_child.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "[{}] no child end woke its parent's step",
+            r.db.backend
+        );
         r.shutdown().await;
     }
     let pairs: usize = Unit::ALL.iter().map(|u| u.points().len()).sum();
