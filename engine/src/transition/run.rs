@@ -192,6 +192,17 @@ impl<'a> Plan<'a> {
                 );
                 return self.stop(RunTrigger::PivotMaybeApplied, p, reason);
             }
+            // A pivot in flight (its attempt running, or waiting for its callback or event)
+            // may be passing the point of no return right now: unwinding must not start
+            // under it, or its effect would stand in a run that ends `compensated`. The run
+            // waits for the pivot to settle: completed, the failure is one after the pivot;
+            // failed, the run unwinds.
+            if (0..n).any(|i| {
+                steps[i].kind == StepKind::Pivot
+                    && matches!(self.states[i], StepState::Running | StepState::Waiting)
+            }) {
+                return Ok(self.out);
+            }
             let name = &steps[f].name;
             if pivot_done {
                 let reason = format!(

@@ -312,6 +312,63 @@ fn failure_after_the_pivot_is_an_error_not_a_compensation() {
 }
 
 #[test]
+fn a_failure_beside_a_pivot_in_flight_waits_for_the_pivot_to_settle() {
+    // `hold` (which has nothing to undo, so it may run beside the pivot) and `charge` (the
+    // pivot) run side by side after `reserve`.
+    let wf = Workflow::builder("p", 1)
+        .step("reserve", noop())
+        .compensate(noop())
+        .step("hold", noop())
+        .after(["reserve"])
+        .step("charge", noop())
+        .after(["reserve"])
+        .pivot()
+        .step("ship", noop())
+        .after(["hold", "charge"])
+        .retriable()
+        .build()
+        .expect("valid");
+    for pivot in [Running, Waiting] {
+        let mut r = rows(&[
+            ("reserve", Completed),
+            ("hold", Failed),
+            ("charge", pivot),
+            ("ship", NotStarted),
+        ]);
+        tried(&mut r[1], 3, 0);
+        let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
+        assert_eq!(
+            p.run_state, None,
+            "the run waits while the pivot is {pivot}"
+        );
+        assert!(
+            p.steps.is_empty(),
+            "nothing is undone under a pivot {pivot}: {p:?}"
+        );
+    }
+    // The pivot completed: the failure came after the point of no return.
+    let mut r = rows(&[
+        ("reserve", Completed),
+        ("hold", Failed),
+        ("charge", Completed),
+        ("ship", NotStarted),
+    ]);
+    tried(&mut r[1], 3, 0);
+    let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Error));
+    // The pivot failed: what came before is undone.
+    let mut r = rows(&[
+        ("reserve", Completed),
+        ("hold", Failed),
+        ("charge", Failed),
+        ("ship", NotStarted),
+    ]);
+    tried(&mut r[1], 3, 0);
+    let p = plan(&wf, &run(RunState::Running), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Compensating));
+}
+
+#[test]
 fn nothing_to_undo_compensates_at_once() {
     let p = planned(
         RunState::Running,
