@@ -110,9 +110,13 @@ impl Store {
         descriptions: &[WorkflowDescription],
         publisher: &str,
     ) -> Result<Vec<Alert>> {
+        // Rows are written in key order, whatever order the caller's registry gave: two
+        // engines starting at once then lock them in the same order, and cannot deadlock.
+        let mut ordered: Vec<&WorkflowDescription> = descriptions.iter().collect();
+        ordered.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
         let txn = self.exec.begin().await?;
         let mut alerts = Vec::new();
-        for d in descriptions {
+        for d in ordered {
             let key = workflow_key(&d.name, d.version);
             let text = serde_json::to_string(d).map_err(|e| Error::InvalidDefinition {
                 workflow: d.name.clone(),

@@ -105,8 +105,11 @@ impl Store {
         if resources.is_empty() {
             return Ok(());
         }
+        // In name order: engines starting at once lock the rows in the same order.
+        let mut ordered: Vec<&Resource> = resources.iter().collect();
+        ordered.sort_by(|a, b| a.name().cmp(b.name()));
         let txn = self.exec.begin().await?;
-        for r in resources {
+        for r in ordered {
             let defaults =
                 serde_json::to_string(r.limits()).map_err(|e| Error::Config(e.to_string()))?;
             // Completions count outcomes for the breaker of the limits in force: the code's,

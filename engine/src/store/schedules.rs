@@ -92,9 +92,12 @@ impl Store {
             return Ok(());
         }
         let now = self.now_ms().await?;
+        // In name order: engines starting at once lock the rows in the same order.
+        let mut ordered: Vec<&Schedule> = schedules.iter().collect();
+        ordered.sort_by(|a, b| a.name().cmp(b.name()));
         let txn = self.exec.begin().await?;
         let result = async {
-            for s in schedules {
+            for s in ordered {
                 let first = s
                     .spec()
                     .next_after(now)

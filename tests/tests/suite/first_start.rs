@@ -322,3 +322,54 @@ async fn child_engine() {
     println!("DONE {index}");
     engine.shutdown().await;
 }
+
+/// Engines that start at the same moment with the same workflows, registered in opposite
+/// orders, all start: each publishes its definitions (and resources) in key order, so two
+/// starts lock the rows in the same order and never deadlock (PostgreSQL would abort one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn engines_starting_at_once_with_workflows_in_opposite_orders_all_start() {
+    use sagaflow::{Resource, StepContext, StepError, Workflow};
+    const WORKFLOWS: usize = 24;
+    let flow = |i: usize| {
+        Workflow::builder(format!("w{i:02}"), 1)
+            .step("only", |_: StepContext| async { Ok::<_, StepError>(()) })
+            .resource(format!("r{i:02}"))
+            .build()
+            .expect("valid")
+    };
+    for db in backends().await {
+        let b = db.backend;
+        // Published once, so that the concurrent starts update rows that exist.
+        let first = sagaflow_testkit::fast_builder(&db)
+            .with_workers(false)
+            .with_supervisor(false);
+        let first = (0..WORKFLOWS).fold(first, |e, i| {
+            e.with_workflow(flow(i))
+                .with_resource(Resource::new(format!("r{i:02}")).max_in_flight(4))
+        });
+        first.start().await.expect("first").shutdown().await;
+        for round in 0..3 {
+            let starts = (0..4).map(|k| {
+                let mut order: Vec<usize> = (0..WORKFLOWS).collect();
+                if k % 2 == 1 {
+                    order.reverse();
+                }
+                let e = order.into_iter().fold(
+                    sagaflow_testkit::fast_builder(&db)
+                        .with_workers(false)
+                        .with_supervisor(false),
+                    |e, i| {
+                        e.with_workflow(flow(i))
+                            .with_resource(Resource::new(format!("r{i:02}")).max_in_flight(4))
+                    },
+                );
+                e.start()
+            });
+            let engines = futures_util::future::join_all(starts).await;
+            for (k, e) in engines.into_iter().enumerate() {
+                let e = e.unwrap_or_else(|e| panic!("[{b}] round {round}, engine {k}: {e}"));
+                e.shutdown().await;
+            }
+        }
+    }
+}
