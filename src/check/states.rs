@@ -78,13 +78,38 @@ fn maybe_applied(l: &HistoryLine) -> bool {
 }
 
 /// Invariant 3: in a compensated run, each compensatable step with a compensation (as its
-/// published definition says) that may have acted went to `compensated`.
+/// published definition says) that may have acted went to `compensated`, and the pivot did
+/// not act (its effect cannot be undone) unless an operator chose to compensate past it.
 fn uncompensated(f: &mut Found<'_, '_>) {
     let d = f.d;
     // Without the published definition it cannot be told which steps have a compensation.
     let Some(def) = d.definition else { return };
     let completed = StepState::Completed.as_str();
     let compensated = StepState::Compensated.as_str();
+    let operator_chose = d
+        .lines
+        .iter()
+        .any(|l| l.step.is_none() && l.event == "operator_compensate");
+    for sd in def
+        .steps
+        .iter()
+        .filter(|s| s.kind == crate::StepKind::Pivot.as_str())
+    {
+        let acted = d.lines.iter().find(|l| {
+            l.step.as_deref() == Some(sd.name.as_str())
+                && (l.to.as_deref() == Some(completed) || maybe_applied(l))
+        });
+        if let Some(evidence) = acted
+            && !operator_chose
+        {
+            let msg = format!(
+                "the run is compensated, but its pivot acted (line #{}): its effect stands, and \
+                 no operator chose to compensate past it",
+                evidence.id
+            );
+            f.push(Invariant::Uncompensated, Some(&sd.name), msg, &[evidence]);
+        }
+    }
     for sd in &def.steps {
         if sd.kind != crate::StepKind::Compensatable.as_str() || !sd.compensates {
             continue;

@@ -129,10 +129,11 @@ impl<'a> Plan<'a> {
     }
 
     fn stop(mut self, on: RunTrigger, step: usize, reason: String) -> Result<PlanWrite> {
-        move_run(&mut self.out, self.run.state, on)?;
+        let from = self.out.run_state.unwrap_or(self.run.state);
+        move_run(&mut self.out, from, on)?;
         let row = self.rows[step];
         self.out.run_error = row.error.clone();
-        let kind = run_rule(self.run.state, on)
+        let kind = run_rule(from, on)
             .and_then(|r| r.alert)
             .map_or(AlertKind::RunError, AlertKind::named);
         self.out.alert = Some(run_alert(
@@ -237,7 +238,8 @@ impl<'a> Plan<'a> {
                 return self.park_on_failure(f);
             }
             self.out.run_error = self.rows[f].error.clone();
-            move_run(&mut self.out, self.run.state, RunTrigger::StepFailed)?;
+            let from = self.out.run_state.unwrap_or(self.run.state);
+            move_run(&mut self.out, from, RunTrigger::StepFailed)?;
             return self.unwind();
         }
         for i in 0..n {
@@ -261,7 +263,8 @@ impl<'a> Plan<'a> {
                 };
                 out.insert(self.wf.steps[i].name.clone(), v);
             }
-            move_run(&mut self.out, self.run.state, RunTrigger::AllCompleted)?;
+            let from = self.out.run_state.unwrap_or(self.run.state);
+            move_run(&mut self.out, from, RunTrigger::AllCompleted)?;
             self.out.run_output = Some(serde_json::Value::Object(out).to_string());
         } else if self.run.state == Pending {
             move_run(&mut self.out, Pending, RunTrigger::Progressed)?;
@@ -291,8 +294,9 @@ impl<'a> Plan<'a> {
         self.out.run_error = Some(pause::envelope(&message, false, row.error.as_deref()));
         let parked = pause::park(self.rows.iter().copied());
         self.out.steps.extend(parked);
-        move_run(&mut self.out, self.run.state, RunTrigger::StepFailedPaused)?;
-        let kind = run_rule(self.run.state, RunTrigger::StepFailedPaused)
+        let from = self.out.run_state.unwrap_or(self.run.state);
+        move_run(&mut self.out, from, RunTrigger::StepFailedPaused)?;
+        let kind = run_rule(from, RunTrigger::StepFailedPaused)
             .and_then(|r| r.alert)
             .map_or(AlertKind::RunError, AlertKind::named);
         let mut alert = run_alert(self.run, kind, name, row, reason);
@@ -314,6 +318,22 @@ impl<'a> Plan<'a> {
         acted && def.kind == StepKind::Compensatable && def.compensation.is_some()
     }
 
+    /// A cancelled run whose pivot completed goes forward again: its error (the cancel) is
+    /// cleared, the steps after the pivot are queued, and it completes when they have.
+    fn cancel_too_late(mut self, pivot: &str) -> Result<PlanWrite> {
+        let from = self.out.run_state.unwrap_or(self.run.state);
+        move_run(&mut self.out, from, RunTrigger::CancelTooLate)?;
+        self.out.clear_error = true;
+        self.out.run_error = None;
+        self.out.detail = Some(
+            serde_json::json!({
+                "reason": format!("pivot `{pivot}` completed: the cancel came after the point of no return"),
+            })
+            .to_string(),
+        );
+        self.forward()
+    }
+
     fn unwind(mut self) -> Result<PlanWrite> {
         let n = self.states.len();
         if let Some(f) = (0..n).find(|&i| self.states[i] == StepState::CompensationFailed) {
@@ -326,6 +346,46 @@ impl<'a> Plan<'a> {
             let row = self.rows[f];
             self.out.alert = Some(run_alert(self.run, AlertKind::RunError, name, row, reason));
             return Ok(self.out);
+        }
+        if let Some(p) = (0..n).find(|&i| self.wf.steps[i].kind == StepKind::Pivot) {
+            // A pivot in flight may be passing the point of no return: nothing is dropped or
+            // undone under it; the unwinding waits for it to settle.
+            if matches!(self.states[p], StepState::Running | StepState::Waiting) {
+                return Ok(self.out);
+            }
+            // A cancel that met the pivot came too late: once the pivot took effect the saga
+            // can only go forward. (An operator's `compensate` is a decision to undo what can
+            // be undone past the pivot; a cancel is not.)
+            let cancelled = self
+                .run
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(super::operator::CANCELLED_PREFIX));
+            let undoing = self.states.iter().any(|s| {
+                matches!(
+                    s,
+                    StepState::CompensationReady | StepState::Compensating | StepState::Compensated
+                )
+            });
+            if cancelled && !undoing {
+                let name = self.wf.steps[p].name.clone();
+                if self.states[p] == StepState::Completed {
+                    return self.cancel_too_late(&name);
+                }
+                if self.rows[p].maybe_applied {
+                    let reason = format!(
+                        "the run was cancelled while pivot `{name}` ran, and the pivot may have \
+                         taken effect (an attempt's outcome is unknown); retry it to learn the \
+                         outcome (same idempotency key) or compensate"
+                    );
+                    let from = self.out.run_state.unwrap_or(self.run.state);
+                    move_run(&mut self.out, from, RunTrigger::PivotMaybeApplied)?;
+                    let row = self.rows[p];
+                    self.out.alert =
+                        Some(run_alert(self.run, AlertKind::RunError, &name, row, reason));
+                    return Ok(self.out);
+                }
+            }
         }
         for i in 0..n {
             let never_acted = match self.states[i] {

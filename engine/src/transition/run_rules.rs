@@ -58,6 +58,9 @@ pub enum RunTrigger {
     /// The parent of a completed child run compensates the step that started it: the child
     /// undoes what it did.
     ParentCompensates,
+    /// The run was cancelled, and its pivot completed before anything was undone: the
+    /// cancel came after the point of no return, and the run goes forward again.
+    CancelTooLate,
 }
 
 impl RunTrigger {
@@ -82,6 +85,7 @@ impl RunTrigger {
             Self::DamagedRow => "damaged_row",
             Self::WaitTimedOut => "wait_timed_out",
             Self::ParentCompensates => "parent_compensates",
+            Self::CancelTooLate => "cancel_too_late",
         }
     }
 }
@@ -122,7 +126,13 @@ const fn rule(
 /// Every run transition sagaflow makes.
 pub const RUN_RULES: &[RunRule] = &[
     rule(&[Pending], RunTrigger::Progressed, Running, None),
-    rule(ACTIVE, RunTrigger::AllCompleted, Completed, None),
+    // From `compensating` only through `cancel_too_late` in the same evaluation.
+    rule(
+        &[Pending, Running, Compensating],
+        RunTrigger::AllCompleted,
+        Completed,
+        None,
+    ),
     rule(ACTIVE, RunTrigger::StepFailed, Compensating, None),
     rule(
         ACTIVE,
@@ -149,7 +159,7 @@ pub const RUN_RULES: &[RunRule] = &[
         Some("run_error"),
     ),
     rule(
-        ACTIVE,
+        &[Pending, Running, Compensating],
         RunTrigger::PivotMaybeApplied,
         RunError,
         Some("run_error"),
@@ -204,6 +214,7 @@ pub const RUN_RULES: &[RunRule] = &[
         Compensating,
         None,
     ),
+    rule(&[Compensating], RunTrigger::CancelTooLate, Running, None),
 ];
 
 /// The rule for a run in `from` on `on`, if the table has one.

@@ -368,6 +368,104 @@ fn a_failure_beside_a_pivot_in_flight_waits_for_the_pivot_to_settle() {
     assert_eq!(p.run_state, Some(RunState::Compensating));
 }
 
+/// reserve (undone by a compensation) → charge (the pivot) → ship (retriable).
+fn order_with_pivot() -> Workflow {
+    Workflow::builder("p", 1)
+        .step("reserve", noop())
+        .compensate(noop())
+        .step("charge", noop())
+        .after(["reserve"])
+        .pivot()
+        .step("ship", noop())
+        .after(["charge"])
+        .retriable()
+        .build()
+        .expect("valid")
+}
+
+/// A run an operator cancelled: compensating, with the cancel's error envelope.
+fn cancelled() -> RunRow {
+    let mut r = run(RunState::Compensating);
+    r.error = Some(
+        r#"{"code":"cancelled","message":"cancelled by an operator","retryable":false}"#.into(),
+    );
+    r
+}
+
+#[test]
+fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
+    let wf = order_with_pivot();
+    // The pivot runs: nothing is dropped or undone under it.
+    for pivot in [Running, Waiting] {
+        let r = rows(&[
+            ("reserve", Completed),
+            ("charge", pivot),
+            ("ship", NotStarted),
+        ]);
+        let p = plan(&wf, &cancelled(), &r).expect("plan");
+        assert_eq!(p.run_state, None, "pivot {pivot}");
+        assert!(p.steps.is_empty(), "pivot {pivot}: {p:?}");
+    }
+    // The pivot completed: the cancel came too late, the run goes forward and `ship` is due.
+    let r = rows(&[
+        ("reserve", Completed),
+        ("charge", Completed),
+        ("ship", NotStarted),
+    ]);
+    let p = plan(&wf, &cancelled(), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Running));
+    assert_eq!(p.trigger, Some(RunTrigger::CancelTooLate));
+    assert!(p.clear_error && p.run_error.is_none());
+    assert_eq!(moves(&p), vec![("ship".into(), Ready)]);
+    // The pivot was the last step to run: the run completes.
+    let r = rows(&[
+        ("reserve", Completed),
+        ("charge", Completed),
+        ("ship", Completed),
+    ]);
+    let p = plan(&wf, &cancelled(), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Completed));
+    // The pivot's outcome is unknown: an operator decides, alerted.
+    let mut r = rows(&[
+        ("reserve", Completed),
+        ("charge", Ready),
+        ("ship", NotStarted),
+    ]);
+    r[1].maybe_applied = true;
+    let p = plan(&wf, &cancelled(), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Error));
+    assert!(
+        p.alert
+            .expect("alert")
+            .reason
+            .contains("pivot `charge` ran, and the pivot may have taken effect")
+    );
+    // The pivot never acted: the cancel undoes what came before it.
+    let r = rows(&[
+        ("reserve", Completed),
+        ("charge", Ready),
+        ("ship", NotStarted),
+    ]);
+    let p = plan(&wf, &cancelled(), &r).expect("plan");
+    assert_eq!(p.run_state, None);
+    assert_eq!(
+        moves(&p),
+        vec![
+            ("charge".into(), Skipped),
+            ("reserve".into(), CompensationReady),
+            ("ship".into(), Skipped)
+        ]
+    );
+    // An operator's `compensate` past the pivot undoes what can be undone, as documented.
+    let r = rows(&[
+        ("reserve", Completed),
+        ("charge", Completed),
+        ("ship", Failed),
+    ]);
+    let p = plan(&wf, &run(RunState::Compensating), &r).expect("plan");
+    assert_eq!(moves(&p), vec![("reserve".into(), CompensationReady)]);
+}
+
 #[test]
 fn nothing_to_undo_compensates_at_once() {
     let p = planned(

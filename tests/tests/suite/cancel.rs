@@ -192,3 +192,69 @@ async fn a_run_cancelled_from_another_instance_stops_its_attempt_there() {
         engine.shutdown().await;
     }
 }
+
+/// `paid@1`: `reserve` (undone by `unreserve`), then `charge`, the pivot, then `ship`,
+/// retriable; each step logs its name.
+fn paid(log: &Log) -> Workflow {
+    let step = |name: &'static str| {
+        let log = log.clone();
+        move |_: StepContext| {
+            log.push(name);
+            async { Ok::<_, StepError>(()) }
+        }
+    };
+    Workflow::builder("paid", 1)
+        .step("reserve", step("reserve"))
+        .compensate(step("unreserve"))
+        .step("charge", step("charge"))
+        .after(["reserve"])
+        .pivot()
+        .step("ship", step("ship"))
+        .after(["charge"])
+        .retriable()
+        .build()
+        .expect("valid")
+}
+
+/// A cancel that meets the pivot in flight (its effect happened, its answer is not written
+/// yet) comes too late: the run never ends `compensated` with the pivot's effect standing; it
+/// waits for the pivot, then goes forward and completes, and its history says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_that_meets_the_pivot_in_flight_lets_the_run_finish() {
+    for db in backends().await {
+        let b = db.backend;
+        let log = Log::default();
+        let t = sagaflow_testkit::SagaTest::new([paid(&log)]).on(&db).await;
+        let answer = t.hold_answer("charge");
+        let id = t.start("paid", &()).await;
+        tokio::time::timeout(Duration::from_secs(20), answer.reached())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the pivot's answer never came"));
+        t.engine()
+            .operator()
+            .cancel(id)
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] cancel: {e}"));
+        answer.release();
+        let run = t.expect(id, RunState::Completed).await;
+        assert!(run.error.is_none(), "[{b}] {:?}", run.error);
+        assert_eq!(log.entries(), ["reserve", "charge", "ship"], "[{b}]");
+        let history = t.history(id).await;
+        assert!(
+            history
+                .iter()
+                .any(|e| e.kind == HistoryKind::OperatorCancel),
+            "[{b}] {history:?}"
+        );
+        assert!(
+            history.iter().any(|e| e
+                .detail
+                .as_ref()
+                .is_some_and(|d| d.to_string().contains("point of no return"))),
+            "[{b}] the history says why the cancel did not stand: {history:?}"
+        );
+        let report = sagaflow_testkit::check_engine_history(t.engine()).await;
+        assert!(report.is_clean(), "[{b}] {report}");
+        t.shutdown().await;
+    }
+}

@@ -131,6 +131,16 @@ async fn rows_corrupted_by_hand_are_reported_one_violation_each() {
             vec![undone.into()],
         )
         .await;
+        // The same run's pivot, `ship`, recorded as completed after it was dropped: a line the
+        // step's path does not lead to, and a pivot that acted in a compensated run that no
+        // operator chose to compensate past it.
+        corrupt(
+            &db,
+            "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, actor, at) \
+             VALUES ($1, 'ship', 'completed', 'running', 'completed', 'test', 0)",
+            vec![undone.into()],
+        )
+        .await;
         // A shipped order's step sent back to running: no edge of the step table.
         corrupt(
             &db,
@@ -174,6 +184,8 @@ async fn rows_corrupted_by_hand_are_reported_one_violation_each() {
             (undone, Invariant::InFlightAfterFinish, step("charge_card")),
             (undone, Invariant::Path, step("charge_card")),
             (undone, Invariant::Uncompensated, step("reserve_stock")),
+            (undone, Invariant::Path, step("ship")),
+            (undone, Invariant::Uncompensated, step("ship")),
             (edge, Invariant::Path, step("ship")),
             (renumbered, Invariant::OverlappingAttempts, step("ship")),
             (stuck, Invariant::Stuck, None),
@@ -181,7 +193,7 @@ async fn rows_corrupted_by_hand_are_reported_one_violation_each() {
         .into_iter()
         .collect();
         assert_eq!(found, expected, "[{b}] {report}");
-        assert_eq!(report.violations.len(), 6, "[{b}] {report}");
+        assert_eq!(report.violations.len(), 8, "[{b}] {report}");
         assert_eq!(report.runs_checked, 5);
         // Each names its workflow and shows the lines behind it.
         let text = report.to_string();
@@ -204,7 +216,7 @@ async fn rows_corrupted_by_hand_are_reported_one_violation_each() {
         let o = sagaflow(&db.url, &["check"]).await;
         code(&o, 6, "check on a corrupted database");
         let out = stdout(&o);
-        assert!(out.contains("6 violation(s)"), "[{b}] {out}");
+        assert!(out.contains("8 violation(s)"), "[{b}] {out}");
         assert!(out.contains(&stuck.to_string()), "[{b}] {out}");
         let o = sagaflow(&db.url, &["check", "--json"]).await;
         code(&o, 6, "check --json on a corrupted database");
@@ -212,7 +224,7 @@ async fn rows_corrupted_by_hand_are_reported_one_violation_each() {
         assert_eq!(json["runs_checked"], 5, "[{b}] {json}");
         assert_eq!(
             json["violations"].as_array().map(Vec::len),
-            Some(6),
+            Some(8),
             "[{b}] {json}"
         );
     }
