@@ -20,8 +20,21 @@ pub(crate) struct ChaosStats {
     pub(crate) kills: u64,
     /// SIGSTOPs (each followed by a SIGCONT 1 to 3 s later).
     pub(crate) pauses: u64,
-    /// Cancels sent.
+    /// Runs cancelled one at a time.
     pub(crate) cancels: u64,
+    /// SIGSTOPs of the supervisor leader.
+    pub(crate) leader_pauses: u64,
+    /// Bulk cancels taken, the runs they cancelled, and the runs they picked that the engine
+    /// refused to cancel (they moved on meanwhile).
+    pub(crate) bulk_cancels: u64,
+    pub(crate) bulk_cancelled: u64,
+    pub(crate) bulk_refused: u64,
+    /// Every run cancelled (single or bulk).
+    pub(crate) cancelled: std::collections::HashSet<uuid::Uuid>,
+    /// Events sent to flows (taken by the run), refused (the run had finished), failed.
+    pub(crate) events_sent: u64,
+    pub(crate) events_refused: u64,
+    pub(crate) events_failed: u64,
     /// For each SIGKILL that hit a process with steps in flight: the time until all of them
     /// were released to the queue.
     pub(crate) rescues: Vec<Duration>,

@@ -27,7 +27,7 @@ pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
     let secs = stats.elapsed.as_secs_f64();
     println!("\nresults ({secs:.1} s)");
     println!(
-        "  runs        completed {} · compensated {} · error {} · not terminal {} · {:.0} runs/s",
+        "  runs        completed {} · compensated {} · error {} · not terminal {} · {:.0} runs/s (all kinds)",
         f.completed.len(),
         f.compensated.len(),
         f.error.len(),
@@ -46,6 +46,26 @@ pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
         (None, true) => "postgres restart did not happen".to_owned(),
         (None, false) => "no postgres restart".to_owned(),
     };
+    for (kind, c) in &f.by_kind {
+        println!(
+            "  {:<11} {} submitted · completed {} · compensated {} · error {}",
+            format!("{kind:?}").to_lowercase() + "s",
+            c.submitted,
+            c.completed,
+            c.compensated,
+            c.error
+        );
+    }
+    println!(
+        "  mix         {} child runs · {} flows migrated v1→v2 · events {} sent, {} refused (run finished), {} failed · {} flows timed out waiting · {} runs purged by retention",
+        f.parent_of.len(),
+        f.migrated,
+        stats.events_sent,
+        stats.events_refused,
+        stats.events_failed,
+        f.wait_timeouts,
+        f.purged.len()
+    );
     println!(
         "  chaos       kills {} · restarts {} · {pg} · failed progress polls {}",
         stats.kills, stats.restarts, stats.monitor_errors
@@ -73,8 +93,14 @@ pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
         stats.idle_kills
     );
     println!(
-        "  chaos       {} SIGKILLs · {} SIGSTOPs of 1-3 s (late heartbeats) · {} runs cancelled by an operator",
-        stats.kills, stats.pauses, stats.cancels
+        "  chaos       {} SIGKILLs · {} SIGSTOPs of 1-3 s (late heartbeats) · {} SIGSTOPs of the leader · {} runs cancelled by an operator · {} bulk cancels ({} runs cancelled, {} refused)",
+        stats.kills,
+        stats.pauses,
+        stats.leader_pauses,
+        stats.cancels,
+        stats.bulk_cancels,
+        stats.bulk_cancelled,
+        stats.bulk_refused
     );
     let hist_line: Vec<String> = f.history.iter().map(|(e, n)| format!("{e} {n}")).collect();
     println!("  history     {}", hist_line.join(" · "));
