@@ -39,7 +39,7 @@ pub enum InvariantKind {
     /// finished run, every compensation done, no overlapping attempts, no stuck run.
     History,
     /// Every run met its planned fate: no pair with a root refused for good and no flow
-    /// whose event was never sent completed.
+    /// whose event was never sent completed, and every child run ended as its parent.
     Fates,
 }
 
@@ -58,17 +58,17 @@ impl InvariantKind {
     ];
 }
 
-/// What happened to the mid-run PostgreSQL restart.
+/// What happened to the mid-run PostgreSQL restarts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PgRestart {
-    /// It was asked for and the server came back.
+    /// Every restart asked for happened and the server came back.
     Done,
-    /// It was attempted and failed.
+    /// A restart was attempted and failed.
     Failed,
-    /// It was asked for and never happened.
+    /// A restart asked for never happened.
     Missing,
-    /// It was not asked for.
+    /// None was asked for.
     Skipped,
 }
 
@@ -153,7 +153,10 @@ pub enum Finding {
         kills: u64,
         /// Engine processes that exited on their own.
         unexpected_exits: usize,
-        /// The PostgreSQL restart.
+        /// PostgreSQL restarts that happened.
+        #[serde(default)]
+        pg_restarts: u64,
+        /// The PostgreSQL restarts, all together.
         pg_restart: PgRestart,
     },
     /// [`InvariantKind::History`].
@@ -169,8 +172,9 @@ pub enum Finding {
         refused_pairs: usize,
         /// Flows whose event was never sent.
         withheld_events: usize,
-        /// Of those, runs that completed.
-        completed: usize,
+        /// Runs that broke their fate: a doomed run completed, or a child run ended
+        /// otherwise than its parent.
+        violations: usize,
     },
 }
 
@@ -245,10 +249,11 @@ impl fmt::Display for Finding {
             Self::ChaosAsPlanned {
                 kills,
                 unexpected_exits,
+                pg_restarts,
                 pg_restart,
             } => write!(
                 f,
-                "chaos as planned: {kills} kills, {unexpected_exits} engine processes exited on their own, postgres restart {pg_restart}"
+                "chaos as planned: {kills} kills, {unexpected_exits} engine processes exited on their own, postgres restarts {pg_restarts} ({pg_restart})"
             ),
             Self::History {
                 runs_checked,
@@ -260,10 +265,10 @@ impl fmt::Display for Finding {
             Self::Fates {
                 refused_pairs,
                 withheld_events,
-                completed,
+                violations,
             } => write!(
                 f,
-                "fates: {refused_pairs} pairs with a root refused for good and {withheld_events} flows without their event, {completed} of them completed"
+                "fates: {refused_pairs} pairs with a root refused for good and {withheld_events} flows without their event, {violations} runs completed against their fate or child runs ended otherwise than their parent"
             ),
         }
     }

@@ -18,7 +18,7 @@
 //!    worked;
 //! 8. the history checker (`sagaflow::check`) finds no run breaking the engine's invariants;
 //! 9. every run met its planned fate: no pair with a root refused for good, and no flow whose
-//!    event was never sent, completed.
+//!    event was never sent, completed; every child run ended as its parent.
 //!
 //! The ledger checks (3 and 5) cover every run, purged or not: orders, pairs and flows
 //! record their effects under their business key, a flow's child under its parent's.
@@ -147,7 +147,7 @@ fn judge(
         Finding::Fates {
             refused_pairs: doomed(Kind::Pair),
             withheld_events: doomed(Kind::Flow),
-            completed: f.fate_violations.len(),
+            violations: f.fate_violations.len(),
         },
         true,
         f.fate_violations.clone(),
@@ -213,29 +213,48 @@ async fn history(store: &Store) -> Invariant {
     }
 }
 
-/// Every engine process stayed up unless killed, and the PostgreSQL restart worked.
+/// Every engine process stayed up unless killed, and every PostgreSQL restart worked.
 fn chaos_as_planned(stats: &ChaosStats) -> Invariant {
     let mut issues: Vec<String> = stats
         .unexpected_exits
         .iter()
         .map(|e| format!("exited on its own: {e}"))
         .collect();
-    if let Some(Restart { result: Err(e), .. }) = &stats.pg_restart {
-        issues.push(format!("postgres restart failed: {e}"));
+    let failed = stats
+        .pg_restarts
+        .iter()
+        .filter(|r| r.result.is_err())
+        .count();
+    for r in &stats.pg_restarts {
+        if let Restart { result: Err(e), at } = r {
+            issues.push(format!(
+                "postgres restart at {:.0} s failed: {e}",
+                at.as_secs_f64()
+            ));
+        }
     }
-    if stats.pg_restart_expected && stats.pg_restart.is_none() {
-        issues.push("postgres restart did not happen".into());
+    let done = stats.pg_restarts.len() as u64;
+    if done < stats.pg_restarts_planned {
+        issues.push(format!(
+            "{} of {} postgres restarts did not happen",
+            stats.pg_restarts_planned - done,
+            stats.pg_restarts_planned
+        ));
     }
-    let pg_restart = match (&stats.pg_restart, stats.pg_restart_expected) {
-        (Some(Restart { result: Ok(_), .. }), _) => PgRestart::Done,
-        (Some(_), _) => PgRestart::Failed,
-        (None, true) => PgRestart::Missing,
-        (None, false) => PgRestart::Skipped,
+    let pg_restart = if stats.pg_restarts_planned == 0 {
+        PgRestart::Skipped
+    } else if failed > 0 {
+        PgRestart::Failed
+    } else if done < stats.pg_restarts_planned {
+        PgRestart::Missing
+    } else {
+        PgRestart::Done
     };
     Invariant::judge(
         Finding::ChaosAsPlanned {
             kills: stats.kills,
             unexpected_exits: stats.unexpected_exits.len(),
+            pg_restarts: done,
             pg_restart,
         },
         true,

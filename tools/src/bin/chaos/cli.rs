@@ -87,7 +87,11 @@ pub(crate) struct Args {
     /// 60 s; the coordinator records each run's final state before it can be purged.
     #[arg(long, default_value_t = 5_000)]
     pub(crate) retention_ms: u64,
-    /// Do not restart PostgreSQL mid-run.
+    /// Restarts of PostgreSQL (`pg_ctl restart -m immediate`), spread over the run by
+    /// progress: the k-th when k / (n + 2) of the runs ended (a single one at a third).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) pg_restarts: u64,
+    /// Do not restart PostgreSQL mid-run (as `--pg-restarts 0`).
     #[arg(long)]
     pub(crate) no_pg_restart: bool,
     /// Give up (and fail) after this many seconds.

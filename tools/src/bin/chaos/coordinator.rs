@@ -274,7 +274,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                         ),
                         Err(e) => println!("  [{:>4.0}s] postgres restart FAILED: {e}", at.as_secs_f64()),
                     }
-                    stats.pg_restart = Some(Restart { at, result });
+                    stats.pg_restarts.push(Restart { at, result });
                 }
                 let counts = match store.run_count_by_state().await {
                     Ok(c) => c,
@@ -327,12 +327,12 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     stats.bulk_cancels += 1;
                     bulk.spawn(cancel_batch(store.clone(), args.bulk_size));
                 }
-                // Restart PostgreSQL once, when a third of the orders are done: the fleet is
-                // busy with the rest.
+                // Restart PostgreSQL `--pg-restarts` times, the k-th when k / (n + 2) of the
+                // runs ended (once: at a third), so the fleet is busy with the rest.
                 if let Some(target) = &restart
-                    && stats.pg_restart.is_none()
                     && restarting.is_none()
-                    && ended * 3 >= runs as u64
+                    && (stats.pg_restarts.len() as u64)
+                        < (ended * (args.pg_restarts + 2) / runs as u64).min(args.pg_restarts)
                 {
                     let (target, gate) = (target.clone(), gate.clone());
                     let at = started.elapsed();
@@ -349,7 +349,8 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     })));
                 }
                 // The chaos must happen, however quick the run: one kill and the restart.
-                let restart_done = restart.is_none() || stats.pg_restart.is_some();
+                let restart_done =
+                    restart.is_none() || stats.pg_restarts.len() as u64 >= args.pg_restarts;
                 let killed = fleet.kills >= args.kills
                     && stats.pauses >= args.pauses
                     && stats.leader_pauses >= args.leader_pauses
@@ -441,7 +442,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     if let Some((_, task)) = restarting.take() {
         // Let a restart in progress finish, so the checks can read the database.
         if let Ok(result) = task.await {
-            stats.pg_restart = Some(Restart {
+            stats.pg_restarts.push(Restart {
                 at: elapsed,
                 result,
             });
@@ -459,7 +460,11 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     stats.unexpected_exits = std::mem::take(&mut fleet.unexpected_exits);
     stats.forced_stops = forced;
     stats.monitor_errors = monitor_errors;
-    stats.pg_restart_expected = restart.is_some();
+    stats.pg_restarts_planned = if restart.is_some() {
+        args.pg_restarts
+    } else {
+        0
+    };
     stats.elapsed = elapsed;
     stats.ending = Some(ending);
 

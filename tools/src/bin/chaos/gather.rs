@@ -55,6 +55,8 @@ pub(crate) struct Findings {
     pub(crate) rows_total: i64,
     /// Child runs (in the database or seen finished) and their parent run.
     pub(crate) parent_of: HashMap<Uuid, Uuid>,
+    /// The state of each child run (its row's, else the last seen).
+    pub(crate) child_state: HashMap<Uuid, RunState>,
     /// Child runs not finished, with their state.
     pub(crate) children_unfinished: Vec<String>,
     /// Flows that ended on version 2 (migrated while they ran).
@@ -218,6 +220,7 @@ async fn children(store: &Store, observed: &HashMap<Uuid, Seen>, f: &mut Finding
         if let Some(p) = parent(seen.business_key.as_deref()) {
             f.parent_of.insert(*id, p);
         }
+        f.child_state.insert(*id, seen.state);
     }
     let conn = store.connection();
     let rows = conn
@@ -240,6 +243,9 @@ async fn children(store: &Store, observed: &HashMap<Uuid, Seen>, f: &mut Finding
         if let Some(p) = parent(key.as_deref()) {
             f.parent_of.insert(id, p);
         }
+        if let Ok(s) = state.parse::<RunState>() {
+            f.child_state.insert(id, s);
+        }
         if !matches!(state.as_str(), "completed" | "compensated" | "error") {
             f.children_unfinished
                 .push(format!("child run {id} ({key:?}) is {state}"));
@@ -248,8 +254,27 @@ async fn children(store: &Store, observed: &HashMap<Uuid, Seen>, f: &mut Finding
 }
 
 /// Planned fates: a pair with a refused root never completes; a flow without its event
-/// never completes (its wait times out, and it compensates unless cancelled first).
+/// never completes (its wait times out, and it compensates unless cancelled first); a child
+/// run ends as its parent (a completed flow's child completed, a compensated flow's child
+/// compensated).
 fn fates(plan: &[Planned], stats: &ChaosStats, f: &mut Findings) {
+    let key_of: HashMap<Uuid, &String> = f.run_of.iter().map(|(k, id)| (*id, k)).collect();
+    for (child, parent) in &f.parent_of {
+        let Some(key) = key_of.get(parent) else {
+            continue;
+        };
+        let (parent_state, state) = (f.state_of.get(*key), f.child_state.get(child));
+        let agrees = match parent_state {
+            Some(RunState::Completed) => state == Some(&RunState::Completed),
+            Some(RunState::Compensated) => state == Some(&RunState::Compensated),
+            _ => true,
+        };
+        if !agrees {
+            f.fate_violations.push(format!(
+                "child run {child} of {key} (run {parent}, {parent_state:?}) ended {state:?}"
+            ));
+        }
+    }
     for p in plan.iter().filter(|p| p.doomed) {
         let state = f.state_of.get(&p.key).copied();
         if state == Some(RunState::Completed) {

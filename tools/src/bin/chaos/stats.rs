@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::coordinator::Ending;
 
-/// The mid-run PostgreSQL restart.
+/// One mid-run PostgreSQL restart.
 #[derive(Debug)]
 pub(crate) struct Restart {
     /// When it was started, since the beginning of the run.
@@ -48,10 +48,10 @@ pub(crate) struct ChaosStats {
     pub(crate) forced_stops: usize,
     /// Progress polls that failed (PostgreSQL down).
     pub(crate) monitor_errors: u64,
-    /// Whether a PostgreSQL restart was asked for.
-    pub(crate) pg_restart_expected: bool,
-    /// The PostgreSQL restart, if it happened.
-    pub(crate) pg_restart: Option<Restart>,
+    /// PostgreSQL restarts asked for (0 when off or the server is not ours).
+    pub(crate) pg_restarts_planned: u64,
+    /// The PostgreSQL restarts that happened.
+    pub(crate) pg_restarts: Vec<Restart>,
     /// Time from the start of the chaos to the end of the main loop.
     pub(crate) elapsed: Duration,
     /// Why the main loop ended.

@@ -34,17 +34,27 @@ pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
         f.stuck,
         (f.completed.len() + f.compensated.len() + f.error.len()) as f64 / secs.max(0.001)
     );
-    let pg = match (&stats.pg_restart, stats.pg_restart_expected) {
-        (Some(r), _) => match &r.result {
+    let restarts: Vec<String> = stats
+        .pg_restarts
+        .iter()
+        .map(|r| match &r.result {
             Ok(took) => format!(
-                "postgres restarted at {:.0} s (back in {:.1} s)",
+                "at {:.0} s (back in {:.1} s)",
                 r.at.as_secs_f64(),
                 took.as_secs_f64()
             ),
-            Err(_) => "postgres restart failed".to_owned(),
-        },
-        (None, true) => "postgres restart did not happen".to_owned(),
-        (None, false) => "no postgres restart".to_owned(),
+            Err(_) => format!("at {:.0} s FAILED", r.at.as_secs_f64()),
+        })
+        .collect();
+    let pg = match (restarts.is_empty(), stats.pg_restarts_planned) {
+        (true, 0) => "no postgres restart".to_owned(),
+        (true, _) => "postgres restart did not happen".to_owned(),
+        (false, _) => format!(
+            "postgres restarted {}/{}: {}",
+            restarts.len(),
+            stats.pg_restarts_planned,
+            restarts.join(", ")
+        ),
     };
     for (kind, c) in &f.by_kind {
         println!(
