@@ -226,7 +226,7 @@ impl fmt::Display for Finding {
                 foreign_keys,
             } => write!(
                 f,
-                "exactly once: {effects} effects, {keys_applied_twice} keys applied twice, {operations_applied_twice} operations applied twice per order, {foreign_keys} under foreign keys"
+                "exactly once: {effects} effects, {keys_applied_twice} keys applied twice, {operations_applied_twice} operations applied twice per business key, {foreign_keys} under foreign keys"
             ),
             Self::FencedResults {
                 step_results,
@@ -240,7 +240,7 @@ impl fmt::Display for Finding {
                 error_runs,
             } => write!(
                 f,
-                "net consistency: {settled} completed/compensated orders consistent with the ledger ({error_runs} error runs reported above)"
+                "net consistency: {settled} completed/compensated runs consistent with the ledger ({error_runs} error runs reported above)"
             ),
             Self::Alerts {
                 error_runs,

@@ -8,9 +8,9 @@
 //! (`with_workers(false)`: no scheduler, agents or supervisor), so that a SIGKILL never hits
 //! a half-done submission loop (which would need a way to tell which runs were already
 //! accepted), and every step is run by the engine processes of the fleet, which get killed.
-//! The client registers the same workflows (the flow in version 1 only), to resolve and
-//! check the input of the workflow it starts; it also sends the events and takes the
-//! operators' cancels.
+//! The client ([`super::client`]) registers the same workflows (the flow in version 1 only),
+//! to resolve and check the input of the workflow it starts; it also sends the events and
+//! takes the operators' cancels.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,19 +18,18 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sagaflow::RunState;
 use sagaflow::internals::store::Store;
-use sagaflow::{Engine, RunState};
-use sagaflow_testkit::services::{FaultPlan, HttpServices, ServicePlans, Services, serve};
+use sagaflow_testkit::services::{FaultPlan, ServicePlans, Services, serve};
 use sagaflow_tools::Error;
-use sagaflow_workflows::order::{OrderApis, order_saga};
 use tokio::task::JoinHandle;
 
 use super::cancels::{cancel_batch, cancel_one, leader};
 use super::check;
 use super::cli::Args;
+use super::client;
 use super::events::{EventTally, send_events};
 use super::fleet::{self, Fleet, WorkerSpec};
-use super::mix;
 use super::observer::Observed;
 use super::postgres::ChaosDb;
 use super::rescue::rescue_time;
@@ -176,6 +175,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     let logs_are_ours = args.log_dir.is_none();
     let logs_at = log_dir.clone();
     let exe = std::env::current_exe().map_err(Error::io("cannot find this binary"))?;
+    let submitter = client::start(&db.url, &services_url).await?;
     let mut fleet = Fleet::start(
         WorkerSpec {
             exe,
@@ -188,22 +188,6 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     )
     .map_err(Error::io("cannot start the engine processes"))?;
 
-    // The client registers version 1 of the flow only: `start` takes the highest version it
-    // knows, so every flow starts on version 1 and the fleet migrates it while it runs.
-    let http = HttpServices::new(services_url);
-    let mut client = Engine::builder()
-        .with_database_url(db.url.clone())
-        .with_instance_id("chaos-submitter")
-        .with_workflow_result(order_saga(OrderApis::from(&http), worker::order_settings()));
-    for wf in mix::workflows(&mix::Apis::from(&http), &[1])? {
-        client = client.with_workflow(wf);
-    }
-    let submitter = client
-        .with_workers(false)
-        .with_pool_size(8)
-        .with_retention(None)
-        .start()
-        .await?;
     let plan = Arc::new(plan(args.orders, args.pairs, args.flows));
     let runs = plan.len();
     let intake = Arc::new(Intake::new(runs));

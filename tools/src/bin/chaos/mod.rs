@@ -5,6 +5,7 @@
 pub(crate) mod cancels;
 pub(crate) mod check;
 pub(crate) mod cli;
+pub(crate) mod client;
 pub(crate) mod coordinator;
 pub(crate) mod events;
 pub(crate) mod facts;
