@@ -200,3 +200,61 @@ pub(crate) async fn submit_all(
     while tasks.join_next().await.is_some() {}
     started.elapsed()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_interleaves_the_kinds_and_dooms_a_fixed_share() {
+        let plan = plan(60, 30, 40);
+        assert_eq!(plan.len(), 130);
+        let of = |k: Kind| plan.iter().filter(|p| p.kind == k).count();
+        assert_eq!(
+            (of(Kind::Order), of(Kind::Pair), of(Kind::Flow)),
+            (60, 30, 40)
+        );
+        // Every third pair has a root refused, every fourth flow goes without its event.
+        let doomed = |k: Kind| plan.iter().filter(|p| p.kind == k && p.doomed).count();
+        assert_eq!(
+            (doomed(Kind::Order), doomed(Kind::Pair), doomed(Kind::Flow)),
+            (0, 10, 10)
+        );
+        // Each kind is spread over the whole plan: every tenth holds each kind.
+        for part in plan.chunks(13) {
+            for k in [Kind::Order, Kind::Pair, Kind::Flow] {
+                assert!(
+                    part.iter().any(|p| p.kind == k),
+                    "{k:?} missing from a tenth"
+                );
+            }
+        }
+        // The business keys are unique.
+        let keys: std::collections::HashSet<&str> = plan.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys.len(), plan.len());
+    }
+
+    #[test]
+    fn a_refused_pair_names_its_root_in_its_input() {
+        let p = plan(0, 6, 0);
+        let refused: Vec<Option<String>> = p
+            .iter()
+            .map(|p| {
+                serde_json::from_value::<Item>(p.input.clone())
+                    .ok()
+                    .and_then(|i| i.refuse)
+            })
+            .collect();
+        assert_eq!(
+            refused,
+            vec![
+                Some("reserve".to_owned()),
+                None,
+                None,
+                Some("charge".to_owned()),
+                None,
+                None
+            ]
+        );
+    }
+}
