@@ -17,9 +17,10 @@ const DETAILS_SHOWN: usize = 10;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum InvariantKind {
-    /// Every run is `completed`, `compensated` or `error`.
+    /// Every run is `completed`, `compensated` or `error` (child runs included).
     EveryRunTerminal,
-    /// Every order was accepted, every accepted id has a row, one run per order.
+    /// Every run was accepted, every accepted id has a row or was seen finished before
+    /// retention purged it, one run per business key.
     NoLostRuns,
     /// No idempotency key applied twice, no operation applied twice for one order, every
     /// effect under a key of its order's own run.
@@ -37,11 +38,14 @@ pub enum InvariantKind {
     /// invariants: every history a path of the transition tables, nothing in flight in a
     /// finished run, every compensation done, no overlapping attempts, no stuck run.
     History,
+    /// Every run met its planned fate: no pair with a root refused for good and no flow
+    /// whose event was never sent completed, and every child run ended as its parent.
+    Fates,
 }
 
 impl InvariantKind {
     /// Every invariant, in the order they are checked and printed.
-    pub const ALL: [InvariantKind; 8] = [
+    pub const ALL: [InvariantKind; 9] = [
         Self::EveryRunTerminal,
         Self::NoLostRuns,
         Self::ExactlyOnce,
@@ -50,20 +54,21 @@ impl InvariantKind {
         Self::Alerts,
         Self::ChaosAsPlanned,
         Self::History,
+        Self::Fates,
     ];
 }
 
-/// What happened to the mid-run PostgreSQL restart.
+/// What happened to the mid-run PostgreSQL restarts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PgRestart {
-    /// It was asked for and the server came back.
+    /// Every restart asked for happened and the server came back.
     Done,
-    /// It was attempted and failed.
+    /// A restart was attempted and failed.
     Failed,
-    /// It was asked for and never happened.
+    /// A restart asked for never happened.
     Missing,
-    /// It was not asked for.
+    /// None was asked for.
     Skipped,
 }
 
@@ -85,22 +90,29 @@ impl fmt::Display for PgRestart {
 pub enum Finding {
     /// [`InvariantKind::EveryRunTerminal`].
     EveryRunTerminal {
-        /// Orders submitted.
-        orders: usize,
+        /// Runs submitted (orders, pairs, flows).
+        runs: usize,
         /// Runs `completed`.
         completed: usize,
         /// Runs `compensated`.
         compensated: usize,
         /// Runs in `error`.
         error: usize,
+        /// Child runs not finished.
+        #[serde(default)]
+        children_unfinished: usize,
     },
     /// [`InvariantKind::NoLostRuns`].
     NoLostRuns {
-        /// Orders whose submission was accepted.
+        /// Runs whose submission was accepted.
         accepted: usize,
         /// Accepted runs whose row was found.
         rows_found: usize,
-        /// Runs in the database (-1 when they could not be counted).
+        /// Accepted runs whose row retention purged after they were seen finished.
+        #[serde(default)]
+        purged: usize,
+        /// Submitted runs in the database, children apart (-1 when they could not be
+        /// counted).
         rows_total: i64,
     },
     /// [`InvariantKind::ExactlyOnce`].
@@ -141,7 +153,10 @@ pub enum Finding {
         kills: u64,
         /// Engine processes that exited on their own.
         unexpected_exits: usize,
-        /// The PostgreSQL restart.
+        /// PostgreSQL restarts that happened.
+        #[serde(default)]
+        pg_restarts: u64,
+        /// The PostgreSQL restarts, all together.
         pg_restart: PgRestart,
     },
     /// [`InvariantKind::History`].
@@ -149,6 +164,16 @@ pub enum Finding {
         /// Runs the checker read.
         runs_checked: usize,
         /// Violations it reported.
+        violations: usize,
+    },
+    /// [`InvariantKind::Fates`].
+    Fates {
+        /// Pairs with a root refused for good.
+        refused_pairs: usize,
+        /// Flows whose event was never sent.
+        withheld_events: usize,
+        /// Runs that broke their fate: a doomed run completed, or a child run ended
+        /// otherwise than its parent.
         violations: usize,
     },
 }
@@ -165,6 +190,7 @@ impl Finding {
             Self::Alerts { .. } => InvariantKind::Alerts,
             Self::ChaosAsPlanned { .. } => InvariantKind::ChaosAsPlanned,
             Self::History { .. } => InvariantKind::History,
+            Self::Fates { .. } => InvariantKind::Fates,
         }
     }
 }
@@ -174,22 +200,24 @@ impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::EveryRunTerminal {
-                orders,
+                runs,
                 completed,
                 compensated,
                 error,
+                children_unfinished,
             } => write!(
                 f,
-                "every run terminal: {}/{orders} (completed {completed}, compensated {compensated}, error {error})",
+                "every run terminal: {}/{runs} (completed {completed}, compensated {compensated}, error {error}), {children_unfinished} child runs unfinished",
                 completed + compensated + error
             ),
             Self::NoLostRuns {
                 accepted,
                 rows_found,
+                purged,
                 rows_total,
             } => write!(
                 f,
-                "no lost runs: {accepted} accepted, {rows_found} rows found, {rows_total} runs in the database"
+                "no lost runs: {accepted} accepted, {rows_found} rows found, {purged} seen finished and purged by retention, {rows_total} runs in the database (children apart)"
             ),
             Self::ExactlyOnce {
                 effects,
@@ -198,7 +226,7 @@ impl fmt::Display for Finding {
                 foreign_keys,
             } => write!(
                 f,
-                "exactly once: {effects} effects, {keys_applied_twice} keys applied twice, {operations_applied_twice} operations applied twice per order, {foreign_keys} under foreign keys"
+                "exactly once: {effects} effects, {keys_applied_twice} keys applied twice, {operations_applied_twice} operations applied twice per business key, {foreign_keys} under foreign keys"
             ),
             Self::FencedResults {
                 step_results,
@@ -212,7 +240,7 @@ impl fmt::Display for Finding {
                 error_runs,
             } => write!(
                 f,
-                "net consistency: {settled} completed/compensated orders consistent with the ledger ({error_runs} error runs reported above)"
+                "net consistency: {settled} completed/compensated runs consistent with the ledger ({error_runs} error runs reported above)"
             ),
             Self::Alerts {
                 error_runs,
@@ -221,10 +249,11 @@ impl fmt::Display for Finding {
             Self::ChaosAsPlanned {
                 kills,
                 unexpected_exits,
+                pg_restarts,
                 pg_restart,
             } => write!(
                 f,
-                "chaos as planned: {kills} kills, {unexpected_exits} engine processes exited on their own, postgres restart {pg_restart}"
+                "chaos as planned: {kills} kills, {unexpected_exits} engine processes exited on their own, postgres restarts {pg_restarts} ({pg_restart})"
             ),
             Self::History {
                 runs_checked,
@@ -232,6 +261,14 @@ impl fmt::Display for Finding {
             } => write!(
                 f,
                 "history: {runs_checked} runs checked against the transition tables and the engine's invariants, {violations} violations"
+            ),
+            Self::Fates {
+                refused_pairs,
+                withheld_events,
+                violations,
+            } => write!(
+                f,
+                "fates: {refused_pairs} pairs with a root refused for good and {withheld_events} flows without their event, {violations} runs completed against their fate or child runs ended otherwise than their parent"
             ),
         }
     }
@@ -282,6 +319,45 @@ pub struct ChaosTally {
     /// Operators' cancels sent to runs in flight.
     #[serde(default)]
     pub cancels: u64,
+    /// Order sagas submitted.
+    #[serde(default)]
+    pub orders: usize,
+    /// Pairs (two parallel roots) submitted.
+    #[serde(default)]
+    pub pairs: usize,
+    /// Flows (an event wait, a timer, a child run; two versions) submitted.
+    #[serde(default)]
+    pub flows: usize,
+    /// Pairs with a root refused for good at once.
+    #[serde(default)]
+    pub refused_pairs: usize,
+    /// Child runs started by flows.
+    #[serde(default)]
+    pub children: usize,
+    /// Flows migrated from version 1 to 2 while they ran.
+    #[serde(default)]
+    pub migrated: usize,
+    /// Events sent to flows (taken by their run).
+    #[serde(default)]
+    pub events_sent: u64,
+    /// Flows whose event was withheld.
+    #[serde(default)]
+    pub events_withheld: usize,
+    /// Flows whose event wait timed out (withheld and compensated, not cancelled).
+    #[serde(default)]
+    pub wait_timeouts: usize,
+    /// Bulk cancels taken.
+    #[serde(default)]
+    pub bulk_cancels: u64,
+    /// Runs the bulk cancels cancelled.
+    #[serde(default)]
+    pub bulk_cancelled: u64,
+    /// SIGSTOPs of the supervisor leader.
+    #[serde(default)]
+    pub leader_pauses: u64,
+    /// Finished runs retention purged during the run (seen finished before).
+    #[serde(default)]
+    pub purged: usize,
 }
 
 /// How the run ended overall.

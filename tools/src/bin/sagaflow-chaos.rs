@@ -7,11 +7,18 @@
 //!
 //! The coordinator (this process) serves the simulated remote services over loopback HTTP
 //! with seeded fault injection, starts `--processes` engine processes (this same binary with
-//! the hidden `--worker` flag), submits `--orders` order sagas, SIGKILLs and restarts a random
-//! engine process every `--kill-every-ms`, restarts PostgreSQL once mid-run (`pg_ctl restart
-//! -m immediate`), and stops when every run is terminal or `--timeout-secs` is up. It then
-//! checks the invariants (every run terminal, no run lost, every effect applied once, every
-//! saga net-consistent, every run in `Error` alerted) and exits non-zero if one fails.
+//! the hidden `--worker` flag), submits a mixed workload (`--orders` order sagas, `--pairs`
+//! runs with two parallel roots, some refused for good at once, `--flows` runs with an event
+//! wait, a timer and a child run, migrated automatically from version 1 to 2 while they run),
+//! sends the flows' events, and, spread over the run by its progress, SIGKILLs and restarts
+//! random engine processes (`--kills`), freezes them (`--pauses`) and the supervisor leader
+//! (`--leader-pauses`), cancels runs one by one (`--cancels`) and in bulk (`--bulk-cancels`),
+//! and restarts PostgreSQL (`--pg-restarts`, `pg_ctl restart -m immediate`), while the engine
+//! processes purge finished runs after a short retention window (`--retention-ms`). It stops
+//! when every run is terminal or `--timeout-secs` is up, then checks the invariants (every run
+//! terminal, no run lost, every effect applied at most once per key, every settled run
+//! net-consistent with the ledger, every run in `Error` alerted, the history checker clean,
+//! every run's planned fate met) and exits non-zero if one fails.
 //!
 //! Without `--database-url` it starts its own throwaway PostgreSQL cluster through
 //! `scripts/pg.sh` and deletes it at the end. Either way it works in a fresh database it

@@ -31,6 +31,14 @@ pub(crate) struct Args {
     /// Order sagas to submit.
     #[arg(long, default_value_t = 5_000)]
     pub(crate) orders: usize,
+    /// Runs of the parallel-roots workflow (`chaos_pair`: two roots, one refused for good
+    /// in every third run) submitted beside the orders; 0: none.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) pairs: usize,
+    /// Runs of the long-lived workflow (`chaos_flow`: an event wait, a timer, a child run,
+    /// migrated automatically from version 1 to 2) submitted beside the orders; 0: none.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) flows: usize,
     /// Share of remote calls failing transiently (0..1).
     #[arg(long, default_value_t = 0.10)]
     pub(crate) transient: f64,
@@ -48,8 +56,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
     /// SIGKILLs of a random engine process (each restarted under a new instance id), spread
-    /// over the run by progress, not by the clock: one each time another `orders / (kills +
-    /// 1)` runs have ended, so a faster machine gets as many kills as a slower one; 0: none.
+    /// over the run by progress, not by the clock: one each time another `runs / (kills +
+    /// 1)` runs have ended (runs: orders, pairs and flows), so a faster machine gets as many kills as a slower one; 0: none.
     #[arg(long, default_value_t = 25)]
     pub(crate) kills: u64,
     /// SIGSTOPs of a random engine process for 1 to 3 s, then SIGCONT (a process frozen
@@ -57,11 +65,33 @@ pub(crate) struct Args {
     /// over), spread over the run by progress like the kills; 0: none.
     #[arg(long, default_value_t = 10)]
     pub(crate) pauses: u64,
+    /// SIGSTOPs of the supervisor leader's process (found through the lease) for 2.5 to
+    /// 3.5 s, longer than the lease: another process must take over, and the frozen one step
+    /// down when it wakes; spread over the run by progress; 0: none.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) leader_pauses: u64,
     /// Operators' cancels of runs that have not reserved stock yet, spread over the run by
     /// progress; 0: none.
     #[arg(long, default_value_t = 50)]
     pub(crate) cancels: u64,
-    /// Do not restart PostgreSQL mid-run.
+    /// Bulk cancels: each cancels `--bulk-size` runs at once (runs of every kind before their
+    /// pivot, concurrently from the coordinator's client), spread over the run by progress;
+    /// 0: none.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) bulk_cancels: u64,
+    /// Runs one bulk cancel picks.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) bulk_size: u32,
+    /// Retention window of finished runs in the engine processes, in milliseconds (0: keep
+    /// them). The retention pass runs when a process becomes the supervisor leader and every
+    /// 60 s; the coordinator records each run's final state before it can be purged.
+    #[arg(long, default_value_t = 5_000)]
+    pub(crate) retention_ms: u64,
+    /// Restarts of PostgreSQL (`pg_ctl restart -m immediate`), spread over the run by
+    /// progress: the k-th when k / (n + 2) of the runs ended (a single one at a third).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) pg_restarts: u64,
+    /// Do not restart PostgreSQL mid-run (as `--pg-restarts 0`).
     #[arg(long)]
     pub(crate) no_pg_restart: bool,
     /// Give up (and fail) after this many seconds.
@@ -100,6 +130,11 @@ pub(crate) struct Args {
 }
 
 impl Args {
+    /// Runs submitted: orders, pairs and flows.
+    pub(crate) fn runs(&self) -> usize {
+        self.orders + self.pairs + self.flows
+    }
+
     /// Rejects flag combinations that cannot work.
     pub(crate) fn validate(&self) -> Result<(), Error> {
         for (name, v) in [
@@ -124,10 +159,14 @@ impl Args {
                 "--processes and --orders must be at least 1".into(),
             ));
         }
-        if self.kills >= self.orders as u64 {
+        if self.kills >= self.runs() as u64 {
             return Err(Error::Usage(
-                "--kills must be below --orders (kills are spread over the runs)".into(),
+                "--kills must be below --orders + --pairs + --flows (kills are spread over the runs)"
+                    .into(),
             ));
+        }
+        if self.bulk_cancels > 0 && self.bulk_size == 0 {
+            return Err(Error::Usage("--bulk-size must be at least 1".into()));
         }
         if self.timeout_secs == 0 {
             return Err(Error::Usage("--timeout-secs must be positive".into()));

@@ -1,12 +1,16 @@
-//! The coordinator: sets the stage, submits the orders, kills and restarts engine processes
-//! and PostgreSQL until every run is terminal (or time is up), then hands over to the checks.
+//! The coordinator: sets the stage, submits the runs (orders, pairs, flows), sends the
+//! flows' events, records every finished run before retention can purge it, kills, freezes
+//! and restarts engine processes (the leader among them), cancels runs one by one and in
+//! bulk, restarts PostgreSQL, until every run is terminal (or time is up), then hands over
+//! to the checks.
 //!
-//! Submission: the coordinator submits every order from its own client-only engine instance
+//! Submission: the coordinator submits every run from its own client-only engine instance
 //! (`with_workers(false)`: no scheduler, agents or supervisor), so that a SIGKILL never hits
-//! a half-done submission loop (which would need a way to tell which orders were already
+//! a half-done submission loop (which would need a way to tell which runs were already
 //! accepted), and every step is run by the engine processes of the fleet, which get killed.
-//! The client registers the same order saga, to resolve and check the input of the
-//! workflow it starts.
+//! The client ([`super::client`]) registers the same workflows (the flow in version 1 only),
+//! to resolve and check the input of the workflow it starts; it also sends the events and
+//! takes the operators' cancels.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,21 +18,24 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sagaflow::RunState;
 use sagaflow::internals::store::Store;
-use sagaflow::{Engine, RunState};
-use sagaflow_testkit::services::{FaultPlan, HttpServices, ServicePlans, Services, serve};
+use sagaflow_testkit::services::{FaultPlan, ServicePlans, Services, serve};
 use sagaflow_tools::Error;
-use sagaflow_workflows::order::{OrderApis, order_saga};
 use tokio::task::JoinHandle;
 
+use super::cancels::{cancel_batch, cancel_one, leader};
 use super::check;
 use super::cli::Args;
+use super::client;
+use super::events::{EventTally, send_events};
 use super::fleet::{self, Fleet, WorkerSpec};
+use super::observer::Observed;
 use super::postgres::ChaosDb;
 use super::rescue::rescue_time;
 use super::stage::{self, RestartTarget, durability, init_logging, pct};
 use super::stats::{ChaosStats, Restart};
-use super::submit::{Intake, Submitted, submit_all};
+use super::submit::{Intake, Submitted, plan, submit_all};
 use super::worker;
 
 /// How often the coordinator looks at the run counts (and decides whether a kill is due).
@@ -65,29 +72,6 @@ fn signal(pid: u32, sig: &str) {
         .status();
 }
 
-/// An operator cancels one run that has not reserved stock yet (a cancel past the pivot
-/// `ship` would leave its effect standing: see the closing notes of docs/reliability.md);
-/// `true` when a run was cancelled.
-async fn cancel_one(store: Store) -> bool {
-    use sagaflow::sea_orm::{ConnectionTrait, Statement};
-    let conn = store.connection();
-    let pick = Statement::from_string(
-        conn.get_database_backend(),
-        "SELECT run_id FROM sagaflow_steps WHERE name = 'reserve_stock' \
-         AND state IN ('not_started', 'ready', 'running') LIMIT 1",
-    );
-    let Ok(Some(row)) = conn.query_one_raw(pick).await else {
-        return false;
-    };
-    let Ok(id) = row.try_get::<uuid::Uuid>("", "run_id") else {
-        return false;
-    };
-    let audit = sagaflow::internals::operator::Audit::new("chaos", "the customer cancelled");
-    sagaflow::internals::operator::cancel(&store, id, &audit)
-        .await
-        .is_ok()
-}
-
 /// The coordinator's main: returns the exit code (0 pass, 1 an invariant failed, 2 the run
 /// could not be set up, 130 interrupted).
 pub(crate) async fn run(args: Args) -> u8 {
@@ -97,9 +81,11 @@ pub(crate) async fn run(args: Args) -> u8 {
     }
     init_logging();
     println!(
-        "sagaflow-chaos · {} engine processes · {} orders · faults {} transient, {} hang, {} lost replies, {} terminal · seed {}",
+        "sagaflow-chaos · {} engine processes · {} orders, {} pairs, {} flows · faults {} transient, {} hang, {} lost replies, {} terminal · seed {}",
         args.processes,
         args.orders,
+        args.pairs,
+        args.flows,
         pct(args.transient),
         pct(args.hang),
         pct(args.lose_reply),
@@ -169,53 +155,63 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         log_dir.display()
     );
     println!(
-        "  engine: deadline {:?} (cap {:?}) · {} failures max · lease {:?}/{:?} · sweep {:?} · heartbeat defaults · {} SIGKILLs, one per {} ended runs · {} SIGSTOPs of 1-3 s · {} cancels",
+        "  engine: deadline {:?} (cap {:?}) · {} failures max · lease {:?}/{:?} · sweep {:?} · timer pass {:?} · retention {} ms · heartbeat defaults · {} SIGKILLs, one per {} ended runs · {} SIGSTOPs of 1-3 s · {} of the leader · {} cancels · {} bulk cancels of {}",
         worker::DEADLINE,
         worker::DEADLINE_CAP,
         worker::MAX_FAILURES,
         worker::LEASE_TTL,
         worker::LEASE_RENEW,
         worker::SWEEP,
+        worker::TIMER_PASS,
+        args.retention_ms,
         args.kills,
-        args.orders as u64 / (args.kills + 1),
+        args.runs() as u64 / (args.kills + 1),
         args.pauses,
-        args.cancels
+        args.leader_pauses,
+        args.cancels,
+        args.bulk_cancels,
+        args.bulk_size
     );
     let logs_are_ours = args.log_dir.is_none();
     let logs_at = log_dir.clone();
     let exe = std::env::current_exe().map_err(Error::io("cannot find this binary"))?;
+    let submitter = client::start(&db.url, &services_url).await?;
     let mut fleet = Fleet::start(
         WorkerSpec {
             exe,
             database_url: db.url.clone(),
             services_url: services_url.clone(),
+            retention_ms: args.retention_ms,
             log_dir,
         },
         args.processes,
     )
     .map_err(Error::io("cannot start the engine processes"))?;
 
-    let submitter = Engine::builder()
-        .with_database_url(db.url.clone())
-        .with_instance_id("chaos-submitter")
-        .with_workflow_result(order_saga(
-            OrderApis::from(&HttpServices::new(services_url)),
-            worker::order_settings(),
-        ))
-        .with_workers(false)
-        .with_pool_size(8)
-        .with_retention(None)
-        .start()
-        .await?;
-    let intake = Arc::new(Intake::new(args.orders));
+    let plan = Arc::new(plan(args.orders, args.pairs, args.flows));
+    let runs = plan.len();
+    let intake = Arc::new(Intake::new(runs));
     // Submissions pause while PostgreSQL restarts (see `submit_all`).
     let gate = Arc::new(tokio::sync::RwLock::new(()));
+    let (event_keys, keys_rx) = tokio::sync::mpsc::unbounded_channel();
+    let event_tally = Arc::new(EventTally::default());
+    let mut event_sender = Some(tokio::spawn(send_events(
+        submitter.clone(),
+        keys_rx,
+        event_tally.clone(),
+    )));
     let mut submission = Some(tokio::spawn(submit_all(
         submitter.clone(),
-        args.orders,
+        plan.clone(),
         intake.clone(),
         gate.clone(),
+        event_keys,
     )));
+    let observed = Arc::new(Observed::default());
+    let observer = {
+        let (observed, store) = (observed.clone(), store.clone());
+        tokio::spawn(async move { observed.watch(store).await })
+    };
     let mut submitted: Option<Submitted> = None;
 
     let mut stats = ChaosStats::default();
@@ -223,6 +219,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     let mut rescues = tokio::task::JoinSet::new();
     let mut freezes = tokio::task::JoinSet::new();
     let mut cancels = tokio::task::JoinSet::new();
+    let mut bulk = tokio::task::JoinSet::new();
     let mut poll_tick = tokio::time::interval(POLL);
     let mut last_progress = Instant::now();
     let mut restarting: Option<(Duration, JoinHandle<Result<Duration, Error>>)> = None;
@@ -238,19 +235,18 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     break Ending::TimedOut;
                 }
                 fleet.reap().map_err(Error::io("cannot restart an engine process"))?;
-                if submitted.is_none() && submission.as_ref().is_some_and(JoinHandle::is_finished) {
-                    if let Some(task) = submission.take() {
-                        let took = task.await.map_err(Error::task("submission"))?;
-                        let s = intake.snapshot(took);
-                        println!(
-                            "  submitted {}/{} orders in {:.1} s",
-                            s.ids.iter().flatten().count(),
-                            args.orders,
-                            s.took.as_secs_f64()
-                        );
-                        submitted = Some(s);
-                    }
-                    submitter.shutdown().await;
+                if submitted.is_none()
+                    && submission.as_ref().is_some_and(JoinHandle::is_finished)
+                    && let Some(task) = submission.take()
+                {
+                    let took = task.await.map_err(Error::task("submission"))?;
+                    let s = intake.snapshot(took);
+                    println!(
+                        "  submitted {}/{runs} runs in {:.1} s",
+                        s.ids.iter().flatten().count(),
+                        s.took.as_secs_f64()
+                    );
+                    submitted = Some(s);
                 }
                 if let Some((at, task)) = restarting.take_if(|(_, t)| t.is_finished()) {
                     let result = task.await.map_err(Error::task("postgres restart"))?;
@@ -262,7 +258,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                         ),
                         Err(e) => println!("  [{:>4.0}s] postgres restart FAILED: {e}", at.as_secs_f64()),
                     }
-                    stats.pg_restart = Some(Restart { at, result });
+                    stats.pg_restarts.push(Restart { at, result });
                 }
                 let counts = match store.run_count_by_state().await {
                     Ok(c) => c,
@@ -276,9 +272,11 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                 let terminal = count(RunState::Completed) + count(RunState::Compensated) + count(RunState::Error);
                 let total = i64::try_from(counts.total()).unwrap_or(i64::MAX);
                 let expected = submitted.as_ref().map(|s| s.ids.iter().flatten().count());
-                // Kills follow progress: the k-th when k / (kills + 1) of the orders ended.
-                let due = u64::try_from(terminal).unwrap_or(0) * (args.kills + 1)
-                    / args.orders as u64;
+                // Progress: the submitted runs seen finished (purged ones included; children
+                // apart).
+                let ended = observed.roots_ended.load(Ordering::Relaxed);
+                // Kills follow progress: the k-th when k / (kills + 1) of the runs ended.
+                let due = ended * (args.kills + 1) / runs as u64;
                 if fleet.kills < due.min(args.kills) {
                     let slot = rng.random_range(0..fleet.len());
                     let victim = fleet
@@ -287,7 +285,7 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     rescues.spawn(rescue_time(store.clone(), victim, Instant::now()));
                 }
                 // SIGSTOPs and cancels follow progress the same way.
-                let due = |n: u64| u64::try_from(terminal).unwrap_or(0) * (n + 1) / args.orders as u64;
+                let due = |n: u64| ended * (n + 1) / runs as u64;
                 if stats.pauses < due(args.pauses).min(args.pauses) {
                     let slot = rng.random_range(0..fleet.len());
                     if let Some(pid) = fleet.pid(slot) {
@@ -296,16 +294,29 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                         stats.pauses += 1;
                     }
                 }
+                if stats.leader_pauses < due(args.leader_pauses).min(args.leader_pauses)
+                    && let Some(slot) = leader(&store).await.and_then(|l| fleet.slot_of(&l))
+                    && let Some(pid) = fleet.pid(slot)
+                {
+                    // Longer than the lease: another process must take the leadership over.
+                    let frozen = Duration::from_millis(rng.random_range(2_500..=3_500));
+                    freezes.spawn(freeze(pid, frozen));
+                    stats.leader_pauses += 1;
+                }
                 if stats.cancels < due(args.cancels).min(args.cancels) {
                     stats.cancels += 1;
                     cancels.spawn(cancel_one(store.clone()));
                 }
-                // Restart PostgreSQL once, when a third of the orders are done: the fleet is
-                // busy with the rest.
+                if stats.bulk_cancels < due(args.bulk_cancels).min(args.bulk_cancels) {
+                    stats.bulk_cancels += 1;
+                    bulk.spawn(cancel_batch(store.clone(), args.bulk_size));
+                }
+                // Restart PostgreSQL `--pg-restarts` times, the k-th when k / (n + 2) of the
+                // runs ended (once: at a third), so the fleet is busy with the rest.
                 if let Some(target) = &restart
-                    && stats.pg_restart.is_none()
                     && restarting.is_none()
-                    && usize::try_from(terminal).unwrap_or(0) * 3 >= args.orders
+                    && (stats.pg_restarts.len() as u64)
+                        < (ended * (args.pg_restarts + 2) / runs as u64).min(args.pg_restarts)
                 {
                     let (target, gate) = (target.clone(), gate.clone());
                     let at = started.elapsed();
@@ -322,21 +333,27 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
                     })));
                 }
                 // The chaos must happen, however quick the run: one kill and the restart.
-                let restart_done = restart.is_none() || stats.pg_restart.is_some();
+                let restart_done =
+                    restart.is_none() || stats.pg_restarts.len() as u64 >= args.pg_restarts;
                 let killed = fleet.kills >= args.kills
                     && stats.pauses >= args.pauses
-                    && stats.cancels >= args.cancels;
+                    && stats.leader_pauses >= args.leader_pauses
+                    && stats.cancels >= args.cancels
+                    && stats.bulk_cancels >= args.bulk_cancels;
+                // Every submitted run seen finished, and no run left unfinished in the
+                // database (children included).
                 if let Some(expected) = expected
                     && restart_done
                     && killed
-                    && terminal >= i64::try_from(expected).unwrap_or(i64::MAX)
+                    && ended >= expected as u64
+                    && terminal >= total
                 {
                     break Ending::AllTerminal;
                 }
                 if last_progress.elapsed() >= PROGRESS_EVERY {
                     last_progress = Instant::now();
                     println!(
-                        "  [{:>4.0}s] accepted {} · terminal {terminal}/{total} (completed {}, compensated {}, error {}) · kills {}",
+                        "  [{:>4.0}s] accepted {} · ended {ended}/{runs} · in the database terminal {terminal}/{total} (completed {}, compensated {}, error {}) · kills {}",
                         started.elapsed().as_secs_f64(),
                         intake.accepted.load(Ordering::Relaxed),
                         count(RunState::Completed),
@@ -368,9 +385,19 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     while freezes.join_next().await.is_some() {}
     let mut cancelled = 0;
     while let Some(r) = cancels.join_next().await {
-        cancelled += u64::from(r.unwrap_or(false));
+        if let Ok(Some(id)) = r {
+            cancelled += 1;
+            stats.cancelled.insert(id);
+        }
     }
     stats.cancels = cancelled;
+    while let Some(r) = bulk.join_next().await {
+        if let Ok((ids, refused)) = r {
+            stats.bulk_cancelled += ids.len() as u64;
+            stats.bulk_refused += refused;
+            stats.cancelled.extend(ids);
+        }
+    }
     let forced = fleet.stop(Duration::from_secs(10)).await;
     if let Some(task) = submission.take() {
         if task.is_finished() {
@@ -382,11 +409,24 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
             task.abort();
         }
     }
+    if let Some(mut task) = event_sender.take() {
+        // Every flow is finished (or time is up): what is left to send is refused at once.
+        if tokio::time::timeout(Duration::from_secs(10), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+            println!("  the event sender did not finish within 10 s");
+        }
+    }
+    stats.events_sent = event_tally.sent.load(Ordering::Relaxed);
+    stats.events_refused = event_tally.refused.load(Ordering::Relaxed);
+    stats.events_failed = event_tally.failed.load(Ordering::Relaxed);
     submitter.shutdown().await;
     if let Some((_, task)) = restarting.take() {
         // Let a restart in progress finish, so the checks can read the database.
         if let Ok(result) = task.await {
-            stats.pg_restart = Some(Restart {
+            stats.pg_restarts.push(Restart {
                 at: elapsed,
                 result,
             });
@@ -404,7 +444,11 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
     stats.unexpected_exits = std::mem::take(&mut fleet.unexpected_exits);
     stats.forced_stops = forced;
     stats.monitor_errors = monitor_errors;
-    stats.pg_restart_expected = restart.is_some();
+    stats.pg_restarts_planned = if restart.is_some() {
+        args.pg_restarts
+    } else {
+        0
+    };
     stats.elapsed = elapsed;
     stats.ending = Some(ending);
 
@@ -413,7 +457,24 @@ async fn chaos(args: &Args, db: &ChaosDb, restart: Option<RestartTarget>) -> Res
         s.errors.push("the submission did not finish".into());
         s
     });
-    let report = check::verify(&store, &services, &submitted, &stats).await;
+    // The last look before the checks (nothing is purged any more: the fleet is down).
+    observer.abort();
+    for _ in 0..20 {
+        if observed.poll(&store).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    stats.monitor_errors += observed.errors.load(Ordering::Relaxed);
+    let report = check::verify(
+        &store,
+        &services,
+        plan.as_slice(),
+        &submitted,
+        &observed.snapshot(),
+        &stats,
+    )
+    .await;
     let _ = server.shutdown().await;
     if let Some(path) = &args.report_json {
         report.write_json(path)?;

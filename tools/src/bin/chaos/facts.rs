@@ -13,6 +13,8 @@ use uuid::Uuid;
 pub(crate) struct RunFacts {
     /// Its state, `None` when the row is missing (or unreadable).
     pub(crate) state: Option<RunState>,
+    /// Its version (a migrated flow shows 2).
+    pub(crate) version: i32,
     /// Step results recorded in its history.
     pub(crate) outcomes: usize,
     /// Attempts with more than one recorded result: a fenced write that let a stale or
@@ -35,7 +37,10 @@ async fn run_facts(store: &Store, id: Uuid) -> RunFacts {
     for _ in 0..20 {
         match store.run_get(id).await {
             Ok(row) => {
-                facts.state = row.map(|r| r.state);
+                if let Some(r) = row {
+                    facts.state = Some(r.state);
+                    facts.version = r.version;
+                }
                 break;
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,

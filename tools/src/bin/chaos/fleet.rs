@@ -15,6 +15,8 @@ pub(crate) struct WorkerSpec {
     pub(crate) database_url: String,
     /// The simulated services.
     pub(crate) services_url: String,
+    /// Retention window of the engine processes, in ms (0: off).
+    pub(crate) retention_ms: u64,
     /// Where each slot's log goes (`worker-<slot>.log`, appended across restarts).
     pub(crate) log_dir: PathBuf,
 }
@@ -93,6 +95,8 @@ impl Fleet {
                 &self.spec.database_url,
                 "--services-url",
                 &self.spec.services_url,
+                "--retention-ms",
+                &self.spec.retention_ms.to_string(),
             ])
             // The worker reads nothing else from its environment.
             .env_remove("DATABASE_URL")
@@ -116,6 +120,13 @@ impl Fleet {
     /// The process id of the engine process in `slot`.
     pub(crate) fn pid(&self, slot: usize) -> Option<u32> {
         self.slots[slot].as_ref().map(|w| w.child.id())
+    }
+
+    /// The slot of the process whose instance id is `instance_id`, if it runs.
+    pub(crate) fn slot_of(&self, instance_id: &str) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|w| w.as_ref().is_some_and(|w| w.instance_id == instance_id))
     }
 
     /// SIGKILLs the process in `slot` (no shutdown hook runs) and starts a new one.

@@ -1,54 +1,85 @@
-//! Gathering what a chaos run left behind, from the database and the services' ledger, into
-//! [`Findings`]: the summary is printed from them and the invariants judged on them.
+//! Gathering what a chaos run left behind, from the database, the coordinator's record of
+//! finished runs and the services' ledger, into [`Findings`]: the summary is printed from
+//! them and the invariants judged on them.
 
 use std::collections::{BTreeMap, HashMap};
 
 use sagaflow::RunState;
 use sagaflow::internals::store::Store;
+use sagaflow::sea_orm::{ConnectionTrait, Statement};
 use sagaflow_testkit::services::{EffectRecord, LedgerReport, OrderStatus, Services};
-use sagaflow_workflows::order::Order;
 use uuid::Uuid;
 
 use super::facts::all_run_facts;
-use super::submit::Submitted;
+use super::mix::{CHILD_WORKFLOW, Kind};
+use super::observer::Seen;
+use super::stats::ChaosStats;
+use super::submit::{Planned, Submitted};
+
+/// Final states of the runs of one kind.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct KindCounts {
+    pub(crate) submitted: usize,
+    pub(crate) completed: usize,
+    pub(crate) compensated: usize,
+    pub(crate) error: usize,
+}
 
 /// Everything the checks look at, gathered once.
 #[derive(Debug, Default)]
 pub(crate) struct Findings {
-    /// Orders submitted.
-    pub(crate) orders: usize,
-    /// The state of every accepted run whose row was found, by order id.
+    /// Runs submitted (orders, pairs, flows).
+    pub(crate) runs: usize,
+    /// Final states by kind.
+    pub(crate) by_kind: BTreeMap<Kind, KindCounts>,
+    /// The state of every accepted run, by business key: its row's, or for a purged run the
+    /// final state the coordinator saw.
     pub(crate) state_of: HashMap<String, RunState>,
-    /// The run of every accepted order.
+    /// The run of every accepted business key.
     pub(crate) run_of: HashMap<String, Uuid>,
-    /// Accepted runs without a row.
+    /// Accepted runs whose row is gone after they were seen finished (retention).
+    pub(crate) purged: Vec<String>,
+    /// Accepted runs whose row is gone and that were never seen finished.
     pub(crate) missing_rows: Vec<String>,
-    /// Orders never accepted.
+    /// Runs never accepted.
     pub(crate) not_accepted: Vec<String>,
-    /// Step attempts with more than one result.
+    /// Step attempts with more than one result (runs still in the database).
     pub(crate) doubled: Vec<String>,
     /// Step results in the history.
     pub(crate) outcomes: usize,
-    /// Orders whose run completed, compensated, or is in error (sorted).
+    /// Business keys whose run completed, compensated, or is in error (sorted).
     pub(crate) completed: Vec<String>,
     pub(crate) compensated: Vec<String>,
     pub(crate) error: Vec<String>,
-    /// Runs in the database (-1 when they could not be counted).
+    /// Submitted runs in the database (-1 when they could not be counted); children apart.
     pub(crate) rows_total: i64,
-    /// History events by name.
+    /// Child runs (in the database or seen finished) and their parent run.
+    pub(crate) parent_of: HashMap<Uuid, Uuid>,
+    /// The state of each child run (its row's, else the last seen).
+    pub(crate) child_state: HashMap<Uuid, RunState>,
+    /// Child runs not finished, with their state.
+    pub(crate) children_unfinished: Vec<String>,
+    /// Flows that ended on version 2 (migrated while they ran).
+    pub(crate) migrated: usize,
+    /// Flows whose event was withheld and that compensated without being cancelled.
+    pub(crate) wait_timeouts: usize,
+    /// Runs whose planned fate the end contradicts (a refused pair or a flow without its
+    /// event completed).
+    pub(crate) fate_violations: Vec<String>,
+    /// History events by name (runs still in the database).
     pub(crate) history: Vec<(String, i64)>,
     /// The ledger's effects.
     pub(crate) records: Vec<EffectRecord>,
-    /// Keys applied twice, operations applied twice for one order, effects under a key of
-    /// another run.
+    /// Keys applied twice, operations applied twice for one business key, effects under a
+    /// key of another run.
     pub(crate) twice_keys: Vec<String>,
     pub(crate) twice_ops: Vec<String>,
     pub(crate) foreign: Vec<String>,
-    /// The ledger's check of the completed and compensated orders.
+    /// The ledger's check of the completed and compensated runs.
     pub(crate) settled_report: LedgerReport,
     /// Runs whose final state the ledger contradicts.
     pub(crate) disagreements: Vec<String>,
-    /// The ledger's check of the orders in error, and of every order.
+    /// The ledger's check of the runs in error, and of every run.
     pub(crate) error_report: LedgerReport,
     pub(crate) all_report: LedgerReport,
     /// Runs in error without an alert.
@@ -63,7 +94,7 @@ pub(crate) struct Findings {
 }
 
 impl Findings {
-    /// Completed and compensated orders.
+    /// Completed and compensated runs.
     pub(crate) fn settled(&self) -> Vec<String> {
         self.completed
             .iter()
@@ -73,41 +104,72 @@ impl Findings {
     }
 }
 
-/// Reads the runs of `submitted` and the services' ledger.
-pub(crate) async fn gather(store: &Store, services: &Services, submitted: &Submitted) -> Findings {
-    let orders = submitted.ids.len();
-    let order_ids: Vec<String> = (0..orders).map(|n| Order::sample(n).order_id).collect();
+/// Reads the runs of `plan` (accepted as `submitted`), the children, and the ledger.
+pub(crate) async fn gather(
+    store: &Store,
+    services: &Services,
+    plan: &[Planned],
+    submitted: &Submitted,
+    observed: &HashMap<Uuid, Seen>,
+    stats: &ChaosStats,
+) -> Findings {
     let mut f = Findings {
-        orders,
+        runs: plan.len(),
         ..Findings::default()
     };
-    runs(store, submitted, &order_ids, &mut f).await;
-    ledger(services, &order_ids, &mut f);
+    runs(store, plan, submitted, observed, &mut f).await;
+    children(store, observed, &mut f).await;
+    fates(plan, stats, &mut f);
+    ledger(services, plan, &mut f);
     alerts(store, &mut f).await;
     stuck(store, &mut f).await;
     f
 }
 
-/// Runs: states, lost rows, doubled results, counts.
-async fn runs(store: &Store, submitted: &Submitted, order_ids: &[String], f: &mut Findings) {
+/// Runs: states (from the row, else from what was seen before retention purged it), lost
+/// rows, doubled results, counts.
+async fn runs(
+    store: &Store,
+    plan: &[Planned],
+    submitted: &Submitted,
+    observed: &HashMap<Uuid, Seen>,
+    f: &mut Findings,
+) {
     let mut facts = all_run_facts(store, submitted.ids.iter().flatten().copied().collect()).await;
-    for (n, id) in submitted.ids.iter().enumerate() {
-        let order_id = &order_ids[n];
+    for (p, id) in plan.iter().zip(&submitted.ids) {
+        let counts = f.by_kind.entry(p.kind).or_default();
+        counts.submitted += 1;
         let Some(id) = *id else {
-            f.not_accepted.push(order_id.clone());
+            f.not_accepted.push(p.key.clone());
             continue;
         };
-        f.run_of.insert(order_id.clone(), id);
+        f.run_of.insert(p.key.clone(), id);
         let facts = facts.remove(&id).unwrap_or_default();
         f.outcomes += facts.outcomes;
         f.doubled.extend(facts.doubled);
-        match facts.state {
-            Some(state) => {
-                f.state_of.insert(order_id.clone(), state);
+        let (state, version) = match (facts.state, observed.get(&id)) {
+            (Some(state), _) => (state, facts.version),
+            (None, Some(seen)) => {
+                f.purged.push(p.key.clone());
+                (seen.state, seen.version)
             }
-            None => f
-                .missing_rows
-                .push(format!("{order_id}: run {id} has no row")),
+            (None, None) => {
+                f.missing_rows.push(format!(
+                    "{}: run {id} has no row and was never seen finished",
+                    p.key
+                ));
+                continue;
+            }
+        };
+        f.state_of.insert(p.key.clone(), state);
+        match state {
+            RunState::Completed => counts.completed += 1,
+            RunState::Compensated => counts.compensated += 1,
+            RunState::Error => counts.error += 1,
+            _ => {}
+        }
+        if p.kind == Kind::Flow && version >= 2 {
+            f.migrated += 1;
         }
     }
     let by_state = |s: RunState| -> Vec<String> {
@@ -125,15 +187,116 @@ async fn runs(store: &Store, submitted: &Submitted, order_ids: &[String], f: &mu
         by_state(RunState::Compensated),
         by_state(RunState::Error),
     );
-    f.rows_total = store
-        .run_count_by_state()
-        .await
-        .map_or(-1, |c| i64::try_from(c.total()).unwrap_or(i64::MAX));
+    f.rows_total = count(
+        store,
+        &format!("SELECT COUNT(*) AS n FROM sagaflow_runs WHERE workflow <> '{CHILD_WORKFLOW}'"),
+    )
+    .await;
     f.history = store.history_event_counts().await.unwrap_or_default();
 }
 
+/// One count, -1 when it cannot be read.
+async fn count(store: &Store, sql: &str) -> i64 {
+    let conn = store.connection();
+    conn.query_one_raw(Statement::from_string(
+        conn.get_database_backend(),
+        sql.to_owned(),
+    ))
+    .await
+    .ok()
+    .flatten()
+    .and_then(|r| r.try_get::<i64>("", "n").ok())
+    .unwrap_or(-1)
+}
+
+/// Child runs: in the database (any state) and seen finished (purged since); each child's
+/// business key is `<parent run>:<step>`.
+async fn children(store: &Store, observed: &HashMap<Uuid, Seen>, f: &mut Findings) {
+    let parent = |key: Option<&str>| {
+        key.and_then(|k| k.split(':').next())
+            .and_then(|p| p.parse::<Uuid>().ok())
+    };
+    for (id, seen) in observed.iter().filter(|(_, s)| s.is_child()) {
+        if let Some(p) = parent(seen.business_key.as_deref()) {
+            f.parent_of.insert(*id, p);
+        }
+        f.child_state.insert(*id, seen.state);
+    }
+    let conn = store.connection();
+    let rows = conn
+        .query_all_raw(Statement::from_string(
+            conn.get_database_backend(),
+            format!(
+                "SELECT id, business_key, state FROM sagaflow_runs WHERE workflow = '{CHILD_WORKFLOW}'"
+            ),
+        ))
+        .await
+        .unwrap_or_default();
+    for r in rows {
+        let (Ok(id), Ok(key), Ok(state)) = (
+            r.try_get::<Uuid>("", "id"),
+            r.try_get::<Option<String>>("", "business_key"),
+            r.try_get::<String>("", "state"),
+        ) else {
+            continue;
+        };
+        if let Some(p) = parent(key.as_deref()) {
+            f.parent_of.insert(id, p);
+        }
+        if let Ok(s) = state.parse::<RunState>() {
+            f.child_state.insert(id, s);
+        }
+        if !matches!(state.as_str(), "completed" | "compensated" | "error") {
+            f.children_unfinished
+                .push(format!("child run {id} ({key:?}) is {state}"));
+        }
+    }
+}
+
+/// Planned fates: a pair with a refused root never completes; a flow without its event
+/// never completes (its wait times out, and it compensates unless cancelled first); a child
+/// run ends as its parent (a completed flow's child completed, a compensated flow's child
+/// compensated).
+fn fates(plan: &[Planned], stats: &ChaosStats, f: &mut Findings) {
+    let key_of: HashMap<Uuid, &String> = f.run_of.iter().map(|(k, id)| (*id, k)).collect();
+    for (child, parent) in &f.parent_of {
+        let Some(key) = key_of.get(parent) else {
+            continue;
+        };
+        let (parent_state, state) = (f.state_of.get(*key), f.child_state.get(child));
+        let agrees = match parent_state {
+            Some(RunState::Completed) => state == Some(&RunState::Completed),
+            Some(RunState::Compensated) => state == Some(&RunState::Compensated),
+            _ => true,
+        };
+        if !agrees {
+            f.fate_violations.push(format!(
+                "child run {child} of {key} (run {parent}, {parent_state:?}) ended {state:?}"
+            ));
+        }
+    }
+    for p in plan.iter().filter(|p| p.doomed) {
+        let state = f.state_of.get(&p.key).copied();
+        if state == Some(RunState::Completed) {
+            let why = match p.kind {
+                Kind::Pair => "a root refused for good",
+                _ => "its event never sent",
+            };
+            f.fate_violations
+                .push(format!("{} completed with {why}", p.key));
+        }
+        let cancelled = f
+            .run_of
+            .get(&p.key)
+            .is_some_and(|id| stats.cancelled.contains(id));
+        if p.kind == Kind::Flow && state == Some(RunState::Compensated) && !cancelled {
+            f.wait_timeouts += 1;
+        }
+    }
+}
+
 /// Ledger: effects applied twice, foreign keys, agreement with the runs' states.
-fn ledger(services: &Services, order_ids: &[String], f: &mut Findings) {
+fn ledger(services: &Services, plan: &[Planned], f: &mut Findings) {
     let ledger = services.ledger();
     f.records = ledger.records();
     let mut per_key: BTreeMap<&str, usize> = BTreeMap::new();
@@ -143,13 +306,15 @@ fn ledger(services: &Services, order_ids: &[String], f: &mut Findings) {
         *per_order_op
             .entry((r.order_id.as_str(), r.operation.to_string()))
             .or_default() += 1;
-        // (An order never accepted fails the "no lost runs" check already.)
-        let run = r.key.split(':').next().unwrap_or("");
+        // (A run never accepted fails the "no lost runs" check already.) The key's run is
+        // the business key's own run, or a child of it.
+        let run = r.key.split(':').next().and_then(|k| k.parse::<Uuid>().ok());
         if let Some(own) = f.run_of.get(&r.order_id)
-            && own.to_string() != run
+            && run != Some(*own)
+            && run.and_then(|c| f.parent_of.get(&c)) != Some(own)
         {
             f.foreign.push(format!(
-                "{} of {} under key {:?}, not a key of the order's run",
+                "{} of {} under key {:?}, not a key of its run or of a child of it",
                 r.operation, r.order_id, r.key
             ));
         }
@@ -180,7 +345,8 @@ fn ledger(services: &Services, order_ids: &[String], f: &mut Findings) {
         }
     }
     f.error_report = ledger.check_orders(&f.error);
-    f.all_report = ledger.check_orders(order_ids);
+    let keys: Vec<String> = plan.iter().map(|p| p.key.clone()).collect();
+    f.all_report = ledger.check_orders(&keys);
 }
 
 /// Alerts of runs in error.
@@ -217,7 +383,8 @@ async fn alerts(store: &Store, f: &mut Findings) {
     }
 }
 
-/// Runs left behind (on timeout): a few with their steps, for the report.
+/// Runs left behind (on timeout): a few with their steps, for the report; then the
+/// unfinished children.
 async fn stuck(store: &Store, f: &mut Findings) {
     let mut stuck = Vec::new();
     for (o, st) in &f.state_of {
@@ -251,5 +418,7 @@ async fn stuck(store: &Store, f: &mut Findings) {
             .skip(3)
             .map(|(o, id, st)| format!("{o} run {id} {st}")),
     );
-    f.stuck = stuck.len();
+    f.stuck_details
+        .extend(f.children_unfinished.iter().cloned());
+    f.stuck = stuck.len() + f.children_unfinished.len();
 }

@@ -2,12 +2,17 @@
 //! the engine worker process, the coordinator's run loop with its submission and rescue
 //! watchers, and the final checks.
 
+pub(crate) mod cancels;
 pub(crate) mod check;
 pub(crate) mod cli;
+pub(crate) mod client;
 pub(crate) mod coordinator;
+pub(crate) mod events;
 pub(crate) mod facts;
 pub(crate) mod fleet;
 pub(crate) mod gather;
+pub(crate) mod mix;
+pub(crate) mod observer;
 pub(crate) mod postgres;
 pub(crate) mod rescue;
 pub(crate) mod stage;

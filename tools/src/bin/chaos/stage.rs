@@ -53,8 +53,8 @@ pub(crate) async fn postgres(args: &Args) -> Result<(String, Option<PgCluster>),
 
 /// How to restart the server mid-run, if the run restarts it (prints why not, otherwise).
 pub(crate) fn restart_target(args: &Args, own: Option<&PgCluster>) -> Option<RestartTarget> {
-    if args.no_pg_restart {
-        println!("  postgres restart: off (--no-pg-restart)");
+    if args.no_pg_restart || args.pg_restarts == 0 {
+        println!("  postgres restart: off (--no-pg-restart or --pg-restarts 0)");
         None
     } else if let Some(c) = own {
         Some(RestartTarget {

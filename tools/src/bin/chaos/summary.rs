@@ -27,25 +27,55 @@ pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
     let secs = stats.elapsed.as_secs_f64();
     println!("\nresults ({secs:.1} s)");
     println!(
-        "  runs        completed {} · compensated {} · error {} · not terminal {} · {:.0} runs/s",
+        "  runs        completed {} · compensated {} · error {} · not terminal {} · {:.0} runs/s (all kinds)",
         f.completed.len(),
         f.compensated.len(),
         f.error.len(),
         f.stuck,
         (f.completed.len() + f.compensated.len() + f.error.len()) as f64 / secs.max(0.001)
     );
-    let pg = match (&stats.pg_restart, stats.pg_restart_expected) {
-        (Some(r), _) => match &r.result {
+    let restarts: Vec<String> = stats
+        .pg_restarts
+        .iter()
+        .map(|r| match &r.result {
             Ok(took) => format!(
-                "postgres restarted at {:.0} s (back in {:.1} s)",
+                "at {:.0} s (back in {:.1} s)",
                 r.at.as_secs_f64(),
                 took.as_secs_f64()
             ),
-            Err(_) => "postgres restart failed".to_owned(),
-        },
-        (None, true) => "postgres restart did not happen".to_owned(),
-        (None, false) => "no postgres restart".to_owned(),
+            Err(_) => format!("at {:.0} s FAILED", r.at.as_secs_f64()),
+        })
+        .collect();
+    let pg = match (restarts.is_empty(), stats.pg_restarts_planned) {
+        (true, 0) => "no postgres restart".to_owned(),
+        (true, _) => "postgres restart did not happen".to_owned(),
+        (false, _) => format!(
+            "postgres restarted {}/{}: {}",
+            restarts.len(),
+            stats.pg_restarts_planned,
+            restarts.join(", ")
+        ),
     };
+    for (kind, c) in &f.by_kind {
+        println!(
+            "  {:<11} {} submitted · completed {} · compensated {} · error {}",
+            format!("{kind:?}").to_lowercase() + "s",
+            c.submitted,
+            c.completed,
+            c.compensated,
+            c.error
+        );
+    }
+    println!(
+        "  mix         {} child runs · {} flows migrated v1→v2 · events {} sent, {} refused (run finished), {} failed · {} flows timed out waiting · {} runs purged by retention",
+        f.parent_of.len(),
+        f.migrated,
+        stats.events_sent,
+        stats.events_refused,
+        stats.events_failed,
+        f.wait_timeouts,
+        f.purged.len()
+    );
     println!(
         "  chaos       kills {} · restarts {} · {pg} · failed progress polls {}",
         stats.kills, stats.restarts, stats.monitor_errors
@@ -73,8 +103,14 @@ pub(crate) fn print(f: &Findings, services: &Services, stats: &ChaosStats) {
         stats.idle_kills
     );
     println!(
-        "  chaos       {} SIGKILLs · {} SIGSTOPs of 1-3 s (late heartbeats) · {} runs cancelled by an operator",
-        stats.kills, stats.pauses, stats.cancels
+        "  chaos       {} SIGKILLs · {} SIGSTOPs of 1-3 s (late heartbeats) · {} SIGSTOPs of the leader · {} runs cancelled by an operator · {} bulk cancels ({} runs cancelled, {} refused)",
+        stats.kills,
+        stats.pauses,
+        stats.leader_pauses,
+        stats.cancels,
+        stats.bulk_cancels,
+        stats.bulk_cancelled,
+        stats.bulk_refused
     );
     let hist_line: Vec<String> = f.history.iter().map(|(e, n)| format!("{e} {n}")).collect();
     println!("  history     {}", hist_line.join(" · "));

@@ -12,6 +12,7 @@ use sagaflow_workflows::order::{OrderApis, OrderSettings, order_saga};
 use tracing_subscriber::EnvFilter;
 
 use super::cli::Args;
+use super::mix;
 
 /// Deadline of a step's first attempt (the supervisor doubles it after each timeout).
 pub(crate) const DEADLINE: Duration = Duration::from_secs(3);
@@ -24,6 +25,9 @@ pub(crate) const LEASE_TTL: Duration = Duration::from_secs(2);
 pub(crate) const LEASE_RENEW: Duration = Duration::from_millis(500);
 /// Supervisor sweep period.
 pub(crate) const SWEEP: Duration = Duration::from_millis(200);
+/// The supervisor leader's timer pass: timers fire, event waits time out and the automatic
+/// migration runs at most this late.
+pub(crate) const TIMER_PASS: Duration = Duration::from_millis(250);
 /// How long a worker keeps trying to start its engine (PostgreSQL may be restarting).
 const START_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -67,6 +71,9 @@ pub(crate) async fn worker_main(args: &Args) -> u8 {
     });
 
     let http = HttpServices::new(services);
+    let apis = mix::Apis::from(&http);
+    // Retention is off with 0 (as `None`).
+    let retention = (args.retention_ms > 0).then(|| Duration::from_millis(args.retention_ms));
     let started = Instant::now();
     let engine = loop {
         let wf = match order_saga(OrderApis::from(&http), order_settings()) {
@@ -76,15 +83,28 @@ pub(crate) async fn worker_main(args: &Args) -> u8 {
                 return 2;
             }
         };
-        let attempt = Engine::builder()
+        let mixed = match mix::workflows(&apis, &[1, 2]) {
+            Ok(wfs) => wfs,
+            Err(e) => {
+                eprintln!("worker {id}: mixed workload: {e}");
+                return 2;
+            }
+        };
+        let mut builder = Engine::builder()
             .with_database_url(db.clone())
             .with_instance_id(id.clone())
-            .with_workflow(wf)
+            .with_workflow(wf);
+        for wf in mixed {
+            builder = builder.with_workflow(wf);
+        }
+        let attempt = builder
+            .with_migration(mix::flow_migration())
+            .with_timer_interval(TIMER_PASS)
             .with_poll_interval(Duration::from_millis(100))
             .with_error_pause(Duration::from_millis(250))
             .with_sweep_interval(SWEEP)
             .with_lease(LEASE_TTL, LEASE_RENEW)
-            .with_retention(None)
+            .with_retention(retention)
             .start()
             .await;
         match attempt {

@@ -1,0 +1,86 @@
+//! Operators' cancels: one run at a time, and bulk cancels of a batch of runs at once. Both
+//! pick runs before their pivot (a cancel past the pivot `ship` would leave its effect
+//! standing: see the closing notes of docs/reliability.md): an order that has not reserved
+//! stock yet, a pair whose roots have not both completed, a flow that has not been approved.
+//!
+//! The engine's bulk action is an HTTP route (`POST /api/v1/runs/actions/cancel` with
+//! filters), which takes the same operator action on each run of a page; the coordinator
+//! has no API server, so a bulk cancel here is that action on a batch picked in one query,
+//! taken on every run of it concurrently.
+
+use sagaflow::internals::operator::{self, Audit};
+use sagaflow::internals::store::Store;
+use sagaflow::sea_orm::{ConnectionTrait, Statement};
+use uuid::Uuid;
+
+use super::mix::{FLOW_WORKFLOW, PAIR_WORKFLOW};
+
+/// Runs before their pivot, at most `n`, picked at random.
+async fn pick(store: &Store, n: u32, orders_only: bool) -> Vec<Uuid> {
+    let conn = store.connection();
+    let kinds = if orders_only {
+        "(r.workflow = 'order' AND s.name = 'reserve_stock')".to_owned()
+    } else {
+        format!(
+            "((r.workflow = 'order' AND s.name = 'reserve_stock') \
+              OR (r.workflow = '{PAIR_WORKFLOW}' AND s.name IN ('reserve', 'charge')) \
+              OR (r.workflow = '{FLOW_WORKFLOW}' AND s.name = 'approval'))"
+        )
+    };
+    let sql = format!(
+        "SELECT DISTINCT s.run_id AS run_id, random() AS r FROM sagaflow_steps s \
+         JOIN sagaflow_runs r ON r.id = s.run_id \
+         WHERE r.state IN ('pending', 'running') \
+         AND s.state IN ('not_started', 'ready', 'running', 'waiting') AND {kinds} \
+         ORDER BY r LIMIT {n}"
+    );
+    let Ok(rows) = conn
+        .query_all_raw(Statement::from_string(conn.get_database_backend(), sql))
+        .await
+    else {
+        return Vec::new();
+    };
+    rows.iter()
+        .filter_map(|r| r.try_get::<Uuid>("", "run_id").ok())
+        .collect()
+}
+
+/// An operator cancels one order that has not reserved stock yet; its id when cancelled.
+pub(crate) async fn cancel_one(store: Store) -> Option<Uuid> {
+    let id = *pick(&store, 1, true).await.first()?;
+    let audit = Audit::new("chaos", "the customer cancelled");
+    operator::cancel(&store, id, &audit).await.ok().map(|_| id)
+}
+
+/// An operator cancels up to `n` runs of every kind at once: the ids cancelled, and how many
+/// the engine refused (a run that moved on meanwhile).
+pub(crate) async fn cancel_batch(store: Store, n: u32) -> (Vec<Uuid>, u64) {
+    let ids = pick(&store, n, false).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in ids {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let audit = Audit::new("chaos", "bulk cancel");
+            operator::cancel(&store, id, &audit).await.ok().map(|_| id)
+        });
+    }
+    let (mut done, mut refused) = (Vec::new(), 0);
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Some(id)) => done.push(id),
+            _ => refused += 1,
+        }
+    }
+    (done, refused)
+}
+
+/// The instance id of the current supervisor leader, read from its lease row.
+pub(crate) async fn leader(store: &Store) -> Option<String> {
+    let name = sagaflow::internals::SupervisorConfig::new("chaos").lease_name;
+    store
+        .leader_current(&name)
+        .await
+        .ok()
+        .flatten()
+        .map(|f| f.holder)
+}
