@@ -5,7 +5,7 @@
 pub mod database;
 mod error;
 pub mod order;
-mod remote_step;
+pub mod remote_step;
 pub mod travel;
 
 pub use error::Error;

@@ -28,10 +28,7 @@ pub(crate) fn step_error(e: ServiceError) -> StepError {
 ///
 /// # Errors
 /// The replay's failure, as a step outcome ([`step_error`]).
-pub(crate) async fn forward_output<T, F, Fut>(
-    ctx: &StepContext,
-    replay: F,
-) -> Result<Option<T>, StepError>
+pub async fn forward_output<T, F, Fut>(ctx: &StepContext, replay: F) -> Result<Option<T>, StepError>
 where
     T: DeserializeOwned,
     F: FnOnce(String) -> Fut,

@@ -393,6 +393,11 @@ fn finished_notice(before: &RunRow, write: &PlanWrite, state: RunState) -> RunFi
         business_key: before.business_key.clone(),
         state,
         output: json(write.run_output.as_ref().or(before.output.as_ref())),
-        error: json(write.run_error.as_ref().or(before.error.as_ref())),
+        // A cleared error (a resume, a cancel that came too late) is not the run's any more.
+        error: json(match (&write.run_error, write.clear_error) {
+            (Some(e), _) => Some(e),
+            (None, true) => None,
+            (None, false) => before.error.as_ref(),
+        }),
     }
 }

@@ -32,7 +32,7 @@ use sagaflow_testkit::services::{
     Charge, ChargeRequest, HttpServices, InventoryApi, PaymentsApi, RefundRequest, ReleaseRequest,
     Reservation, ReserveRequest, ServiceError, ShipRequest, ShippingApi,
 };
-use serde::de::DeserializeOwned;
+use sagaflow_workflows::remote_step::forward_output;
 use serde::{Deserialize, Serialize};
 
 use super::worker;
@@ -170,24 +170,6 @@ impl From<&HttpServices> for Apis {
             payments: s.payments(),
             shipping: s.shipping(),
         }
-    }
-}
-
-/// In a compensation: the forward step's output, or what a replay under the forward key
-/// says it applied; `None` when it applied nothing (as in the workflows crate).
-async fn forward_output<T, F, Fut>(ctx: &StepContext, replay: F) -> Result<Option<T>, StepError>
-where
-    T: DeserializeOwned,
-    F: FnOnce(String) -> Fut,
-    Fut: Future<Output = Result<T, ServiceError>>,
-{
-    if let Ok(output) = ctx.output() {
-        return Ok(Some(output));
-    }
-    match replay(ctx.forward_idempotency_key().to_owned()).await {
-        Ok(output) => Ok(Some(output)),
-        Err(e) if !e.may_have_applied() && !e.is_retryable() => Ok(None),
-        Err(e) => Err(e.into()),
     }
 }
 
