@@ -27,7 +27,7 @@ pub(crate) fn step_error(e: ServiceError) -> StepError {
 /// the compensation, to be retried.
 ///
 /// # Errors
-/// The replay's failure, as a step outcome ([`step_error`]).
+/// The replay's failure, as a step outcome.
 pub async fn forward_output<T, F, Fut>(ctx: &StepContext, replay: F) -> Result<Option<T>, StepError>
 where
     T: DeserializeOwned,
