@@ -40,6 +40,15 @@
 //!
 //! Request bodies and headers are never logged or stored; default headers (an
 //! `Authorization` token) are marked sensitive and left out of `Debug`.
+//!
+//! # Paths built from values
+//!
+//! A path is appended to the base URL as written. A value that came from elsewhere (an id
+//! a remote returned, a customer's reference) goes in through [`segment`] or [`path`],
+//! which percent-encode it: `../admin` or `x?all=1` stays one segment of the path and
+//! cannot reach another endpoint of the host with the agent's credentials. As a second
+//! line, a `.` or `..` segment left in a path is sent encoded twice (the remote sees the
+//! name `%2E%2E`, which no route has), never resolved.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -65,6 +74,79 @@ pub const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
 /// Longest `reason` taken from an error response's body.
 const REASON_MAX_CHARS: usize = 200;
 
+/// What [`segment`] encodes: everything but RFC 3986's unreserved characters
+/// (`A-Z a-z 0-9 - . _ ~`).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `value` as one path segment: percent-encoded, so that `/`, `?`, `#` and `%` in it stay
+/// inside the segment, and `.` or `..` is not a dot segment.
+///
+/// ```
+/// use sagaflow::http::segment;
+/// assert_eq!(segment("ch_42"), "ch_42");
+/// assert_eq!(segment("../admin?x=1"), "..%2Fadmin%3Fx%3D1");
+/// assert_eq!(segment(".."), "%2E%2E");
+/// ```
+pub fn segment(value: &str) -> String {
+    match value {
+        "." => "%2E".to_owned(),
+        ".." => "%2E%2E".to_owned(),
+        v => percent_encoding::utf8_percent_encode(v, SEGMENT).to_string(),
+    }
+}
+
+/// A path from its segments, each encoded by [`segment`] and joined with `/`.
+///
+/// ```
+/// use sagaflow::http::path;
+/// let charge = "../refunds"; // an id a remote returned
+/// assert_eq!(path(["charges", charge]), "/charges/..%2Frefunds");
+/// ```
+pub fn path<I, S>(segments: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    segments.into_iter().fold(String::new(), |mut out, s| {
+        out.push('/');
+        out.push_str(&segment(s.as_ref()));
+        out
+    })
+}
+
+/// `path` with each `.` or `..` segment (before the query) encoded, so that the URL parser
+/// does not resolve it to another endpoint.
+fn no_dot_segments(path: &str) -> std::borrow::Cow<'_, str> {
+    let (p, rest) = match path.find(['?', '#']) {
+        Some(i) => path.split_at(i),
+        None => (path, ""),
+    };
+    let is_dot = |s: &str| {
+        let lower = s.to_ascii_lowercase().replace("%2e", ".");
+        lower == "." || lower == ".."
+    };
+    if !p.split('/').any(is_dot) {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let segments: Vec<String> = p
+        .split('/')
+        // The URL parser resolves `%2e` like `.`: a dot is encoded twice (`%252E`), so the
+        // remote sees `%2E`, a name, and the parser no dot segment.
+        .map(|s| {
+            if is_dot(s) {
+                s.replace('%', "%25").replace('.', "%252E")
+            } else {
+                s.to_owned()
+            }
+        })
+        .collect();
+    std::borrow::Cow::Owned(segments.join("/") + rest)
+}
+
 /// A client of one remote JSON API, for use inside steps (see the [module](self)).
 ///
 /// Cheap to clone: clones share one connection pool.
@@ -72,7 +154,7 @@ const REASON_MAX_CHARS: usize = 200;
 /// # Examples
 ///
 /// ```no_run
-/// use sagaflow::http::HttpAgent;
+/// use sagaflow::http::{HttpAgent, path};
 /// use sagaflow::prelude::*;
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
@@ -89,8 +171,9 @@ const REASON_MAX_CHARS: usize = 200;
 ///         Ok(charge.id)
 ///     })
 ///     .compensate_using(payments, |pay, ctx| async move {
+///         // An id the remote returned goes in encoded: it cannot reach another endpoint.
 ///         let charge: String = ctx.output()?;
-///         pay.delete::<serde_json::Value>(&ctx, &format!("/charges/{charge}")).await?;
+///         pay.delete::<serde_json::Value>(&ctx, &path(["charges", &charge])).await?;
 ///         Ok(())
 ///     })
 ///     .build()?;
@@ -311,8 +394,15 @@ impl HttpAgent {
     /// A request for `path` (appended to the base URL), to finish and pass to
     /// [`HttpAgent::send`] or [`HttpAgent::send_raw`]: for methods and options the shortcuts
     /// do not cover.
+    ///
+    /// Build a path that holds values with [`path`] or [`segment`]; a `.` or `..` segment of
+    /// `path` is sent encoded twice, never resolved (see the [module](self)).
     pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let url = format!("{}/{}", self.base, path.trim_start_matches('/'));
+        let url = format!(
+            "{}/{}",
+            self.base,
+            no_dot_segments(path.trim_start_matches('/'))
+        );
         self.client.request(method, url)
     }
 

@@ -47,7 +47,7 @@ pub struct WebhookSink {
 
 impl fmt::Debug for WebhookSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the secret; the URL without credentials or query (it may hold a token).
+        // Never the secret; the URL as `redacted` shows it (its path may hold a token).
         f.debug_struct("WebhookSink")
             .field("name", &self.name)
             .field("url", &redacted(&self.url))
@@ -56,13 +56,17 @@ impl fmt::Debug for WebhookSink {
     }
 }
 
+/// The URL as logs, errors and alerts show it: scheme, host and port only. Userinfo and the
+/// query may hold credentials, and so may the path: Slack, Discord and Microsoft Teams
+/// webhooks carry their secret in it (`/services/T…/B…/<secret>`). A path is shown as `/…`.
 fn redacted(url: &reqwest::Url) -> String {
+    let path = if url.path().len() > 1 { "/…" } else { "" };
     format!(
-        "{}://{}{}",
+        "{}://{}{}{path}",
         url.scheme(),
         url.host_str().unwrap_or(""),
         url.port().map(|p| format!(":{p}")).unwrap_or_default()
-    ) + url.path()
+    )
 }
 
 impl WebhookSink {
@@ -104,6 +108,9 @@ impl WebhookSink {
         let policy = DeliveryPolicy::default();
         let client = reqwest::Client::builder()
             .timeout(policy.timeout)
+            // A redirect is not followed: the signed notice would go to wherever the answer
+            // points. It is a refusal (the notice is dead-lettered); fix the URL instead.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("sagaflow/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Error::Config(format!("webhook sink `{name}`: {e}")))?;
@@ -248,8 +255,15 @@ impl AlertSink for WebhookSink {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let message = format!("{} answered {status}", redacted(&self.url));
         let code = status.as_u16();
+        let message = if status.is_redirection() {
+            format!(
+                "{} answered {status}: redirects are not followed (a signed notice goes only to the configured URL); configure the URL it redirects to",
+                redacted(&self.url)
+            )
+        } else {
+            format!("{} answered {status}", redacted(&self.url))
+        };
         if status.is_server_error() || matches!(code, 408 | 425 | 429) {
             let e = DeliveryError::transient(message);
             return Err(match retry_after {
@@ -309,7 +323,7 @@ mod tests {
         assert!(scheme.to_string().contains("scheme"), "{scheme}");
         let sink = WebhookSink::new(
             "ops",
-            "http://u:pw@127.0.0.1:9/hook?token=t",
+            "http://u:pw@127.0.0.1:9/services/T01/B02/pathsecret?token=t",
             "0123456789abcdef",
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -317,8 +331,10 @@ mod tests {
         assert!(
             !shown.contains("pw")
                 && !shown.contains("token")
+                && !shown.contains("pathsecret")
                 && !shown.contains("0123456789abcdef"),
             "{shown}"
         );
+        assert!(shown.contains("http://127.0.0.1:9/…"), "{shown}");
     }
 }

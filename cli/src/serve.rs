@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use sagaflow::admin::{ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, AdminConfig, TOKEN_SECRET_MIN_CHARS};
+use sagaflow::admin::{ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, AdminConfig};
 use sagaflow::{Engine, redact_url};
 
 use crate::exit::USAGE;
@@ -45,19 +45,8 @@ fn tokens(args: &ServeArgs) -> Result<AdminConfig, String> {
         .filter(|p| !p.as_os_str().is_empty())
     {
         Some(file) => AdminConfig::from_token_file(file).map_err(|e| e.to_string())?,
-        None => {
-            // The same floor as a token file's secrets.
-            let chars = std::env::var(ADMIN_TOKEN_ENV)
-                .map(|t| t.trim().chars().count())
-                .unwrap_or(0);
-            if chars > 0 && chars < TOKEN_SECRET_MIN_CHARS {
-                return Err(format!(
-                    "{ADMIN_TOKEN_ENV} has {chars} characters, fewer than the \
-                     {TOKEN_SECRET_MIN_CHARS} required"
-                ));
-            }
-            AdminConfig::from_env()
-        }
+        // The same floor as a token file's secrets (`AdminToken::new` refuses shorter ones).
+        None => AdminConfig::from_env().map_err(|e| e.to_string())?,
     };
     if config.has_tokens() {
         Ok(config)

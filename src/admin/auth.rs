@@ -8,6 +8,7 @@ use subtle::ConstantTimeEq;
 
 use super::AdminState;
 use super::routes::ApiError;
+use super::token_file::TOKEN_SECRET_MIN_CHARS;
 
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -35,14 +36,42 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
+/// A token refused by [`AdminToken::new`]. It never holds the secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "admin token `{name}`: the secret has {chars} characters, fewer than the \
+     {TOKEN_SECRET_MIN_CHARS} required (a short secret is guessed)"
+)]
+pub struct WeakToken {
+    /// The token's name.
+    pub name: String,
+    /// How many characters its secret has (surrounding whitespace not counted).
+    pub chars: usize,
+}
+
 impl AdminToken {
     /// A token: `name` says who it is in history and logs, `secret` is what the caller sends.
-    pub fn new(name: impl Into<String>, secret: impl Into<String>, role: Role) -> Self {
-        Self {
-            name: name.into(),
-            secret: secret.into(),
-            role,
+    ///
+    /// # Errors
+    /// [`WeakToken`] for a secret shorter than [`TOKEN_SECRET_MIN_CHARS`] characters
+    /// (whitespace around it is not counted, and not part of it).
+    pub fn new(
+        name: impl Into<String>,
+        secret: impl Into<String>,
+        role: Role,
+    ) -> Result<Self, WeakToken> {
+        let name = name.into();
+        let secret: String = secret.into();
+        let secret = secret.trim();
+        let chars = secret.chars().count();
+        if chars < TOKEN_SECRET_MIN_CHARS {
+            return Err(WeakToken { name, chars });
         }
+        Ok(Self {
+            name,
+            secret: secret.to_owned(),
+            role,
+        })
     }
 
     /// The token's name.
@@ -120,30 +149,34 @@ pub(crate) async fn require_token(
 
 #[cfg(test)]
 mod tests {
-    use super::{AdminToken, Role, authenticate};
+    use super::{AdminToken, Role, WeakToken, authenticate};
+
+    fn token(name: &str, secret: &str, role: Role) -> AdminToken {
+        AdminToken::new(name, secret, role).unwrap_or_else(|e| panic!("{e}"))
+    }
 
     #[test]
     fn only_a_configured_secret_with_the_bearer_scheme_authenticates() {
         let tokens = [
-            AdminToken::new("ops", "s3cret-ops", Role::Operator),
-            AdminToken::new("viewer", "s3cret-view", Role::ReadOnly),
+            token("ops", "s3cret-ops-0123456", Role::Operator),
+            token("viewer", "s3cret-view-012345", Role::ReadOnly),
         ];
         let who = |h: Option<&str>| authenticate(&tokens, h).map(|c| (c.name, c.role));
         assert_eq!(
-            who(Some("Bearer s3cret-ops")),
+            who(Some("Bearer s3cret-ops-0123456")),
             Some(("ops".into(), Role::Operator))
         );
         assert_eq!(
-            who(Some("Bearer s3cret-view")),
+            who(Some("Bearer s3cret-view-012345")),
             Some(("viewer".into(), Role::ReadOnly))
         );
         for bad in [
             None,
             Some(""),
-            Some("s3cret-ops"),
-            Some("Basic s3cret-ops"),
-            Some("Bearer s3cret-op"),
-            Some("Bearer s3cret-opsx"),
+            Some("s3cret-ops-0123456"),
+            Some("Basic s3cret-ops-0123456"),
+            Some("Bearer s3cret-ops-012345"),
+            Some("Bearer s3cret-ops-0123456x"),
             Some("Bearer "),
         ] {
             assert_eq!(who(bad), None, "{bad:?}");
@@ -156,7 +189,24 @@ mod tests {
 
     #[test]
     fn a_token_never_shows_its_secret() {
-        let t = AdminToken::new("ops", "s3cret-ops", Role::Operator);
+        let t = token("ops", "s3cret-ops-0123456", Role::Operator);
         assert!(!format!("{t:?}").contains("s3cret"), "{t:?}");
+    }
+
+    #[test]
+    fn a_short_secret_is_refused_without_being_shown() {
+        for (secret, chars) in [("x", 1), ("", 0), ("  fifteen-chars!!  ", 15)] {
+            let e = AdminToken::new("ops", secret, Role::Operator).expect_err("weak");
+            assert_eq!(
+                e,
+                WeakToken {
+                    name: "ops".into(),
+                    chars
+                }
+            );
+            assert!(e.to_string().contains("16 required"), "{e}");
+            assert!(secret.trim().is_empty() || !e.to_string().contains(secret.trim()));
+        }
+        assert!(AdminToken::new("ops", " sixteen-chars-ok ", Role::Operator).is_ok());
     }
 }

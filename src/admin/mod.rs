@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 use axum::Router;
 
-pub use auth::{AdminToken, Role};
+pub use auth::{AdminToken, Role, WeakToken};
 pub use events::EVENTS_POLL;
 #[cfg(feature = "internals")]
 pub(crate) use routes::API_ROUTES;
@@ -102,14 +102,24 @@ impl AdminConfig {
     }
 
     /// One operator token named `admin` from [`ADMIN_TOKEN_ENV`], if it is set and not empty.
-    pub fn from_env() -> Self {
+    ///
+    /// # Errors
+    /// [`TokenFileError::WeakEnvToken`] when the variable holds a secret shorter than
+    /// [`TOKEN_SECRET_MIN_CHARS`] characters.
+    pub fn from_env() -> Result<Self, TokenFileError> {
         let mut config = Self::new();
         if let Ok(secret) = std::env::var(ADMIN_TOKEN_ENV)
             && !secret.trim().is_empty()
         {
-            config = config.with_token(AdminToken::new("admin", secret.trim(), Role::Operator));
+            let token = AdminToken::new("admin", secret, Role::Operator).map_err(|e| {
+                TokenFileError::WeakEnvToken {
+                    var: ADMIN_TOKEN_ENV,
+                    chars: e.chars,
+                }
+            })?;
+            config = config.with_token(token);
         }
-        config
+        Ok(config)
     }
 
     /// Adds a token.
@@ -146,7 +156,8 @@ impl Engine {
     /// ```no_run
     /// # async fn demo(engine: sagaflow::Engine) -> std::io::Result<()> {
     /// use sagaflow::admin::AdminConfig;
-    /// let app = engine.admin_router(AdminConfig::from_env());
+    /// let config = AdminConfig::from_env().expect("a token of 16 characters or more");
+    /// let app = engine.admin_router(config);
     /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
     /// axum::serve(listener, app).await
     /// # }

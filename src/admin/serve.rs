@@ -99,7 +99,9 @@ mod tests {
     #[test]
     fn only_loopback_goes_without_a_token() {
         let none = AdminConfig::new();
-        let some = AdminConfig::new().with_token(AdminToken::new("ops", "s", Role::Operator));
+        let some = AdminConfig::new().with_token(
+            AdminToken::new("ops", "a-long-enough-secret", Role::Operator).expect("token"),
+        );
         for ok in ["127.0.0.1:8080", "[::1]:8080"] {
             assert!(
                 check_address(ok.parse().expect("addr"), &none).is_ok(),

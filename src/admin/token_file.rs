@@ -19,7 +19,8 @@ use super::{AdminConfig, AdminToken, Role};
 /// Environment variable naming the token file read by [`AdminConfig::from_env_or_file`].
 pub const ADMIN_TOKEN_FILE_ENV: &str = "SAGAFLOW_ADMIN_TOKEN_FILE";
 
-/// The shortest secret a token file may hold, in characters.
+/// The shortest secret a token may have, in characters (in a token file, in
+/// [`ADMIN_TOKEN_ENV`](super::ADMIN_TOKEN_ENV), through [`AdminToken::new`]).
 pub const TOKEN_SECRET_MIN_CHARS: usize = 16;
 
 /// Why a token file was refused. No variant holds a secret.
@@ -104,6 +105,26 @@ pub enum TokenFileError {
         /// Its line.
         first: usize,
     },
+    /// The environment variable holds a secret shorter than [`TOKEN_SECRET_MIN_CHARS`].
+    #[error("{var} has {chars} characters, fewer than the {TOKEN_SECRET_MIN_CHARS} required")]
+    WeakEnvToken {
+        /// The variable.
+        var: &'static str,
+        /// How many characters it has.
+        chars: usize,
+    },
+    /// Other users than the owner may write the file: anyone of them could add a token.
+    #[error(
+        "the token file {} may be written by other users than its owner (mode {mode:o}): \
+         `chmod 600` it",
+        path.display()
+    )]
+    Writable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// A secret shorter than [`TOKEN_SECRET_MIN_CHARS`].
     #[error(
         "{}:{line}: the secret of token `{name}` has {chars} characters, fewer than the \
@@ -184,7 +205,14 @@ fn parse(path: &Path, text: &str) -> Result<Vec<AdminToken>, TokenFileError> {
             });
         }
         seen.push((name.to_owned(), line, secret.to_owned()));
-        tokens.push(AdminToken::new(name, secret, role));
+        tokens.push(AdminToken::new(name, secret, role).map_err(|e| {
+            TokenFileError::ShortSecret {
+                path: path(),
+                line,
+                name: name.to_owned(),
+                chars: e.chars,
+            }
+        })?);
     }
     if tokens.is_empty() {
         return Err(TokenFileError::Empty { path: path() });
@@ -192,25 +220,34 @@ fn parse(path: &Path, text: &str) -> Result<Vec<AdminToken>, TokenFileError> {
     Ok(tokens)
 }
 
-/// Warns when other users than the owner may read the file.
+/// Refuses a file that other users than the owner may write (they could add a token of
+/// their own); warns when they may read it.
 #[cfg(unix)]
-fn warn_if_shared(path: &Path) {
+fn check_shared(path: &Path) -> Result<(), TokenFileError> {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(meta) = std::fs::metadata(path) {
         let mode = meta.permissions().mode();
+        if mode & 0o022 != 0 {
+            return Err(TokenFileError::Writable {
+                path: path.to_owned(),
+                mode: mode & 0o777,
+            });
+        }
         if mode & 0o077 != 0 {
             tracing::warn!(
                 file = %path.display(),
                 mode = format!("{:o}", mode & 0o777),
-                "the token file is readable or writable by other users than its owner: \
-                 `chmod 600` it"
+                "the token file is readable by other users than its owner: `chmod 600` it"
             );
         }
     }
+    Ok(())
 }
 
 #[cfg(not(unix))]
-fn warn_if_shared(_path: &Path) {}
+fn check_shared(_path: &Path) -> Result<(), TokenFileError> {
+    Ok(())
+}
 
 impl AdminConfig {
     /// The tokens of a token file, with the default body limit. The file holds one token per
@@ -225,7 +262,8 @@ impl AdminConfig {
     /// dashboards   read-only   4e7a1c9b3f6d2e8a0c5b7f1d9e3a6c2b
     /// ```
     ///
-    /// On unix, a file that other users than its owner may read is loaded with a warning.
+    /// On unix, a file that other users than its owner may write is refused
+    /// ([`TokenFileError::Writable`]); one they may only read is loaded with a warning.
     ///
     /// # Errors
     /// [`TokenFileError`], naming the file and the line, never a secret.
@@ -235,8 +273,8 @@ impl AdminConfig {
             path: path.to_owned(),
             source,
         })?;
+        check_shared(path)?;
         let tokens = parse(path, &text)?;
-        warn_if_shared(path);
         Ok(tokens
             .into_iter()
             .fold(Self::new(), |config, t| config.with_token(t)))
@@ -251,7 +289,7 @@ impl AdminConfig {
     pub fn from_env_or_file() -> Result<Self, TokenFileError> {
         match std::env::var_os(ADMIN_TOKEN_FILE_ENV) {
             Some(file) if !file.is_empty() => Self::from_token_file(file),
-            _ => Ok(Self::from_env()),
+            _ => Self::from_env(),
         }
     }
 
@@ -358,5 +396,30 @@ mod tests {
         assert!(config.has_tokens());
         assert_eq!(config.tokens()[0].name(), "ops");
         assert!(!format!("{config:?}").contains(A));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, format!("ops operator {A}\n")).expect("write");
+        for mode in [0o666, 0o620, 0o602] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let e = crate::admin::AdminConfig::from_token_file(&file).expect_err("refused");
+            assert!(
+                matches!(e, TokenFileError::Writable { .. }),
+                "{mode:o}: {e:?}"
+            );
+            assert!(e.to_string().contains("chmod 600"), "{e}");
+        }
+        for mode in [0o600, 0o644] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            assert!(
+                crate::admin::AdminConfig::from_token_file(&file).is_ok(),
+                "{mode:o}"
+            );
+        }
     }
 }

@@ -29,6 +29,9 @@ pub enum Error {
     /// The HTTP API of `--serve` could not listen or stopped on an I/O error.
     #[error("cannot serve the HTTP API: {0}")]
     Serve(#[from] std::io::Error),
+    /// The HTTP API's token was refused (too short).
+    #[error("cannot serve the HTTP API: {0}")]
+    Token(String),
     /// The engine stopped publishing run events while runs were being watched.
     #[error("the engine stopped publishing events")]
     EventsClosed,

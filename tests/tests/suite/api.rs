@@ -782,7 +782,8 @@ async fn an_engine_serves_its_api_on_loopback_and_refuses_an_open_address_withou
             .with_workflow(gated(Arc::new(Semaphore::new(0))))
             .with_admin(
                 "127.0.0.1:0".parse().expect("addr"),
-                AdminConfig::new().with_token(AdminToken::new("ops", OPS, Role::Operator)),
+                AdminConfig::new()
+                    .with_token(AdminToken::new("ops", OPS, Role::Operator).expect("token")),
             )
             .start()
             .await

@@ -55,6 +55,35 @@ async fn bad_input_demo_exits_non_zero_when_its_database_file_is_deleted() {
     );
 }
 
+/// `--serve` with a one-character `SAGAFLOW_ADMIN_TOKEN` is refused, naming the variable and
+/// never showing the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_refuses_to_serve_with_a_short_token() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("demo.db");
+    let out = Command::new(sagaflow_testkit::workspace_binary("sagaflow-demo"))
+        .args(["--orders", "1", "--latency-ms", "0", "--quiet-logs"])
+        .args(["--serve", "127.0.0.1:0"])
+        .arg("--database-url")
+        .arg(format!("sqlite://{}?mode=rwc", file.display()))
+        .env("SAGAFLOW_ADMIN_TOKEN", "Q")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("the demo exits within 120 s")
+        .expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("SAGAFLOW_ADMIN_TOKEN has 1 characters, fewer than the 16 required"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("listening on"), "{stdout}");
+}
+
 /// `--serve`: after its runs the demo keeps its engine up and serves the HTTP API with the
 /// token it prints; the published saga and the runs answer over HTTP, and SIGTERM stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

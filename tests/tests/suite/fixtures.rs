@@ -212,8 +212,8 @@ pub(crate) async fn answer(r: reqwest::RequestBuilder) -> (reqwest::StatusCode, 
 pub(crate) fn admin_tokens(ops: &str, view: &str) -> sagaflow::admin::AdminConfig {
     use sagaflow::admin::{AdminConfig, AdminToken, Role};
     AdminConfig::new()
-        .with_token(AdminToken::new("ops", ops, Role::Operator))
-        .with_token(AdminToken::new("viewer", view, Role::ReadOnly))
+        .with_token(AdminToken::new("ops", ops, Role::Operator).expect("token"))
+        .with_token(AdminToken::new("viewer", view, Role::ReadOnly).expect("token"))
 }
 
 /// Serves `engine`'s console and API with `config` on 127.0.0.1 (an ephemeral port).

@@ -615,3 +615,45 @@ async fn http_agent_maps_transport_failures_and_odd_answers() {
         .expect("answered");
     assert!(status_error(raw.status(), raw.headers()).is_none());
 }
+
+/// A value taken from a remote goes into a path as one encoded segment: `../` and `?` in it
+/// reach no other endpoint. A dot segment written into a path is sent encoded twice, not resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_agent_paths_keep_hostile_values_inside_one_segment() {
+    use sagaflow::http::path;
+    let (remote, agent) = remote_and_agent().await;
+    let ctx = context(Duration::from_secs(5));
+    let hostile = "../admin/users?all=1#x";
+    agent
+        .delete::<()>(&ctx, &path(["charges", hostile]))
+        .await
+        .expect("delete");
+    let seen = remote.seen("DELETE ");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].path, "/charges/..%2Fadmin%2Fusers%3Fall%3D1%23x");
+    // A path interpolated without `path`: its dot segments are not resolved either.
+    for raw in [
+        "/charges/../admin",
+        "/charges/%2e%2E/admin",
+        "charges/./../admin",
+    ] {
+        agent.delete::<()>(&ctx, raw).await.expect("delete");
+    }
+    let paths: Vec<String> = remote
+        .seen("DELETE ")
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    assert!(
+        paths.iter().all(|p| p.starts_with("/charges/")) && !paths.contains(&"/admin".to_owned()),
+        "{paths:?}"
+    );
+    assert_eq!(
+        paths[1..],
+        [
+            "/charges/%252E%252E/admin",
+            "/charges/%252e%252E/admin",
+            "/charges/%252E/%252E%252E/admin"
+        ]
+    );
+}

@@ -408,14 +408,23 @@ async fn the_standalone_server_refuses_to_start_without_a_token() {
     let dir = tempfile::tempdir().expect("dir");
     let short = dir.path().join("short");
     std::fs::write(&short, "ops operator too-short\n").expect("write");
+    // A token file other users may write: any of them could add a token.
+    let shared = dir.path().join("shared");
+    std::fs::write(&shared, "ops operator too-short-but-long-enough\n").expect("write");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    }
     for (tokens, env, says) in [
         (None, None, "SAGAFLOW_ADMIN_TOKEN"),
         (Some(short.as_path()), None, "fewer than the 16"),
+        (Some(shared.as_path()), None, "chmod 600"),
         (
             None,
             Some("too-short"),
             "SAGAFLOW_ADMIN_TOKEN has 9 characters",
         ),
+        (None, Some("x"), "SAGAFLOW_ADMIN_TOKEN has 1 characters"),
     ] {
         let mut cmd = Command::new(sagaflow_testkit::workspace_binary("sagaflow"));
         cmd.args([

@@ -504,3 +504,136 @@ async fn a_growing_backlog_raises_one_alert_and_resolves_it_when_the_queue_drain
         engine.shutdown().await;
     }
 }
+
+/// The secret of a Slack-, Discord- or Teams-style webhook, which sits in the URL's path.
+const PATH_SECRET: &str = "XyZpathSecret0123456789";
+
+/// Serves on 127.0.0.1 a router answering every request with `answer`; returns the address
+/// and a count of the requests.
+async fn answering(
+    answer: fn() -> axum::response::Response,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { answer() }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, hits)
+}
+
+/// A webhook whose secret is in its URL's path fails: the secret is in no delivery error,
+/// no alert, no `Debug` and no API answer. A webhook that redirects is not followed: the
+/// signed notice never reaches where the redirect points, and the notice is dead-lettered
+/// with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_secret_in_the_path_leaks_nowhere_and_redirects_are_not_followed() {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    for db in backends().await {
+        let b = db.backend;
+        let (failing, failing_hits) =
+            answering(|| StatusCode::SERVICE_UNAVAILABLE.into_response()).await;
+        let receiver = Receiver::default();
+        let target = receiver.serve().await;
+        // The redirect's target is the receiver: fixed per test, so a static answer will do.
+        static TARGET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let _ = TARGET.set(target.clone());
+        let (redirecting, _) = answering(|| {
+            let to = TARGET.get().cloned().unwrap_or_default();
+            (
+                StatusCode::TEMPORARY_REDIRECT,
+                [(axum::http::header::LOCATION, to)],
+            )
+                .into_response()
+        })
+        .await;
+        let policy = DeliveryPolicy::new(2, Duration::from_millis(20), Duration::from_millis(40));
+        let slack = WebhookSink::new(
+            "slack",
+            &format!("http://{failing}/services/T01/B02/{PATH_SECRET}"),
+            SECRET,
+        )
+        .expect("sink")
+        .with_policy(policy);
+        assert!(!format!("{slack:?}").contains(PATH_SECRET), "{slack:?}");
+        let moved = WebhookSink::new("moved", &format!("http://{redirecting}/hook"), SECRET)
+            .expect("sink")
+            .with_policy(policy);
+        let engine = fast_builder(&db)
+            .with_workflow(declining())
+            .with_alert_sink(slack)
+            .with_alert_sink(moved)
+            .with_delivery_interval(Duration::from_millis(50))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        engine.start("hooked_pause", &1).await.expect("start");
+        let store = engine.store().clone();
+        let dead = eventually_some(Duration::from_secs(15), "both sinks dead", || async {
+            let dead = store
+                .deliveries(Some(DeliveryState::Dead), 50)
+                .await
+                .expect("deliveries");
+            let sinks: std::collections::BTreeSet<_> =
+                dead.iter().map(|d| d.sink.clone()).collect();
+            (sinks.len() == 2).then_some(dead)
+        })
+        .await;
+        assert!(failing_hits.load(Ordering::SeqCst) >= 1, "[{b}]");
+        for d in &dead {
+            let e = d.last_error.as_deref().unwrap_or_default();
+            assert!(!e.contains(PATH_SECRET), "[{b}] {d:?}");
+            if d.sink == "moved" {
+                assert!(e.contains("307") && e.contains("redirect"), "[{b}] {d:?}");
+            }
+        }
+        // Redirects are not followed: the receiver they point to got nothing.
+        assert!(receiver.got().is_empty(), "[{b}] {:?}", receiver.got());
+        // The dead-letter alerts (which other sinks would carry on) hold no secret either.
+        eventually(
+            Duration::from_secs(10),
+            "the dead-letter alerts",
+            || async {
+                engine
+                    .open_alerts()
+                    .await
+                    .expect("alerts")
+                    .iter()
+                    .filter(|a| a.kind == AlertKind::DeliveryDeadLettered)
+                    .count()
+                    == 2
+            },
+        )
+        .await;
+        let alerts = format!("{:?}", engine.open_alerts().await.expect("alerts"));
+        assert!(!alerts.contains(PATH_SECRET), "[{b}] {alerts}");
+        // Nor does what a read-only token reads.
+        let (addr, server) = crate::fixtures::serve_admin(
+            &engine,
+            crate::fixtures::admin_tokens("ops-token-0123456789", "viewer-token-0123456789"),
+        )
+        .await;
+        let client = reqwest::Client::new();
+        for route in ["/api/v1/deliveries", "/api/v1/alerts"] {
+            let text = client
+                .get(format!("http://{addr}{route}"))
+                .bearer_auth("viewer-token-0123456789")
+                .send()
+                .await
+                .expect("request")
+                .text()
+                .await
+                .expect("body");
+            assert!(text.contains("slack"), "[{b}] {route}: {text}");
+            assert!(!text.contains(PATH_SECRET), "[{b}] {route}: {text}");
+        }
+        server.abort();
+        engine.shutdown().await;
+    }
+}

@@ -7,22 +7,25 @@ use std::net::SocketAddr;
 use sagaflow::Engine;
 use sagaflow::admin::{ADMIN_TOKEN_ENV, AdminConfig, AdminToken, Role};
 
-use super::DemoResult;
 use super::text::rule;
+use super::{DemoError, DemoResult};
 
 /// Serves the API on `addr` until Ctrl-C (or SIGTERM). The operator token is
 /// `SAGAFLOW_ADMIN_TOKEN`'s when set (then it is not printed), else a fresh one for this
 /// session, printed so that it can be used.
 pub(crate) async fn serve(engine: &Engine, addr: SocketAddr) -> DemoResult<()> {
     let (config, shown) = match std::env::var(ADMIN_TOKEN_ENV) {
-        Ok(t) if !t.trim().is_empty() => (AdminConfig::from_env(), format!("${ADMIN_TOKEN_ENV}")),
+        Ok(t) if !t.trim().is_empty() => (
+            AdminConfig::from_env().map_err(|e| DemoError::Token(e.to_string()))?,
+            format!("${ADMIN_TOKEN_ENV}"),
+        ),
         _ => {
+            // 32 hex characters: over the 16 a token needs.
             let token = uuid::Uuid::new_v4().simple().to_string();
-            let config = AdminConfig::new().with_token(AdminToken::new(
-                "demo",
-                token.clone(),
-                Role::Operator,
-            ));
+            let config = AdminConfig::new().with_token(
+                AdminToken::new("demo", token.clone(), Role::Operator)
+                    .map_err(|e| DemoError::Token(e.to_string()))?,
+            );
             (config, token)
         }
     };
