@@ -1,15 +1,16 @@
 //! A short chaos run (SAS-10, AT-8): the `sagaflow-chaos` binary with 2 engine processes and
-//! 1000 order sagas, with the default fault rates (10% transient, 2% hangs, 2% lost replies,
-//! 1% terminal), 8 SIGKILLs of engine processes spread over the run by its progress (one each
-//! time another ninth of the runs ended, however fast the machine), 3 SIGSTOPs of an engine
-//! process for 1 to 3 s (late heartbeats) and 20 operators' cancels, on the PostgreSQL test
-//! server; the verdict includes the history checker's. The server is shared with other tests,
-//! so it is never restarted here (`--no-pg-restart`); the full command, with the mixed
-//! workload (pairs, flows, child runs, migrations, events), leader freezes, bulk cancels,
-//! retention, the restarts and 300 kills, is described in docs/operations.md ("Chaos runs").
-//!
-//! The mixed workload is not run here yet: short mixed runs found two violations that are
-//! not fixed (docs/reliability.md, "Known limits"), about one run in ten.
+//! 1000 runs of a mixed workload: 600 order sagas, 200 pairs (two parallel roots, a third of
+//! them with one root refused for good at once) and 200 flows (an event wait, a timer, a child
+//! run; started on version 1 and migrated automatically to version 2 while they run; a
+//! quarter never get their event and time out), with the default fault rates (10% transient,
+//! 2% hangs, 2% lost replies, 1% terminal), 8 SIGKILLs of engine processes spread over the
+//! run by its progress (one each time another ninth of the runs ended, however fast the
+//! machine), 3 SIGSTOPs of an engine process for 1 to 3 s (late heartbeats), 2 SIGSTOPs of the
+//! supervisor leader past its lease, 20 operators' cancels and 3 bulk cancels of 5 runs,
+//! and a 3 s retention window (finished runs purged while the chaos goes on), on the
+//! PostgreSQL test server; the verdict includes the history checker's. The server is shared
+//! with other tests, so it is never restarted here (`--no-pg-restart`); the full command,
+//! with the restart and 300 kills, is described in docs/operations.md ("Chaos runs").
 //!
 //! The command writes its verdict as JSON (`--report-json`); the test reads it back as the
 //! typed `InvariantReport` of `sagaflow-tools` and asserts on it, not on the printed text.
@@ -39,11 +40,11 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
             "--processes",
             "2",
             "--orders",
-            "1000",
+            "600",
             "--pairs",
-            "0",
+            "200",
             "--flows",
-            "0",
+            "200",
             "--transient",
             "0.10",
             "--hang",
@@ -57,13 +58,15 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
             "--pauses",
             "3",
             "--leader-pauses",
-            "0",
+            "2",
             "--cancels",
             "20",
             "--bulk-cancels",
-            "0",
+            "3",
+            "--bulk-size",
+            "5",
             "--retention-ms",
-            "0",
+            "3000",
             "--no-pg-restart",
             "--timeout-secs",
             "45",
@@ -161,10 +164,41 @@ async fn a_short_chaos_run_loses_nothing_and_applies_every_effect_once() {
         "{report}"
     );
     assert_eq!(chaos.pauses, 3, "every planned SIGSTOP\n{report}");
+    assert_eq!(
+        chaos.leader_pauses, 2,
+        "every planned SIGSTOP of the leader\n{report}"
+    );
     assert!(chaos.cancels >= 1, "no run was cancelled\n{report}");
+    assert_eq!(chaos.bulk_cancels, 3, "every planned bulk cancel\n{report}");
+    assert!(
+        chaos.bulk_cancelled >= 1,
+        "no bulk cancel cancelled a run\n{report}"
+    );
+    // The mixed workload ran, each feature at least once.
     assert_eq!(
         (chaos.orders, chaos.pairs, chaos.flows),
-        (1000, 0, 0),
+        (600, 200, 200),
         "{report}"
     );
+    assert_eq!(
+        chaos.refused_pairs, 67,
+        "every third pair refused\n{report}"
+    );
+    assert_eq!(
+        chaos.events_withheld, 50,
+        "every fourth flow without its event\n{report}"
+    );
+    assert!(chaos.children >= 1, "no child run\n{report}");
+    assert!(
+        chaos.migrated >= 1,
+        "no flow migrated to version 2\n{report}"
+    );
+    assert!(chaos.events_sent >= 1, "no event sent\n{report}");
+    assert!(
+        chaos.wait_timeouts >= 1,
+        "no event wait timed out\n{report}"
+    );
+    // A leader paused past its lease is replaced; the new leader's first retention pass
+    // purges the runs finished more than 3 s before.
+    assert!(chaos.purged >= 1, "retention purged nothing\n{report}");
 }

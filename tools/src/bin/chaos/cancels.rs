@@ -1,8 +1,9 @@
-//! Operators' cancels: one run at a time, and bulk cancels of a batch of runs at once. Both
-//! pick runs before their pivot: an order that has not reserved stock yet, a pair whose roots
-//! have not both completed, a flow that has not been approved. Cancels at any point of a run,
-//! the pivot included, found a run that ended `compensated` with its pivot applied (see
-//! "Known limits" in docs/reliability.md); they come back once that is fixed.
+//! Operators' cancels: one run at a time, and bulk cancels of a batch of runs at once, of
+//! any unfinished run, at any point of it: before anything acted (the run compensates what
+//! little it did), halfway (it compensates), while its pivot runs or after it completed (the
+//! cancel came too late: the run goes forward and completes, or, when the pivot's outcome is
+//! unknown, stops in `error` with an alert). Single cancels take orders, bulk cancels every
+//! kind.
 //!
 //! The engine's bulk action is an HTTP route (`POST /api/v1/runs/actions/cancel` with
 //! filters), which takes the same operator action on each run of a page; the coordinator
@@ -16,24 +17,17 @@ use uuid::Uuid;
 
 use super::mix::{FLOW_WORKFLOW, PAIR_WORKFLOW};
 
-/// Runs before their pivot, at most `n`, picked at random.
+/// Unfinished runs, at most `n`, picked at random (orders only, or runs of every kind).
 async fn pick(store: &Store, n: u32, orders_only: bool) -> Vec<Uuid> {
     let conn = store.connection();
     let kinds = if orders_only {
-        "(r.workflow = 'order' AND s.name = 'reserve_stock')".to_owned()
+        "r.workflow = 'order'".to_owned()
     } else {
-        format!(
-            "((r.workflow = 'order' AND s.name = 'reserve_stock') \
-              OR (r.workflow = '{PAIR_WORKFLOW}' AND s.name IN ('reserve', 'charge')) \
-              OR (r.workflow = '{FLOW_WORKFLOW}' AND s.name = 'approval'))"
-        )
+        format!("r.workflow IN ('order', '{PAIR_WORKFLOW}', '{FLOW_WORKFLOW}')")
     };
     let sql = format!(
-        "SELECT DISTINCT s.run_id AS run_id, random() AS r FROM sagaflow_steps s \
-         JOIN sagaflow_runs r ON r.id = s.run_id \
-         WHERE r.state IN ('pending', 'running') \
-         AND s.state IN ('not_started', 'ready', 'running', 'waiting') AND {kinds} \
-         ORDER BY r LIMIT {n}"
+        "SELECT r.id AS run_id FROM sagaflow_runs r \
+         WHERE r.state IN ('pending', 'running') AND {kinds} ORDER BY random() LIMIT {n}"
     );
     let Ok(rows) = conn
         .query_all_raw(Statement::from_string(conn.get_database_backend(), sql))
@@ -46,7 +40,7 @@ async fn pick(store: &Store, n: u32, orders_only: bool) -> Vec<Uuid> {
         .collect()
 }
 
-/// An operator cancels one order that has not reserved stock yet; its id when cancelled.
+/// An operator cancels one unfinished order; its id when cancelled.
 pub(crate) async fn cancel_one(store: Store) -> Option<Uuid> {
     let id = *pick(&store, 1, true).await.first()?;
     let audit = Audit::new("chaos", "the customer cancelled");

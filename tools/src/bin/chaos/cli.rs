@@ -70,13 +70,12 @@ pub(crate) struct Args {
     /// down when it wakes; spread over the run by progress; 0: none.
     #[arg(long, default_value_t = 5)]
     pub(crate) leader_pauses: u64,
-    /// Operators' cancels of runs that have not reserved stock yet, spread over the run by
-    /// progress; 0: none.
+    /// Operators' cancels of unfinished orders, at any point of them (a cancel that meets the
+    /// pivot comes too late: the run goes forward), spread over the run by progress; 0: none.
     #[arg(long, default_value_t = 50)]
     pub(crate) cancels: u64,
-    /// Bulk cancels: each cancels `--bulk-size` runs at once (runs of every kind before their
-    /// pivot, concurrently from the coordinator's client), spread over the run by progress;
-    /// 0: none.
+    /// Bulk cancels: each cancels `--bulk-size` runs at once (unfinished runs of every kind,
+    /// concurrently from the coordinator's client), spread over the run by progress; 0: none.
     #[arg(long, default_value_t = 10)]
     pub(crate) bulk_cancels: u64,
     /// Runs one bulk cancel picks.
