@@ -75,10 +75,28 @@ pub struct WaitingStep {
 
 /// The SQL that wakes one waiting step (`$1` its id, `$2` its new `wait`): due at once
 /// unless its run is paused.
+/// Whether a callback token (its hash `$1`, its run `$2`) is live: a step of the run holds
+/// it while its attempt runs or waits, and no callback with it is kept yet (`$3`, the
+/// event's name). A token is spent once its callback is kept or wakes its step (the wake
+/// clears `wait_key`), so a replay is refused even while the resumed attempt runs.
+const LIVE_CALLBACK: &str = "SELECT id FROM sagaflow_steps WHERE wait_key = $1 AND run_id = $2 \
+     AND state IN ('running', 'waiting') AND NOT EXISTS (SELECT 1 FROM sagaflow_events e \
+     WHERE e.run_id = $2 AND e.name = $3 AND e.consumed_at IS NULL)";
+
+fn live_values(hash: &str, run_id: Uuid, name: &str) -> Vec<Value> {
+    vec![
+        hash.to_owned().into(),
+        run_id.into(),
+        name.to_owned().into(),
+    ]
+}
+
+/// Wakes a waiting step (`$1`) with its new wait state (`$2`). Its `wait_key` is cleared: a
+/// callback token is spent once it woke its step.
 fn wake_sql() -> String {
     let to = step_rule(StepState::Waiting, Trigger::Woken).map_or(StepState::Ready, |r| r.to);
     format!(
-        "UPDATE sagaflow_steps SET state = '{to}', wait = $2, updated_at = {{now}}, \
+        "UPDATE sagaflow_steps SET state = '{to}', wait = $2, wait_key = NULL, updated_at = {{now}}, \
            available_at = CASE WHEN EXISTS (SELECT 1 FROM sagaflow_runs r \
              WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') THEN NULL ELSE {{now}} END, \
            aging_from = {{now}} \
@@ -394,6 +412,17 @@ impl Store {
         let unknown = || Error::UnknownCallback;
         let run_id = crate::wait::token_run(token).ok_or_else(unknown)?;
         let hash = crate::wait::token_hash(token);
+        let name = crate::wait::callback_event(&hash);
+        // A forged or spent token is refused by one indexed read, before any write
+        // transaction: a flood of them never queues for the writer (SQLite) nor holds a run's
+        // row lock (PostgreSQL). The same check is made again under the lock below.
+        let live = self
+            .exec
+            .query_one(self.stmt(LIVE_CALLBACK, live_values(&hash, run_id, &name)))
+            .await?;
+        if live.is_none() {
+            return Err(unknown());
+        }
         let mut tx = self.begin().await?;
         // A database error is not a verdict on the token: the remote tries again later.
         let state = match lock_run_state(&tx, run_id).await {
@@ -403,14 +432,9 @@ impl Store {
         if state.is_final() {
             return Err(unknown());
         }
-        let s = self;
         let held = tx
             .txn
-            .query_one(s.stmt(
-                "SELECT id FROM sagaflow_steps WHERE wait_key = $1 AND run_id = $2 \
-                 AND state IN ('running', 'waiting')",
-                vec![hash.clone().into(), run_id.into()],
-            ))
+            .query_one(self.stmt(LIVE_CALLBACK, live_values(&hash, run_id, &name)))
             .await?;
         if held.is_none() {
             return Err(unknown());
@@ -418,7 +442,6 @@ impl Store {
         tx.pause_point(Unit::Deliver, Point::AfterReads).await;
         let payload =
             serde_json::to_value(result).map_err(|e| Error::InvalidEvent(e.to_string()))?;
-        let name = crate::wait::callback_event(&hash);
         let delivery = tx.deliver(run_id, &name, &payload, actor).await?;
         tx.pause_point(Unit::Deliver, Point::BeforeCommit).await;
         tx.commit_from(Wake::CLAIM, actor).await?;
@@ -436,7 +459,7 @@ impl Store {
         let to = step_rule(StepState::Waiting, Trigger::Woken).map_or(StepState::Ready, |r| r.to);
         let sql = format!(
             "UPDATE sagaflow_steps SET state = '{to}', available_at = {{now}}, aging_from = {{now}}, \
-               updated_at = {{now}} \
+               updated_at = {{now}}, wait_key = NULL \
              WHERE state = 'waiting' AND id IN (SELECT id FROM sagaflow_steps \
                WHERE wait IS NOT NULL AND available_at <= {{now}} AND state = 'waiting' \
                AND NOT EXISTS (SELECT 1 FROM sagaflow_runs r \

@@ -328,7 +328,11 @@ async fn timer_cron_pause_and_resume_through_the_api_and_the_cli() {
             .start()
             .await
             .expect("engine");
-        let (addr, server) = serve_admin(&engine, admin_tokens("ops-secret", "view-secret")).await;
+        let (addr, server) = serve_admin(
+            &engine,
+            admin_tokens("ops-secret-0123456789", "view-secret-0123456789"),
+        )
+        .await;
         let base = format!("http://{addr}/api/v1/schedules");
         let http = reqwest::Client::new();
 
@@ -340,7 +344,7 @@ async fn timer_cron_pause_and_resume_through_the_api_and_the_cli() {
         )
         .await;
         assert_eq!(status, 401, "[{b}] no token to pause");
-        let (status, body) = answer(http.get(&base).bearer_auth("view-secret")).await;
+        let (status, body) = answer(http.get(&base).bearer_auth("view-secret-0123456789")).await;
         assert_eq!(status, 200, "[{b}] {body}");
         let listed = &body["schedules"][0];
         assert_eq!(listed["name"], "paused", "[{b}] {body}");
@@ -348,14 +352,14 @@ async fn timer_cron_pause_and_resume_through_the_api_and_the_cli() {
         assert!(listed["next_tick_at"].is_string(), "[{b}] {body}");
         let (status, body) = answer(
             http.post(format!("{base}/paused/pause"))
-                .bearer_auth("view-secret")
+                .bearer_auth("view-secret-0123456789")
                 .json(&serde_json::json!({ "reason": "x" })),
         )
         .await;
         assert_eq!(status, 403, "[{b}] a read-only token: {body}");
         let (status, body) = answer(
             http.post(format!("{base}/paused/pause"))
-                .bearer_auth("ops-secret")
+                .bearer_auth("ops-secret-0123456789")
                 .json(&serde_json::json!({ "reason": " " })),
         )
         .await;
@@ -366,7 +370,7 @@ async fn timer_cron_pause_and_resume_through_the_api_and_the_cli() {
         );
         let (status, body) = answer(
             http.post(format!("{base}/nothing/pause"))
-                .bearer_auth("ops-secret")
+                .bearer_auth("ops-secret-0123456789")
                 .json(&serde_json::json!({ "reason": "why" })),
         )
         .await;
@@ -378,7 +382,7 @@ async fn timer_cron_pause_and_resume_through_the_api_and_the_cli() {
         .await;
         let (status, body) = answer(
             http.post(format!("{base}/paused/pause"))
-                .bearer_auth("ops-secret")
+                .bearer_auth("ops-secret-0123456789")
                 .json(&serde_json::json!({ "reason": "month-end freeze" })),
         )
         .await;

@@ -437,9 +437,11 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
         let server = effects().await;
         let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
         let engine = engine(&db, vec![payment(&server, tokens.clone())]).await;
-        let (addr, _admin) =
-            crate::fixtures::serve_admin(&engine, crate::fixtures::admin_tokens("ops", "view"))
-                .await;
+        let (addr, _admin) = crate::fixtures::serve_admin(
+            &engine,
+            crate::fixtures::admin_tokens("ops-secret-0123456789", "view-secret-0123456789"),
+        )
+        .await;
         let admin = format!("http://{addr}");
         let id = engine.start("payment", &()).await.expect("start");
         let token = sagaflow_testkit::eventually_some(WAIT, "a token handed out", || async {
@@ -482,6 +484,104 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
             "{again:?}"
         );
         assert_eq!(server.ledger().applied("charge_async"), 1);
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
+
+/// A forged, malformed or spent callback token is refused by a read, without a write: while
+/// another session holds the lock every write of the engine needs (PostgreSQL: `EXCLUSIVE`
+/// on the runs table; SQLite: the file's write lock), each is answered at once, where a live
+/// token waits for the lock. A token is valid once: a replay right after its delivery, while
+/// the resumed attempt runs, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callback_forged_or_spent_is_refused_without_a_write_and_a_token_is_valid_once() {
+    use sagaflow::internals::store::Store;
+    use sagaflow::sea_orm::{ConnectionTrait, Database, TransactionTrait};
+    for db in backends().await {
+        let b = db.backend;
+        let server = effects().await;
+        let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let engine = engine(&db, vec![payment(&server, tokens.clone())]).await;
+        let first = engine.start("payment", &()).await.expect("start");
+        let second = engine.start("payment", &()).await.expect("start");
+        let handed = sagaflow_testkit::eventually_some(WAIT, "two tokens handed out", || async {
+            let t = tokens.lock().expect("tokens").clone();
+            (t.len() == 2).then_some(t)
+        })
+        .await;
+        parked(&engine, first).await;
+        parked(&engine, second).await;
+        let token_of = |run: Uuid| {
+            handed
+                .iter()
+                .find(|t| t.starts_with(&run.simple().to_string()))
+                .cloned()
+                .expect("a token of the run")
+        };
+        let (live, spent) = (token_of(first), token_of(second));
+        // Valid once: delivered, then replayed at once (the step is due or its resumed
+        // attempt runs): the replay is refused.
+        let ok = CallbackResult::Ok(json!({ "paid": true }));
+        let delivered = engine.complete_callback(&spent, &ok, "remote").await;
+        assert!(
+            matches!(delivered, Ok(EventDelivery::Delivered { .. })),
+            "[{b}] {delivered:?}"
+        );
+        let replay = engine.complete_callback(&spent, &ok, "remote").await;
+        assert!(
+            matches!(replay, Err(sagaflow::Error::UnknownCallback)),
+            "[{b}] {replay:?}"
+        );
+        expect_state(&engine, second, RunState::Completed, b).await;
+
+        // Another session takes the lock every write transaction of the engine needs.
+        let store = Store::connect(&db.url, None).await.expect("store");
+        let other = Database::connect(&db.url).await.expect("connect");
+        let held = other.begin().await.expect("begin");
+        let lock = if b == "postgres" {
+            "LOCK TABLE sagaflow_runs IN EXCLUSIVE MODE"
+        } else {
+            "UPDATE sagaflow_runs SET updated_at = updated_at WHERE 1 = 0"
+        };
+        held.execute_unprepared(lock).await.expect("lock");
+        let wrong_secret = format!("{}.{}", first.simple(), "ab".repeat(32));
+        let unknown_run = format!("{}.{}", Uuid::new_v4().simple(), "cd".repeat(32));
+        for bad in [
+            wrong_secret.as_str(),
+            unknown_run.as_str(),
+            spent.as_str(),
+            "junk",
+        ] {
+            let r = tokio::time::timeout(
+                Duration::from_secs(5),
+                store.callback_complete(bad, &ok, "forger"),
+            )
+            .await;
+            assert!(
+                matches!(r, Ok(Err(sagaflow::Error::UnknownCallback))),
+                "[{b}] a forged token is refused at once under the lock: {r:?}"
+            );
+        }
+        // The control: a live token goes on to its write, and waits for (or fails on) the lock.
+        let r = tokio::time::timeout(
+            Duration::from_millis(1500),
+            store.callback_complete(&live, &ok, "remote"),
+        )
+        .await;
+        assert!(
+            matches!(r, Err(_) | Ok(Err(sagaflow::Error::Db(_)))),
+            "[{b}] a live token needs the write lock: {r:?}"
+        );
+        held.rollback().await.expect("release the lock");
+        // The live token still works once the lock is gone.
+        engine
+            .complete_callback(&live, &ok, "remote")
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] {e}"));
+        expect_state(&engine, first, RunState::Completed, b).await;
+        assert_eq!(server.ledger().applied("charge_async"), 2, "[{b}]");
+        drop(store);
         engine.shutdown().await;
         server.shutdown().await.expect("stop");
     }
