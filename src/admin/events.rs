@@ -10,6 +10,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
@@ -20,7 +21,9 @@ use uuid::Uuid;
 
 use super::AdminState;
 use super::answers::{ErrorBody, RunStateEvent};
+use super::auth::Caller;
 use super::routes::{ApiError, run_id};
+use super::throttle::StreamPlace;
 use crate::Engine;
 
 /// How often a followed run is read again, for changes made by other instances.
@@ -28,6 +31,8 @@ pub const EVENTS_POLL: Duration = Duration::from_secs(1);
 
 /// A follower's position.
 struct Follow {
+    /// The stream's place among the followers of its token, freed when the stream ends.
+    _place: StreamPlace,
     engine: Engine,
     id: Uuid,
     events: broadcast::Receiver<RunEvent>,
@@ -55,20 +60,24 @@ struct Follow {
         ),
         (status = 400, description = "`invalid_id`: not a UUID", body = ErrorBody),
         (status = 404, description = "`run_not_found`", body = ErrorBody),
+        (status = 429, description = "`too_many_requests`: this token follows as many streams as it may, or the server does", body = ErrorBody),
         (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
     ),
 )]
 pub(super) async fn run_events(
     State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let id = run_id(&id)?;
+    let place = s.throttle.stream_place(&caller.name)?;
     // Subscribed before the first read, so no change falls between the two.
     let events = s.engine.subscribe();
     if s.engine.run(id).await?.is_none() {
         return Err(Error::RunNotFound(id).into());
     }
     let follow = Follow {
+        _place: place,
         engine: s.engine.clone(),
         id,
         events,

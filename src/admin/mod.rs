@@ -45,6 +45,7 @@ mod routes;
 mod schedules;
 mod scrape;
 pub(crate) mod serve;
+pub(crate) mod throttle;
 mod token_file;
 mod traceparent;
 mod waits;
@@ -58,6 +59,7 @@ pub use events::EVENTS_POLL;
 #[cfg(feature = "internals")]
 pub(crate) use routes::API_ROUTES;
 pub use serve::stop_signal;
+pub use throttle::{AdminLimits, RouteLimit};
 pub use token_file::{ADMIN_TOKEN_FILE_ENV, TOKEN_SECRET_MIN_CHARS, TokenFileError};
 
 use crate::Engine;
@@ -74,6 +76,7 @@ pub const ADMIN_TOKEN_ENV: &str = "SAGAFLOW_ADMIN_TOKEN";
 pub struct AdminConfig {
     tokens: Vec<AdminToken>,
     body_limit: usize,
+    limits: AdminLimits,
 }
 
 impl std::fmt::Debug for AdminConfig {
@@ -82,6 +85,7 @@ impl std::fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("tokens", &self.tokens)
             .field("body_limit", &self.body_limit)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -91,6 +95,7 @@ impl Default for AdminConfig {
         Self {
             tokens: Vec::new(),
             body_limit: ADMIN_BODY_LIMIT_DEFAULT,
+            limits: AdminLimits::default(),
         }
     }
 }
@@ -136,6 +141,23 @@ impl AdminConfig {
         self
     }
 
+    /// Sets what callers may make the API spend (default: [`AdminLimits::default`]); limits
+    /// that would refuse every request (a zero) leave the defaults in force, with an error
+    /// logged.
+    #[must_use]
+    pub fn with_limits(mut self, limits: AdminLimits) -> Self {
+        match limits.validate() {
+            Ok(()) => self.limits = limits,
+            Err(e) => tracing::error!(error = %e, "admin limits refused; the defaults apply"),
+        }
+        self
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &AdminLimits {
+        &self.limits
+    }
+
     /// Whether any token is configured.
     pub fn has_tokens(&self) -> bool {
         !self.tokens.is_empty()
@@ -147,6 +169,7 @@ impl AdminConfig {
 pub(crate) struct AdminState {
     pub(crate) engine: Engine,
     pub(crate) tokens: Arc<[AdminToken]>,
+    pub(crate) throttle: Arc<throttle::Throttle>,
 }
 
 impl Engine {
@@ -159,6 +182,8 @@ impl Engine {
     /// let config = AdminConfig::from_env().expect("a token of 16 characters or more");
     /// let app = engine.admin_router(config);
     /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+    /// // With the peer's address, failed authentications are counted per client.
+    /// let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     /// axum::serve(listener, app).await
     /// # }
     /// ```
@@ -166,6 +191,7 @@ impl Engine {
         let state = AdminState {
             engine: self.clone(),
             tokens: config.tokens.into(),
+            throttle: Arc::new(throttle::Throttle::new(&config.limits)),
         };
         routes::router(state, config.body_limit)
     }

@@ -131,6 +131,11 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .merge(api)
         .merge(super::console::router(state.clone()))
         .layer(DefaultBodyLimit::max(body_limit))
+        // Outermost: a request over a limit is refused before its token is compared.
+        .layer(middleware::from_fn_with_state(
+            state.throttle.clone(),
+            super::throttle::limit,
+        ))
         .with_state(state)
 }
 

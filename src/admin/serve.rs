@@ -57,6 +57,9 @@ impl Engine {
         let app = self.admin_router(config);
         let cancel = self.inner.cancel.clone();
         self.inner.tracker.spawn(async move {
+            // With each connection's peer address: failed authentications are counted per
+            // client (see `AdminLimits`).
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { cancel.cancelled().await })
                 .await;

@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use sagaflow_engine::signals::RunEvent;
 use serde::Deserialize;
@@ -29,6 +30,8 @@ pub(super) struct Follow {
 }
 
 struct Watch {
+    /// The stream's place among its token's followers, freed when the stream ends.
+    _place: crate::admin::throttle::StreamPlace,
     engine: Engine,
     run: Option<Uuid>,
     events: broadcast::Receiver<RunEvent>,
@@ -103,10 +106,17 @@ async fn next_change(w: &mut Watch) -> Option<()> {
 /// `GET /console/events`.
 pub(super) async fn events(
     State(c): State<Console>,
-    _s: LiveSession,
+    s: LiveSession,
     Query(follow): Query<Follow>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Response> {
+    // Counted with the API's streams of the same token: held while the stream lives.
+    let place = c
+        .admin
+        .throttle
+        .stream_place(&s.0.name)
+        .map_err(IntoResponse::into_response)?;
     let watch = Watch {
+        _place: place,
         events: c.admin.engine.subscribe(),
         engine: c.admin.engine.clone(),
         run: follow.run,
@@ -122,5 +132,5 @@ pub(super) async fn events(
         Some((Ok(Event::default().event("change").data("changed")), w))
     });
     use futures_util::StreamExt as _;
-    Sse::new(hello.chain(changes)).keep_alive(KeepAlive::default())
+    Ok(Sse::new(hello.chain(changes)).keep_alive(KeepAlive::default()))
 }

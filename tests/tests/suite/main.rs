@@ -26,6 +26,7 @@ mod flow_control;
 mod flow_control_gates;
 mod frozen;
 mod history_check;
+mod hostile;
 mod hotplug;
 mod http_agent;
 mod input_correction;

@@ -44,6 +44,7 @@ pub(crate) async fn serve(engine: &Engine, addr: SocketAddr) -> DemoResult<()> {
     );
     println!("               curl -H \"Authorization: Bearer {shown}\" http://{addr}/metrics");
     let app = engine.admin_router(config);
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app)
         .with_graceful_shutdown(sagaflow::admin::stop_signal())
         .await?;
