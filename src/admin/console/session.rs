@@ -21,8 +21,12 @@ pub(crate) const COOKIE: &str = "sagaflow_session";
 /// How long a session lasts after its login.
 pub(crate) const SESSION_TTL: Duration = Duration::from_secs(12 * 60 * 60);
 
-/// A logged-in caller, as a handler sees it.
-#[derive(Debug, Clone)]
+/// Sessions kept at most; a login past them ends the session closest to its expiry.
+pub(crate) const SESSIONS_MAX: usize = 1000;
+
+/// A logged-in caller, as a handler sees it. `Debug` shows the name and role, never the
+/// session id or the CSRF token (either lets whoever reads it act as the caller).
+#[derive(Clone)]
 pub(crate) struct Session {
     /// The session id (the cookie's value).
     id: String,
@@ -32,6 +36,15 @@ pub(crate) struct Session {
     pub(crate) role: Role,
     /// The CSRF token every state-changing form of this session carries.
     pub(crate) csrf: String,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Session {
@@ -91,6 +104,17 @@ impl Sessions {
         let now = Instant::now();
         let mut map = self.lock();
         map.retain(|_, e| e.expires > now);
+        // Bounded: a flood of logins (each needs a valid token) cannot grow the map forever.
+        while map.len() >= SESSIONS_MAX {
+            let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, e)| e.expires)
+                .map(|(id, _)| id.clone())
+            else {
+                break;
+            };
+            map.remove(&oldest);
+        }
         map.insert(
             session.id.clone(),
             Entry {
@@ -251,6 +275,29 @@ mod tests {
         assert!(sessions.find(&HeaderMap::new()).is_none());
         sessions.remove(&s.id);
         assert!(sessions.find(&h).is_none());
+    }
+
+    #[test]
+    fn a_session_never_shows_its_id_or_csrf_token() {
+        let s = Sessions::default().create("ops".into(), Role::Operator);
+        let shown = format!("{s:?}");
+        assert!(shown.contains("ops"), "{shown}");
+        assert!(
+            !shown.contains(&s.id) && !shown.contains(&s.csrf),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn sessions_are_capped_and_the_oldest_goes_first() {
+        let sessions = Sessions::default();
+        let first = sessions.create("ops".into(), Role::Operator);
+        for _ in 0..SESSIONS_MAX {
+            sessions.create("ops".into(), Role::Operator);
+        }
+        let map = sessions.lock();
+        assert_eq!(map.len(), SESSIONS_MAX);
+        assert!(!map.contains_key(&first.id), "the oldest session ended");
     }
 
     #[test]
