@@ -119,7 +119,7 @@ pub use webhook::WebhookSink;
 pub mod migration {
     pub use sagaflow_engine::migration::{
         MapFn, MigratingRun, MigratingStep, Migration, MigrationOutcome, MigrationPlan,
-        MigrationRefusal, RunMigration, StepMigration,
+        MigrationRefusal, PLAN_PAGE_MAX, RunMigration, StepMigration,
     };
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use sagaflow_engine::definition::Registry;
 use sagaflow_engine::migration::{self, Migration, MigrationPlan, Versions};
 use sagaflow_engine::{Error, Result, Workflow};
+use uuid::Uuid;
 
 use crate::builder::EngineBuilder;
 use crate::operator::Operator;
@@ -60,6 +61,35 @@ impl Operator<'_> {
                 old: &old,
                 new: &new,
             },
+        )
+        .await
+    }
+
+    /// One page of [`migration_plan`](Self::migration_plan): at most `limit` runs (1 to
+    /// [`PLAN_PAGE_MAX`](crate::migration::PLAN_PAGE_MAX)) after run `after`;
+    /// [`MigrationPlan::next_after`] says where the next page starts. What the HTTP API and
+    /// the console show, so that a dry run's cost is bounded by its page.
+    ///
+    /// # Errors
+    /// As [`migration_plan`](Self::migration_plan).
+    pub async fn migration_plan_page(
+        &self,
+        name: &str,
+        from: i32,
+        to: i32,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<MigrationPlan> {
+        let (m, old, new) = self.migration(name, from, to).await?;
+        migration::plan_page(
+            &self.engine.inner.store,
+            Versions {
+                migration: &m,
+                old: &old,
+                new: &new,
+            },
+            after,
+            limit,
         )
         .await
     }

@@ -361,6 +361,10 @@ pub struct MigrationPlan {
     pub to: i32,
     /// The runs, oldest first.
     pub runs: Vec<RunMigration>,
+    /// Where the next page of a paged dry run starts (pass it as `after`); `None` on the
+    /// last page, and in a report of an applied migration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Uuid>,
 }
 
 impl MigrationPlan {
@@ -389,18 +393,46 @@ pub struct Versions<'a> {
     pub new: &'a Workflow,
 }
 
-/// The dry run: what migrating would do to every unfinished run of the old version.
-/// Changes nothing.
+/// The most runs one page of a dry run reads ([`plan_page`]).
+pub const PLAN_PAGE_MAX: u32 = 500;
+
+/// The dry run: what migrating would do to every unfinished run of the old version, read
+/// page by page ([`PLAN_PAGE_MAX`] runs each) without a transaction or a lock. Changes
+/// nothing. Its size grows with the runs; the HTTP API and the console show one page at a
+/// time ([`plan_page`]).
 ///
 /// # Errors
 /// [`Error::Db`].
 pub async fn plan(store: &Store, v: Versions<'_>) -> Result<MigrationPlan> {
+    let mut page = plan_page(store, v, None, PLAN_PAGE_MAX).await?;
+    while let Some(after) = page.next_after.take() {
+        let next = plan_page(store, v, Some(after), PLAN_PAGE_MAX).await?;
+        page.runs.extend(next.runs);
+        page.next_after = next.next_after;
+    }
+    Ok(page)
+}
+
+/// One page of the dry run: at most `limit` (1 to [`PLAN_PAGE_MAX`]) unfinished runs of the
+/// old version by id, after run `after`; [`MigrationPlan::next_after`] names where the next
+/// page starts. Read without a transaction or a lock, so a dry run never holds SQLite's
+/// writer nor locks a step on PostgreSQL; what it shows is decided afresh, under the run's
+/// lock, when the migration is applied.
+///
+/// # Errors
+/// [`Error::Db`].
+pub async fn plan_page(
+    store: &Store,
+    v: Versions<'_>,
+    after: Option<Uuid>,
+    limit: u32,
+) -> Result<MigrationPlan> {
     let key = workflow_key(v.migration.name(), v.migration.from());
-    let mut runs = Vec::new();
-    let tx = store.begin().await?;
-    let rows = tx.runs_unfinished_of(&key).await?;
+    let limit = limit.clamp(1, PLAN_PAGE_MAX);
+    let rows = store.runs_unfinished_page(&key, after, limit).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-    let mut steps = tx.steps_of(&ids).await?;
+    let mut steps = store.steps_read(&ids).await?;
+    let mut runs = Vec::with_capacity(rows.len());
     for run in &rows {
         let decided = match steps.take(run.id) {
             Ok(s) => decide(v, run, &s),
@@ -413,12 +445,17 @@ pub async fn plan(store: &Store, v: Versions<'_>) -> Result<MigrationPlan> {
             MigrationOutcome::Migrates,
         ));
     }
-    tx.rollback().await?;
+    let full = rows.len() == usize::try_from(limit).unwrap_or(usize::MAX);
     Ok(MigrationPlan {
         workflow: v.migration.name().to_owned(),
         from: v.migration.from(),
         to: v.migration.to(),
         runs,
+        next_after: if full {
+            rows.last().map(|r| r.id)
+        } else {
+            None
+        },
     })
 }
 
@@ -448,6 +485,7 @@ pub async fn apply(store: &Store, v: Versions<'_>, audit: &Audit) -> Result<Migr
         from: v.migration.from(),
         to: v.migration.to(),
         runs,
+        next_after: None,
     })
 }
 

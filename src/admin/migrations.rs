@@ -2,8 +2,8 @@
 //! in-flight runs between two versions of a workflow (see
 //! [`Operator::migration_plan`](crate::Operator::migration_plan)).
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::Deserialize;
@@ -25,10 +25,23 @@ pub(super) struct ApplyBody {
     reason: String,
 }
 
+/// The query of the dry run: a page.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct PlanParams {
+    /// The page starts after this run (the `next_after` of the page before).
+    after: Option<uuid::Uuid>,
+    /// At most this many runs (default 100, at most 500).
+    limit: Option<u32>,
+}
+
 /// The dry run of a migration
 ///
-/// For every unfinished run of `name@from`: whether it would migrate to `to` (each step's
-/// state before and after) or is refused, and why. Changes nothing.
+/// For one page of the unfinished runs of `name@from` (by id, oldest first): whether each
+/// would migrate to `to` (each step's state before and after) or is refused, and why;
+/// `next_after` names where the next page starts. Read without a transaction or a lock;
+/// changes nothing.
 #[utoipa::path(
     get,
     path = "/api/v1/migrations/{name}/{from}/{to}/plan",
@@ -38,9 +51,10 @@ pub(super) struct ApplyBody {
         ("name" = String, Path, description = "The workflow"),
         ("from" = i32, Path, description = "The version runs leave"),
         ("to" = i32, Path, description = "The version runs move to"),
+        PlanParams,
     ),
     responses(
-        (status = 200, description = "The plan: `{\"workflow\",\"from\",\"to\",\"runs\"}`"),
+        (status = 200, description = "A page of the plan: `{\"workflow\",\"from\",\"to\",\"runs\",\"next_after\"}`"),
         (status = 400, description = "`invalid_query`: the same version twice", body = ErrorBody),
         (status = 404, description = "`workflow_not_found`: a version neither registered nor published", body = ErrorBody),
         (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
@@ -49,8 +63,18 @@ pub(super) struct ApplyBody {
 pub(super) async fn plan(
     State(s): State<AdminState>,
     Path((name, from, to)): Path<(String, i32, i32)>,
+    query: Result<Query<PlanParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let plan = s.engine.operator().migration_plan(&name, from, to).await?;
+    let Query(p) = query.map_err(ApiError::invalid_query)?;
+    let limit = p
+        .limit
+        .unwrap_or(100)
+        .clamp(1, crate::migration::PLAN_PAGE_MAX);
+    let plan = s
+        .engine
+        .operator()
+        .migration_plan_page(&name, from, to, p.after, limit)
+        .await?;
     Ok(json(&plan))
 }
 

@@ -151,7 +151,7 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     /// 400 `invalid_query`: a query string the route's parameters do not take.
-    fn invalid_query(r: QueryRejection) -> Self {
+    pub(super) fn invalid_query(r: QueryRejection) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text())
     }
 

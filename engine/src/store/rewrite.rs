@@ -8,9 +8,46 @@ use uuid::Uuid;
 
 use super::row::Exec;
 use super::rows::RUN_COLS;
-use super::tx::HistoryEntry;
-use super::{NewStep, RunRow, StoreTx};
+use super::tx::{HistoryEntry, RunSteps, read_steps};
+use super::{NewStep, RunRow, Store, StoreTx};
 use crate::{Result, StepState};
+
+impl Store {
+    /// A page of the unfinished runs of `name@version` (`key`) by id (so roughly oldest
+    /// first), after run `after`, at most `limit`; read without a transaction or a lock (a
+    /// dry run decides nothing it writes).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`]; [`crate::Error::CorruptRow`] for a run row that does not decode.
+    pub async fn runs_unfinished_page(
+        &self,
+        key: &str,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<RunRow>> {
+        let (cond, mut values): (&str, Vec<Value>) = match after {
+            Some(a) => (" AND id > $3", vec![a.into()]),
+            None => ("", vec![]),
+        };
+        values.insert(0, i64::from(limit).into());
+        values.insert(0, key.into());
+        let sql = format!(
+            "SELECT {RUN_COLS} FROM sagaflow_runs WHERE workflow_key = $1 AND finished_at IS NULL\
+             {cond} ORDER BY id LIMIT $2"
+        );
+        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
+        rows.iter().map(RunRow::decode).collect()
+    }
+
+    /// The steps of runs `ids`, read without a transaction or a lock (see
+    /// [`StoreTx::steps_of`] for the locked read).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn steps_read(&self, ids: &[Uuid]) -> Result<RunSteps> {
+        read_steps(self, &self.exec, ids, "").await
+    }
+}
 
 impl StoreTx<'_> {
     /// Replaces the stored input of run `id` (locked by this transaction).

@@ -256,36 +256,11 @@ impl StoreTx<'_> {
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn steps_of(&self, ids: &[Uuid]) -> Result<RunSteps> {
-        let s = self.store;
-        let mut out: HashMap<Uuid, Vec<StepRow>> = HashMap::with_capacity(ids.len());
-        let mut damaged: HashMap<Uuid, Damage> = HashMap::new();
-        for chunk in ids.chunks(CHUNK) {
-            let (cond, values) = s.in_list("run_id", 1, chunk)?;
-            // No `ORDER BY id` here: it would invite a walk of the whole primary key in
-            // id order instead of a lookup by run. Each run's steps are sorted below.
-            let lock = match s.backend {
-                Backend::Postgres => " FOR UPDATE",
-                Backend::Sqlite => "",
-            };
-            let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}{lock}");
-            let rows = self.txn.query_all(s.stmt(&sql, values)).await?;
-            for r in &rows {
-                match StepRow::decode(r) {
-                    Ok(step) => out.entry(step.run_id).or_default().push(step),
-                    Err(e) => {
-                        let run: Uuid = r.try_get("", "run_id")?;
-                        damaged.entry(run).or_insert_with(|| Damage::of(run, e));
-                    }
-                }
-            }
-        }
-        for steps in out.values_mut() {
-            steps.sort_unstable_by_key(|s| s.id);
-        }
-        Ok(RunSteps {
-            steps: out,
-            damaged,
-        })
+        let lock = match self.store.backend {
+            Backend::Postgres => " FOR UPDATE",
+            Backend::Sqlite => "",
+        };
+        read_steps(self.store, &self.txn, ids, lock).await
     }
 
     /// Sets runs aside for damaged rows, as the run table's
@@ -407,4 +382,40 @@ pub(super) async fn mark_dirty<C: Exec>(store: &Store, conn: &C, ids: &[Uuid]) -
         conn.execute(store.stmt(&sql, values)).await?;
     }
     Ok(())
+}
+
+/// The steps of many runs read on `conn`, grouped by run, each run's sorted by id; `lock` is
+/// appended to each statement (` FOR UPDATE`, or nothing). A step row that does not decode
+/// marks its run damaged instead of failing the read.
+pub(super) async fn read_steps<C: Exec>(
+    s: &Store,
+    conn: &C,
+    ids: &[Uuid],
+    lock: &str,
+) -> Result<RunSteps> {
+    let mut out: HashMap<Uuid, Vec<StepRow>> = HashMap::with_capacity(ids.len());
+    let mut damaged: HashMap<Uuid, Damage> = HashMap::new();
+    for chunk in ids.chunks(CHUNK) {
+        let (cond, values) = s.in_list("run_id", 1, chunk)?;
+        // No `ORDER BY id` here: it would invite a walk of the whole primary key in id order
+        // instead of a lookup by run. Each run's steps are sorted below.
+        let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}{lock}");
+        let rows = conn.query_all(s.stmt(&sql, values)).await?;
+        for r in &rows {
+            match StepRow::decode(r) {
+                Ok(step) => out.entry(step.run_id).or_default().push(step),
+                Err(e) => {
+                    let run: Uuid = r.try_get("", "run_id")?;
+                    damaged.entry(run).or_insert_with(|| Damage::of(run, e));
+                }
+            }
+        }
+    }
+    for steps in out.values_mut() {
+        steps.sort_unstable_by_key(|s| s.id);
+    }
+    Ok(RunSteps {
+        steps: out,
+        damaged,
+    })
 }

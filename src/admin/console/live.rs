@@ -8,6 +8,8 @@
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -36,36 +38,60 @@ struct Watch {
     run: Option<Uuid>,
     events: broadcast::Receiver<RunEvent>,
     last: Option<String>,
+    overview: Arc<Overview>,
 }
 
-/// A summary that differs whenever something a page shows changed.
-async fn fingerprint(engine: &Engine, run: Option<Uuid>) -> Option<String> {
+/// The fingerprint of the pages that follow no run (the statistics and the open alerts),
+/// read at most once per [`EVENTS_POLL`] however many pages follow it: without it each open
+/// tab ran the statistics query every second.
+#[derive(Default)]
+pub(super) struct Overview {
+    last: tokio::sync::Mutex<Option<(Instant, Option<String>)>>,
+}
+
+impl Overview {
+    async fn get(&self, engine: &Engine) -> Option<String> {
+        // Held while it reads: the pages that ask meanwhile wait and take the same answer.
+        let mut last = self.last.lock().await;
+        if let Some((at, fp)) = last.as_ref()
+            && at.elapsed() < EVENTS_POLL
+        {
+            return fp.clone();
+        }
+        let fp = overview_fingerprint(engine).await;
+        *last = Some((Instant::now(), fp.clone()));
+        fp
+    }
+}
+
+/// A summary of run `id` that differs whenever something its page shows changed.
+async fn fingerprint(engine: &Engine, id: Uuid) -> Option<String> {
     let mut fp = String::new();
-    match run {
-        Some(id) => {
-            let r = engine.run(id).await.ok()??;
-            let _ = write!(fp, "{}|{}|", r.state, r.updated_at.timestamp_millis());
-            for s in engine.steps(id).await.ok()? {
-                let a = s.attempts;
-                let _ = write!(
-                    fp,
-                    "{}:{}:{}:{}:{};",
-                    s.name, s.state, a.forward, a.compensation, a.failures
-                );
-            }
-            let history = engine.history(id).await.ok()?;
-            let _ = write!(fp, "|h{}", history.last().map_or(0, |h| h.id));
-            for a in engine.run_alerts(id).await.ok()? {
-                let _ = write!(fp, "|a{}:{}", a.id, a.resolved_at.is_some());
-            }
-        }
-        None => {
-            let stats = engine.stats().await.ok()?;
-            let _ = write!(fp, "{stats:?}");
-            for a in engine.open_alerts().await.ok()? {
-                let _ = write!(fp, "|a{}", a.id);
-            }
-        }
+    let r = engine.run(id).await.ok()??;
+    let _ = write!(fp, "{}|{}|", r.state, r.updated_at.timestamp_millis());
+    for s in engine.steps(id).await.ok()? {
+        let a = s.attempts;
+        let _ = write!(
+            fp,
+            "{}:{}:{}:{}:{};",
+            s.name, s.state, a.forward, a.compensation, a.failures
+        );
+    }
+    let history = engine.history(id).await.ok()?;
+    let _ = write!(fp, "|h{}", history.last().map_or(0, |h| h.id));
+    for a in engine.run_alerts(id).await.ok()? {
+        let _ = write!(fp, "|a{}:{}", a.id, a.resolved_at.is_some());
+    }
+    Some(fp)
+}
+
+/// The fingerprint of the overview: the statistics and the open alerts.
+async fn overview_fingerprint(engine: &Engine) -> Option<String> {
+    let mut fp = String::new();
+    let stats = engine.stats().await.ok()?;
+    let _ = write!(fp, "{stats:?}");
+    for a in engine.open_alerts().await.ok()? {
+        let _ = write!(fp, "|a{}", a.id);
     }
     Some(fp)
 }
@@ -76,7 +102,11 @@ async fn next_change(w: &mut Watch) -> Option<()> {
         if w.engine.inner.cancel.is_cancelled() {
             return None;
         }
-        if let Some(fp) = fingerprint(&w.engine, w.run).await
+        let fp = match w.run {
+            Some(id) => fingerprint(&w.engine, id).await,
+            None => w.overview.get(&w.engine).await,
+        };
+        if let Some(fp) = fp
             && w.last.as_ref() != Some(&fp)
         {
             let first = w.last.is_none();
@@ -121,6 +151,7 @@ pub(super) async fn events(
         engine: c.admin.engine.clone(),
         run: follow.run,
         last: None,
+        overview: c.overview.clone(),
     };
     // A first event at once: the page may have been rendered before a change that happened
     // while the stream was opening.

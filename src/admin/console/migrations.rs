@@ -28,13 +28,20 @@ pub(super) struct PlanQuery {
     from: Option<i32>,
     #[serde(default)]
     to: Option<i32>,
+    /// The page of the dry run starts after this run.
+    #[serde(default)]
+    after: Option<uuid::Uuid>,
     #[serde(default)]
     migrated: Option<usize>,
     #[serde(default)]
     refused: Option<usize>,
 }
 
-/// `GET /console/migrations`: the form, and with a workflow and two versions, the dry run.
+/// Runs one page of the console's dry run shows.
+const PLAN_PAGE: u32 = 100;
+
+/// `GET /console/migrations`: the form, and with a workflow and two versions, a page of the
+/// dry run.
 pub(super) async fn page(
     State(c): State<Console>,
     PageSession(s): PageSession,
@@ -44,7 +51,11 @@ pub(super) async fn page(
     let workflow = q.workflow.trim();
     let plan = match (workflow.is_empty(), q.from, q.to) {
         (false, Some(from), Some(to)) => {
-            match engine.operator().migration_plan(workflow, from, to).await {
+            let page = engine
+                .operator()
+                .migration_plan_page(workflow, from, to, q.after, PLAN_PAGE)
+                .await;
+            match page {
                 Ok(p) => Some(Ok(p)),
                 Err(e) => Some(Err(error_message(&e))),
             }
@@ -92,6 +103,13 @@ fn plan_table(p: &MigrationPlan) -> Markup {
         section #plan {
             h2 { (p.workflow) "@" (p.from) " → " (p.workflow) "@" (p.to) ": "
                 (p.migrating()) " would migrate, " (p.refused()) " refused" }
+            @if let Some(after) = p.next_after {
+                p.muted {
+                    "Showing " (p.runs.len()) " runs. "
+                    a #plan-next href={ "/console/migrations?workflow=" (view::url_encode(&p.workflow))
+                        "&from=" (p.from) "&to=" (p.to) "&after=" (after) } { "Next runs" }
+                }
+            }
             @if p.runs.is_empty() {
                 p.muted { "No unfinished run of this version." }
             } @else {

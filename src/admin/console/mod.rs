@@ -46,6 +46,8 @@ use session::Sessions;
 pub(crate) struct Console {
     admin: AdminState,
     sessions: Arc<Sessions>,
+    /// The overview's fingerprint, shared by every live page that follows no run.
+    overview: Arc<live::Overview>,
 }
 
 /// The console's routes, merged into the admin router.
@@ -56,6 +58,7 @@ where
     let console = Console {
         admin,
         sessions: Arc::new(Sessions::default()),
+        overview: Arc::new(live::Overview::default()),
     };
     Router::new()
         .route("/console", get(|| async { Redirect::to("/console/") }))

@@ -238,6 +238,56 @@ async fn migrate_over_the_api_plans_for_any_token_and_applies_for_an_operator() 
             Some(2),
             "[{b}] {body}"
         );
+        assert!(body.get("next_after").is_none(), "[{b}] {body}");
+        // Paged: one run a page, each page naming where the next starts.
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..3 {
+            let q = after
+                .as_ref()
+                .map_or("?limit=1".to_owned(), |a| format!("?limit=1&after={a}"));
+            let (status, body) =
+                answer(http.get(format!("{}{q}", url("plan"))).bearer_auth(VIEW)).await;
+            assert_eq!(status, StatusCode::OK, "[{b}] {body}");
+            let runs = body["runs"].as_array().expect("runs");
+            assert!(runs.len() <= 1, "[{b}] {body}");
+            seen.extend(
+                runs.iter()
+                    .filter_map(|r| r["run_id"].as_str().map(str::to_owned)),
+            );
+            after = body["next_after"].as_str().map(str::to_owned);
+            if after.is_none() {
+                break;
+            }
+        }
+        assert!(after.is_none(), "[{b}] the pages end");
+        seen.dedup();
+        assert_eq!(seen.len(), 2, "[{b}] {seen:?}");
+        let (status, body) = answer(
+            http.get(format!("{}?limit=1&bogus=1", url("plan")))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "[{b}] {body}");
+        if b == "postgres" {
+            // The dry run takes no lock: it answers while another session holds every step.
+            use sagaflow::sea_orm::{ConnectionTrait, Database, TransactionTrait};
+            let other = Database::connect(&db.url).await.expect("connect");
+            let held = other.begin().await.expect("begin");
+            held.execute_unprepared("SELECT id FROM sagaflow_steps FOR UPDATE")
+                .await
+                .expect("lock the steps");
+            let plan = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                answer(http.get(url("plan")).bearer_auth(VIEW)),
+            )
+            .await;
+            assert!(
+                matches!(&plan, Ok((StatusCode::OK, _))),
+                "[{b}] the dry run waited for a lock: {plan:?}"
+            );
+            held.rollback().await.expect("release");
+        }
 
         let reason = json!({ "reason": "ship v2" });
         let (status, body) = answer(http.post(url("apply")).bearer_auth(VIEW).json(&reason)).await;
