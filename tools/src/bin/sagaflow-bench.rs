@@ -40,6 +40,9 @@ async fn main() -> Result<(), Error> {
             "sqlite://.sagaflow/bench.db?mode=rwc".to_owned()
         }
     };
+    if let Some(clients) = args.hostile {
+        return bench::hostile::run(&url, args.latency_runs, clients).await;
+    }
     let starts: Starts = Arc::default();
     let mut builder = Engine::builder()
         .with_database_url(url.clone())

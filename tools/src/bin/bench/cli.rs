@@ -63,6 +63,12 @@ pub(crate) struct Args {
     /// wait, against the same engine idle before them.
     #[arg(long, value_name = "N")]
     pub(crate) parked: Option<usize>,
+    /// Hostile callers: start `--latency-runs` runs through the HTTP API with no other
+    /// traffic, then again while N clients (in this process) flood the API with refused
+    /// requests, forged callbacks, read-only event streams and wrong logins; print both
+    /// phases' latencies and how the flood was answered.
+    #[arg(long, value_name = "N")]
+    pub(crate) hostile: Option<usize>,
     /// How long each idle measurement of `--parked` lasts, in seconds.
     #[arg(long, default_value_t = 30)]
     pub(crate) idle_secs: u64,

@@ -6,5 +6,6 @@ pub(crate) mod cli;
 pub(crate) mod console;
 pub(crate) mod figures;
 pub(crate) mod fleet;
+pub(crate) mod hostile;
 pub(crate) mod parked;
 pub(crate) mod workload;
