@@ -53,12 +53,12 @@ impl RouteLimit {
 /// [`AdminConfig::with_limits`]: super::AdminConfig::with_limits
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminLimits {
-    /// Callbacks from remotes (default 32 at once, 200/s, bursts of 400).
+    /// Callbacks from remotes (default 64 at once, 1000/s, bursts of 2000).
     pub callbacks: RouteLimit,
-    /// Reads: API `GET`s and console pages (default 32 at once, 200/s, bursts of 400).
+    /// Reads: API `GET`s and console pages (default 32 at once, 500/s, bursts of 1000).
     pub reads: RouteLimit,
-    /// Actions: starts, operator actions, console forms (default 16 at once, 100/s, bursts
-    /// of 200).
+    /// Actions: starts, operator actions, console forms (default 32 at once, 1000/s, bursts
+    /// of 2000).
     pub actions: RouteLimit,
     /// Console logins (default 4 at once, 5/s, bursts of 10).
     pub login: RouteLimit,
@@ -78,9 +78,9 @@ pub struct AdminLimits {
 impl Default for AdminLimits {
     fn default() -> Self {
         Self {
-            callbacks: RouteLimit::new(32, 200, 400),
-            reads: RouteLimit::new(32, 200, 400),
-            actions: RouteLimit::new(16, 100, 200),
+            callbacks: RouteLimit::new(64, 1000, 2000),
+            reads: RouteLimit::new(32, 500, 1000),
+            actions: RouteLimit::new(32, 1000, 2000),
             login: RouteLimit::new(4, 5, 10),
             failures_per_client: 100,
             failure_window: Duration::from_secs(60),
