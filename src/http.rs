@@ -125,9 +125,13 @@ fn no_dot_segments(path: &str) -> std::borrow::Cow<'_, str> {
         Some(i) => path.split_at(i),
         None => (path, ""),
     };
+    // Only a segment of 6 bytes or fewer can be one (`%2e%2e` is the longest): the others
+    // are passed over without a copy.
     let is_dot = |s: &str| {
-        let lower = s.to_ascii_lowercase().replace("%2e", ".");
-        lower == "." || lower == ".."
+        s.len() <= 6 && {
+            let lower = s.to_ascii_lowercase().replace("%2e", ".");
+            lower == "." || lower == ".."
+        }
     };
     if !p.split('/').any(is_dot) {
         return std::borrow::Cow::Borrowed(path);

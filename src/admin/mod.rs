@@ -141,16 +141,16 @@ impl AdminConfig {
         self
     }
 
-    /// Sets what callers may make the API spend (default: [`AdminLimits::default`]); limits
-    /// that would refuse every request (a zero) leave the defaults in force, with an error
-    /// logged.
-    #[must_use]
-    pub fn with_limits(mut self, limits: AdminLimits) -> Self {
-        match limits.validate() {
-            Ok(()) => self.limits = limits,
-            Err(e) => tracing::error!(error = %e, "admin limits refused; the defaults apply"),
-        }
-        self
+    /// Sets what callers may make the API spend (default: [`AdminLimits::default`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) naming the limit, for limits that would
+    /// refuse every request (a concurrency, rate, burst, failure budget or stream cap of
+    /// zero).
+    pub fn with_limits(mut self, limits: AdminLimits) -> crate::Result<Self> {
+        limits.validate().map_err(crate::Error::Config)?;
+        self.limits = limits;
+        Ok(self)
     }
 
     /// The limits in force.

@@ -83,14 +83,6 @@ const LIVE_CALLBACK: &str = "SELECT id FROM sagaflow_steps WHERE wait_key = $1 A
      AND state IN ('running', 'waiting') AND NOT EXISTS (SELECT 1 FROM sagaflow_events e \
      WHERE e.run_id = $2 AND e.name = $3 AND e.consumed_at IS NULL)";
 
-fn live_values(hash: &str, run_id: Uuid, name: &str) -> Vec<Value> {
-    vec![
-        hash.to_owned().into(),
-        run_id.into(),
-        name.to_owned().into(),
-    ]
-}
-
 /// Wakes a waiting step (`$1`) with its new wait state (`$2`). Its `wait_key` is cleared: a
 /// callback token is spent once it woke its step.
 fn wake_sql() -> String {
@@ -349,6 +341,26 @@ fn woken_detail(wait: &WaitState) -> String {
 }
 
 impl Store {
+    /// Whether the callback token with `hash` of run `run_id` is live ([`LIVE_CALLBACK`]),
+    /// read on `conn`: the pool before any write, the unit of work under the run's lock.
+    async fn callback_live<C: Exec>(
+        &self,
+        conn: &C,
+        hash: &str,
+        run_id: Uuid,
+        name: &str,
+    ) -> Result<bool> {
+        let values: Vec<Value> = vec![
+            hash.to_owned().into(),
+            run_id.into(),
+            name.to_owned().into(),
+        ];
+        Ok(conn
+            .query_one(self.stmt(LIVE_CALLBACK, values))
+            .await?
+            .is_some())
+    }
+
     /// Registers a callback token's hash on the attempt `(step_id, attempt)` while it runs;
     /// returns `false` when the attempt no longer holds the step.
     ///
@@ -416,11 +428,7 @@ impl Store {
         // A forged or spent token is refused by one indexed read, before any write
         // transaction: a flood of them never queues for the writer (SQLite) nor holds a run's
         // row lock (PostgreSQL). The same check is made again under the lock below.
-        let live = self
-            .exec
-            .query_one(self.stmt(LIVE_CALLBACK, live_values(&hash, run_id, &name)))
-            .await?;
-        if live.is_none() {
+        if !self.callback_live(&self.exec, &hash, run_id, &name).await? {
             return Err(unknown());
         }
         let mut tx = self.begin().await?;
@@ -432,11 +440,7 @@ impl Store {
         if state.is_final() {
             return Err(unknown());
         }
-        let held = tx
-            .txn
-            .query_one(self.stmt(LIVE_CALLBACK, live_values(&hash, run_id, &name)))
-            .await?;
-        if held.is_none() {
+        if !self.callback_live(&tx.txn, &hash, run_id, &name).await? {
             return Err(unknown());
         }
         tx.pause_point(Unit::Deliver, Point::AfterReads).await;

@@ -42,7 +42,8 @@ async fn serve(db: &TestDb, limits: AdminLimits) -> (Engine, String) {
     let config = AdminConfig::new()
         .with_token(AdminToken::new("ops", OPS, Role::Operator).expect("token"))
         .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly).expect("token"))
-        .with_limits(limits);
+        .with_limits(limits)
+        .expect("valid limits");
     let engine = fast_builder(db)
         .with_workflow(gate())
         .with_workflow(quick())
@@ -59,6 +60,17 @@ fn retry_after(r: &reqwest::Response) -> Option<u64> {
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
+}
+
+/// Limits that would refuse every request are refused, naming the limit.
+#[test]
+fn hostile_limits_of_zero_are_refused_with_the_limit_named() {
+    let zero = AdminLimits {
+        actions: RouteLimit::new(4, 0, 10),
+        ..AdminLimits::default()
+    };
+    let e = AdminConfig::new().with_limits(zero).expect_err("refused");
+    assert!(e.to_string().contains("`actions`"), "{e}");
 }
 
 /// A flood of forged callbacks is cut by the callbacks' limits (429 with `Retry-After`)

@@ -236,14 +236,7 @@ async fn a_refusing_webhook_dead_letters_raises_one_alert_and_redelivers_on_dema
         );
         // One dead-letter alert for the sink, however many notices die.
         eventually(Duration::from_secs(10), "the dead-letter alert", || async {
-            engine
-                .open_alerts()
-                .await
-                .expect("alerts")
-                .iter()
-                .filter(|a| a.kind == AlertKind::DeliveryDeadLettered)
-                .count()
-                == 1
+            dead_letter_alerts(&engine).await == 1
         })
         .await;
         // The receiver is fixed; the notice is sent again on demand and arrives.
@@ -282,6 +275,17 @@ async fn a_refusing_webhook_dead_letters_raises_one_alert_and_redelivers_on_dema
         .await;
         engine.shutdown().await;
     }
+}
+
+/// The open dead-letter alerts (one per sink whose notices died).
+async fn dead_letter_alerts(engine: &Engine) -> usize {
+    engine
+        .open_alerts()
+        .await
+        .expect("alerts")
+        .iter()
+        .filter(|a| a.kind == AlertKind::DeliveryDeadLettered)
+        .count()
 }
 
 async fn eventually_dead(store: &sagaflow::internals::store::Store) -> sagaflow::Delivery {
@@ -599,16 +603,7 @@ async fn a_webhook_secret_in_the_path_leaks_nowhere_and_redirects_are_not_follow
         eventually(
             Duration::from_secs(10),
             "the dead-letter alerts",
-            || async {
-                engine
-                    .open_alerts()
-                    .await
-                    .expect("alerts")
-                    .iter()
-                    .filter(|a| a.kind == AlertKind::DeliveryDeadLettered)
-                    .count()
-                    == 2
-            },
+            || async { dead_letter_alerts(&engine).await == 2 },
         )
         .await;
         let alerts = format!("{:?}", engine.open_alerts().await.expect("alerts"));
