@@ -93,7 +93,8 @@ impl Engine {
 
     /// Completes or fails the step that handed out `token`
     /// ([`StepContext::callback_token`](crate::StepContext::callback_token)), as its remote
-    /// would over HTTP (`POST /api/v1/callbacks/{token}`).
+    /// would over HTTP (`POST /api/v1/callbacks` with the token in the
+    /// `Sagaflow-Callback-Token` header, or `POST /api/v1/callbacks/{token}`).
     ///
     /// # Errors
     /// [`Error::UnknownCallback`] for a token no step holds (forged, or spent);

@@ -449,26 +449,90 @@ impl StepAction for CallbackResume {
     }
 }
 
-/// A new callback token for `run_id`: the run id, a dot, and 256 random bits in hex. Only
-/// its SHA-256 is stored.
-pub(crate) fn new_token(run_id: Uuid) -> String {
-    let bytes: [u8; 32] = rand::random();
-    format!("{}.{}", run_id.simple(), hex::encode(bytes))
+/// The key that signs callback tokens, shared by every engine of a database (the row
+/// `callback_mac` of `sagaflow_secrets`, created by the first engine that needs it).
+///
+/// A token is `<run>.<nonce>.<mac>`: the run id, 128 random bits, and the first 128 bits of
+/// HMAC-SHA256 over the run and the nonce, all in hex. The engine checks the MAC itself, so a
+/// forged token is refused without a database read; a token with a valid MAC is then looked
+/// up (by its SHA-256, the only form stored) to learn whether its step still waits for it.
+#[derive(Clone)]
+pub(crate) struct CallbackKey([u8; 32]);
+
+impl std::fmt::Debug for CallbackKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallbackKey(..)")
+    }
+}
+
+/// Hex digits of a token's nonce and of its MAC (128 bits each).
+const NONCE_HEX: usize = 32;
+const MAC_HEX: usize = 32;
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+impl CallbackKey {
+    /// A new random key.
+    pub(crate) fn generate() -> Self {
+        Self(rand::random())
+    }
+
+    /// The key stored as `hex`, if it is 64 hex digits.
+    pub(crate) fn from_hex(hex: &str) -> Option<Self> {
+        let mut key = [0u8; 32];
+        hex::decode_to_slice(hex.trim(), &mut key).ok()?;
+        Some(Self(key))
+    }
+
+    /// The stored form.
+    pub(crate) fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    fn mac(&self, run: &str, nonce: &str) -> HmacSha256 {
+        use hmac::{KeyInit, Mac};
+        let mut m = <HmacSha256 as KeyInit>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        m.update(b"sagaflow callback v1\0");
+        m.update(run.as_bytes());
+        m.update(b".");
+        m.update(nonce.as_bytes());
+        m
+    }
+
+    /// A new callback token for `run_id`.
+    pub(crate) fn issue(&self, run_id: Uuid) -> String {
+        use hmac::Mac;
+        let run = run_id.simple().to_string();
+        let nonce = hex::encode(rand::random::<[u8; NONCE_HEX / 2]>());
+        let tag = self.mac(&run, &nonce).finalize().into_bytes();
+        format!("{run}.{nonce}.{}", hex::encode(&tag[..MAC_HEX / 2]))
+    }
+
+    /// The run a token names, when this key signed it; `None` for anything else (malformed,
+    /// forged, or signed with another key). The comparison takes constant time.
+    pub(crate) fn verify(&self, token: &str) -> Option<Uuid> {
+        use hmac::Mac;
+        let mut parts = token.split('.');
+        let (run, nonce, tag) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || nonce.len() != NONCE_HEX || tag.len() != MAC_HEX {
+            return None;
+        }
+        let mut given = [0u8; MAC_HEX / 2];
+        hex::decode_to_slice(tag, &mut given).ok()?;
+        if !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let run_id = Uuid::try_parse(run).ok()?;
+        self.mac(run, nonce).verify_truncated_left(&given).ok()?;
+        Some(run_id)
+    }
 }
 
 /// The stored form of a token (SHA-256, hex).
 pub fn token_hash(token: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
-}
-
-/// The run a token names, if it is well formed.
-pub fn token_run(token: &str) -> Option<Uuid> {
-    let (run, secret) = token.split_once('.')?;
-    if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    Uuid::try_parse(run).ok()
 }
 
 /// The event name a callback with this token hash is delivered as.
@@ -481,14 +545,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_name_their_run_and_are_stored_hashed() {
+    fn tokens_name_their_run_and_only_their_key_accepts_them() {
+        let key = CallbackKey::generate();
         let run = Uuid::now_v7();
-        let t = new_token(run);
-        assert_eq!(token_run(&t), Some(run));
-        assert_ne!(new_token(run), t);
+        let t = key.issue(run);
+        assert_eq!(key.verify(&t), Some(run));
+        assert_ne!(key.issue(run), t);
         assert_eq!(token_hash(&t).len(), 64);
-        assert_eq!(token_run("nope"), None);
-        assert_eq!(token_run(&format!("{}.abc", run.simple())), None);
+        // Another database's key, or any change to the token, is refused.
+        assert_eq!(CallbackKey::generate().verify(&t), None);
+        let (head, tag) = t.rsplit_once('.').expect("three parts");
+        let flipped = if tag.starts_with('0') { "1" } else { "0" };
+        assert_eq!(key.verify(&format!("{head}.{flipped}{}", &tag[1..])), None);
+        let other_run = t.replacen(
+            &run.simple().to_string(),
+            &Uuid::now_v7().simple().to_string(),
+            1,
+        );
+        assert_eq!(key.verify(&other_run), None);
+        for junk in [
+            "nope",
+            "",
+            "..",
+            &format!("{t}.00"),
+            &format!("{}.{}", run.simple(), "ab".repeat(32)),
+        ] {
+            assert_eq!(key.verify(junk), None, "{junk}");
+        }
+        // The stored form round-trips.
+        let again = CallbackKey::from_hex(&key.to_hex()).expect("hex");
+        assert_eq!(again.verify(&t), Some(run));
+        assert!(CallbackKey::from_hex("xyz").is_none());
+        assert!(!format!("{key:?}").contains(&key.to_hex()[..8]));
     }
 
     #[test]

@@ -59,6 +59,7 @@ mod m0015_retry_lane_and_aging;
 mod m0016_waits;
 mod m0017_schedules;
 mod m0018_instance_workflows;
+mod m0019_secrets;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -99,6 +100,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0016_waits::Migration),
             Box::new(m0017_schedules::Migration),
             Box::new(m0018_instance_workflows::Migration),
+            Box::new(m0019_secrets::Migration),
         ]
     }
 

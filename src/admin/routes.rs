@@ -105,6 +105,7 @@ api_routes! {
         super::resources::clear_limits,
         super::waits::send_event,
         super::waits::send_event_by_key,
+        super::waits::callback_by_header,
         super::waits::callback,
         super::waits::waiting,
         super::schedules::schedules,
@@ -126,7 +127,8 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
-        // A remote's callback carries its own credential, the token in the path.
+        // A remote's callback carries its own credential, the token in a header or the path.
+        .route("/api/v1/callbacks", post(super::waits::callback_by_header))
         .route("/api/v1/callbacks/{token}", post(super::waits::callback))
         .merge(api)
         .merge(super::console::router(state.clone()))

@@ -46,7 +46,7 @@ impl RouteLimit {
 
 /// How much callers may make the API spend (see [`AdminConfig::with_limits`]).
 ///
-/// The route classes: `callbacks` (`POST /api/v1/callbacks/{token}`, no bearer token),
+/// The route classes: `callbacks` (`POST /api/v1/callbacks` and `…/callbacks/{token}`, no bearer token),
 /// `login` (`POST /console/login`), `reads` (every other `GET`), `actions` (every other
 /// `POST`, `PUT`, `DELETE`). `/healthz` has no limit.
 ///
@@ -255,7 +255,7 @@ impl Throttle {
     fn class(&self, method: &Method, path: &str) -> Option<&Class> {
         if path == "/healthz" {
             None
-        } else if path.starts_with("/api/v1/callbacks/") {
+        } else if path == "/api/v1/callbacks" || path.starts_with("/api/v1/callbacks/") {
             Some(&self.callbacks)
         } else if path == "/console/login" && method == Method::POST {
             Some(&self.login)
@@ -334,6 +334,11 @@ pub(crate) async fn limit(
     response
 }
 
+/// Marks a 401 that is no guess at a credential (a console tab whose session ended): it does
+/// not count toward its client's failed authentications.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NotAGuess;
+
 async fn limited(t: &Throttle, request: Request, next: Next) -> Response {
     let Some(class) = t.class(request.method(), request.uri().path()) else {
         return next.run(request).await;
@@ -348,7 +353,9 @@ async fn limited(t: &Throttle, request: Request, next: Next) -> Response {
     };
     let response = next.run(request).await;
     drop(permit);
-    if response.status() == StatusCode::UNAUTHORIZED {
+    if response.status() == StatusCode::UNAUTHORIZED
+        && response.extensions().get::<NotAGuess>().is_none()
+    {
         t.failures.failed(client, Instant::now());
     }
     response

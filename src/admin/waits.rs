@@ -3,7 +3,7 @@
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -143,12 +143,60 @@ async fn deliver(
     Ok(json(&EventAnswer::from(delivery)))
 }
 
-/// Completes a step waiting for its callback
+/// The header that carries a callback token on `POST /api/v1/callbacks`.
+pub(super) const CALLBACK_TOKEN_HEADER: &str = "sagaflow-callback-token";
+
+/// The body of a callback, as the remote is told to send it.
+const CALLBACK_SHAPE: &str =
+    r#"{"ok": output} or {"error": {"code": "…", "message": "…", "retryable": false}}"#;
+
+/// Completes a step waiting for its callback (the token in a header)
 ///
 /// The one call a remote makes when it finishes the work a step handed it: the token in the
-/// path is the credential (no API token is needed, and only the step's own token works, once).
-/// The body is `{"ok": output}` (the step completes with `output`) or `{"error": {"code",
-/// "message", "retryable"}}` (the step fails with it, and is retried when `retryable`).
+/// `Sagaflow-Callback-Token` header is the credential (no API token is needed, and only the
+/// step's own token works, once). The header keeps the token out of the request line that
+/// proxies and access logs record; prefer it to the path form. The body is `{"ok": output}`
+/// (the step completes with `output`) or `{"error": {"code", "message", "retryable"}}` (the
+/// step fails with it, and is retried when `retryable`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/callbacks",
+    tag = "runs",
+    operation_id = "complete_callback_by_header",
+    params(("Sagaflow-Callback-Token" = String, Header, description = "The token the step handed out")),
+    request_body(content = Value, description = r#"{"ok": output} or {"error": {"code", "message", "retryable"}}"#),
+    responses(
+        (status = 202, description = "Accepted: the step completes (or fails) as told", body = EventAnswer),
+        (status = 400, description = "`invalid_json`, `invalid_body` or `missing_callback_token`", body = ErrorBody),
+        (status = 404, description = "`unknown_callback`: no step holds the token (forged, or spent)", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+    security(()),
+)]
+pub(super) async fn callback_by_header(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let token = headers
+        .get(CALLBACK_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "missing_callback_token",
+                "send the step's callback token in the Sagaflow-Callback-Token header",
+            )
+        })?;
+    complete(&s, token, body).await
+}
+
+/// Completes a step waiting for its callback (the token in the path)
+///
+/// As `POST /api/v1/callbacks` with the token in the path instead of a header, for remotes
+/// that can only be given a URL to call. The token then sits in the request line, which
+/// proxies and access logs record: keep such logs private, or use the header form.
 #[utoipa::path(
     post,
     path = "/api/v1/callbacks/{token}",
@@ -170,13 +218,18 @@ pub(super) async fn callback(
     Path(token): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let result: CallbackResult = parse_body(
-        body,
-        r#"{"ok": output} or {"error": {"code": "…", "message": "…", "retryable": false}}"#,
-    )?;
+    complete(&s, &token, body).await
+}
+
+async fn complete(
+    s: &AdminState,
+    token: &str,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let result: CallbackResult = parse_body(body, CALLBACK_SHAPE)?;
     let delivery = s
         .engine
-        .complete_callback(&token, &result, "callback")
+        .complete_callback(token, &result, "callback")
         .await?;
     Ok((StatusCode::ACCEPTED, json(&EventAnswer::from(delivery))))
 }

@@ -145,11 +145,13 @@ impl StepContext {
 
     /// A callback token for this attempt: hand it to the remote, then end the attempt with
     /// [`await_callback`](Self::await_callback). The remote completes (or fails) the step
-    /// later with one HTTP call carrying the token (`POST /api/v1/callbacks/{token}`, or
+    /// later with one HTTP call carrying the token (`POST /api/v1/callbacks` with the
+    /// `Sagaflow-Callback-Token` header, `POST /api/v1/callbacks/{token}`, or
     /// `Store::callback_complete`); the token is its credential, so send it only to that
-    /// remote. One token per attempt: calling this again returns the same one. It is stored
-    /// (as its SHA-256) before it is returned, so a remote that answers at once is not lost,
-    /// and it stops working when the attempt that waits for it ends.
+    /// remote. One token per attempt: calling this again returns the same one. It is signed
+    /// with the database's callback key (a forged one is refused without a database read)
+    /// and stored (as its SHA-256) before it is returned, so a remote that answers at once is
+    /// not lost, and it stops working when the attempt that waits for it ends.
     ///
     /// # Errors
     /// A retryable [`StepError`] when the token could not be stored (the database is
@@ -165,7 +167,10 @@ impl StepContext {
         if let Some(t) = issued.as_ref() {
             return Ok(t.clone());
         }
-        let token = crate::wait::new_token(self.run_id);
+        let key = hook.store.callback_key().await.map_err(|e| {
+            StepError::retryable("callback_unavailable", e.to_string()).not_applied()
+        })?;
+        let token = key.issue(self.run_id);
         let hash = crate::wait::token_hash(&token);
         let stored = hook
             .store

@@ -86,7 +86,8 @@ impl Store {
     }
 
     /// Registers (or re-registers, on a restart with the same id) instance `id` under a new
-    /// `incarnation`, heartbeating now, running the workflows `workflows` (`name@version`).
+    /// `incarnation`, heartbeating now, running the workflows `workflows` (`name@version`),
+    /// and loads the key that signs callback tokens (creating it on a new database).
     ///
     /// # Errors
     /// [`crate::Error::Db`].
@@ -118,6 +119,9 @@ impl Store {
                 ],
             ))
             .await?;
+        // The callback key, read now so that no callback request pays for it (nor a forged
+        // one reaches the database because it came first).
+        self.callback_key().await?;
         Ok(Registered {
             predecessor_silent_ms: before,
         })

@@ -127,6 +127,8 @@ pub struct Store {
     clock: Option<crate::clock::TestClock>,
     /// Pause points armed by a test (see [`crate::interleave`]).
     pauses: Option<Arc<crate::interleave::PauseHook>>,
+    /// The key that signs callback tokens, read (or created) once.
+    callback_key: Arc<tokio::sync::OnceCell<crate::wait::CallbackKey>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -182,6 +184,7 @@ impl Store {
             file: None,
             clock: None,
             pauses: None,
+            callback_key: Arc::default(),
         })
     }
 

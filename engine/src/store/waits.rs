@@ -83,6 +83,17 @@ const LIVE_CALLBACK: &str = "SELECT id FROM sagaflow_steps WHERE wait_key = $1 A
      AND state IN ('running', 'waiting') AND NOT EXISTS (SELECT 1 FROM sagaflow_events e \
      WHERE e.run_id = $2 AND e.name = $3 AND e.consumed_at IS NULL)";
 
+/// The `sagaflow_secrets` row of the key that signs callback tokens.
+const CALLBACK_KEY: &str = "callback_mac";
+
+fn corrupt_key(why: &str) -> Error {
+    Error::CorruptRow {
+        table: "sagaflow_secrets",
+        id: CALLBACK_KEY.to_owned(),
+        reason: format!("the callback key is unusable: {why}"),
+    }
+}
+
 /// Wakes a waiting step (`$1`) with its new wait state (`$2`). Its `wait_key` is cleared: a
 /// callback token is spent once it woke its step.
 fn wake_sql() -> String {
@@ -361,6 +372,38 @@ impl Store {
             .is_some())
     }
 
+    /// The key that signs this database's callback tokens: read from `sagaflow_secrets` on
+    /// first use (created there by the first engine that needs one; engines racing to create
+    /// it agree on the row that won), then kept for the store's life.
+    ///
+    /// # Errors
+    /// [`Error::Db`]; [`Error::CorruptRow`] when the stored key is not 64 hex digits.
+    pub(crate) async fn callback_key(&self) -> Result<&crate::wait::CallbackKey> {
+        self.callback_key
+            .get_or_try_init(|| async {
+                let fresh = crate::wait::CallbackKey::generate();
+                self.exec
+                    .execute(self.stmt(
+                        "INSERT INTO sagaflow_secrets (name, value, created_at) \
+                         VALUES ($1, $2, {now}) ON CONFLICT (name) DO NOTHING",
+                        vec![CALLBACK_KEY.into(), fresh.to_hex().into()],
+                    ))
+                    .await?;
+                let row = self
+                    .exec
+                    .query_one(self.stmt(
+                        "SELECT value FROM sagaflow_secrets WHERE name = $1",
+                        vec![CALLBACK_KEY.into()],
+                    ))
+                    .await?
+                    .ok_or_else(|| corrupt_key("the row is missing"))?;
+                let value: String = row.try_get("", "value")?;
+                crate::wait::CallbackKey::from_hex(&value)
+                    .ok_or_else(|| corrupt_key("it is not 64 hex digits"))
+            })
+            .await
+    }
+
     /// Registers a callback token's hash on the attempt `(step_id, attempt)` while it runs;
     /// returns `false` when the attempt no longer holds the step.
     ///
@@ -422,12 +465,17 @@ impl Store {
         actor: &str,
     ) -> Result<EventDelivery> {
         let unknown = || Error::UnknownCallback;
-        let run_id = crate::wait::token_run(token).ok_or_else(unknown)?;
+        // A forged token is refused by its MAC, without a database read.
+        let run_id = self
+            .callback_key()
+            .await?
+            .verify(token)
+            .ok_or_else(unknown)?;
         let hash = crate::wait::token_hash(token);
         let name = crate::wait::callback_event(&hash);
-        // A forged or spent token is refused by one indexed read, before any write
-        // transaction: a flood of them never queues for the writer (SQLite) nor holds a run's
-        // row lock (PostgreSQL). The same check is made again under the lock below.
+        // A spent token is refused by one indexed read, before any write transaction: a
+        // flood of them never queues for the writer (SQLite) nor holds a run's row lock
+        // (PostgreSQL). The same check is made again under the lock below.
         if !self.callback_live(&self.exec, &hash, run_id, &name).await? {
             return Err(unknown());
         }

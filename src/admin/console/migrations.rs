@@ -90,7 +90,13 @@ pub(super) async fn page(
             button type="submit" { "Show the dry run" }
         }
         @match &plan {
-            Some(Ok(p)) => { (plan_table(p)) @if s.is_operator() && p.migrating() > 0 { (apply_form(p, &s)) } }
+            Some(Ok(p)) => {
+                // One page of a longer plan: its counts are the page's, and applying moves
+                // every unfinished run of the version, not only those shown.
+                @let paged = q.after.is_some() || p.next_after.is_some();
+                (plan_table(p, paged))
+                @if s.is_operator() && (paged || p.migrating() > 0) { (apply_form(p, paged, &s)) }
+            }
             Some(Err(message)) => { (flash("error", message)) }
             None => {}
         }
@@ -98,10 +104,11 @@ pub(super) async fn page(
     .into_response()
 }
 
-fn plan_table(p: &MigrationPlan) -> Markup {
+fn plan_table(p: &MigrationPlan, paged: bool) -> Markup {
     html! {
         section #plan {
             h2 { (p.workflow) "@" (p.from) " → " (p.workflow) "@" (p.to) ": "
+                @if paged { "on this page, " }
                 (p.migrating()) " would migrate, " (p.refused()) " refused" }
             @if let Some(after) = p.next_after {
                 p.muted {
@@ -148,10 +155,15 @@ fn outcome(o: MigrationOutcome) -> &'static str {
     }
 }
 
-fn apply_form(p: &MigrationPlan, s: &Session) -> Markup {
+fn apply_form(p: &MigrationPlan, paged: bool, s: &Session) -> Markup {
     html! {
         details.action data-action="migrate" {
-            summary { "Apply: migrate " (p.migrating()) " run(s)" }
+            @if paged {
+                summary { "Apply: migrate every unfinished run of " (p.workflow) "@" (p.from)
+                    " that can move (all pages, not only this one)" }
+            } @else {
+                summary { "Apply: migrate " (p.migrating()) " run(s)" }
+            }
             form method="post" action="/console/migrations" {
                 input type="hidden" name="csrf" value=(s.csrf);
                 input type="hidden" name="workflow" value=(p.workflow);

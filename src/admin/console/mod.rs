@@ -181,12 +181,17 @@ impl FromRequestParts<Console> for LiveSession {
             .find(&parts.headers)
             .map(LiveSession)
             .ok_or_else(|| {
-                (
+                let mut r = (
                     StatusCode::UNAUTHORIZED,
                     [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
                     "log in at /console/login",
                 )
-                    .into_response()
+                    .into_response();
+                // A tab whose session ended keeps asking until it reloads: that is no guess
+                // at a credential (a session id is 256 random bits, issued by the server), so
+                // it does not spend its address's failure budget.
+                r.extensions_mut().insert(super::throttle::NotAGuess);
+                r
             })
     }
 }

@@ -89,9 +89,10 @@ async fn hostile_forged_callbacks_are_limited_and_runs_go_through() {
         let flood = (0..60).map(|i| {
             let http = http.clone();
             let url = format!(
-                "{base}/api/v1/callbacks/{}.{}",
+                "{base}/api/v1/callbacks/{}.{}.{}",
                 sagaflow::Uuid::new_v4().simple(),
-                format!("{i:02}").repeat(32)
+                format!("{i:02}").repeat(16),
+                "ab".repeat(16)
             );
             async move {
                 let r = http
@@ -138,8 +139,122 @@ async fn hostile_forged_callbacks_are_limited_and_runs_go_through() {
     }
 }
 
+/// Forged callbacks take nothing a claim needs: while a unit of work of the engine holds what
+/// every claim needs (SQLite: the one writer connection; PostgreSQL: the only connection of a
+/// pool of two, the other being the wake-up listener's), a flood of forged callbacks is
+/// refused at once with 404, each by its MAC (on PostgreSQL a read of the API waits for the
+/// connection meanwhile); once the unit lets go, the runs started during the flood complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_forged_callbacks_need_no_database_while_a_unit_of_work_holds_it() {
+    use sagaflow::interleave::{PauseHook, Point, Unit};
+    for db in backends().await {
+        let b = db.backend;
+        let hook = std::sync::Arc::new(PauseHook::new());
+        let limits = AdminLimits {
+            callbacks: RouteLimit::new(64, 100_000, 100_000),
+            ..AdminLimits::default()
+        };
+        let config = AdminConfig::new()
+            .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly).expect("token"))
+            .with_limits(limits)
+            .expect("valid limits");
+        let engine = fast_builder(&db)
+            .with_pool_size(2)
+            .with_workflow(gate())
+            .with_workflow(quick())
+            .with_pause_hook(hook.clone())
+            .with_admin("127.0.0.1:0".parse().expect("addr"), config)
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let base = format!("http://{}", engine.admin_addr().expect("listening"));
+        let gated = engine.start("gate", &()).await.expect("start");
+        eventually(Duration::from_secs(30), "the gate parked", || async {
+            engine
+                .waiting_steps(Some(gated), 10)
+                .await
+                .is_ok_and(|w| w.len() == 1)
+        })
+        .await;
+        // The event's delivery holds the connection, its transaction open, before its commit.
+        let held = hook.hold(Unit::Deliver, Point::BeforeCommit);
+        let sender = {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.send_event(gated, "go", &json!({ "ok": 1 })).await })
+        };
+        tokio::time::timeout(Duration::from_secs(30), held.reached())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the delivery never reached its commit"));
+        let http = reqwest::Client::new();
+        if b == "postgres" {
+            // The control: a read needs a connection, and waits while the unit holds the
+            // only one. (SQLite reads on reader connections that never wait for the writer:
+            // there the flood shows it does not need the writer a claim needs.)
+            let read = tokio::time::timeout(
+                Duration::from_millis(500),
+                http.get(format!("{base}/api/v1/runs/{gated}"))
+                    .bearer_auth(VIEW)
+                    .send(),
+            )
+            .await;
+            assert!(
+                read.is_err(),
+                "[{b}] a read answered with the connection held: {read:?}"
+            );
+        }
+        let flood = (0..256).map(|i| {
+            let http = http.clone();
+            let token = format!("{}.{i:032x}.{}", gated.simple(), "ab".repeat(16));
+            let url = format!("{base}/api/v1/callbacks");
+            async move {
+                let r = http
+                    .post(url)
+                    .header("Sagaflow-Callback-Token", token)
+                    .json(&json!({ "ok": 1 }))
+                    .send()
+                    .await
+                    .expect("post");
+                r.status().as_u16()
+            }
+        });
+        let answers = tokio::time::timeout(
+            Duration::from_secs(30),
+            futures_util::future::join_all(flood),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("[{b}] forged callbacks waited for the database"));
+        assert!(
+            answers.iter().all(|s| *s == 404),
+            "[{b}] every forged callback refused by its MAC: {answers:?}"
+        );
+        // Runs started now are claimed once the unit lets go.
+        let quick: Vec<_> = {
+            let engine = engine.clone();
+            let starts = tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..5 {
+                    ids.push(engine.start("quick", &()).await.expect("start"));
+                }
+                ids
+            });
+            held.release();
+            starts.await.expect("starts")
+        };
+        sender
+            .await
+            .expect("sender")
+            .unwrap_or_else(|e| panic!("[{b}] the held event: {e}"));
+        expect_state(&engine, gated, RunState::Completed, b).await;
+        for id in quick {
+            expect_state(&engine, id, RunState::Completed, b).await;
+        }
+        engine.shutdown().await;
+    }
+}
+
 /// A client that failed to authenticate too often is answered 429 until its window ends,
-/// even with a valid token (which is not compared); the console's login counts too.
+/// even with a valid token (which is not compared); the console's login counts too, a console
+/// tab whose session ended does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_a_guessing_client_is_throttled_before_its_token_is_compared() {
     for db in backends().await {
@@ -151,6 +266,20 @@ async fn hostile_a_guessing_client_is_throttled_before_its_token_is_compared() {
         let (engine, base) = serve(&db, limits).await;
         let http = reqwest::Client::new();
         let defs = format!("{base}/api/v1/definitions");
+        // A console tab whose session ended asks on (its event stream, its live fragments):
+        // 401s that guess nothing, and spend none of the budget.
+        let ended = format!("sagaflow_session={}", "ab".repeat(32));
+        for _ in 0..10 {
+            let r = http
+                .get(format!("{base}/console/events"))
+                .header("cookie", &ended)
+                .send()
+                .await
+                .expect("get");
+            assert_eq!(r.status(), 401, "[{b}]");
+        }
+        let r = http.get(&defs).bearer_auth(VIEW).send().await.expect("get");
+        assert_eq!(r.status(), 200, "[{b}] a logged-out tab spent the budget");
         for guess in ["guess-one-0123456789", "guess-two-0123456789"] {
             let r = http
                 .get(&defs)

@@ -443,6 +443,28 @@ async fn migrate_from_the_console_shows_the_dry_run_then_applies_it() {
         let ops = login(OPS).await;
         let (_, body) = page(ops.clone()).await;
         let csrf = crate::console::csrf_of(&body);
+        assert!(
+            body.contains("1 would migrate, 1 refused") && !body.contains("on this page"),
+            "[{b}] one page holds the whole plan: {body}"
+        );
+        // A later page counts its own runs, and says that applying moves every run.
+        let later = http
+            .get(format!(
+                "http://{addr}/console/migrations?workflow=shipment&from=1&to=2&after={}",
+                Uuid::nil()
+            ))
+            .header("cookie", ops.clone())
+            .send()
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("body");
+        assert!(
+            later.contains("on this page, 1 would migrate")
+                && later.contains("(all pages, not only this one)"),
+            "[{b}] {later}"
+        );
         let form = |csrf: &str, reason: &str| {
             vec![
                 ("csrf", csrf.to_owned()),

@@ -450,9 +450,11 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
         .await;
         parked(&engine, id).await;
         let http = reqwest::Client::new();
-        // A forged token (right run, wrong secret) and a malformed one: refused, nothing moves.
-        let forged = format!("{}.{}", id.simple(), "ab".repeat(32));
-        for bad in [forged.as_str(), "not-a-token"] {
+        // Forged tokens (right run, wrong MAC; the form of an older release) and a malformed
+        // one, in the path or the header: refused, nothing moves.
+        let forged = flip_last(&token);
+        let old_form = format!("{}.{}", id.simple(), "ab".repeat(32));
+        for bad in [forged.as_str(), old_form.as_str(), "not-a-token"] {
             let r = http
                 .post(format!("{admin}/api/v1/callbacks/{bad}"))
                 .json(&json!({ "ok": { "paid": true } }))
@@ -460,14 +462,33 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
                 .await
                 .expect("post");
             assert_eq!(r.status(), 404, "[{}] {bad}", db.backend);
+            let r = http
+                .post(format!("{admin}/api/v1/callbacks"))
+                .header("Sagaflow-Callback-Token", bad)
+                .json(&json!({ "ok": { "paid": true } }))
+                .send()
+                .await
+                .expect("post");
+            assert_eq!(r.status(), 404, "[{}] {bad}", db.backend);
         }
+        let r = http
+            .post(format!("{admin}/api/v1/callbacks"))
+            .json(&json!({ "ok": { "paid": true } }))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), 400, "[{}] no token", db.backend);
+        let body: serde_json::Value = r.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "missing_callback_token");
         assert_eq!(
             engine.waiting_steps(Some(id), 10).await.expect("w").len(),
             1
         );
-        // The remote's one call, without an admin token: the callback token is its credential.
+        // The remote's one call, without an admin token: the callback token is its credential,
+        // in a header, out of the request line that proxies log.
         let r = http
-            .post(format!("{admin}/api/v1/callbacks/{token}"))
+            .post(format!("{admin}/api/v1/callbacks"))
+            .header("Sagaflow-Callback-Token", &token)
             .json(&json!({ "ok": { "paid": true, "amount": 42 } }))
             .send()
             .await
@@ -489,13 +510,13 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
     }
 }
 
-/// A forged, malformed or spent callback token is refused by a read, without a write: while
-/// another session holds the lock every write of the engine needs (PostgreSQL: `EXCLUSIVE`
-/// on the runs table; SQLite: the file's write lock), each is answered at once, where a live
-/// token waits for the lock. A token is valid once: a replay right after its delivery, while
-/// the resumed attempt runs, is refused.
+/// A forged or malformed callback token is refused by its MAC, without touching the
+/// database, and a spent one by a read, without a write: while another session locks the
+/// database (PostgreSQL: `ACCESS EXCLUSIVE` on the steps; SQLite: the file's write lock),
+/// forged tokens are answered at once, and a live token waits for the lock. A token is valid
+/// once: a replay right after its delivery, while the resumed attempt runs, is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callback_forged_or_spent_is_refused_without_a_write_and_a_token_is_valid_once() {
+async fn callback_forged_is_refused_by_its_mac_a_spent_one_without_a_write_and_valid_once() {
     use sagaflow::internals::store::Store;
     use sagaflow::sea_orm::{ConnectionTrait, Database, TransactionTrait};
     for db in backends().await {
@@ -535,22 +556,37 @@ async fn callback_forged_or_spent_is_refused_without_a_write_and_a_token_is_vali
         );
         expect_state(&engine, second, RunState::Completed, b).await;
 
-        // Another session takes the lock every write transaction of the engine needs.
+        // A store of its own, whose key is read before the database is locked below (an
+        // engine reads it when it registers).
         let store = Store::connect(&db.url, None).await.expect("store");
+        let warm = store.callback_complete(&spent, &ok, "remote").await;
+        assert!(
+            matches!(warm, Err(sagaflow::Error::UnknownCallback)),
+            "[{b}] {warm:?}"
+        );
+        // Another session locks the database. PostgreSQL: `ACCESS EXCLUSIVE` on the steps,
+        // which stops even reads of them; SQLite: the file's write lock (readers go on).
         let other = Database::connect(&db.url).await.expect("connect");
         let held = other.begin().await.expect("begin");
         let lock = if b == "postgres" {
-            "LOCK TABLE sagaflow_runs IN EXCLUSIVE MODE"
+            "LOCK TABLE sagaflow_steps IN ACCESS EXCLUSIVE MODE"
         } else {
             "UPDATE sagaflow_runs SET updated_at = updated_at WHERE 1 = 0"
         };
         held.execute_unprepared(lock).await.expect("lock");
-        let wrong_secret = format!("{}.{}", first.simple(), "ab".repeat(32));
-        let unknown_run = format!("{}.{}", Uuid::new_v4().simple(), "cd".repeat(32));
+        // Forged tokens fail their MAC, with no read at all: answered at once on both.
+        let wrong_mac = flip_last(&live);
+        let unknown_run = format!(
+            "{}.{}.{}",
+            Uuid::new_v4().simple(),
+            "cd".repeat(16),
+            "ef".repeat(16)
+        );
+        let old_form = format!("{}.{}", first.simple(), "ab".repeat(32));
         for bad in [
-            wrong_secret.as_str(),
+            wrong_mac.as_str(),
             unknown_run.as_str(),
-            spent.as_str(),
+            old_form.as_str(),
             "junk",
         ] {
             let r = tokio::time::timeout(
@@ -561,6 +597,25 @@ async fn callback_forged_or_spent_is_refused_without_a_write_and_a_token_is_vali
             assert!(
                 matches!(r, Ok(Err(sagaflow::Error::UnknownCallback))),
                 "[{b}] a forged token is refused at once under the lock: {r:?}"
+            );
+        }
+        // A spent token has a valid MAC: it takes one read, never a write. SQLite answers
+        // it at once under the write lock; on PostgreSQL the read waits for the lock, which
+        // shows that the forged ones above read nothing.
+        let r = tokio::time::timeout(
+            Duration::from_millis(1500),
+            store.callback_complete(&spent, &ok, "remote"),
+        )
+        .await;
+        if b == "postgres" {
+            assert!(
+                matches!(r, Err(_) | Ok(Err(sagaflow::Error::Db(_)))),
+                "[{b}] a spent token reads the steps: {r:?}"
+            );
+        } else {
+            assert!(
+                matches!(r, Ok(Err(sagaflow::Error::UnknownCallback))),
+                "[{b}] a spent token is refused by a read under the write lock: {r:?}"
             );
         }
         // The control: a live token goes on to its write, and waits for (or fails on) the lock.
@@ -585,6 +640,12 @@ async fn callback_forged_or_spent_is_refused_without_a_write_and_a_token_is_vali
         engine.shutdown().await;
         server.shutdown().await.expect("stop");
     }
+}
+
+/// `token` with its last hex digit changed: the same run and nonce, a wrong MAC.
+fn flip_last(token: &str) -> String {
+    let (head, last) = token.split_at(token.len() - 1);
+    format!("{head}{}", if last == "0" { "1" } else { "0" })
 }
 
 /// `return@1` (the child): `refund` on the effect server, undone by `release`.

@@ -295,8 +295,9 @@ async fn client(
                     .await
             }
             k if k == KINDS[1] => {
-                let token = format!("{}.{}", Uuid::new_v4().simple(), secret().repeat(2));
-                http.post(format!("{base}/api/v1/callbacks/{token}"))
+                let token = format!("{}.{}.{}", Uuid::new_v4().simple(), secret(), secret());
+                http.post(format!("{base}/api/v1/callbacks"))
+                    .header("Sagaflow-Callback-Token", token)
                     .json(&serde_json::json!({ "ok": true }))
                     .send()
                     .await
