@@ -15,6 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+/// A point in time on the database's clock.
+pub type Timestamp = chrono::DateTime<chrono::Utc>;
+
 /// An offset, shared by every engine and store given a clone of it, added to the database
 /// clock they read.
 ///

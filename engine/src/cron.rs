@@ -245,10 +245,10 @@ pub struct ScheduleView {
     /// Its next tick (on the database's clock). A paused schedule keeps the tick it had; it
     /// is due at its first tick after it is resumed.
     #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
-    pub next_tick_at: crate::Timestamp,
+    pub next_tick_at: crate::clock::Timestamp,
     /// The last tick it fired.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
-    pub last_fired_at: Option<crate::Timestamp>,
+    pub last_fired_at: Option<crate::clock::Timestamp>,
     /// The run its last firing started.
     pub last_run_id: Option<uuid::Uuid>,
     /// Whether an operator paused it.
@@ -259,7 +259,7 @@ pub struct ScheduleView {
     pub paused_reason: Option<String>,
     /// When its row last changed.
     #[cfg_attr(feature = "openapi", schema(value_type = chrono::DateTime<chrono::Utc>))]
-    pub updated_at: crate::Timestamp,
+    pub updated_at: crate::clock::Timestamp,
 }
 
 /// [`MissedTicks`] as its stored text in JSON.

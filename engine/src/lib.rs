@@ -26,6 +26,7 @@ pub mod trace;
 pub mod transition;
 pub mod wait;
 
+pub use clock::Timestamp;
 pub use definition::{
     BacklogAlert, DeadlinePolicy, FieldError, KeyPolicy, OnFailure, PRIORITY_MAX, PRIORITY_MIN,
     Registry, RetryLane, RetryPolicy, StepAction, StepContext, StepDescription, StepKind,
@@ -35,7 +36,7 @@ pub use error::{Error, Result, StartOption};
 pub use model::{
     Alert, AlertKind, Attempts, Delivery, DeliveryCounts, DeliveryState, EntityState, HistoryEvent,
     HistoryKind, Notice, NoticeBody, NoticeTopic, RESOLVED_BY_ENGINE, Run, RunCounts, RunFinished,
-    Step, Timestamp,
+    Step,
 };
 pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};

@@ -303,19 +303,31 @@ pub fn attempt_span(
     (span, attempt_ctx)
 }
 
+/// What an evaluation's span names of its run: the run, its workflow and state, and the
+/// trace context stored with it (`traceparent`, `tracestate`).
+pub(crate) struct EvaluatedRun<'a> {
+    pub(crate) id: uuid::Uuid,
+    pub(crate) workflow: &'a str,
+    pub(crate) state: &'a str,
+    pub(crate) trace_parent: Option<&'a str>,
+    /// Read only to adopt the stored context as the span's OpenTelemetry parent.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) trace_state: Option<&'a str>,
+}
+
 /// The span of one evaluation of a run (where the engine decides how the run moves).
-pub(crate) fn evaluate_span(run: &crate::RunRow) -> Span {
+pub(crate) fn evaluate_span(run: &EvaluatedRun<'_>) -> Span {
     let span = tracing::debug_span!(
         EVALUATE_SPAN,
         run_id = %run.id,
         workflow = %run.workflow,
         state = %run.state,
-        trace_id = %StoredTraceId(run.trace_parent.as_deref()),
+        trace_id = %StoredTraceId(run.trace_parent),
     );
     #[cfg(feature = "otel")]
     if !span.is_disabled()
-        && let Some(tp) = &run.trace_parent
-        && let Ok(ctx) = TraceContext::parse(tp, run.trace_state.as_deref())
+        && let Some(tp) = run.trace_parent
+        && let Ok(ctx) = TraceContext::parse(tp, run.trace_state)
     {
         otel::adopt(&span, &ctx, ctx.clone());
     }

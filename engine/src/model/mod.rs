@@ -24,8 +24,7 @@ pub use notice::{
     Delivery, DeliveryCounts, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished,
 };
 
-/// A point in time on the database's clock.
-pub type Timestamp = DateTime<Utc>;
+pub(crate) use crate::clock::Timestamp;
 
 /// Epoch milliseconds (the stored form) as a timestamp. Out-of-range values (no clock ever
 /// wrote one) saturate rather than fail a read.

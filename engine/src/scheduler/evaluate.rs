@@ -167,8 +167,14 @@ pub async fn plan_and_apply(
                 continue;
             }
         };
-        let planned =
-            crate::trace::evaluate_span(&run).in_scope(|| plan_run(registry, &run, &rows));
+        let planned = crate::trace::evaluate_span(&crate::trace::EvaluatedRun {
+            id: run.id,
+            workflow: &run.workflow,
+            state: run.state.as_str(),
+            trace_parent: run.trace_parent.as_deref(),
+            trace_state: run.trace_state.as_deref(),
+        })
+        .in_scope(|| plan_run(registry, &run, &rows));
         match planned {
             Ok(p) => plans.push((run, p)),
             Err(e @ Error::CorruptRow { .. }) => {

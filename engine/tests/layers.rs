@@ -1,0 +1,259 @@
+//! The engine's layers point down: each top-level module may use the modules of its own
+//! layer and of the layers below, never one above. The layers, bottom first:
+//!
+//! 0. nouns: states, errors, outcomes, clocks, crash and pause points, cron, trace context,
+//!    resource windows;
+//! 1. definitions, the agent protocol and wait types;
+//! 2. the pure transitions with their write intents;
+//! 3. the store (SQL);
+//! 4. metrics, signals and the read model;
+//! 5. the use cases: scheduler, operator, migration.
+//!
+//! `UPWARD` lists the imports that point up today. It may only shrink: an import leaving the
+//! code must leave the list (the test fails on a stale entry), and a new upward import fails
+//! the test. This reads the sources, so it runs without a database.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Each top-level module and its layer.
+const LAYERS: &[(&str, u8)] = &[
+    ("clock", 0),
+    ("crash", 0),
+    ("cron", 0),
+    ("error", 0),
+    ("interleave", 0),
+    ("outcome", 0),
+    ("resource", 0),
+    ("state", 0),
+    ("trace", 0),
+    ("definition", 1),
+    ("protocol", 1),
+    ("wait", 1),
+    ("transition", 2),
+    ("store", 3),
+    ("metrics", 4),
+    ("model", 4),
+    ("signals", 4),
+    ("migration", 5),
+    ("operator", 5),
+    ("scheduler", 5),
+];
+
+/// Imports that point up today, `(from, to)`. Remove an entry when its import goes.
+const UPWARD: &[(&str, &str)] = &[
+    ("definition", "store"),
+    ("error", "definition"),
+    ("error", "store"),
+    ("outcome", "wait"),
+    ("protocol", "transition"),
+    ("store", "metrics"),
+    ("store", "model"),
+    ("store", "scheduler"),
+    ("transition", "migration"),
+    ("transition", "model"),
+    ("transition", "store"),
+    ("wait", "operator"),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The Rust files of module `m`: `m.rs` and everything under `m/`.
+fn files_of(m: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let file = src().join(format!("{m}.rs"));
+    if file.is_file() {
+        out.push(file);
+    }
+    let mut dirs = vec![src().join(m)];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The names `lib.rs` re-exports at the crate root, with the module each comes from.
+fn reexports() -> BTreeMap<String, String> {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("lib.rs");
+    let mut map = BTreeMap::new();
+    for item in lib.split("pub use ").skip(1) {
+        let item = &item[..item.find(';').expect("a use ends")];
+        let Some((module, names)) = item.split_once("::") else {
+            continue;
+        };
+        for name in names
+            .trim_matches(|c: char| c == '{' || c == '}' || c.is_whitespace())
+            .split(',')
+        {
+            let name = name.trim();
+            if !name.is_empty() {
+                map.insert(name.to_owned(), module.trim().to_owned());
+            }
+        }
+    }
+    map
+}
+
+/// The first segments of every `crate::` path in `text`, groups (`crate::{a, b::C}`)
+/// included.
+fn crate_paths(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 1;
+            let mut end = 0;
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    end = j;
+                    break;
+                }
+            }
+            // Top-level items of the group only.
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in group[..end].chars().chain([',']) {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        if let Some(first) = first_segment(&item) {
+                            out.insert(first);
+                        }
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+        } else if let Some(first) = first_segment(rest) {
+            out.insert(first);
+        }
+    }
+    out
+}
+
+fn first_segment(path: &str) -> Option<String> {
+    let name: String = path
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// Which top-level modules each module uses.
+fn imports() -> BTreeMap<&'static str, BTreeSet<String>> {
+    let roots = reexports();
+    let modules: BTreeSet<&str> = LAYERS.iter().map(|(m, _)| *m).collect();
+    let mut graph = BTreeMap::new();
+    for (m, _) in LAYERS {
+        let mut used = BTreeSet::new();
+        for f in files_of(m) {
+            let source = std::fs::read_to_string(&f).expect("source");
+            // Comments (doc links included) import nothing.
+            let text: String = source
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            for first in crate_paths(&text) {
+                let target = if modules.contains(first.as_str()) {
+                    first
+                } else if let Some(module) = roots.get(&first) {
+                    module.clone()
+                } else {
+                    continue;
+                };
+                if target != *m {
+                    used.insert(target);
+                }
+            }
+        }
+        graph.insert(*m, used);
+    }
+    graph
+}
+
+#[test]
+fn every_module_of_the_engine_has_a_layer() {
+    let listed: BTreeSet<&str> = LAYERS.iter().map(|(m, _)| *m).collect();
+    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("lib.rs");
+    for line in lib.lines() {
+        let line = line.trim();
+        let Some(decl) = line
+            .strip_prefix("pub mod ")
+            .or_else(|| line.strip_prefix("mod "))
+            .or_else(|| line.strip_prefix("pub(crate) mod "))
+        else {
+            continue;
+        };
+        let name = decl.trim_end_matches(';').trim();
+        assert!(
+            listed.contains(name),
+            "module `{name}` has no layer in LAYERS"
+        );
+    }
+}
+
+#[test]
+fn imports_point_down_or_are_listed_until_they_go() {
+    let layer: BTreeMap<&str, u8> = LAYERS.iter().copied().collect();
+    let allowed: BTreeSet<(&str, &str)> = UPWARD.iter().copied().collect();
+    let mut upward = BTreeSet::new();
+    for (from, used) in imports() {
+        for to in used {
+            if layer[to.as_str()] > layer[from] {
+                upward.insert((from, to));
+            }
+        }
+    }
+    let new: Vec<_> = upward
+        .iter()
+        .filter(|(f, t)| !allowed.contains(&(*f, t.as_str())))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "imports that point up a layer (move the type down, or pass it in): {new:?}"
+    );
+    let gone: Vec<_> = allowed
+        .iter()
+        .filter(|(f, t)| !upward.contains(&(*f, (*t).to_owned())))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "entries of UPWARD whose import is gone: remove them: {gone:?}"
+    );
+}
+
+#[test]
+fn the_path_reader_sees_groups_and_reexports() {
+    let found = crate_paths(
+        "use crate::{store::Store, wait::{A, B}, RunState};\nlet x = crate::metrics::f();",
+    );
+    let want: BTreeSet<String> = ["store", "wait", "RunState", "metrics"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    assert_eq!(found, want);
+    assert_eq!(reexports().get("Store").map(String::as_str), Some("store"));
+}
