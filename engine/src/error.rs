@@ -71,7 +71,7 @@ pub enum Error {
         /// What is wrong (what the schema check or serde said).
         reason: String,
         /// Where, when the input's JSON Schema found it (a JSON Pointer into the input).
-        field: Option<crate::definition::FieldError>,
+        field: Option<FieldError>,
     },
 
     /// A run input exceeds the configured limit. (An oversized step *output* is a terminal
@@ -314,13 +314,14 @@ impl Error {
     /// `8` for a read-only database).
     pub fn sqlite_code(&self) -> Option<i32> {
         match self.sqlx()? {
-            sqlx::Error::Database(d) => match d.try_downcast_ref::<crate::store::LiteError>() {
-                Some(lite) => Some(lite.code()),
-                None if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
-                    d.code().and_then(|c| c.parse().ok())
-                }
-                None => None,
-            },
+            // The driver's SQLite errors and the fast path's both give the extended code as
+            // their code; PostgreSQL's is a SQLSTATE.
+            sqlx::Error::Database(d)
+                if d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_none() =>
+            {
+                d.code().and_then(|c| c.parse().ok())
+            }
             _ => None,
         }
     }
@@ -393,6 +394,29 @@ impl Error {
             table,
             id: id.to_string(),
             reason: reason.to_string(),
+        }
+    }
+}
+
+/// What is wrong with an input, and where: the first place, found in document order, that
+/// does not match the input's JSON Schema.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FieldError {
+    /// A JSON Pointer (RFC 6901) to the offending value in the input: `""` for the input as a
+    /// whole, `/lines/0/sku` for a field of the first line.
+    pub pointer: String,
+    /// What is wrong there.
+    pub message: String,
+}
+
+impl FieldError {
+    /// What is wrong at `pointer` (a JSON Pointer into the document concerned).
+    pub fn new(pointer: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            pointer: pointer.into(),
+            message: message.into(),
         }
     }
 }

@@ -12,7 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use uuid::Uuid;
 
 use crate::definition::{StepAction, StepContext};
-use crate::transition::Counters;
+use crate::state::Counters;
 use crate::{StepError, StepState};
 
 /// Identifies one attempt of one step: every write of its result is fenced by it.

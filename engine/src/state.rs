@@ -227,3 +227,32 @@ mod tests {
         assert!("bogus".parse::<RunState>().is_err());
     }
 }
+
+/// A step's counters and limits, as the decisions need them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// Failed attempts in this phase.
+    pub failure_count: i32,
+    /// Failure threshold (`i32::MAX`: none).
+    pub max_failures: i32,
+    /// Attempts lost with their engine instance.
+    pub interruptions: i32,
+    /// Interruption cap.
+    pub max_interruptions: i32,
+    /// Current deadline length.
+    pub deadline_ms: i64,
+    /// Deadline cap.
+    pub deadline_cap_ms: i64,
+    /// The attempt's number within its phase (`forward_attempts` of a running step,
+    /// `compensation_attempts` of a compensating one), the attempt in flight included.
+    pub phase_attempt: i32,
+}
+
+/// The attempt counter of the phase `state` belongs to.
+pub(crate) const fn phase_attempts(state: StepState, forward: i32, compensation: i32) -> i32 {
+    if state.is_compensation() {
+        compensation
+    } else {
+        forward
+    }
+}

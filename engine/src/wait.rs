@@ -387,15 +387,17 @@ impl StepAction for ChildCompensation {
         let hook = ctx.callbacks.as_ref().ok_or_else(|| {
             StepError::terminal("child_undo", "a child step is compensated by an engine")
         })?;
-        let audit = crate::operator::Audit::new(
-            format!("parent:{}", ctx.run_id),
-            format!("the parent compensates step `{}`", ctx.step),
-        );
-        match crate::operator::child_undo(&hook.store, hook.step_id, &audit).await {
-            Ok(crate::operator::ChildUndo::Done) => {
-                Ok(serde_json::json!({ "child": "compensated" }))
-            }
-            Ok(crate::operator::ChildUndo::Pending) => Err(StepError::try_again_after(
+        let undone = hook
+            .services
+            .undo_child(
+                hook.step_id,
+                format!("parent:{}", ctx.run_id),
+                format!("the parent compensates step `{}`", ctx.step),
+            )
+            .await;
+        match undone {
+            Ok(true) => Ok(serde_json::json!({ "child": "compensated" })),
+            Ok(false) => Err(StepError::try_again_after(
                 "child_compensating",
                 "the child run is being undone",
                 CHILD_UNDO_RECHECK,

@@ -20,28 +20,7 @@ use serde_json::Value;
 /// How deep references may nest before a schema counts as cyclic.
 const MAX_DEPTH: usize = 64;
 
-/// What is wrong with an input, and where: the first place, found in document order, that
-/// does not match the input's JSON Schema.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct FieldError {
-    /// A JSON Pointer (RFC 6901) to the offending value in the input: `""` for the input as a
-    /// whole, `/lines/0/sku` for a field of the first line.
-    pub pointer: String,
-    /// What is wrong there.
-    pub message: String,
-}
-
-impl FieldError {
-    /// What is wrong at `pointer` (a JSON Pointer into the document concerned).
-    pub fn new(pointer: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            pointer: pointer.into(),
-            message: message.into(),
-        }
-    }
-}
+pub use crate::error::FieldError;
 
 impl std::fmt::Display for FieldError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -73,10 +73,30 @@ pub struct StepContext {
     pub(crate) callbacks: Option<Arc<CallbackHook>>,
 }
 
-/// What [`StepContext::callback_token`] needs: the store, the step row and its fence, and
-/// the token once issued (one per attempt).
+/// What the engine does for a running step beyond handing it its inputs: issue callback
+/// tokens and undo child runs. A trait, so that definitions need not know the store; the
+/// scheduler gives each attempt the engine's implementation.
+#[async_trait::async_trait]
+pub(crate) trait StepServices: Send + Sync {
+    /// Issues a callback token for the attempt `(step_id, attempt)` of run `run_id` and
+    /// stores its hash on the step; `None` when the attempt no longer holds the step.
+    async fn callback_token(
+        &self,
+        run_id: Uuid,
+        step_id: i64,
+        attempt: i32,
+    ) -> crate::Result<Option<String>>;
+
+    /// Undoes the child run of the step `step_id` (compensates a completed child, cancels
+    /// an unfinished one), recorded with `actor` and `reason`: `true` once nothing is left to
+    /// undo, `false` while the child is being undone.
+    async fn undo_child(&self, step_id: i64, actor: String, reason: String) -> crate::Result<bool>;
+}
+
+/// What [`StepContext::callback_token`] needs: the engine's services, the step row and its
+/// fence, and the token once issued (one per attempt).
 pub(crate) struct CallbackHook {
-    pub(crate) store: crate::Store,
+    pub(crate) services: Arc<dyn StepServices>,
     pub(crate) step_id: i64,
     pub(crate) attempt: i32,
     pub(crate) issued: tokio::sync::Mutex<Option<String>>,
@@ -167,25 +187,20 @@ impl StepContext {
         if let Some(t) = issued.as_ref() {
             return Ok(t.clone());
         }
-        let key = hook.store.callback_key().await.map_err(|e| {
-            StepError::retryable("callback_unavailable", e.to_string()).not_applied()
-        })?;
-        let token = key.issue(self.run_id);
-        let hash = crate::wait::token_hash(&token);
-        let stored = hook
-            .store
-            .callback_register(hook.step_id, hook.attempt, &hash)
+        let issued_now = hook
+            .services
+            .callback_token(self.run_id, hook.step_id, hook.attempt)
             .await
             .map_err(|e| {
                 StepError::retryable("callback_unavailable", e.to_string()).not_applied()
             })?;
-        if !stored {
+        let Some(token) = issued_now else {
             return Err(StepError::retryable(
                 "lease_lost",
                 "the attempt no longer holds the step; its callback token was not issued",
             )
             .not_applied());
-        }
+        };
         *issued = Some(token.clone());
         Ok(token)
     }

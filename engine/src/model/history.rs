@@ -182,18 +182,6 @@ pub(crate) struct HistoryColumns {
     pub(crate) at: i64,
 }
 
-crate::store::from_row!(HistoryColumns {
-    id,
-    step,
-    event,
-    from_state,
-    to_state,
-    attempt,
-    actor,
-    detail,
-    at,
-});
-
 impl TryFrom<HistoryColumns> for HistoryEvent {
     type Error = Error;
 

@@ -10,7 +10,6 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::{RunView, StepRow};
 use crate::{Error, Result, RunState, StepState};
 
 mod alert;
@@ -37,7 +36,12 @@ pub(crate) fn timestamp(ms: i64) -> Timestamp {
 }
 
 /// Parses a stored JSON column; a value that is not JSON is a damaged row.
-fn json(table: &'static str, row: impl ToString, column: &str, text: &str) -> Result<Value> {
+pub(crate) fn json(
+    table: &'static str,
+    row: impl ToString,
+    column: &str,
+    text: &str,
+) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| {
         Error::corrupt(
             table,
@@ -47,7 +51,7 @@ fn json(table: &'static str, row: impl ToString, column: &str, text: &str) -> Re
     })
 }
 
-fn json_opt(
+pub(crate) fn json_opt(
     table: &'static str,
     row: impl ToString,
     column: &str,
@@ -97,34 +101,6 @@ pub struct Run {
     /// not claimed before then.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub start_at: Option<Timestamp>,
-}
-
-impl RunView {
-    /// The run as applications see it.
-    ///
-    /// # Errors
-    /// [`Error::CorruptRow`] when a JSON column does not hold JSON.
-    pub fn into_run(self) -> Result<Run> {
-        const T: &str = "sagaflow_runs";
-        let (priority, start_at) = (self.priority, self.start_at.map(timestamp));
-        let r = self.run;
-        Ok(Run {
-            input: json(T, r.id, "input", &r.input)?,
-            output: json_opt(T, r.id, "output", r.output.as_deref())?,
-            error: json_opt(T, r.id, "error", r.error.as_deref())?,
-            id: r.id,
-            workflow: r.workflow,
-            version: r.version,
-            business_key: r.business_key,
-            state: r.state,
-            created_at: timestamp(r.created_at),
-            updated_at: timestamp(r.updated_at),
-            finished_at: r.finished_at.map(timestamp),
-            failed_attempts: r.failed_attempts.into(),
-            priority,
-            start_at,
-        })
-    }
 }
 
 /// Attempts of one step, counted per phase.
@@ -185,43 +161,11 @@ impl Step {
     /// The attempts of the phase the step is in: compensation attempts once the run undoes
     /// it, forward attempts before.
     pub fn phase_attempts(&self) -> i32 {
-        crate::store::phase_attempts(
+        crate::state::phase_attempts(
             self.state,
             self.attempts.forward,
             self.attempts.compensation,
         )
-    }
-}
-
-impl StepRow {
-    /// The step as applications see it.
-    ///
-    /// # Errors
-    /// [`Error::CorruptRow`] when a JSON column does not hold JSON.
-    pub fn into_step(self) -> Result<Step> {
-        const T: &str = "sagaflow_steps";
-        let r = self;
-        Ok(Step {
-            output: json_opt(T, r.id, "output", r.output.as_deref())?,
-            error: json_opt(T, r.id, "error", r.error.as_deref())?,
-            run_id: r.run_id,
-            name: r.name,
-            state: r.state,
-            attempts: Attempts {
-                forward: r.forward_attempts,
-                compensation: r.compensation_attempts,
-                failures: r.failure_count,
-                max_failures: r.max_failures,
-                interruptions: r.interruptions,
-                max_interruptions: r.max_interruptions,
-            },
-            maybe_applied: r.maybe_applied,
-            locked_by: r.locked_by,
-            complete_by: r.complete_by.map(timestamp),
-            available_at: r.available_at.map(timestamp),
-            deadline: Duration::from_millis(u64::try_from(r.deadline_ms).unwrap_or(0)),
-            idempotency_key: r.idempotency_key,
-        })
     }
 }
 

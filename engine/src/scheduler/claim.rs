@@ -377,7 +377,7 @@ fn request(
         action = Arc::new(crate::wait::CallbackResume);
     }
     let hook = crate::definition::CallbackHook {
-        store: s.store.clone(),
+        services: s.services.clone(),
         step_id: c.id,
         attempt: c.attempt,
         issued: tokio::sync::Mutex::new(None),

@@ -23,6 +23,7 @@ mod complete;
 mod evaluate;
 mod inflight;
 mod listen;
+mod services;
 
 pub use catalog::Catalog;
 pub use complete::{FinishOutcome, finish_batch};
@@ -54,22 +55,8 @@ pub const ERROR_PAUSE_DEFAULT: Duration = Duration::from_secs(2);
 pub const SUCCESS_PAUSE_DEFAULT: Duration = Duration::ZERO;
 /// Default maximum of results written per transaction.
 pub const COMPLETE_BATCH_DEFAULT: usize = 128;
-/// Fewest and most completion writers the default picks.
-pub const COMPLETION_WRITERS_RANGE: (usize, usize) = (2, 8);
+pub use crate::store::{COMPLETION_WRITERS_RANGE, completion_writers_default};
 
-/// Default number of completion writers (transactions writing results concurrently): one
-/// per core of this machine, at least 2 and at most 8 ([`COMPLETION_WRITERS_RANGE`]).
-///
-/// On a 2-core machine running the engine and PostgreSQL, one writer per core was the best
-/// of 1, 2, 4 and 8 (docs/benchmarks.md): one writer leaves the database idle while a batch
-/// travels, more writers than cores make the transactions contend for the same CPUs. Two at
-/// least, so one batch is written while the next is collected.
-pub fn completion_writers_default() -> usize {
-    let (min, max) = COMPLETION_WRITERS_RANGE;
-    std::thread::available_parallelism()
-        .map_or(min, std::num::NonZeroUsize::get)
-        .clamp(min, max)
-}
 /// Default largest serialized step output.
 pub const MAX_PAYLOAD_DEFAULT: usize = 256 * 1024;
 
@@ -176,6 +163,8 @@ impl SchedulerConfig {
 #[derive(Debug)]
 pub struct Scheduler {
     store: Store,
+    /// What attempts are given beyond their inputs (callback tokens, child undo).
+    services: Arc<services::Services>,
     /// The registry and its claim filter, swapped when definitions are (un)registered.
     catalog: catalog::Current,
     signals: Arc<Signals>,
@@ -212,6 +201,7 @@ impl Scheduler {
         config.validate()?;
         Ok(Self {
             slots: Arc::new(Semaphore::new(config.max_in_flight)),
+            services: Arc::new(services::Services(store.clone())),
             store,
             catalog: catalog::Current::new(registry),
             signals,

@@ -45,6 +45,7 @@ mod sqlite;
 mod stats;
 mod steps;
 mod tx;
+mod views;
 mod waits;
 mod wake;
 
@@ -61,7 +62,6 @@ pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome, RunStart};
 pub use leases::{LeaderFence, LeaderProgress};
 pub use list::{RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder, RunPage, RunQuery, RunSummary};
-pub(crate) use lite::LiteError;
 pub use lite::{LiteDb, LiteTx};
 pub use options::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
@@ -74,7 +74,6 @@ pub use resources::{ResourceClaim, ResourceOutcomes};
 pub use rewrite::{MigrationWrite, StepInsert, StepUpdate};
 pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
-pub(crate) use rows::phase_attempts;
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, RunView, StepRow, quote};
 pub use schedules::{DueSchedule, DueSchedules};
 pub use stats::{ActiveCount, FinishedCounts, Stats, WorkflowQueue};
@@ -92,12 +91,29 @@ use crate::{Error, Result};
 /// (operators' and the application's queries).
 pub const PG_POOL_BESIDE_WRITERS: u32 = 8;
 
+/// Fewest and most completion writers the default picks.
+pub const COMPLETION_WRITERS_RANGE: (usize, usize) = (2, 8);
+
+/// Default number of completion writers (transactions writing results concurrently): one
+/// per core of this machine, at least 2 and at most 8 ([`COMPLETION_WRITERS_RANGE`]).
+///
+/// On a 2-core machine running the engine and PostgreSQL, one writer per core was the best
+/// of 1, 2, 4 and 8 (docs/benchmarks.md): one writer leaves the database idle while a batch
+/// travels, more writers than cores make the transactions contend for the same CPUs. Two at
+/// least, so one batch is written while the next is collected.
+pub fn completion_writers_default() -> usize {
+    let (min, max) = COMPLETION_WRITERS_RANGE;
+    std::thread::available_parallelism()
+        .map_or(min, std::num::NonZeroUsize::get)
+        .clamp(min, max)
+}
+
 /// Default size of the PostgreSQL connection pool: one connection for each completion writer
-/// ([`crate::scheduler::completion_writers_default`], one per core) and
+/// ([`completion_writers_default`], one per core) and
 /// [`PG_POOL_BESIDE_WRITERS`] for the rest; 10 on a 2-core machine. The pool opens
 /// connections as they are needed, up to this size.
 pub fn pg_pool_default() -> u32 {
-    let writers = u32::try_from(crate::scheduler::completion_writers_default()).unwrap_or(8);
+    let writers = u32::try_from(completion_writers_default()).unwrap_or(8);
     PG_POOL_BESIDE_WRITERS + writers
 }
 

@@ -6,7 +6,7 @@ use super::row::{FromRow, Row, from_row};
 use uuid::Uuid;
 
 use crate::model::HistoryColumns;
-use crate::transition::Counters;
+use crate::state::Counters;
 use crate::{Error, Result, RunState, StepState};
 
 /// Longest offending value quoted in a damage report.
@@ -378,14 +378,7 @@ impl ClaimedStep {
     }
 }
 
-/// The attempt counter of the phase `state` belongs to.
-pub(crate) const fn phase_attempts(state: StepState, forward: i32, compensation: i32) -> i32 {
-    if state.is_compensation() {
-        compensation
-    } else {
-        forward
-    }
-}
+use crate::state::phase_attempts;
 
 /// A running step to rescue: its deadline passed (SAS-3: a crashed and a hung agent look
 /// the same), or its owner instance stopped heartbeating (then it is an interruption).
@@ -469,3 +462,16 @@ impl FromRow for Counters {
 pub(super) fn history_columns(r: &Row) -> Result<HistoryColumns> {
     Ok(HistoryColumns::from_row(r)?)
 }
+
+// The columns of one history entry, read by name.
+from_row!(HistoryColumns {
+    id,
+    step,
+    event,
+    from_state,
+    to_state,
+    attempt,
+    actor,
+    detail,
+    at,
+});

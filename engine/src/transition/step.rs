@@ -186,25 +186,7 @@ pub fn step_rule(from: StepState, on: Trigger) -> Option<&'static StepRule> {
     STEP_RULES.iter().find(|r| r.from == from && r.on == on)
 }
 
-/// A step's counters and limits, as the decisions need them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counters {
-    /// Failed attempts in this phase.
-    pub failure_count: i32,
-    /// Failure threshold (`i32::MAX`: none).
-    pub max_failures: i32,
-    /// Attempts lost with their engine instance.
-    pub interruptions: i32,
-    /// Interruption cap.
-    pub max_interruptions: i32,
-    /// Current deadline length.
-    pub deadline_ms: i64,
-    /// Deadline cap.
-    pub deadline_cap_ms: i64,
-    /// The attempt's number within its phase (`forward_attempts` of a running step,
-    /// `compensation_attempts` of a compensating one), the attempt in flight included.
-    pub phase_attempt: i32,
-}
+pub use crate::state::Counters;
 
 /// A failed attempt: retry or fail for good.
 pub fn on_failure(retryable: bool, c: &Counters) -> Trigger {

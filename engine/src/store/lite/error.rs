@@ -26,11 +26,6 @@ impl LiteError {
             code_text: code.to_string(),
         }
     }
-
-    /// SQLite's extended result code.
-    pub(crate) fn code(&self) -> i32 {
-        self.code
-    }
 }
 
 impl DatabaseError for LiteError {

@@ -35,7 +35,6 @@ use rusqlite::OpenFlags;
 use sea_orm::{DbErr, Statement};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-pub(crate) use error::LiteError;
 use error::{Phase, db_err, is_busy};
 use value::Param;
 
