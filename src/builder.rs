@@ -332,6 +332,15 @@ impl EngineBuilder {
         self
     }
 
+    /// How often the supervisor leader applies the retention (default
+    /// [`RETENTION_INTERVAL_DEFAULT`](crate::RETENTION_INTERVAL_DEFAULT), a
+    /// minute): each pass deletes finished runs past the retention, in bounded statements.
+    /// Zero is refused by [`EngineBuilder::start`].
+    pub fn with_retention_interval(mut self, d: Duration) -> Self {
+        self.supervisor.retention_interval = d;
+        self
+    }
+
     /// The priority aging period (default: `Some(`[`PRIORITY_AGING_DEFAULT`]`)`, a minute):
     /// a queued step gains one priority level per period it waits, up to
     /// [`PRIORITY_MAX`](crate::PRIORITY_MAX), so that low-priority work still progresses

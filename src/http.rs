@@ -489,7 +489,7 @@ impl HttpAgent {
         }
         let body = read_body(&mut response).await.map_err(|e| {
             let error = match e {
-                BodyError::TooLarge => StepError::terminal(
+                BodyError::TooLarge => StepError::terminal_unknown(
                     "reply_too_large",
                     format!("the answer is over {MAX_RESPONSE_BYTES} bytes"),
                 ),
@@ -512,7 +512,7 @@ impl HttpAgent {
             // often it is replayed under the key. Give up, and count the effect as done:
             // the compensation runs if the saga unwinds.
             self.annotate(
-                StepError::terminal(
+                StepError::terminal_unknown(
                     "bad_reply",
                     format!("the answer does not decode into the expected type: {e}"),
                 )

@@ -105,7 +105,9 @@ pub use sagaflow_engine::{
     RunEvent, RunFinished, RunState, StartOption, Step, StepAction, StepContext, StepDescription,
     StepError, StepKind, StepState, Timestamp, Workflow, WorkflowBuilder, WorkflowDescription,
 };
-pub use sagaflow_supervisor::{PRIORITY_AGING_DEFAULT, SupervisorStats};
+pub use sagaflow_supervisor::{
+    PRIORITY_AGING_DEFAULT, RETENTION_INTERVAL_DEFAULT, SupervisorStats,
+};
 pub use start::{
     OnDuplicate, PRIORITY_MAX, PRIORITY_MIN, START_AHEAD_MAX, StartOptions, StartTime, Started,
 };

@@ -90,6 +90,11 @@ pub struct StartOptions {
     /// by; `None` takes it from the input where the workflow says
     /// ([`WorkflowBuilder::flow_key`](crate::WorkflowBuilder::flow_key)). At most 200 bytes.
     pub flow_key: Option<String>,
+    /// The version of the workflow to run: `None` (the default) runs the newest registered
+    /// (or published) version. An older version still registered can be started, to test a
+    /// migration or to finish a batch on the version it began with; a version this engine
+    /// does not have is [`Error::WorkflowNotFound`] naming `workflow@version`.
+    pub version: Option<i32>,
 }
 
 impl StartOptions {
@@ -185,6 +190,14 @@ impl StartOptions {
     #[must_use]
     pub fn trace_parent(mut self, traceparent: impl Into<String>) -> Self {
         self.trace_parent = Some(traceparent.into());
+        self
+    }
+
+    /// Runs this version of the workflow instead of the newest (see
+    /// [`StartOptions::version`](Self#structfield.version)).
+    #[must_use]
+    pub fn version(mut self, version: i32) -> Self {
+        self.version = Some(version);
         self
     }
 
@@ -348,11 +361,16 @@ impl Engine {
         let published;
         let registry;
         let wf = if self.inner.published {
-            published = self.published_workflow(workflow).await?;
+            published = self.published_workflow(workflow, opts.version).await?;
             &published
         } else {
             registry = self.inner.scheduler.registry();
-            registry.latest(workflow)?
+            match opts.version {
+                None => registry.latest(workflow)?,
+                Some(v) => registry
+                    .get_registered(workflow, v)
+                    .ok_or_else(|| Error::WorkflowNotFound(format!("{workflow}@{v}")))?,
+            }
         };
         let value = serde_json::to_value(input).map_err(|e| Error::InvalidInput {
             workflow: workflow.to_owned(),
@@ -389,17 +407,25 @@ impl Engine {
         Ok(run)
     }
 
-    /// The newest published version of `workflow`, rebuilt from its description (an engine
-    /// of published workflows, [`EngineBuilder::with_published_workflows`]).
+    /// The published `version` of `workflow` (the newest for `None`), rebuilt from its
+    /// description (an engine of published workflows,
+    /// [`EngineBuilder::with_published_workflows`]).
     ///
     /// [`EngineBuilder::with_published_workflows`]: crate::EngineBuilder::with_published_workflows
-    async fn published_workflow(&self, workflow: &str) -> Result<Arc<Workflow>> {
-        let newest = self
-            .inner
-            .store
-            .definition_latest(workflow)
-            .await?
-            .ok_or_else(|| Error::WorkflowNotFound(workflow.to_owned()))?;
+    async fn published_workflow(
+        &self,
+        workflow: &str,
+        version: Option<i32>,
+    ) -> Result<Arc<Workflow>> {
+        let store = &self.inner.store;
+        let newest = match version {
+            None => store.definition_latest(workflow).await?,
+            Some(v) => store.definition(workflow, v).await?,
+        }
+        .ok_or_else(|| match version {
+            None => Error::WorkflowNotFound(workflow.to_owned()),
+            Some(v) => Error::WorkflowNotFound(format!("{workflow}@{v}")),
+        })?;
         let description = newest
             .description
             .map_err(|reason| Error::InvalidDefinition {

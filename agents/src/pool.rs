@@ -70,7 +70,7 @@ async fn execute(d: Dispatch, shutdown: CancellationToken) {
                 return;
             }
             tracing::debug!(run_id = %lease.run_id, step = %lease.step, attempt = lease.attempt, "attempt stopped: its run was cancelled");
-            let result = Err(StepError::terminal(
+            let result = Err(StepError::terminal_unknown(
                 "cancelled",
                 "the attempt was stopped because its run was cancelled; its effect may have happened",
             ));

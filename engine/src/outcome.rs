@@ -154,20 +154,35 @@ impl StepError {
         self.retryable && self.outcome == Outcome::NotApplied && self.retry_after_ms.is_some()
     }
 
-    /// A terminal failure: retrying will not help, the saga compensates. Its outcome is
-    /// [`Outcome::Unknown`] unless marked with [`StepError::not_applied`]: use
-    /// [`StepError::refused`] for a remote's refusal.
-    pub fn terminal(code: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A terminal failure whose effect may have happened: retrying will not help, and the
+    /// outcome is [`Outcome::Unknown`] (the remote may have acted). Before a pivot the saga
+    /// compensates, the step included when it has a compensation; a pivot that ends this way
+    /// stops its run in `error` for an operator, since the engine cannot tell whether the
+    /// point of no return was passed. Use [`StepError::refused`] when the remote acted on
+    /// nothing (a declined card, a validation error).
+    pub fn terminal_unknown(code: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             retryable: false,
             ..Self::retryable(code, message)
         }
     }
 
+    /// The former name of [`StepError::terminal_unknown`], whose outcome the name did not
+    /// say: a saga that returned `terminal("declined", …)` for a refusal stops its pivot in
+    /// `error`, where [`StepError::refused`] compensates.
+    #[deprecated(
+        since = "0.2.0",
+        note = "say the outcome: `StepError::refused` when the remote acted on nothing, \
+                `StepError::terminal_unknown` when it may have"
+    )]
+    pub fn terminal(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::terminal_unknown(code, message)
+    }
+
     /// A terminal failure that definitely did not apply the effect: the remote refused
     /// before acting (card declined, out of stock, a validation error).
     pub fn refused(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::terminal(code, message).not_applied()
+        Self::terminal_unknown(code, message).not_applied()
     }
 
     /// Marks the failure as definitely not applied (see [`Outcome::NotApplied`]).
@@ -245,7 +260,7 @@ impl StepError {
 /// the output of a call that already acted.
 impl From<serde_json::Error> for StepError {
     fn from(e: serde_json::Error) -> Self {
-        Self::terminal("serde", e.to_string())
+        Self::terminal_unknown("serde", e.to_string())
     }
 }
 
@@ -256,7 +271,7 @@ mod tests {
     #[test]
     fn unclassified_errors_may_have_applied() {
         assert!(StepError::retryable("x", "y").may_have_applied());
-        assert!(StepError::terminal("x", "y").may_have_applied());
+        assert!(StepError::terminal_unknown("x", "y").may_have_applied());
         assert!(!StepError::refused("x", "y").may_have_applied());
         assert!(!StepError::refused("x", "y").retryable);
         assert!(
@@ -292,7 +307,7 @@ mod tests {
 
     #[test]
     fn an_applied_outcome_may_have_applied() {
-        let e = StepError::terminal("bad_reply", "x").with_outcome(Outcome::Applied);
+        let e = StepError::terminal_unknown("bad_reply", "x").with_outcome(Outcome::Applied);
         assert!(e.may_have_applied());
         assert!(e.to_json().contains(r#""outcome":"applied""#));
     }

@@ -309,7 +309,7 @@ impl StepAction for EventAction {
 fn timed_out(wait: &EventWait) -> Result<serde_json::Value, StepError> {
     match &wait.on_timeout {
         OnTimeout::Default(v) => Ok(v.clone()),
-        OnTimeout::Fail | OnTimeout::Compensate => Err(StepError::terminal(
+        OnTimeout::Fail | OnTimeout::Compensate => Err(StepError::terminal_unknown(
             WAIT_TIMED_OUT,
             format!(
                 "event `{}` did not arrive within {}",
@@ -355,7 +355,7 @@ impl StepAction for ChildAction {
                 ..
             }) => match state {
                 RunState::Completed => Ok(output.clone().unwrap_or(serde_json::Value::Null)),
-                _ => Err(StepError::terminal(
+                _ => Err(StepError::terminal_unknown(
                     CHILD_COMPENSATED,
                     format!("child run of `{}` ended {state}", self.workflow),
                 )
@@ -385,7 +385,7 @@ const CHILD_UNDO_RECHECK: Duration = Duration::from_secs(10);
 impl StepAction for ChildCompensation {
     async fn run(&self, ctx: StepContext) -> Result<serde_json::Value, StepError> {
         let hook = ctx.callbacks.as_ref().ok_or_else(|| {
-            StepError::terminal("child_undo", "a child step is compensated by an engine")
+            StepError::terminal_unknown("child_undo", "a child step is compensated by an engine")
         })?;
         let undone = hook
             .services
@@ -434,7 +434,7 @@ impl StepAction for CallbackResume {
                     e.wait = None;
                     Err(e)
                 }
-                Err(e) => Err(StepError::terminal(
+                Err(e) => Err(StepError::terminal_unknown(
                     "callback_unreadable",
                     format!("the callback's payload is not a result: {e}"),
                 )),
@@ -446,7 +446,10 @@ impl StepAction for CallbackResume {
                     humantime_short(Duration::from_millis(w.timeout_ms))
                 ),
             )),
-            None => Err(StepError::terminal("callback_missing", "nothing to resume")),
+            None => Err(StepError::terminal_unknown(
+                "callback_missing",
+                "nothing to resume",
+            )),
         }
     }
 }

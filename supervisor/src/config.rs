@@ -50,6 +50,9 @@ pub const DELIVERY_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 pub const BACKLOG_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
 /// How long finished runs and their history are kept (AT-5).
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default interval of the retention pass: how often the leader deletes what the retention
+/// lets go.
+pub const RETENTION_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 /// The aging period: a queued step gains one priority level per minute it waits, so a step
 /// of priority 0 passes fresh work of priority 10 after about ten minutes of sustained load.
 pub const PRIORITY_AGING_DEFAULT: Duration = Duration::from_secs(60);
@@ -71,6 +74,8 @@ pub struct SupervisorConfig {
     pub sweep_batch: u32,
     /// Finished runs older than this are deleted; `None` keeps them forever.
     pub retention: Option<Duration>,
+    /// How often the leader applies the retention (see [`RETENTION_INTERVAL_DEFAULT`]).
+    pub retention_interval: Duration,
     /// The aging period: a queued step gains one priority level per period it waits (see
     /// [`PRIORITY_AGING_DEFAULT`]); `None` turns aging off, and a step then waits for as long
     /// as steps of higher priority are due.
@@ -108,6 +113,7 @@ impl SupervisorConfig {
             sweep_interval: SWEEP_INTERVAL_DEFAULT,
             sweep_batch: SWEEP_BATCH_DEFAULT,
             retention: Some(RETENTION_DEFAULT),
+            retention_interval: RETENTION_INTERVAL_DEFAULT,
             priority_aging: Some(PRIORITY_AGING_DEFAULT),
             instance_stale_after: INSTANCE_STALE_AFTER_DEFAULT,
             sweep_stall_after: None,
@@ -159,9 +165,10 @@ impl SupervisorConfig {
         if self.delivery_interval.is_zero()
             || self.backlog_interval.is_zero()
             || self.timer_interval.is_zero()
+            || self.retention_interval.is_zero()
         {
             return Err(Error::Config(
-                "the delivery, backlog and timer intervals must be positive".into(),
+                "the delivery, backlog, timer and retention intervals must be positive".into(),
             ));
         }
         if self

@@ -178,7 +178,7 @@ impl StepContext {
     /// unreachable, or this attempt lost its lease); a terminal one outside an engine.
     pub async fn callback_token(&self) -> Result<String, StepError> {
         let hook = self.callbacks.as_ref().ok_or_else(|| {
-            StepError::terminal(
+            StepError::terminal_unknown(
                 "callback_unavailable",
                 "callback tokens are issued to forward attempts run by an engine",
             )
@@ -218,7 +218,7 @@ impl StepContext {
             None => None,
         };
         let Some(token) = token else {
-            return StepError::terminal(
+            return StepError::terminal_unknown(
                 "callback_missing",
                 "await_callback needs a token from callback_token first",
             );

@@ -332,7 +332,7 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
         let json = v.to_string();
         if json.len() > s.config.max_payload_bytes {
             // The step acted and answered, but its answer cannot be kept: outcome unknown.
-            Err(StepError::terminal(
+            Err(StepError::terminal_unknown(
                 "output_too_large",
                 format!(
                     "output is {} bytes, over the limit of {}",
@@ -361,7 +361,7 @@ fn attempt_end(s: &Scheduler, r: AgentResponse) -> StepFinish {
                 Err(why) => (Err(why), None),
             },
             _ => (
-                Err(StepError::terminal(
+                Err(StepError::terminal_unknown(
                     "wait_in_compensation",
                     "a compensation cannot wait; it must finish or fail",
                 )),
@@ -456,7 +456,7 @@ fn child_run(
     let Some((workflow, input)) = &request.start_child else {
         return Ok(None);
     };
-    let refuse = |why: String| StepError::terminal("child_refused", why).not_applied();
+    let refuse = |why: String| StepError::terminal_unknown("child_refused", why).not_applied();
     let registry = s.registry();
     let wf = registry
         .latest(workflow)

@@ -12,7 +12,7 @@ impl RunView {
     /// The run as applications see it.
     ///
     /// # Errors
-    /// [`Error::CorruptRow`] when a JSON column does not hold JSON.
+    /// [`Error::CorruptRow`](crate::Error::CorruptRow) when a JSON column does not hold JSON.
     pub fn into_run(self) -> Result<Run> {
         const T: &str = "sagaflow_runs";
         let (priority, start_at) = (self.priority, self.start_at.map(timestamp));
@@ -40,7 +40,7 @@ impl StepRow {
     /// The step as applications see it.
     ///
     /// # Errors
-    /// [`Error::CorruptRow`] when a JSON column does not hold JSON.
+    /// [`Error::CorruptRow`](crate::Error::CorruptRow) when a JSON column does not hold JSON.
     pub fn into_step(self) -> Result<Step> {
         const T: &str = "sagaflow_steps";
         let r = self;

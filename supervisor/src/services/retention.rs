@@ -9,8 +9,6 @@ use sagaflow_engine::Result;
 use crate::config::SupervisorConfig;
 use crate::service::{LeaderContext, MaintenanceService, ServiceReport, millis};
 
-/// How often the leader applies the retention policy.
-const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 /// Finished runs deleted per statement.
 const RETENTION_BATCH: u32 = 1000;
 
@@ -36,8 +34,8 @@ impl MaintenanceService for Retention {
         "retention"
     }
 
-    fn interval(&self, _config: &SupervisorConfig) -> Duration {
-        RETENTION_INTERVAL
+    fn interval(&self, config: &SupervisorConfig) -> Duration {
+        config.retention_interval
     }
 
     async fn run_once(&self, ctx: &LeaderContext) -> Result<ServiceReport> {

@@ -111,7 +111,7 @@ impl From<ServiceError> for sagaflow::StepError {
         let mut err = if e.is_retryable() {
             Self::retryable(code, message)
         } else {
-            Self::terminal(code, message)
+            Self::terminal_unknown(code, message)
         };
         if !e.may_have_applied() {
             err = err.not_applied();

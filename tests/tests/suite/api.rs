@@ -528,7 +528,7 @@ fn refund(broken: Arc<AtomicBool>) -> Workflow {
         })
         .compensate_using(broken, |broken, _: StepContext| async move {
             if broken.load(Ordering::SeqCst) {
-                Err(StepError::terminal(
+                Err(StepError::terminal_unknown(
                     "refunds_down",
                     "the refund service is down",
                 ))

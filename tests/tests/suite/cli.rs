@@ -117,7 +117,10 @@ fn notify(fixed: Arc<AtomicBool>) -> Workflow {
                 if ok {
                     Ok("sent")
                 } else {
-                    Err(StepError::terminal("bad_address", "mailbox does not exist"))
+                    Err(StepError::terminal_unknown(
+                        "bad_address",
+                        "mailbox does not exist",
+                    ))
                 }
             }
         })
@@ -770,12 +773,15 @@ fn undo(fixed: Arc<AtomicBool>) -> Workflow {
                 if ok {
                     Ok(())
                 } else {
-                    Err(StepError::terminal("stock_locked", "the stock is locked"))
+                    Err(StepError::terminal_unknown(
+                        "stock_locked",
+                        "the stock is locked",
+                    ))
                 }
             }
         })
         .step("charge", |_ctx: StepContext| async {
-            Err::<(), _>(StepError::terminal("card_declined", "declined"))
+            Err::<(), _>(StepError::terminal_unknown("card_declined", "declined"))
         })
         .after(["reserve"])
         .build()

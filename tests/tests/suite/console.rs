@@ -80,7 +80,7 @@ fn shipment(c: &Controls) -> Workflow {
             (fixed, c.gate.clone()),
             |(fixed, gate), _ctx: StepContext| async move {
                 if !fixed.load(Ordering::SeqCst) {
-                    return Err(StepError::terminal(
+                    return Err(StepError::terminal_unknown(
                         "bad_address",
                         "mailbox <b>does not</b> exist",
                     ));

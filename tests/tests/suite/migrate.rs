@@ -564,3 +564,41 @@ async fn migrate_automatically_when_the_migration_says_so() {
         engine.shutdown().await;
     }
 }
+
+/// A run can be started on an older registered version (to test a migration from it); the
+/// newest is the default, and a version the engine lacks is refused naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_a_run_can_start_on_an_older_registered_version() {
+    for db in backends().await {
+        let b = db.backend;
+        let engine = both_versions(&db).await;
+        let input = json!({ "sku": "hold", "region": "us" });
+        let old = engine
+            .start_with(
+                "shipment",
+                &input,
+                sagaflow::StartOptions::default().version(1),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] {e}"))
+            .id;
+        let new = engine.start("shipment", &input).await.expect("start");
+        let version = |id| {
+            let engine = &engine;
+            async move { engine.run(id).await.expect("read").expect("run").version }
+        };
+        assert_eq!((version(old).await, version(new).await), (1, 2), "[{b}]");
+        let missing = engine
+            .start_with(
+                "shipment",
+                &input,
+                sagaflow::StartOptions::default().version(9),
+            )
+            .await;
+        assert!(
+            matches!(missing, Err(sagaflow::Error::WorkflowNotFound(ref w)) if w == "shipment@9"),
+            "[{b}] {missing:?}"
+        );
+        engine.shutdown().await;
+    }
+}

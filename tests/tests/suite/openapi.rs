@@ -41,7 +41,7 @@ fn stuck() -> Workflow {
             Ok::<_, StepError>("charged")
         })
         .compensate(|_: StepContext| async {
-            Err::<(), _>(StepError::terminal(
+            Err::<(), _>(StepError::terminal_unknown(
                 "refunds_down",
                 "the refund service is down",
             ))

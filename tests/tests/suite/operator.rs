@@ -28,7 +28,10 @@ async fn an_operator_retry_after_fixing_the_cause_finishes_the_run() {
                     if ok {
                         Ok("sent")
                     } else {
-                        Err(StepError::terminal("bad_address", "mailbox does not exist"))
+                        Err(StepError::terminal_unknown(
+                            "bad_address",
+                            "mailbox does not exist",
+                        ))
                     }
                 }
             })

@@ -540,3 +540,38 @@ async fn followers_raise_one_supervisor_stalled_alert_while_no_leader_sweeps() {
         b.shutdown().await;
     }
 }
+
+/// The retention pass runs as often as `with_retention_interval` says: with a retention of
+/// zero and a pass every 200 ms, a finished run is purged within seconds (at the default
+/// interval of a minute, the wait below would time out); a zero interval is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_pass_runs_at_its_configured_interval() {
+    for db in backends().await {
+        let b = db.backend;
+        let refused = fast_builder(&db)
+            .with_workflow(one_step("kept", 1, Duration::from_secs(30)))
+            .with_retention_interval(Duration::ZERO)
+            .start()
+            .await;
+        assert!(
+            matches!(refused, Err(Error::Config(ref m)) if m.contains("retention")),
+            "[{b}] {:?}",
+            refused.err()
+        );
+        let engine = fast_builder(&db)
+            .with_workflow(one_step("kept", 1, Duration::from_secs(30)))
+            .with_retention(Some(Duration::ZERO))
+            .with_retention_interval(Duration::from_millis(200))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let id = engine.start("kept", &()).await.expect("start");
+        eventually(
+            Duration::from_secs(20),
+            "the finished run purged",
+            || async { matches!(engine.run(id).await, Ok(None)) },
+        )
+        .await;
+        engine.shutdown().await;
+    }
+}

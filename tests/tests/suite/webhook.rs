@@ -454,7 +454,7 @@ async fn a_growing_backlog_raises_one_alert_and_resolves_it_when_the_queue_drain
                 let _permit = g
                     .acquire()
                     .await
-                    .map_err(|_| StepError::terminal("closed", "gate closed"))?;
+                    .map_err(|_| StepError::terminal_unknown("closed", "gate closed"))?;
                 Ok::<_, StepError>(())
             })
             .build()
