@@ -3,6 +3,23 @@
 //!
 //! Applications depend on the `sagaflow` crate, which wires this engine together with the
 //! agents and the supervisor; this crate is what those parts share.
+//!
+//! # Layers
+//!
+//! The modules sit in six layers; a module uses its own layer and those below, never one
+//! above (`tests/layers.rs` checks every import; the few that still point up are listed
+//! there and may only go):
+//!
+//! 0. nouns: [`state`](crate::RunState) and step counters, errors, [`clock`], [`crash`] and
+//!    [`interleave`] points, [`cron`], [`trace`] context, [`resource`] windows, and the read
+//!    model ([`Run`], [`Step`], [`HistoryEvent`], [`Alert`], [`Notice`]);
+//! 1. [`definition`]s, the agent [`protocol`] with its outcomes ([`StepError`]) and [`wait`]
+//!    types; a step reaches the engine only through the services its context carries;
+//! 2. the pure [`transition`]s and their write intents;
+//! 3. the [`store`]: SQL only;
+//! 4. [`metrics`] and [`signals`];
+//! 5. the use cases: the [`scheduler`], the [`operator`] actions and the [`migration`] of runs
+//!    between versions.
 
 mod error;
 mod model;
