@@ -29,6 +29,13 @@
 //!   scheduler sends and receives them.
 //! - **Reading a reply.** What an answer means for the step (retry, fail, complete, maybe
 //!   applied) is decided by the transition module when the completion loop persists it.
+//!
+//! # What this crate owns, and what it may use
+//!
+//! It owns the pool that runs attempts. It depends on `sagaflow-engine` for the protocol and
+//! the step definitions only, never on its store, scheduler or supervisor, and nothing in the
+//! engine depends on it. (The HTTP agent still lives in the facade, `sagaflow::http::HttpAgent`;
+//! moving it here is part of the layering work.)
 
 mod pool;
 

@@ -32,6 +32,13 @@
 //! [`SupervisorConfig::stall_after`]; followers, outside any term, raise a
 //! `supervisor_stalled` alert (`AlertKind::SupervisorStalled`) when no leader has completed a sweep
 //! for [`SupervisorConfig::stall_alert_after`].
+//!
+//! # What this crate owns, and what it may use
+//!
+//! It owns the leader loop and its maintenance services. It depends on `sagaflow-engine` (the
+//! store, the transitions that decide a rescue, the alert and signal types) and on nothing
+//! else of sagaflow; the engine and the agents do not depend on it. The facade starts it
+//! beside the scheduler.
 
 mod config;
 mod gate;
