@@ -384,7 +384,7 @@ const CHILD_UNDO_RECHECK: Duration = Duration::from_secs(10);
 #[async_trait::async_trait]
 impl StepAction for ChildCompensation {
     async fn run(&self, ctx: StepContext) -> Result<serde_json::Value, StepError> {
-        let hook = ctx.callbacks.as_ref().ok_or_else(|| {
+        let hook = ctx.hook.as_ref().ok_or_else(|| {
             StepError::terminal_unknown("child_undo", "a child step is compensated by an engine")
         })?;
         let undone = hook

@@ -28,7 +28,7 @@ pub use policy::{
 pub use priority::{PRIORITY_MAX, PRIORITY_MIN, RetryLane, check_priority};
 pub use registry::Registry;
 pub use schema::FieldError;
-pub(crate) use step::{CallbackHook, StepServices};
+pub(crate) use step::{AttemptHook, StepServices};
 pub use step::{StepAction, StepContext};
 
 use crate::Error;

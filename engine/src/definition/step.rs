@@ -69,8 +69,9 @@ pub struct StepContext {
     pub(crate) span: Span,
     /// The step's stored wait, when it resumes after one (see [`crate::wait`]).
     pub(crate) wait: Option<Arc<crate::wait::WaitState>>,
-    /// Where a callback token is registered: the store and the attempt's fence.
-    pub(crate) callbacks: Option<Arc<CallbackHook>>,
+    /// What an attempt run by an engine reaches the engine through: its services (callback
+    /// tokens, child undo) and the attempt's fence. `None` outside an engine.
+    pub(crate) hook: Option<Arc<AttemptHook>>,
 }
 
 /// What the engine does for a running step beyond handing it its inputs: issue callback
@@ -93,9 +94,9 @@ pub(crate) trait StepServices: Send + Sync {
     async fn undo_child(&self, step_id: i64, actor: String, reason: String) -> crate::Result<bool>;
 }
 
-/// What [`StepContext::callback_token`] needs: the engine's services, the step row and its
-/// fence, and the token once issued (one per attempt).
-pub(crate) struct CallbackHook {
+/// What [`StepContext::callback_token`] and a child step's compensation need: the engine's
+/// services, the step row and its fence, and the token once issued (one per attempt).
+pub(crate) struct AttemptHook {
     pub(crate) services: Arc<dyn StepServices>,
     pub(crate) step_id: i64,
     pub(crate) attempt: i32,
@@ -146,7 +147,7 @@ impl StepContext {
             trace: Arc::new(TraceContext::of_run(run_id)),
             span: Span::none(),
             wait: None,
-            callbacks: None,
+            hook: None,
         }
     }
 
@@ -156,10 +157,10 @@ impl StepContext {
     pub(crate) fn waiting(
         mut self,
         wait: Option<crate::wait::WaitState>,
-        hook: Option<CallbackHook>,
+        hook: Option<AttemptHook>,
     ) -> Self {
         self.wait = wait.map(Arc::new);
-        self.callbacks = hook.map(Arc::new);
+        self.hook = hook.map(Arc::new);
         self
     }
 
@@ -177,7 +178,7 @@ impl StepContext {
     /// A retryable [`StepError`] when the token could not be stored (the database is
     /// unreachable, or this attempt lost its lease); a terminal one outside an engine.
     pub async fn callback_token(&self) -> Result<String, StepError> {
-        let hook = self.callbacks.as_ref().ok_or_else(|| {
+        let hook = self.hook.as_ref().ok_or_else(|| {
             StepError::terminal_unknown(
                 "callback_unavailable",
                 "callback tokens are issued to forward attempts run by an engine",
@@ -213,7 +214,7 @@ impl StepContext {
     /// failure whose outcome is unknown (the remote may have acted): the retry policy runs
     /// the step again (a new token, the same idempotency key).
     pub async fn await_callback(&self, timeout: Duration) -> StepError {
-        let token = match &self.callbacks {
+        let token = match &self.hook {
             Some(hook) => hook.issued.lock().await.clone(),
             None => None,
         };

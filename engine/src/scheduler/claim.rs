@@ -376,7 +376,7 @@ fn request(
     if wait.is_some() && def.wait().is_none() {
         action = Arc::new(crate::wait::CallbackResume);
     }
-    let hook = crate::definition::CallbackHook {
+    let hook = crate::definition::AttemptHook {
         services: s.services.clone(),
         step_id: c.id,
         attempt: c.attempt,

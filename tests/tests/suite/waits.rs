@@ -450,33 +450,29 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
         .await;
         parked(&engine, id).await;
         let http = reqwest::Client::new();
+        // One callback: the token in the header (`None`: no header), or in the path.
+        let call = |token: Option<&str>, in_path: bool, body: serde_json::Value| {
+            let url = match (token, in_path) {
+                (Some(t), true) => format!("{admin}/api/v1/callbacks/{t}"),
+                _ => format!("{admin}/api/v1/callbacks"),
+            };
+            let mut req = http.post(url).json(&body);
+            if let (Some(t), false) = (token, in_path) {
+                req = req.header("Sagaflow-Callback-Token", t);
+            }
+            async move { req.send().await.expect("post") }
+        };
         // Forged tokens (right run, wrong MAC; the form of an older release) and a malformed
         // one, in the path or the header: refused, nothing moves.
         let forged = flip_last(&token);
         let old_form = format!("{}.{}", id.simple(), "ab".repeat(32));
         for bad in [forged.as_str(), old_form.as_str(), "not-a-token"] {
-            let r = http
-                .post(format!("{admin}/api/v1/callbacks/{bad}"))
-                .json(&json!({ "ok": { "paid": true } }))
-                .send()
-                .await
-                .expect("post");
-            assert_eq!(r.status(), 404, "[{}] {bad}", db.backend);
-            let r = http
-                .post(format!("{admin}/api/v1/callbacks"))
-                .header("Sagaflow-Callback-Token", bad)
-                .json(&json!({ "ok": { "paid": true } }))
-                .send()
-                .await
-                .expect("post");
-            assert_eq!(r.status(), 404, "[{}] {bad}", db.backend);
+            for in_path in [true, false] {
+                let r = call(Some(bad), in_path, json!({ "ok": { "paid": true } })).await;
+                assert_eq!(r.status(), 404, "[{}] {bad}", db.backend);
+            }
         }
-        let r = http
-            .post(format!("{admin}/api/v1/callbacks"))
-            .json(&json!({ "ok": { "paid": true } }))
-            .send()
-            .await
-            .expect("post");
+        let r = call(None, false, json!({ "ok": { "paid": true } })).await;
         assert_eq!(r.status(), 400, "[{}] no token", db.backend);
         let body: serde_json::Value = r.json().await.expect("json");
         assert_eq!(body["error"]["code"], "missing_callback_token");
@@ -486,13 +482,12 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
         );
         // The remote's one call, without an admin token: the callback token is its credential,
         // in a header, out of the request line that proxies log.
-        let r = http
-            .post(format!("{admin}/api/v1/callbacks"))
-            .header("Sagaflow-Callback-Token", &token)
-            .json(&json!({ "ok": { "paid": true, "amount": 42 } }))
-            .send()
-            .await
-            .expect("post");
+        let r = call(
+            Some(&token),
+            false,
+            json!({ "ok": { "paid": true, "amount": 42 } }),
+        )
+        .await;
         assert_eq!(r.status(), 202, "[{}]", db.backend);
         let run = expect_state(&engine, id, RunState::Completed, db.backend).await;
         assert_eq!(run.output.expect("output")["charge"]["amount"], 42);
