@@ -65,8 +65,22 @@ async fn claim_until_empty(store: &Store, workers: usize, tag: &str) -> Vec<Vec<
         let (store, keys, owner) = (store.clone(), keys.clone(), format!("{tag}-{c}"));
         tasks.push(tokio::spawn(async move {
             let mut log = Vec::new();
+            let mut timeouts = 0;
             loop {
-                let batch = store.step_claim(&owner, &keys, 25).await.expect("claim");
+                // Like the engine's claim loop, a claim that failed is paused and asked
+                // again. On PostgreSQL, SKIP LOCKED does not skip the wait for a newer
+                // version of a row that another claimer is writing, and on a loaded machine
+                // a hundred claimers can queue behind each other past `lock_timeout`: a
+                // transient error, bounded here, that claims nothing.
+                let batch = match store.step_claim(&owner, &keys, 25).await {
+                    Ok(batch) => batch,
+                    Err(e) if timeouts < 10 && e.sqlstate().as_deref() == Some("55P03") => {
+                        timeouts += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    Err(e) => panic!("claim: {e:?}"),
+                };
                 if batch.is_empty() {
                     return log;
                 }
