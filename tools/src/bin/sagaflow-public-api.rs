@@ -1,8 +1,8 @@
 //! Writes or checks `docs/public-api.txt`: the public API of the `sagaflow` crate, one item
 //! per line, so that every change of it shows in review.
 //!
-//! `cargo public-api` lists a crate's items from rustdoc's JSON output, but items the crate
-//! re-exports from another crate appear only as `pub use` lines: their fields and methods
+//! A crate's listing, read from rustdoc's JSON output, shows the items the crate
+//! re-exports from another crate only as `pub use` lines: their fields and methods
 //! are listed with the crate that defines them. This command lists `sagaflow`, then adds,
 //! for each item it re-exports from a workspace crate, that item's lines from the defining
 //! crate's listing, spelled with the path users write (`sagaflow::Run`, not
@@ -13,26 +13,27 @@
 //! cargo run -p sagaflow-tools --bin sagaflow-public-api -- --check # fail when it differs
 //! ```
 //!
-//! Needs `cargo-public-api` (`cargo install --locked cargo-public-api`); rustdoc's JSON output
-//! is unstable, so it runs with `RUSTC_BOOTSTRAP=1` on the stable toolchain.
+//! The listing is read with the `public-api` library (the one `cargo public-api` prints
+//! with, in its `-ss` form: no blanket or auto-trait impls) from rustdoc's JSON output, which
+//! is unstable, so it is built with `RUSTC_BOOTSTRAP=1` on the stable toolchain, in one
+//! `cargo doc --workspace --lib` for all three crates (this command runs it, unless told
+//! `--prebuilt`). That resolves the workspace's features as the lints do, so when the lints
+//! run with `RUSTC_BOOTSTRAP=1` too and the JSON is built right after them (as
+//! `scripts/test.sh` does), it reuses the dependencies they checked. Cargo keys checked
+//! dependencies and compiled proc macros on `RUSTC_BOOTSTRAP` without keeping both, so a
+//! plain build in between would have them checked again.
+//!
+//! Items behind `#[doc(hidden)]` (the `internals` feature the workspace turns on) are not in
+//! rustdoc's output, so the listing is the one users see.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::Parser;
 
 /// The workspace crates whose items `sagaflow` re-exports.
 const DEFINING_CRATES: [&str; 2] = ["sagaflow_engine", "sagaflow_supervisor"];
-
-/// The features `sagaflow` builds a defining crate with, so that its listing holds the impls
-/// they add (`ToSchema` of the types the HTTP API answers with).
-fn features_of(krate: &str) -> &'static str {
-    match krate {
-        "sagaflow_engine" => "openapi",
-        _ => "",
-    }
-}
 
 #[derive(Debug, Parser)]
 #[command(about = "Write or check docs/public-api.txt, the listing of sagaflow's public API")]
@@ -43,16 +44,26 @@ struct Args {
     /// The listing file.
     #[arg(long, default_value = "docs/public-api.txt")]
     out: PathBuf,
+    /// Read the rustdoc JSON already built (the command `scripts/test.sh` runs after its
+    /// lints, with the flags `cargo doc` is given here) instead of building it.
+    #[arg(long)]
+    prebuilt: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
 enum ListingError {
-    #[error(
-        "could not run `cargo public-api` (install it: cargo install --locked cargo-public-api): {0}"
-    )]
+    #[error("could not run `cargo doc`: {0}")]
     Spawn(#[source] std::io::Error),
-    #[error("`cargo public-api -p {package}` failed:\n{stderr}")]
-    Failed { package: String, stderr: String },
+    #[error("`cargo doc` with JSON output, or `cargo metadata`, failed ({0})")]
+    Failed(std::process::ExitStatus),
+    #[error("`cargo metadata` printed no target directory: {0}")]
+    Metadata(#[source] serde_json::Error),
+    #[error("reading {path}: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: public_api::Error,
+    },
     #[error("{path}: {source}")]
     File {
         path: PathBuf,
@@ -61,25 +72,50 @@ enum ListingError {
     },
 }
 
-/// The listing of one package with `features` (`cargo public-api -ss`: no blanket or
-/// auto-trait impls).
-fn listing(package: &str, features: &str) -> Result<String, ListingError> {
-    let mut command = Command::new("cargo");
-    command.args(["public-api", "-ss", "--color", "never", "-p", package]);
-    if !features.is_empty() {
-        command.args(["--features", features]);
+/// Builds rustdoc's JSON for the workspace's libraries, unless `prebuilt`; returns the
+/// directory it is in. `scripts/test.sh` runs the same `cargo doc`: change both together.
+fn rustdoc_json(prebuilt: bool) -> Result<PathBuf, ListingError> {
+    if !prebuilt {
+        let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["doc", "--workspace", "--lib", "--no-deps", "--locked"])
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("RUSTDOCFLAGS", "-Z unstable-options --output-format json")
+            .status()
+            .map_err(ListingError::Spawn)?;
+        if !status.success() {
+            return Err(ListingError::Failed(status));
+        }
     }
-    let out = command
-        .env("RUSTC_BOOTSTRAP", "1")
+    // Where cargo put it: the workspace's target directory, wherever configured.
+    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
         .output()
         .map_err(ListingError::Spawn)?;
     if !out.status.success() {
-        return Err(ListingError::Failed {
-            package: package.to_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
+        return Err(ListingError::Failed(out.status));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(ListingError::Metadata)?;
+    let target = meta["target_directory"]
+        .as_str()
+        .ok_or_else(|| ListingError::Metadata(serde::de::Error::custom("no target_directory")))?;
+    Ok(Path::new(target).join("doc"))
+}
+
+/// The listing of one crate from its rustdoc JSON in `dir`, one item per line.
+fn listing(dir: &Path, krate: &str) -> Result<String, ListingError> {
+    let path = dir.join(format!("{krate}.json"));
+    let api = public_api::Builder::from_rustdoc_json(&path)
+        .omit_blanket_impls(true)
+        .omit_auto_trait_impls(true)
+        .build()
+        .map_err(|source| ListingError::Json { path, source })?;
+    let mut text = String::new();
+    for item in api.items() {
+        text.push_str(&item.to_string());
+        text.push('\n');
+    }
+    Ok(text)
 }
 
 /// The item a listing line is about: the type an `impl` is for, or the first path of any
@@ -152,8 +188,9 @@ fn user_paths(line: &str, reexported: &[String]) -> String {
 }
 
 /// `sagaflow`'s listing with the lines of the items it re-exports from workspace crates.
-fn build() -> Result<String, ListingError> {
-    let own = listing("sagaflow", "")?;
+fn build(prebuilt: bool) -> Result<String, ListingError> {
+    let dir = rustdoc_json(prebuilt)?;
+    let own = listing(&dir, "sagaflow")?;
     let mut lines: BTreeSet<String> = BTreeSet::new();
     let mut reexported: Vec<String> = Vec::new();
     for line in own.lines() {
@@ -163,7 +200,7 @@ fn build() -> Result<String, ListingError> {
         lines.insert(line.to_owned());
     }
     for krate in DEFINING_CRATES {
-        let theirs = listing(&krate.replace('_', "-"), features_of(krate))?;
+        let theirs = listing(&dir, krate)?;
         for line in theirs.lines() {
             let s = subject(line);
             let Some(rest) = s.strip_prefix(krate).and_then(|r| r.strip_prefix("::")) else {
@@ -208,7 +245,7 @@ fn print_difference(checked_in: &str, code: &str) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let result = build().and_then(|text| {
+    let result = build(args.prebuilt).and_then(|text| {
         if args.check {
             let old = std::fs::read_to_string(&args.out).map_err(|source| ListingError::File {
                 path: args.out.clone(),
