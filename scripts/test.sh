@@ -32,7 +32,9 @@ cd "$repo_root"
 # shellcheck source=scripts/pg.sh
 source "$repo_root/scripts/pg.sh"
 
-banner() { printf '\n==> %s\n' "$*" >&2; }
+# Each step says when it began (minutes and seconds since the script started), so a slow one
+# shows in the log.
+banner() { printf '\n==> [%02d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 # shellcheck disable=SC2317  # invoked via trap
 cleanup() {
@@ -96,26 +98,15 @@ if [[ "$lint" -eq 1 ]]; then
     banner "cargo fmt --all -- --check"
     cargo fmt --all -- --check
 
-    # The lints run with RUSTC_BOOTSTRAP=1, as the API listing's rustdoc JSON build must:
-    # cargo keys checked dependencies on it, so the listing reuses what the lints checked
-    # instead of checking every dependency a second time (measured: 8.7 min cold). It lets
-    # no unstable feature in: the tests below build on plain stable.
     banner "cargo clippy --workspace --all-targets --locked -- -D warnings"
-    RUSTC_BOOTSTRAP=1 cargo clippy --workspace --all-targets --locked -- -D warnings
+    cargo clippy --workspace --all-targets --locked -- -D warnings
 
     # The OpenTelemetry bridge is behind the `otel` feature, off by default: lint it too.
     banner "cargo clippy -p sagaflow --features otel --locked -- -D warnings"
-    RUSTC_BOOTSTRAP=1 cargo clippy -p sagaflow --features otel --locked -- -D warnings
+    cargo clippy -p sagaflow --features otel --locked -- -D warnings
 
     banner "cargo doc --workspace --no-deps --locked (warnings denied)"
-    RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
-
-    # rustdoc's JSON output for the API listing, checked after the build below. Built here,
-    # before that build compiles the proc macros without RUSTC_BOOTSTRAP, which would have
-    # every dependency checked again. The same command as `sagaflow-public-api` runs.
-    banner "rustdoc JSON of the workspace's libraries, for the API listing"
-    RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-Z unstable-options --output-format json" \
-        cargo doc --workspace --lib --no-deps --locked
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 else
     banner "SAGAFLOW_SKIP_LINT=1: skipping cargo fmt, clippy, doc and the API listing"
 fi
@@ -127,10 +118,12 @@ cargo build --workspace --bins --locked
 
 if [[ "$lint" -eq 1 ]]; then
     # The public API listing (docs/public-api.txt) must match the code, so that every
-    # change of the API shows in review. The command was built just above; it reads the
-    # rustdoc JSON built after the lints.
+    # change of the API shows in review. The command was built just above; it is run as
+    # built, since `cargo run -p` would resolve the tool's features alone and build its
+    # dependencies again. It reads rustdoc's JSON output, built on the dependencies the
+    # lints checked (scripts/rustdoc-unstable says how).
     banner "public API listing (docs/public-api.txt)"
-    cargo run --quiet --locked -p sagaflow-tools --bin sagaflow-public-api -- --check --prebuilt
+    "$target_dir/debug/sagaflow-public-api" --check
 fi
 
 banner "cargo test --workspace --locked $*  (SAGAFLOW_PG_URL=$SAGAFLOW_PG_URL)"

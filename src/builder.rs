@@ -7,7 +7,7 @@ use sagaflow_engine::resource::Resource;
 use sagaflow_engine::scheduler::SchedulerConfig;
 use sagaflow_engine::store::{SqliteSync, StoreOptions, redact_url};
 use sagaflow_engine::{
-    Alert, AlertSink, Error, LogSink, Registry, Result, Store, Workflow, WorkflowDescription,
+    Alert, Error, LogSink, NoticeSink, Registry, Result, Store, Workflow, WorkflowDescription,
 };
 use sagaflow_supervisor::{HEARTBEAT_INTERVAL_DEFAULT, SupervisorConfig};
 
@@ -24,7 +24,7 @@ pub struct EngineBuilder {
     store_options: StoreOptions,
     registry: Registry,
     errors: Vec<Error>,
-    sinks: Vec<Arc<dyn AlertSink>>,
+    sinks: Vec<Arc<dyn NoticeSink>>,
     resources: Vec<Resource>,
     schedules: Vec<sagaflow_engine::cron::Schedule>,
     pub(crate) scheduler: SchedulerConfig,
@@ -133,10 +133,18 @@ impl EngineBuilder {
     /// (default: yes, under the engines' migration lock). Off, the start changes no schema:
     /// it fails with [`Error::SchemaOutOfDate`] unless the database's schema is exactly
     /// this release's. For tools that must not migrate, such as the `sagaflow` command's
-    /// reads and actions.
-    pub fn with_migrations(mut self, on: bool) -> Self {
+    /// reads and actions. (Moving runs between workflow versions is another thing:
+    /// [`EngineBuilder::with_migration`].)
+    pub fn with_schema_migrations(mut self, on: bool) -> Self {
         self.store_options.migrate = on;
         self
+    }
+
+    /// The former name of [`EngineBuilder::with_schema_migrations`], one letter away from
+    /// [`EngineBuilder::with_migration`], which moves runs between workflow versions.
+    #[deprecated(since = "0.2.0", note = "renamed to `with_schema_migrations`")]
+    pub fn with_migrations(self, on: bool) -> Self {
+        self.with_schema_migrations(on)
     }
 
     /// Registers a workflow definition (several versions of one name may be registered).
@@ -161,13 +169,20 @@ impl EngineBuilder {
 
     /// Adds a sink the outbox delivers notices to (alerts, and the finishes of runs whose
     /// start asked for a notification): a [`crate::WebhookSink`], a
-    /// [`crate::ChannelSink`], or an application's own [`AlertSink`]. The supervisor leader
+    /// [`crate::ChannelSink`], or an application's own [`NoticeSink`]. The supervisor leader
     /// delivers each notice to every sink at least once; its name must be unique among the
     /// engine's sinks and stay the same across restarts. The [`LogSink`] is present unless
     /// [`EngineBuilder::without_log_sink`] is called.
-    pub fn with_alert_sink(mut self, sink: impl AlertSink) -> Self {
+    pub fn with_notice_sink(mut self, sink: impl NoticeSink) -> Self {
         self.sinks.push(Arc::new(sink));
         self
+    }
+
+    /// The former name of [`EngineBuilder::with_notice_sink`]: a sink receives every notice,
+    /// not only alerts.
+    #[deprecated(since = "0.2.0", note = "renamed to `with_notice_sink`")]
+    pub fn with_alert_sink(self, sink: impl NoticeSink) -> Self {
+        self.with_notice_sink(sink)
     }
 
     /// Declares a remote resource and the limits its steps' attempts obey

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sagaflow_agents::AgentPool;
 use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
-use sagaflow_engine::signals::{AlertSink, RunEvent, Signals};
+use sagaflow_engine::signals::{NoticeSink, RunEvent, Signals};
 use sagaflow_engine::{
     Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, Step, StepRow, Store,
     store::{PublishedDefinition, RunView, Stats, WorkflowQueue},
@@ -138,7 +138,7 @@ impl Engine {
         store: Store,
         heartbeat: Option<crate::instance::Heartbeat>,
         registry: Arc<Registry>,
-        sinks: Vec<Arc<dyn AlertSink>>,
+        sinks: Vec<Arc<dyn NoticeSink>>,
         scheduler: SchedulerConfig,
         supervisor: Option<SupervisorConfig>,
         workers: bool,

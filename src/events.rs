@@ -82,11 +82,9 @@ impl Engine {
         let payload = serde_json::to_value(payload).map_err(|e| invalid(e.to_string()))?;
         self.check_payload(&payload, "event payload")?;
         let run_id = self.event_run(target.into()).await?;
-        let delivery = self
-            .inner
-            .store
-            .event_send(run_id, name, &payload, actor)
-            .await?;
+        let delivery =
+            sagaflow_engine::deliver::send_event(&self.inner.store, run_id, name, &payload, actor)
+                .await?;
         self.wake();
         Ok(delivery)
     }
@@ -108,11 +106,9 @@ impl Engine {
         if let CallbackResult::Ok(v) = result {
             self.check_payload(v, "callback output")?;
         }
-        let delivery = self
-            .inner
-            .store
-            .callback_complete(token, result, actor)
-            .await?;
+        let delivery =
+            sagaflow_engine::deliver::complete_callback(&self.inner.store, token, result, actor)
+                .await?;
         self.wake();
         Ok(delivery)
     }

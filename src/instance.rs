@@ -56,7 +56,7 @@ pub(crate) async fn release_owned(store: &Store, owner: &str) -> Result<u64> {
             return Ok(total);
         }
         let items: Vec<_> = owned.iter().map(rescue).collect();
-        let counts = store.step_rescue(None, &items).await?;
+        let counts = sagaflow_engine::rescue::rescue_steps(store, None, &items).await?;
         let moved = counts.interrupted + counts.failed;
         total += moved;
         if moved == 0 {

@@ -69,7 +69,7 @@ mod submit;
 pub mod webhook;
 
 #[cfg(feature = "http")]
-pub mod http;
+pub use sagaflow_agents::http;
 #[cfg(feature = "otel")]
 pub mod otel;
 
@@ -98,12 +98,13 @@ pub use sagaflow_engine::wait::{
     CallbackResult, EventWait, OnTimeout, StepWait, WaitFor, WaitState, Woken,
 };
 pub use sagaflow_engine::{
-    Alert, AlertKind, AlertSink, Attempts, Backend, BacklogAlert, ChannelSink, DeadlinePolicy,
+    Alert, AlertKind, Attempts, Backend, BacklogAlert, ChannelSink, DbError, DeadlinePolicy,
     Delivery, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error,
-    FieldError, HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeTopic,
-    OnFailure, Outcome, RESOLVED_BY_ENGINE, Result, RetryLane, RetryPolicy, Run, RunCounts,
-    RunEvent, RunFinished, RunState, StartOption, Step, StepAction, StepContext, StepDescription,
-    StepError, StepKind, StepState, Timestamp, Workflow, WorkflowBuilder, WorkflowDescription,
+    FieldError, HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeSink,
+    NoticeTopic, OnFailure, Outcome, RESOLVED_BY_ENGINE, Result, RetryLane, RetryPolicy, Run,
+    RunCounts, RunEvent, RunFinished, RunState, StartOption, Step, StepAction, StepContext,
+    StepDescription, StepError, StepKind, StepState, Timestamp, Workflow, WorkflowBuilder,
+    WorkflowDescription,
 };
 pub use sagaflow_supervisor::{
     PRIORITY_AGING_DEFAULT, RETENTION_INTERVAL_DEFAULT, SupervisorStats,
@@ -131,7 +132,8 @@ pub mod migration {
 #[doc(hidden)]
 pub mod internals {
     pub use sagaflow_engine::{
-        Registry, interleave, operator, protocol, scheduler, signals, store, trace, transition,
+        Registry, deliver, interleave, operator, protocol, rescue, scheduler, signals, store,
+        trace, transition,
     };
     pub use sagaflow_supervisor::{Supervisor, SupervisorConfig, SweepGate};
 

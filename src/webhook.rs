@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{KeyInit, Mac};
 use sagaflow_engine::{
-    AlertSink, DeliveryError, DeliveryPolicy, Error, Notice, NoticeTopic, Result,
+    DeliveryError, DeliveryPolicy, Error, Notice, NoticeSink, NoticeTopic, Result,
 };
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -209,7 +209,7 @@ pub fn verify_signature(
 }
 
 #[async_trait::async_trait]
-impl AlertSink for WebhookSink {
+impl NoticeSink for WebhookSink {
     fn name(&self) -> &str {
         &self.name
     }

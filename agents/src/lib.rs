@@ -32,11 +32,15 @@
 //!
 //! # What this crate owns, and what it may use
 //!
-//! It owns the pool that runs attempts. It depends on `sagaflow-engine` for the protocol and
-//! the step definitions only, never on its store, scheduler or supervisor, and nothing in the
-//! engine depends on it. (The HTTP agent still lives in the facade, `sagaflow::http::HttpAgent`;
-//! moving it here is part of the layering work.)
+//! It owns the pool that runs attempts, and the HTTP agent a step calls a JSON API with
+//! ([`http::HttpAgent`], feature `http`): the idempotency header, the trace context, the
+//! timeout taken from the attempt's deadline, and the mapping of every answer to a step
+//! outcome. It depends on `sagaflow-engine` for the protocol and the step definitions only,
+//! never on its store, scheduler or supervisor, and nothing in the engine depends on it. The
+//! `sagaflow` facade re-exports the HTTP agent as `sagaflow::http`.
 
+#[cfg(feature = "http")]
+pub mod http;
 mod pool;
 
 pub use pool::AgentPool;

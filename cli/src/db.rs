@@ -75,7 +75,7 @@ pub(crate) async fn client(url: &str) -> Result<Engine, Failure> {
     Engine::builder()
         .with_database_url(url)
         .with_published_workflows()
-        .with_migrations(false)
+        .with_schema_migrations(false)
         .with_connect_timeouts(CONNECT_TIMEOUT, CONNECT_TIMEOUT)
         .start()
         .await

@@ -3,9 +3,56 @@
 //! Step *outcomes* (a remote service said no) are not engine errors; they are
 //! [`StepError`](crate::StepError) envelopes stored with the step.
 
+use std::sync::Arc;
+
 use sea_orm::sqlx;
 use sea_orm::{ConnAcquireErr, DbErr, RuntimeErr};
 use uuid::Uuid;
+
+/// A database driver's error, kept as it was raised: its message is the driver's, and its
+/// [`source`](std::error::Error::source) is the driver's error itself, for code that must
+/// look inside (`downcast_ref::<sagaflow::sea_orm::DbErr>()`). Most code reads it through
+/// [`Error::sqlstate`], [`Error::sqlite_code`], [`Error::is_unique_violation`] and
+/// [`Error::is_connection_lost`], which do not depend on the driver's types.
+#[derive(Clone)]
+pub struct DbError(Arc<DbErr>);
+
+impl DbError {
+    /// The driver's error.
+    pub(crate) fn driver(&self) -> &DbErr {
+        &self.0
+    }
+}
+
+impl From<DbErr> for DbError {
+    fn from(e: DbErr) -> Self {
+        Self(Arc::new(e))
+    }
+}
+
+impl std::fmt::Debug for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for DbError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl From<DbErr> for Error {
+    fn from(e: DbErr) -> Self {
+        Self::Db(e.into())
+    }
+}
 
 /// Errors raised by the engine's public API and background loops.
 ///
@@ -18,7 +65,7 @@ pub enum Error {
     /// The database returned an error or the connection was lost. The driver's error is kept
     /// as it was raised (see [`Error::sqlstate`]).
     #[error("database error: {0}")]
-    Db(#[from] DbErr),
+    Db(DbError),
 
     /// The database could not be reached at start: `target` names it without its password,
     /// `source` is the driver's cause (connection refused, name resolution, authentication,
@@ -29,7 +76,7 @@ pub enum Error {
         target: String,
         /// The driver's error.
         #[source]
-        source: DbErr,
+        source: DbError,
     },
 
     /// The database cannot be written (a read-only file or server, missing privileges): the
@@ -40,7 +87,7 @@ pub enum Error {
         target: String,
         /// The driver's error for the probing write.
         #[source]
-        source: DbErr,
+        source: DbError,
     },
 
     /// The engine lost its database for good (an SQLite file deleted or replaced under it):
@@ -272,10 +319,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// The driver's database error, when this error came from the database.
-    pub fn db_err(&self) -> Option<&DbErr> {
+    pub(crate) fn db_err(&self) -> Option<&DbErr> {
         match self {
             Self::Db(e) | Self::Connect { source: e, .. } | Self::ReadOnly { source: e, .. } => {
-                Some(e)
+                Some(e.driver())
             }
             _ => None,
         }

@@ -3,8 +3,8 @@
 //! one), and with none installed each recording is a call into a no-op.
 //!
 //! Counters move after the transaction that made the change commits, by the instance that
-//! committed it: a unit of work collects what it did in a [`Pending`] and hands it over at
-//! commit (a rolled-back unit records nothing). With one instance, the counters therefore
+//! committed it: the commit returns what the unit of work did ([`Happened`]), and the use
+//! case that committed hands it to [`record`] (a rolled-back unit records nothing). With one instance, the counters therefore
 //! equal what the database holds. Labels take bounded values only (workflow and step names,
 //! states, outcomes, alert kinds), interned once per process so that recording allocates no
 //! string.
@@ -14,7 +14,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock, PoisonError, RwLock};
-use std::time::Duration;
 
 use ::metrics::{
     SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
@@ -23,9 +22,10 @@ use ::metrics::{
 use uuid::Uuid;
 
 use crate::model::AlertKind;
-use crate::store::{EvalApplied, PlanWrite, RunRow, StepFinish, Store, WorkflowQueue};
+use crate::rows::RunRow;
+use crate::store::{Happened, PlanWrite, RunMoved, Store, WorkflowQueue};
 use crate::transition::Trigger;
-use crate::transition::operator::CANCELLED_PREFIX;
+use crate::transition::operator::is_cancelled;
 use crate::{Result, RunState};
 
 /// Counter: runs started (accepted), by `workflow`.
@@ -257,15 +257,14 @@ impl AttemptOutcome {
         }
     }
 
-    /// The outcome of a decided attempt end.
-    pub fn of(finish: &StepFinish) -> Self {
-        match finish.change.on {
+    /// The outcome of an attempt ended by `on`; `not_applied` when it failed and its remote
+    /// did not act.
+    pub fn of(on: Trigger, not_applied: bool) -> Self {
+        match on {
             Trigger::Succeeded => Self::Succeeded,
             Trigger::Interrupted | Trigger::InterruptedTooOften => Self::Interrupted,
             Trigger::Deferred => Self::Deferred,
-            _ if finish.error.as_ref().is_some_and(|e| !e.may_have_applied()) => {
-                Self::FailedNotApplied
-            }
+            _ if not_applied => Self::FailedNotApplied,
             _ => Self::FailedUnknown,
         }
     }
@@ -280,98 +279,34 @@ fn final_label(state: RunState, cancelled: bool) -> &'static str {
     }
 }
 
-/// What one unit of work did, recorded when it commits.
-#[derive(Debug, Default)]
-pub struct Pending {
-    events: Vec<Event>,
-}
-
-#[derive(Debug)]
-enum Event {
-    Attempt {
-        workflow: SharedString,
-        step: SharedString,
-        outcome: AttemptOutcome,
-        elapsed: Option<Duration>,
-    },
-    Finished {
-        workflow: SharedString,
-        state: &'static str,
-        seconds: f64,
-    },
-    Errored {
-        workflow: SharedString,
-    },
-}
-
-impl Pending {
-    /// Records a written attempt end.
-    pub(crate) fn attempt(&mut self, finish: &StepFinish) {
-        self.events.push(Event::Attempt {
-            workflow: label(workflow_of(&finish.workflow_key)),
-            step: label(&finish.name),
-            outcome: AttemptOutcome::of(finish),
-            elapsed: finish.elapsed,
-        });
-    }
-
-    /// Records a run set aside in `Error` (it was in `phase`).
-    pub(crate) fn set_aside(&mut self, workflow: &str, phase: RunState) {
-        if phase != RunState::Error {
-            self.events.push(Event::Errored {
-                workflow: label(workflow),
-            });
+/// Counts what a committed unit of work did ([`StoreTx::commit`](crate::store::StoreTx::commit)
+/// returns it), by the instance that committed it.
+pub fn record(happened: Happened) {
+    for a in happened.attempts {
+        let (workflow, step) = (label(workflow_of(&a.workflow_key)), label(&a.step));
+        if let Some(d) = a.elapsed {
+            histogram!(STEP_ATTEMPT_DURATION, "workflow" => workflow.clone(), "step" => step.clone())
+                .record(d.as_secs_f64());
         }
+        let outcome = AttemptOutcome::of(a.on, a.not_applied);
+        counter!(STEP_ATTEMPTS, "workflow" => workflow, "step" => step, "outcome" => outcome.as_str())
+            .increment(1);
     }
-
-    /// Records the runs that applied plans moved into a final state or into `Error`;
-    /// `cancelled` names the runs whose plans leave a `cancelled` error envelope
-    /// ([`cancelled_runs`]).
-    pub(crate) fn runs_moved(&mut self, applied: &[EvalApplied], cancelled: &[Uuid]) {
-        for a in applied.iter().filter(|a| a.state != a.before.state) {
-            let workflow = label(&a.before.workflow);
-            if a.state.is_final() {
-                let cancelled = cancelled.contains(&a.before.id);
-                self.events.push(Event::Finished {
-                    workflow,
-                    state: final_label(a.state, cancelled),
-                    seconds: run_seconds(&a.before),
-                });
-            } else if a.state == RunState::Error {
-                self.events.push(Event::Errored { workflow });
+    for r in happened.runs {
+        match r {
+            RunMoved::Finished {
+                workflow,
+                state,
+                cancelled,
+                created_at,
+            } => {
+                let (workflow, state) = (label(&workflow), final_label(state, cancelled));
+                histogram!(RUN_DURATION, "workflow" => workflow.clone(), "state" => state)
+                    .record(run_seconds(created_at));
+                counter!(RUNS_FINISHED, "workflow" => workflow, "state" => state).increment(1);
             }
-        }
-    }
-
-    /// Hands everything recorded to the metrics recorder (after the commit).
-    pub(crate) fn emit(self) {
-        for e in self.events {
-            match e {
-                Event::Attempt {
-                    workflow,
-                    step,
-                    outcome,
-                    elapsed,
-                } => {
-                    if let Some(d) = elapsed {
-                        histogram!(STEP_ATTEMPT_DURATION, "workflow" => workflow.clone(), "step" => step.clone())
-                            .record(d.as_secs_f64());
-                    }
-                    counter!(STEP_ATTEMPTS, "workflow" => workflow, "step" => step, "outcome" => outcome.as_str())
-                        .increment(1);
-                }
-                Event::Finished {
-                    workflow,
-                    state,
-                    seconds,
-                } => {
-                    histogram!(RUN_DURATION, "workflow" => workflow.clone(), "state" => state)
-                        .record(seconds);
-                    counter!(RUNS_FINISHED, "workflow" => workflow, "state" => state).increment(1);
-                }
-                Event::Errored { workflow } => {
-                    counter!(RUNS_ERRORED, "workflow" => workflow).increment(1);
-                }
+            RunMoved::Errored { workflow } => {
+                counter!(RUNS_ERRORED, "workflow" => label(&workflow)).increment(1);
             }
         }
     }
@@ -388,18 +323,19 @@ pub(crate) fn cancelled_runs(plans: &[(RunRow, PlanWrite)]) -> Vec<Uuid> {
                 (None, true) => None,
                 (None, false) => run.error.as_deref(),
             };
-            error.is_some_and(|e| e.starts_with(CANCELLED_PREFIX))
+            error.is_some_and(is_cancelled)
         })
         .map(|(run, _)| run.id)
         .collect()
 }
 
-/// Seconds from a run's creation (database clock) to now (this instance's clock).
-fn run_seconds(run: &RunRow) -> f64 {
+/// Seconds from a run's creation at `created_at` (database clock) to now (this instance's
+/// clock).
+fn run_seconds(created_at: i64) -> f64 {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    millis_to_secs(now_ms - run.created_at)
+    millis_to_secs(now_ms - created_at)
 }
 
 /// Milliseconds as seconds, never negative.

@@ -104,13 +104,13 @@ where
     let plans = vec![(run, write)];
     let cancelled = crate::metrics::cancelled_runs(&plans);
     let applied = tx.apply(plans, &audit.actor).await?;
-    tx.metrics.runs_moved(&applied, &cancelled);
+    tx.happened.runs_moved(&applied, &cancelled);
     let applied = applied
         .into_iter()
         .next()
         .ok_or(Error::RunNotFound(run_id))?;
     tx.pause_point(Unit::Operator, Point::BeforeCommit).await;
-    tx.commit().await?;
+    crate::metrics::record(tx.commit().await?);
     Ok(applied)
 }
 

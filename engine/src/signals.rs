@@ -34,7 +34,7 @@ pub struct RunEvent {
 /// a delivery and recording it leaves the notice to the next leader, which delivers it again
 /// with the same `dedupe_id`: a sink's receiver must tolerate duplicates.
 #[async_trait::async_trait]
-pub trait AlertSink: Send + Sync + 'static {
+pub trait NoticeSink: Send + Sync + 'static {
     /// The sink's name: deliveries are recorded under it, so it must be stable across
     /// restarts and unique among an engine's sinks (`log`, `webhook:ops`, …).
     fn name(&self) -> &str;
@@ -166,7 +166,7 @@ impl DeliveryError {
 pub struct LogSink;
 
 #[async_trait::async_trait]
-impl AlertSink for LogSink {
+impl NoticeSink for LogSink {
     fn name(&self) -> &str {
         "log"
     }
@@ -246,7 +246,7 @@ impl ChannelSink {
 }
 
 #[async_trait::async_trait]
-impl AlertSink for ChannelSink {
+impl NoticeSink for ChannelSink {
     fn name(&self) -> &str {
         &self.name
     }
@@ -266,7 +266,7 @@ impl AlertSink for ChannelSink {
 pub struct Signals {
     events: broadcast::Sender<RunEvent>,
     alerts: broadcast::Sender<Alert>,
-    sinks: Vec<Arc<dyn AlertSink>>,
+    sinks: Vec<Arc<dyn NoticeSink>>,
     /// Wakes the claim loop (new ready steps).
     claim: Notify,
     /// Wakes the evaluation loop (runs marked dirty).
@@ -287,7 +287,7 @@ impl fmt::Debug for Signals {
 
 impl Signals {
     /// A signals whose outbox delivers to `sinks` (plus in-process subscribers).
-    pub fn new(sinks: Vec<Arc<dyn AlertSink>>) -> Self {
+    pub fn new(sinks: Vec<Arc<dyn NoticeSink>>) -> Self {
         Self {
             events: broadcast::channel(EVENT_CAPACITY).0,
             alerts: broadcast::channel(EVENT_CAPACITY).0,
@@ -384,7 +384,7 @@ impl Signals {
     }
 
     /// The sinks the outbox delivers to, in the order configured.
-    pub fn sinks(&self) -> &[Arc<dyn AlertSink>] {
+    pub fn sinks(&self) -> &[Arc<dyn NoticeSink>] {
         &self.sinks
     }
 }

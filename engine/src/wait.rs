@@ -9,8 +9,8 @@
 //! | waits for | woken by | the resumed attempt |
 //! |---|---|---|
 //! | a timer | the leader's timer pass, at its time | completes with `{"fired": true}` |
-//! | a named event | [`Store::event_send`](crate::Store::event_send), or its timeout | completes with the payload, or takes the [`OnTimeout`] path |
-//! | a callback | the token's HTTP call ([`Store::callback_complete`](crate::Store::callback_complete)), or its timeout | completes or fails as the callback said, or fails retryably (the remote never answered) |
+//! | a named event | [`deliver::send_event`](crate::deliver::send_event), or its timeout | completes with the payload, or takes the [`OnTimeout`] path |
+//! | a callback | the token's HTTP call ([`deliver::complete_callback`](crate::deliver::complete_callback)), or its timeout | completes or fails as the callback said, or fails retryably (the remote never answered) |
 //! | a child run | the child's end, in the child's last evaluation | completes with the child's output, or fails when the child was compensated |
 //!
 //! Events (and callbacks, which are events named after their token) that arrive before their

@@ -8,11 +8,11 @@
 //! 2. the pure transitions with their write intents;
 //! 3. the store (SQL);
 //! 4. metrics and signals;
-//! 5. the use cases: scheduler, operator, migration.
+//! 5. the use cases: scheduler, operator, migration, deliver, rescue.
 //!
-//! `UPWARD` lists the imports that point up today. It may only shrink: an import leaving the
-//! code must leave the list (the test fails on a stale entry), and a new upward import fails
-//! the test. This reads the sources, so it runs without a database.
+//! `UPWARD` lists the imports allowed to point up: none (it started with fourteen). A new
+//! upward import fails the test, and so would an entry whose import is gone. This reads the
+//! sources, so it runs without a database.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -26,6 +26,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("interleave", 0),
     ("model", 0),
     ("resource", 0),
+    ("rows", 0),
     ("state", 0),
     ("trace", 0),
     ("definition", 1),
@@ -36,17 +37,16 @@ const LAYERS: &[(&str, u8)] = &[
     ("store", 3),
     ("metrics", 4),
     ("signals", 4),
+    ("deliver", 5),
     ("migration", 5),
     ("operator", 5),
+    ("rescue", 5),
     ("scheduler", 5),
 ];
 
-/// Imports that point up today, `(from, to)`. Remove an entry when its import goes.
-const UPWARD: &[(&str, &str)] = &[
-    ("store", "metrics"),
-    ("transition", "migration"),
-    ("transition", "store"),
-];
+/// Imports that point up, `(from, to)`: none. It started with 14 and may only shrink; an
+/// entry here needs an ADR that says why the layering cannot hold.
+const UPWARD: &[(&str, &str)] = &[];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

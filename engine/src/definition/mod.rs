@@ -6,6 +6,7 @@
 
 mod builder;
 mod describe;
+pub(crate) mod migration;
 mod policy;
 mod priority;
 mod registry;

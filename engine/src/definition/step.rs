@@ -168,7 +168,7 @@ impl StepContext {
     /// [`await_callback`](Self::await_callback). The remote completes (or fails) the step
     /// later with one HTTP call carrying the token (`POST /api/v1/callbacks` with the
     /// `Sagaflow-Callback-Token` header, `POST /api/v1/callbacks/{token}`, or
-    /// `Store::callback_complete`); the token is its credential, so send it only to that
+    /// `deliver::complete_callback`); the token is its credential, so send it only to that
     /// remote. One token per attempt: calling this again returns the same one. It is signed
     /// with the database's callback key (a forged one is refused without a database read)
     /// and stored (as its SHA-256) before it is returned, so a remote that answers at once is

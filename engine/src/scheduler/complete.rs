@@ -240,9 +240,9 @@ async fn finish_batch_in(
     if own {
         // The scheduler's own batch (`actor` is its instance id): it wakes its own claim loop
         // in process, so its notification (steps readied) is for the other engines only.
-        tx.commit_from(Wake::CLAIM, actor).await?;
+        crate::metrics::record(tx.commit_from(Wake::CLAIM, actor).await?);
     } else {
-        tx.commit().await?;
+        crate::metrics::record(tx.commit().await?);
     }
     Ok(FinishOutcome {
         applied,

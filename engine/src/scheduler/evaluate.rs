@@ -105,7 +105,7 @@ async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error>
     tx.pause_point(Unit::Evaluate, Point::BeforeCommit).await;
     // Steps it readied wake this engine's claim loop in process (`after_eval`): the
     // notification is for the other engines.
-    tx.commit_from(Wake::CLAIM, &s.config.owner).await?;
+    crate::metrics::record(tx.commit_from(Wake::CLAIM, &s.config.owner).await?);
     Ok(out)
 }
 
@@ -189,11 +189,11 @@ pub async fn plan_and_apply(
     }
     let set_aside = tx.set_aside(&aside, actor).await?;
     for (workflow, phase) in &aside_of {
-        tx.metrics.set_aside(workflow, *phase);
+        tx.happened.set_aside(workflow, *phase);
     }
     let cancelled = crate::metrics::cancelled_runs(&plans);
     let applied = tx.apply(plans, actor).await?;
-    tx.metrics.runs_moved(&applied, &cancelled);
+    tx.happened.runs_moved(&applied, &cancelled);
     Ok(Evaluated {
         applied,
         failed,

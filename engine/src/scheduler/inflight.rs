@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::{ErrorStreak, Scheduler, pause};
 use crate::protocol::StepLease;
+use crate::transition::operator::is_cancelled;
 use crate::{StepContext, StepState};
 
 /// How often an instance with attempts in flight asks which of their runs were cancelled.
@@ -223,9 +224,13 @@ pub(super) async fn watch(s: Arc<Scheduler>, cancel: CancellationToken) {
         if runs.is_empty() {
             continue;
         }
-        match s.store.runs_cancelled_among(&runs).await {
-            Ok(cancelled) => {
+        match s.store.runs_compensating_among(&runs).await {
+            Ok(compensating) => {
                 streak.succeeded("looking for cancelled runs");
+                let cancelled = compensating
+                    .into_iter()
+                    .filter(|(_, error)| error.as_deref().is_some_and(is_cancelled))
+                    .map(|(id, _)| id);
                 for run_id in cancelled {
                     let fired = s.in_flight.cancel_forward(run_id);
                     if fired > 0 {

@@ -8,26 +8,7 @@ use uuid::Uuid;
 use super::Store;
 use crate::Result;
 use crate::model::{Alert, AlertKind, RESOLVED_BY_ENGINE, timestamp};
-
-/// An alert to insert.
-#[derive(Debug, Clone)]
-pub struct NewAlert {
-    /// Run concerned, if any.
-    pub run_id: Option<Uuid>,
-    /// Step concerned, if any.
-    pub step: Option<String>,
-    /// What it is about.
-    pub kind: AlertKind,
-    /// What happened.
-    pub reason: String,
-    /// Attempts the step made in the phase that failed (forward or compensation); 0 when the
-    /// alert names no step.
-    pub attempts: i32,
-    /// What the operator can do.
-    pub actions: Vec<String>,
-    /// While the alert is open, a second alert with the same key is not inserted.
-    pub open_key: Option<String>,
-}
+pub use crate::transition::writes::NewAlert;
 
 const ALERT_COLS: &str = "id, run_id, step, kind, reason, attempts, actions, created_at, \
      resolved_at, resolved_by, resolution";

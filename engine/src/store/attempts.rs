@@ -9,20 +9,8 @@ use uuid::Uuid;
 
 use super::leases::LeaderFence;
 use super::tx::{HistoryEntry, StoreTx};
-use crate::transition::{StepChange, Trigger};
+pub use crate::transition::writes::{DeadlineGuard, StepFinish, WaitWrite};
 use crate::{Result, StepError};
-
-/// Which deadline condition fences an attempt-end write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadlineGuard {
-    /// The attempt's answer: only before `complete_by` (SAS-3: a late answer is a failure).
-    Live,
-    /// The supervisor's timeout: only after `complete_by`, so for one attempt either the
-    /// answer or the timeout wins, never both.
-    Expired,
-    /// An interruption (the owner is gone): whatever the deadline.
-    Any,
-}
 
 impl DeadlineGuard {
     /// The condition on the step row.
@@ -33,50 +21,6 @@ impl DeadlineGuard {
             Self::Any => "",
         }
     }
-}
-
-/// The decided end of one attempt of a claimed step, fenced by `(id, from, attempt, owner)`
-/// and the deadline guard.
-#[derive(Debug, Clone)]
-pub struct StepFinish {
-    /// Row id.
-    pub id: i64,
-    /// Run id.
-    pub run_id: Uuid,
-    /// `name@version` of the step's workflow.
-    pub workflow_key: String,
-    /// Step name.
-    pub name: String,
-    /// The fencing token of the lease.
-    pub attempt: i32,
-    /// The lease owner (`LockedBy`).
-    pub owner: String,
-    /// What the transition table decided.
-    pub change: StepChange,
-    /// Output JSON (when the change stores it).
-    pub output: Option<String>,
-    /// The failure, for history and the step's `error`.
-    pub error: Option<StepError>,
-    /// The deadline condition.
-    pub guard: DeadlineGuard,
-    /// How long the attempt ran, when an agent answered for it (for the metrics).
-    pub elapsed: Option<std::time::Duration>,
-    /// What happens to the step's stored wait.
-    pub wait: WaitWrite,
-}
-
-/// What an attempt's end does to the step's stored wait (`wait`, `wait_key`).
-#[derive(Debug, Clone, Default)]
-pub enum WaitWrite {
-    /// Left as it is: the attempt's answer was lost (a timeout, an interruption) or nothing
-    /// ran (damaged data), so the next attempt resumes the same wait.
-    #[default]
-    Keep,
-    /// Cleared: the attempt answered (its callback token, if any, is spent).
-    Clear,
-    /// A park: the step waits for this, and what follows the park in the same
-    /// transaction (a child run to start) travels with it.
-    Set(Box<super::Park>),
 }
 
 impl WaitWrite {
@@ -99,22 +43,6 @@ impl WaitWrite {
                 .to_json(),
             ),
             _ => None,
-        }
-    }
-}
-
-impl StepFinish {
-    /// The history event name of the change.
-    pub fn event(&self) -> &'static str {
-        match self.change.on {
-            Trigger::Succeeded => "completed",
-            Trigger::FailedWillRetry => "retry",
-            Trigger::Deferred => "deferred",
-            Trigger::TimedOut | Trigger::TimedOutForGood => "timeout",
-            Trigger::Interrupted | Trigger::InterruptedTooOften => "interrupted",
-            Trigger::SetAside => "set_aside",
-            Trigger::Parked => "parked",
-            _ => "failed",
         }
     }
 }
@@ -189,7 +117,7 @@ impl StoreTx<'_> {
                     .map(StepError::to_json)
                     .or_else(|| it.wait.json()),
             });
-            self.metrics.attempt(it);
+            self.happened.attempt(it);
         }
         self.count_failed_attempts(&failed_runs).await?;
         Ok(items.iter().map(|it| done.contains(&it.id)).collect())

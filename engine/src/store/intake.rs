@@ -9,9 +9,9 @@ use uuid::Uuid;
 use super::rows::{RUN_COLS, RUN_VIEW_COLS};
 use super::tx::HistoryEntry;
 use super::{RunView, Store};
-use crate::definition::millis;
 use crate::trace::TraceContext;
-use crate::{Error, Result, RunState, StepState, Workflow};
+pub use crate::transition::writes::{NewRun, NewStep, RunStart};
+use crate::{Error, Result, RunState, StepState};
 
 /// Rows per multi-row insert of runs or steps.
 const CHUNK_RUNS: usize = 400;
@@ -144,51 +144,6 @@ fn step_row(run: &NewRun, s: &NewStep, start: RunStart) -> Vec<Value> {
     ]
 }
 
-/// A run to insert.
-#[derive(Debug, Clone)]
-pub struct NewRun {
-    /// Run id.
-    pub id: Uuid,
-    /// Workflow name.
-    pub workflow: String,
-    /// Version.
-    pub version: i32,
-    /// Business key: while a run holds it (as its workflow's key policy says), starting the
-    /// workflow with the same key returns that run.
-    pub business_key: Option<String>,
-    /// Input JSON.
-    pub input: String,
-    /// Claim priority, copied onto every step row: higher is claimed first.
-    pub priority: i32,
-    /// The priority a step of the run is queued at after an attempt that did not succeed
-    /// (the run's priority moved by its workflow's [`RetryLane`](crate::RetryLane)), copied
-    /// onto every step row.
-    pub retry_priority: i32,
-    /// When its root steps become due.
-    pub start: RunStart,
-    /// Whether its finish is notified through the outbox (a `run_finished` notice).
-    pub notify: bool,
-    /// Its W3C trace context (`None`: its attempts read the run id as the trace id).
-    pub trace: Option<TraceContext>,
-    /// Its flow key (a tenant, a customer), copied onto every step row: the key that
-    /// per-key limits of resources count by.
-    pub flow_key: Option<String>,
-    /// Its steps.
-    pub steps: Vec<NewStep>,
-}
-
-/// When a new run's root steps become due, on the database clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RunStart {
-    /// At once.
-    #[default]
-    Now,
-    /// At this instant (epoch milliseconds); at once if it has passed.
-    At(i64),
-    /// This many milliseconds after the insert (`{now}` + delay).
-    After(i64),
-}
-
 impl RunStart {
     fn at_ms(self) -> Option<i64> {
         match self {
@@ -201,74 +156,6 @@ impl RunStart {
         match self {
             Self::After(ms) => Some(ms),
             Self::Now | Self::At(_) => None,
-        }
-    }
-}
-
-/// A step row to insert with its run.
-#[derive(Debug, Clone)]
-pub struct NewStep {
-    /// Step name.
-    pub name: String,
-    /// Failure threshold.
-    pub max_failures: i32,
-    /// Interruption cap.
-    pub max_interruptions: i32,
-    /// First deadline in ms.
-    pub deadline_ms: i64,
-    /// Deadline cap in ms.
-    pub deadline_cap_ms: i64,
-    /// Stable idempotency key.
-    pub idempotency_key: String,
-    /// Whether the step has no dependencies: it is queued at once, so a run needs no
-    /// evaluation to start.
-    pub ready: bool,
-    /// The remote resource whose limits its attempts obey.
-    pub resource: Option<String>,
-}
-
-impl NewRun {
-    /// The rows of a new run of `wf`: its steps with their settings, root steps queued,
-    /// idempotency keys `<run id>:<step>` (SAS-2: stable across every retry).
-    #[allow(clippy::too_many_arguments)]
-    pub fn for_workflow(
-        wf: &Workflow,
-        input: String,
-        business_key: Option<String>,
-        start: RunStart,
-        priority: i32,
-        notify: bool,
-        trace: TraceContext,
-    ) -> Self {
-        let id = Uuid::now_v7();
-        let steps = wf
-            .steps()
-            .iter()
-            .map(|s| NewStep {
-                name: s.name().to_owned(),
-                max_failures: s.settings().retry.max_failures_stored(),
-                max_interruptions: s.settings().retry.max_interruptions_stored(),
-                deadline_ms: millis(s.settings().deadline.initial),
-                deadline_cap_ms: millis(s.settings().deadline.cap),
-                // SAS-2: stable across every retry of this step in this run.
-                idempotency_key: format!("{id}:{}", s.name()),
-                ready: s.is_root(),
-                resource: s.resource().map(str::to_owned),
-            })
-            .collect();
-        Self {
-            id,
-            workflow: wf.name().to_owned(),
-            version: wf.version(),
-            business_key,
-            input,
-            priority,
-            retry_priority: wf.retry_lane().retry_priority(priority),
-            start,
-            notify,
-            trace: Some(trace),
-            flow_key: None,
-            steps,
         }
     }
 }

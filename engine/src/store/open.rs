@@ -111,7 +111,7 @@ impl Store {
                     Ok(Err(e)) => {
                         return Err(Error::Connect {
                             target,
-                            source: sqlx_err(e),
+                            source: sqlx_err(e).into(),
                         });
                     }
                     Err(_) => {
@@ -120,7 +120,8 @@ impl Store {
                             source: DbErr::Conn(RuntimeErr::Internal(format!(
                                 "no connection within the connect timeout of {:?}",
                                 options.connect_timeout
-                            ))),
+                            )))
+                            .into(),
                         });
                     }
                 }
@@ -185,7 +186,7 @@ impl Store {
             .await
             .map_err(|source| Error::Connect {
                 target: target.clone(),
-                source,
+                source: source.into(),
             })?;
         let mut store = Self::from_connection(db)?;
         store.target = Arc::from(target.as_str());
@@ -215,7 +216,7 @@ impl Store {
     ) -> Result<Self> {
         let store = &mut self;
         let read_only = |source: DbErr| {
-            let e = Error::Db(source);
+            let e = Error::from(source);
             if e.sqlite_code().is_some_and(|c| c & 0xff == 8)
                 || e.sqlstate().as_deref() == Some("25006")
             {
@@ -266,21 +267,21 @@ impl Store {
             store.check_file()?;
             let lite = lite.map_err(|source| Error::Connect {
                 target: target.clone(),
-                source,
+                source: source.into(),
             })?;
             store.exec = Db::Lite(lite);
         }
         // A probe that fails for a lost connection is reported as such, not as read-only.
         store.probe_write().await.map_err(|source| {
-            if Error::Db(source.clone()).is_connection_lost() {
+            if Error::from(source.clone()).is_connection_lost() {
                 Error::Connect {
                     target: target.clone(),
-                    source,
+                    source: source.into(),
                 }
             } else {
                 Error::ReadOnly {
                     target: target.clone(),
-                    source,
+                    source: source.into(),
                 }
             }
         })?;

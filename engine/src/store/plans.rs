@@ -13,61 +13,9 @@ use super::outbox::{insert_notice, run_notice};
 use super::tx::{CHUNK, HistoryEntry, mark_dirty};
 use super::{RunRow, StoreTx};
 use crate::model::{Alert, RunFinished};
-use crate::transition::{Due, Effects, RunTrigger};
+use crate::transition::Due;
+pub use crate::transition::writes::{PlanWrite, StepWrite};
 use crate::{Result, RunState, StepState};
-
-/// A step transition decided by the evaluator or an operator action (guarded by `from`).
-#[derive(Debug, Clone)]
-pub struct StepWrite {
-    /// Row id.
-    pub id: i64,
-    /// Step name (for history).
-    pub name: String,
-    /// Expected current state: the write is guarded by it.
-    pub from: StepState,
-    /// New state.
-    pub to: StepState,
-    /// What else changes, as the transition table says.
-    pub effects: Effects,
-}
-
-/// Everything one evaluation or operator action writes for a run.
-#[derive(Debug, Clone, Default)]
-pub struct PlanWrite {
-    /// Step transitions.
-    pub steps: Vec<StepWrite>,
-    /// New run state.
-    pub run_state: Option<RunState>,
-    /// Run output JSON (when completing).
-    pub run_output: Option<String>,
-    /// Run error JSON (when compensating or failing).
-    pub run_error: Option<String>,
-    /// Clear the run's error (when `run_error` is `None`): a resumed run that held none
-    /// before it was paused.
-    pub clear_error: bool,
-    /// Attempts in flight (step row id, fencing token) whose stored deadline moves later by
-    /// `extend_ms` (an operator's `extend`).
-    pub extend: Vec<(i64, i32)>,
-    /// Milliseconds added to the deadlines of `extend`.
-    pub extend_ms: i64,
-    /// Alert to raise in the same transaction.
-    pub alert: Option<NewAlert>,
-    /// Resolve the run's open alerts (operator actions), recording the actor as who resolved
-    /// them.
-    pub resolve_alerts: bool,
-    /// Why the run's open alerts are resolved (the action and its reason), with
-    /// `resolve_alerts`.
-    pub resolution: Option<String>,
-    /// Free the run's business key (it reached a final state its workflow's key policy
-    /// releases).
-    pub release_key: bool,
-    /// The run-table trigger that decided `run_state`.
-    pub trigger: Option<RunTrigger>,
-    /// History event name for the run transition (`state` when empty).
-    pub event: &'static str,
-    /// Detail recorded with the run transition.
-    pub detail: Option<String>,
-}
 
 /// What an evaluation or operator action did.
 #[derive(Debug, Clone)]
@@ -243,7 +191,7 @@ impl StoreTx<'_> {
                     notices.push(finished_notice(&before, &write, state));
                 }
             }
-            if state != before.state || write.event.starts_with("operator") {
+            if state != before.state || write.audited {
                 let event = if write.event.is_empty() {
                     "state"
                 } else {

@@ -9,8 +9,9 @@ use uuid::Uuid;
 use super::row::Exec;
 use super::rows::RUN_COLS;
 use super::tx::{HistoryEntry, RunSteps, read_steps};
-use super::{NewStep, RunRow, Store, StoreTx};
-use crate::{Result, StepState};
+use super::{RunRow, Store, StoreTx};
+use crate::Result;
+pub use crate::transition::writes::{MigrationWrite, StepInsert, StepUpdate};
 
 impl Store {
     /// A page of the unfinished runs of `name@version` (`key`) by id (so roughly oldest
@@ -82,52 +83,6 @@ impl StoreTx<'_> {
             detail,
         });
     }
-}
-
-/// A kept step of a migrated run: its state and output under the new version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StepUpdate {
-    /// Row id.
-    pub id: i64,
-    /// The state the migration was decided from: the write is guarded by it.
-    pub from: StepState,
-    /// The fencing token the migration was decided from: the write is guarded by it.
-    pub attempt: i32,
-    /// Its state.
-    pub state: StepState,
-    /// Its output JSON.
-    pub output: Option<String>,
-}
-
-/// A step new in the version a run migrates to.
-#[derive(Debug, Clone)]
-pub struct StepInsert {
-    /// Its state (`not_started` unless the mapping said otherwise).
-    pub state: StepState,
-    /// Its output JSON.
-    pub output: Option<String>,
-    /// Its settings, from the new version.
-    pub step: NewStep,
-}
-
-/// What migrating one run writes (decided by [`crate::transition::migrate`]).
-#[derive(Debug, Clone)]
-pub struct MigrationWrite {
-    /// The run.
-    pub run_id: Uuid,
-    /// The version it moves to.
-    pub version: i32,
-    /// Its new `name@version`.
-    pub workflow_key: String,
-    /// Its new input JSON, when the mapping changed it.
-    pub input: Option<String>,
-    /// Its kept steps.
-    pub update: Vec<StepUpdate>,
-    /// The rows of its dropped steps, with the state and fencing token each was decided
-    /// from (the delete is guarded by them).
-    pub delete: Vec<(i64, StepState, i32)>,
-    /// Its new steps.
-    pub insert: Vec<StepInsert>,
 }
 
 impl StoreTx<'_> {

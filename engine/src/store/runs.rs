@@ -85,24 +85,24 @@ impl Store {
             .collect()
     }
 
-    /// Those of `ids` that an operator cancelled and that are still compensating.
+    /// Those of `ids` that are compensating, with their error envelopes (which say whether
+    /// an operator cancelled them).
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn runs_cancelled_among(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+    pub async fn runs_compensating_among(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, Option<String>)>> {
         let mut out = Vec::new();
         for chunk in ids.chunks(super::tx::CHUNK) {
-            let (cond, mut values) = self.in_list("id", 2, chunk)?;
-            values.insert(
-                0,
-                format!("{}%", crate::transition::operator::CANCELLED_PREFIX).into(),
-            );
+            let (cond, values) = self.in_list("id", 1, chunk)?;
             let sql = format!(
-                "SELECT id FROM sagaflow_runs WHERE {cond} AND state = 'compensating' AND error LIKE $1"
+                "SELECT id, error FROM sagaflow_runs WHERE {cond} AND state = 'compensating'"
             );
             let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
             for r in &rows {
-                out.push(r.try_get::<Uuid>("", "id")?);
+                out.push((r.try_get("", "id")?, r.try_get("", "error")?));
             }
         }
         Ok(out)

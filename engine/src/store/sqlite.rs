@@ -40,7 +40,7 @@ pub(super) async fn enable_wal(db: &DatabaseConnection) -> Result<(), DbErr> {
 /// its extended codes).
 fn is_busy(e: &DbErr) -> bool {
     const SQLITE_BUSY: i32 = 5;
-    crate::Error::Db(e.clone())
+    crate::Error::from(e.clone())
         .sqlite_code()
         .is_some_and(|c| c & 0xff == SQLITE_BUSY)
 }

@@ -9,12 +9,10 @@ use sea_orm::Value;
 use super::row::Exec;
 use uuid::Uuid;
 
-use super::attempts::{RescueCounts, StepFinish};
 use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
-use super::tx::{CHUNK, mark_dirty};
+use super::tx::{CHUNK, StoreTx, mark_dirty};
 use super::{Backend, Row, Store, placeholders};
-use crate::interleave::{Point, Unit};
 use crate::trace::TraceContext;
 use crate::transition::{Trigger, step_rule};
 use crate::{Result, StepState};
@@ -527,59 +525,6 @@ impl Store {
         mark_dirty(self, conn, &runs).await
     }
 
-    /// Writes decided rescues (timeouts and interruptions) in one transaction. With `fence`
-    /// (the supervisor), nothing is written unless it holds the leader lease
-    /// ([`crate::Error::LeaseLost`]); without (an instance releasing its own or its predecessor's
-    /// steps), the owner fence alone guards each write.
-    ///
-    /// # Errors
-    /// [`crate::Error::Db`]; [`crate::Error::LeaseLost`] when the lease was lost.
-    pub async fn step_rescue(
-        &self,
-        fence: Option<&LeaderFence>,
-        items: &[StepFinish],
-    ) -> Result<RescueCounts> {
-        let mut tx = self.begin().await?;
-        if let Some(f) = fence {
-            self.fence_check(&tx.txn, f).await?;
-        }
-        // Runs first, in id order: the lock order of every transaction that writes steps.
-        let mut runs: Vec<Uuid> = items.iter().map(|r| r.run_id).collect();
-        runs.sort_unstable();
-        runs.dedup();
-        mark_dirty(self, &tx.txn, &runs).await?;
-        tx.pause_point(Unit::Rescue, Point::AfterReads).await;
-        let applied = tx.write_attempts(items, fence).await?;
-        // A paused run claims no new step: what this re-queued for one waits parked (its
-        // evaluation, marked above, would park it too, but a claim could come first).
-        for chunk in runs.chunks(CHUNK) {
-            let (cond, values) = self.in_list("id", 1, chunk)?;
-            let sql = format!(
-                "UPDATE sagaflow_steps SET available_at = NULL, aging_from = NULL \
-                 WHERE state IN ('ready', 'compensation_ready') AND available_at IS NOT NULL \
-                   AND run_id IN (SELECT id FROM sagaflow_runs WHERE {cond} AND state = '{paused}')",
-                paused = crate::RunState::Paused,
-            );
-            tx.txn.execute(self.stmt(&sql, values)).await?;
-        }
-        let mut counts = RescueCounts::default();
-        for (it, ok) in items.iter().zip(&applied) {
-            match (ok, it.change.to, it.change.on) {
-                (false, _, _) => counts.skipped += 1,
-                (true, StepState::Failed | StepState::CompensationFailed, _) => counts.failed += 1,
-                (true, _, Trigger::Interrupted) => counts.interrupted += 1,
-                (true, _, _) => counts.requeued += 1,
-            }
-        }
-        if counts.requeued + counts.failed + counts.interrupted > 0 {
-            // Re-queued steps, and runs to evaluate for the ones that failed.
-            tx.notify();
-        }
-        tx.pause_point(Unit::Rescue, Point::BeforeCommit).await;
-        tx.commit().await?;
-        Ok(counts)
-    }
-
     /// Number of steps waiting in the queue (ready or compensation-ready), for monitoring.
     ///
     /// # Errors
@@ -596,5 +541,36 @@ impl Store {
             .map(|r| r.try_get::<i64>("", "n"))
             .transpose()?
             .unwrap_or(0))
+    }
+}
+
+impl StoreTx<'_> {
+    /// Fails with [`crate::Error::LeaseLost`] unless `fence`'s holder still holds the leader
+    /// lease with its term.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`]; [`crate::Error::LeaseLost`].
+    pub async fn fence_check(&self, fence: &LeaderFence) -> Result<()> {
+        self.store.fence_check(&self.txn, fence).await
+    }
+
+    /// Parks the due steps of those of `runs` that are paused: a paused run claims no new
+    /// step, so what a rescue re-queued for one waits for its resume (its evaluation would
+    /// park it too, but a claim could come first).
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn steps_park_of_paused(&self, runs: &[Uuid]) -> Result<()> {
+        for chunk in runs.chunks(CHUNK) {
+            let (cond, values) = self.store.in_list("id", 1, chunk)?;
+            let sql = format!(
+                "UPDATE sagaflow_steps SET available_at = NULL, aging_from = NULL \
+                 WHERE state IN ('ready', 'compensation_ready') AND available_at IS NOT NULL \
+                   AND run_id IN (SELECT id FROM sagaflow_runs WHERE {cond} AND state = '{paused}')",
+                paused = crate::RunState::Paused,
+            );
+            self.txn.execute(self.store.stmt(&sql, values)).await?;
+        }
+        Ok(())
     }
 }

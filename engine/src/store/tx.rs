@@ -68,8 +68,8 @@ pub struct StoreTx<'s> {
     pub(super) txn: Txn,
     pub(super) history: Vec<HistoryEntry>,
     pub(super) notify: bool,
-    /// What this unit of work did, for the metrics recorded when it commits.
-    pub(crate) metrics: crate::metrics::Pending,
+    /// What this unit of work did, returned by its commit for the metrics.
+    pub happened: super::Happened,
 }
 
 impl Store {
@@ -83,7 +83,7 @@ impl Store {
             txn: self.exec.begin().await?,
             history: Vec::new(),
             notify: false,
-            metrics: crate::metrics::Pending::default(),
+            happened: super::Happened::default(),
         })
     }
 
@@ -340,12 +340,13 @@ impl StoreTx<'_> {
         self.notify = true;
     }
 
-    /// Writes the history collected so far, notifies (if asked) and commits. The
-    /// notification carries no payload: every listening engine wakes both its loops.
+    /// Writes the history collected so far, notifies (if asked) and commits; returns what
+    /// the unit of work did, for the metrics. The notification carries no payload: every
+    /// listening engine wakes both its loops.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn commit(self) -> Result<()> {
+    pub async fn commit(self) -> Result<super::Happened> {
         self.commit_notifying(None).await
     }
 
@@ -356,20 +357,18 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn commit_from(self, wake: super::Wake, sender: &str) -> Result<()> {
+    pub async fn commit_from(self, wake: super::Wake, sender: &str) -> Result<super::Happened> {
         let payload = wake.payload(sender);
         self.commit_notifying(Some(&payload)).await
     }
 
-    async fn commit_notifying(self, payload: Option<&str>) -> Result<()> {
+    async fn commit_notifying(self, payload: Option<&str>) -> Result<super::Happened> {
         let notify = self.notify.then_some(payload.unwrap_or(""));
         self.store
             .history_insert_notifying(&self.txn, &self.history, notify)
             .await?;
         self.txn.commit().await?;
-        // Counted by the instance that committed, once it did.
-        self.metrics.emit();
-        Ok(())
+        Ok(self.happened)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Parked steps in storage: what a park writes after its attempt's end (a kept event
 //! consumed, a child run started), events and callbacks delivered to waiting steps, the
-//! leader's timer pass, and the wake of a parent's step when its child run ends.
+//! leader's timer pass, and the wake of a parent's step when its child run ends. The units
+//! of work that deliver (send an event, complete a callback, the timer pass) are the
+//! engine's `deliver` module: they lock, call these, and commit.
 //!
 //! Every wake is the step rule `waiting --woken--> ready`: the step is due at once (or
 //! parked, when its run is paused: the run's resume makes it due) and its next attempt reads
@@ -10,29 +12,14 @@
 use sea_orm::Value;
 use uuid::Uuid;
 
+use super::Store;
 use super::intake::{NewRun, RunInsertOutcome};
 use super::row::Exec;
 use super::tx::{HistoryEntry, StoreTx};
-use super::{Store, Wake};
-use crate::interleave::{Point, Unit};
+pub use crate::transition::writes::Park;
 use crate::transition::{Trigger, step_rule};
-use crate::wait::{CallbackResult, WaitFor, WaitRequest, WaitState, Woken};
+use crate::wait::{WaitFor, WaitState, Woken};
 use crate::{Error, Result, RunState, StepState};
-
-/// A park written by a completion batch, for what follows it in the same transaction.
-#[derive(Debug, Clone)]
-pub struct Park {
-    /// The run.
-    pub run_id: Uuid,
-    /// The parked step's row.
-    pub step_id: i64,
-    /// The step's name.
-    pub step: String,
-    /// What it asked for.
-    pub request: WaitRequest,
-    /// The child run to start, built from the child's workflow (a child step).
-    pub child: Option<NewRun>,
-}
 
 /// What sending an event did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -421,138 +408,14 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Sends the event `name` with `payload` to run `run_id`: the step of the run waiting
-    /// for it takes it and is due again; with none waiting, it is kept for the first that
-    /// will. Recorded in the run's history with `actor`.
-    ///
-    /// # Errors
-    /// [`Error::RunNotFound`]; [`Error::ActionNotAllowed`] when the run is finished;
-    /// [`Error::Db`].
-    pub async fn event_send(
-        &self,
-        run_id: Uuid,
-        name: &str,
-        payload: &serde_json::Value,
-        actor: &str,
-    ) -> Result<EventDelivery> {
-        let mut tx = self.begin().await?;
-        let state = lock_run_state(&tx, run_id).await?;
-        if state.is_final() {
-            return Err(Error::ActionNotAllowed {
-                action: "send an event to",
-                run_id,
-                reason: format!("the run is already {state}"),
-            });
-        }
-        tx.pause_point(Unit::Deliver, Point::AfterReads).await;
-        let delivery = tx.deliver(run_id, name, payload, actor).await?;
-        tx.pause_point(Unit::Deliver, Point::BeforeCommit).await;
-        tx.commit_from(Wake::CLAIM, actor).await?;
-        Ok(delivery)
-    }
-
-    /// Completes (or fails) the step that handed out `token` with `result`: one call of the
-    /// remote. Accepted while the attempt that issued the token waits for it or is still
-    /// running (an early callback is kept for its park).
-    ///
-    /// # Errors
-    /// [`Error::UnknownCallback`] for a token that no step holds (forged, or spent: its step
-    /// moved on); [`Error::Db`].
-    pub async fn callback_complete(
-        &self,
-        token: &str,
-        result: &CallbackResult,
-        actor: &str,
-    ) -> Result<EventDelivery> {
-        let unknown = || Error::UnknownCallback;
-        // A forged token is refused by its MAC, without a database read.
-        let run_id = self
-            .callback_key()
-            .await?
-            .verify(token)
-            .ok_or_else(unknown)?;
-        let hash = crate::wait::token_hash(token);
-        let name = crate::wait::callback_event(&hash);
-        // A spent token is refused by one indexed read, before any write transaction: a
-        // flood of them never queues for the writer (SQLite) nor holds a run's row lock
-        // (PostgreSQL). The same check is made again under the lock below.
-        if !self.callback_live(&self.exec, &hash, run_id, &name).await? {
-            return Err(unknown());
-        }
-        let mut tx = self.begin().await?;
-        // A database error is not a verdict on the token: the remote tries again later.
-        let state = match lock_run_state(&tx, run_id).await {
-            Err(Error::RunNotFound(_)) => return Err(unknown()),
-            other => other?,
-        };
-        if state.is_final() {
-            return Err(unknown());
-        }
-        if !self.callback_live(&tx.txn, &hash, run_id, &name).await? {
-            return Err(unknown());
-        }
-        tx.pause_point(Unit::Deliver, Point::AfterReads).await;
-        let payload =
-            serde_json::to_value(result).map_err(|e| Error::InvalidEvent(e.to_string()))?;
-        let delivery = tx.deliver(run_id, &name, &payload, actor).await?;
-        tx.pause_point(Unit::Deliver, Point::BeforeCommit).await;
-        tx.commit_from(Wake::CLAIM, actor).await?;
-        Ok(delivery)
-    }
-
-    /// The leader's timer pass: wakes up to `limit` waiting steps whose time came (timers
-    /// that fire, waits that time out), oldest first, through the partial index
-    /// `sagaflow_steps_waiting`. Steps of paused runs wait for their run's resume. Returns
-    /// how many were woken.
+    /// Whether the callback token with `hash` of run `run_id` is live, read on the pool
+    /// before any write transaction: a flood of spent tokens never queues for the writer
+    /// (SQLite) nor holds a run's row lock (PostgreSQL).
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn steps_wake_due(&self, limit: u32, actor: &str) -> Result<u64> {
-        let to = step_rule(StepState::Waiting, Trigger::Woken).map_or(StepState::Ready, |r| r.to);
-        let sql = format!(
-            "UPDATE sagaflow_steps SET state = '{to}', available_at = {{now}}, aging_from = {{now}}, \
-               updated_at = {{now}}, wait_key = NULL \
-             WHERE state = 'waiting' AND id IN (SELECT id FROM sagaflow_steps \
-               WHERE wait IS NOT NULL AND available_at <= {{now}} AND state = 'waiting' \
-               AND NOT EXISTS (SELECT 1 FROM sagaflow_runs r \
-                 WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') \
-               ORDER BY available_at LIMIT $1 {lock}) \
-             RETURNING run_id, name, wait",
-            // A step whose run is being planned is locked by that unit of work: skipped
-            // (woken at the next pass), never waited for, so that the pass holds no lock
-            // while it waits for another (a lock-order cycle with a batch evaluation).
-            lock = self.claim_lock(),
-        );
-        let mut tx = self.begin().await?;
-        let rows = tx
-            .txn
-            .query_all(self.stmt(&sql, vec![i64::from(limit).into()]))
-            .await?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        for r in &rows {
-            let run_id: Uuid = r.try_get("", "run_id")?;
-            let name: String = r.try_get("", "name")?;
-            let wait: Option<String> = r.try_get("", "wait")?;
-            let detail = wait
-                .and_then(|w| serde_json::from_str::<WaitState>(&w).ok())
-                .map(|w| woken_detail(&w));
-            tx.history.push(HistoryEntry {
-                run_id,
-                step: Some(name),
-                event: Trigger::Woken.as_str().into(),
-                from: Some(StepState::Waiting.as_str().into()),
-                to: Some(to.as_str().into()),
-                attempt: None,
-                actor: actor.into(),
-                detail,
-            });
-        }
-        tx.notify = true;
-        tx.pause_point(Unit::Wake, Point::BeforeCommit).await;
-        tx.commit_from(Wake::CLAIM, actor).await?;
-        Ok(rows.len() as u64)
+    pub async fn callback_live_now(&self, hash: &str, run_id: Uuid, name: &str) -> Result<bool> {
+        self.callback_live(&self.exec, hash, run_id, name).await
     }
 
     /// The waiting steps of a run (all runs when `run` is `None`), due soonest first, at most
@@ -626,9 +489,84 @@ impl Store {
 }
 
 impl StoreTx<'_> {
+    /// Locks run `run_id` (its row lock on PostgreSQL, the write lock on SQLite) and reads
+    /// its state.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`]; [`Error::CorruptRow`]; [`Error::Db`].
+    pub async fn run_state_locked(&self, run_id: Uuid) -> Result<RunState> {
+        lock_run_state(self, run_id).await
+    }
+
+    /// Whether the callback token with `hash` of run `run_id` is live, read in this unit of
+    /// work (under the run's lock).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn callback_live(&self, hash: &str, run_id: Uuid, name: &str) -> Result<bool> {
+        self.store
+            .callback_live(&self.txn, hash, run_id, name)
+            .await
+    }
+
+    /// Wakes up to `limit` waiting steps whose time came (timers that fire, waits that time
+    /// out), oldest first, through the partial index `sagaflow_steps_waiting`, with their
+    /// history, and asks for the wake-up notification when it woke any. Steps of paused runs
+    /// wait for their run's resume. Returns how many were woken.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn steps_wake_due(&mut self, limit: u32, actor: &str) -> Result<u64> {
+        let s = self.store;
+        let to = step_rule(StepState::Waiting, Trigger::Woken).map_or(StepState::Ready, |r| r.to);
+        let sql = format!(
+            "UPDATE sagaflow_steps SET state = '{to}', available_at = {{now}}, aging_from = {{now}}, \
+               updated_at = {{now}}, wait_key = NULL \
+             WHERE state = 'waiting' AND id IN (SELECT id FROM sagaflow_steps \
+               WHERE wait IS NOT NULL AND available_at <= {{now}} AND state = 'waiting' \
+               AND NOT EXISTS (SELECT 1 FROM sagaflow_runs r \
+                 WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') \
+               ORDER BY available_at LIMIT $1 {lock}) \
+             RETURNING run_id, name, wait",
+            // A step whose run is being planned is locked by that unit of work: skipped
+            // (woken at the next pass), never waited for, so that the pass holds no lock
+            // while it waits for another (a lock-order cycle with a batch evaluation).
+            lock = s.claim_lock(),
+        );
+        let rows = self
+            .txn
+            .query_all(s.stmt(&sql, vec![i64::from(limit).into()]))
+            .await?;
+        for r in &rows {
+            let run_id: Uuid = r.try_get("", "run_id")?;
+            let name: String = r.try_get("", "name")?;
+            let wait: Option<String> = r.try_get("", "wait")?;
+            let detail = wait
+                .and_then(|w| serde_json::from_str::<WaitState>(&w).ok())
+                .map(|w| woken_detail(&w));
+            self.history.push(HistoryEntry {
+                run_id,
+                step: Some(name),
+                event: Trigger::Woken.as_str().into(),
+                from: Some(StepState::Waiting.as_str().into()),
+                to: Some(to.as_str().into()),
+                attempt: None,
+                actor: actor.into(),
+                detail,
+            });
+        }
+        if !rows.is_empty() {
+            self.notify = true;
+        }
+        Ok(rows.len() as u64)
+    }
+
     /// Delivers an event to run `run_id` (locked by the caller): to the step waiting for it,
     /// or kept.
-    async fn deliver(
+    ///
+    /// # Errors
+    /// [`Error::Db`]; [`Error::InvalidEvent`].
+    pub async fn deliver(
         &mut self,
         run_id: Uuid,
         name: &str,

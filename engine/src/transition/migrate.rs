@@ -11,8 +11,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::migration::{MigratingRun, MigratingStep, MigrationRefusal, StepMigration, Versions};
-use crate::store::{MigrationWrite, NewStep, RunRow, StepInsert, StepRow, StepUpdate};
+use super::writes::{MigrationWrite, NewStep, StepInsert, StepUpdate};
+use crate::definition::migration::{
+    MigratingRun, MigratingStep, MigrationRefusal, StepMigration, Versions,
+};
+use crate::rows::{RunRow, StepRow};
 use crate::{RunState, StepState, workflow_key};
 
 /// What migrating a run decides: the run as it will be, and what changes.

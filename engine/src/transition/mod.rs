@@ -15,7 +15,7 @@
 //! `interrupted_too_often` past the interruption cap. Then [`decide`] applies the table's effects to the counters.
 
 use crate::StepError;
-use crate::store::{DeadlineGuard, ExpiredStep, StepFinish};
+use crate::rows::ExpiredStep;
 
 mod doc;
 pub mod migrate;
@@ -25,6 +25,7 @@ mod run;
 mod run_rules;
 mod step;
 mod step_rules;
+pub mod writes;
 
 #[cfg(test)]
 mod rescue_tests;
@@ -39,6 +40,10 @@ pub use run_rules::{
 pub use step::{
     Counters, Due, Effects, Maybe, STEP_RULES, StepChange, StepRule, Trigger, decide, on_deferral,
     on_failure, on_interruption, on_timeout, step_rule,
+};
+pub use writes::{
+    DeadlineGuard, MigrationWrite, NewAlert, NewRun, NewStep, Park, PlanWrite, RunStart,
+    StepFinish, StepInsert, StepUpdate, StepWrite, WaitWrite,
 };
 
 /// The decided end of a running step found by a rescue: an interruption when its owner
@@ -81,6 +86,6 @@ pub fn rescue(step: &ExpiredStep) -> StepFinish {
         error: Some(error),
         guard,
         elapsed: None,
-        wait: crate::store::WaitWrite::Keep,
+        wait: WaitWrite::Keep,
     }
 }

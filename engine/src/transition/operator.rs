@@ -5,7 +5,8 @@ use super::pause::{self, PausedRun};
 use super::run::{move_run, step_write};
 use super::run_rules::RunTrigger;
 use super::step::Trigger;
-use crate::store::{PlanWrite, RunRow, StepRow, StepWrite};
+use super::writes::{PlanWrite, StepWrite};
+use crate::rows::{RunRow, StepRow};
 use crate::{Error, Result, RunState, StepState};
 
 pub(super) fn not_allowed(action: &'static str, run: &RunRow, reason: impl Into<String>) -> Error {
@@ -40,6 +41,7 @@ fn action(
     let mut plan = PlanWrite {
         steps,
         resolve_alerts: true,
+        audited: true,
         event,
         detail,
         ..PlanWrite::default()
@@ -204,18 +206,24 @@ pub fn cancel(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<P
     Ok(plan)
 }
 
-/// The error envelope of a cancelled run. Written as text here, code first, because the
-/// instances that look for cancelled runs match its beginning ([`CANCELLED_PREFIX`]).
+/// The error envelope of a cancelled run.
 fn cancelled_envelope(message: &str) -> String {
-    let message = serde_json::Value::from(message);
-    format!("{CANCELLED_PREFIX},\"message\":{message},\"retryable\":false}}")
+    serde_json::json!({ "code": CANCELLED, "message": message, "retryable": false }).to_string()
 }
 
 /// The error code of a cancelled run (in the run's error envelope).
 pub const CANCELLED: &str = "cancelled";
 
-/// How a cancelled run's error envelope begins.
-pub const CANCELLED_PREFIX: &str = "{\"code\":\"cancelled\"";
+/// Whether a run's error envelope says an operator cancelled it: its `code` is
+/// [`CANCELLED`], read as JSON (whatever the order of its keys), never matched as text.
+pub fn is_cancelled(error: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Code<'a> {
+        #[serde(borrow)]
+        code: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_str::<Code<'_>>(error).is_ok_and(|e| e.code.as_deref() == Some(CANCELLED))
+}
 
 /// The longest an operator's `extend` moves a deadline at once.
 pub const EXTEND_MAX: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
@@ -252,6 +260,7 @@ pub fn extend(run: &RunRow, steps: &[StepRow], by: std::time::Duration) -> Resul
     Ok(PlanWrite {
         extend: in_flight.iter().map(|s| (s.id, s.attempt)).collect(),
         extend_ms,
+        audited: true,
         event: "operator_extend",
         detail: Some(serde_json::json!({ "steps": names, "by_ms": extend_ms }).to_string()),
         ..PlanWrite::default()
@@ -386,6 +395,7 @@ pub fn replace_input(run: &RunRow, steps: &[StepRow], new: &str) -> Result<PlanW
             .unwrap_or_else(|_| serde_json::Value::String(text.to_owned()))
     };
     plan.event = REPLACE_INPUT;
+    plan.audited = true;
     plan.detail =
         Some(serde_json::json!({ "old": json(&run.input), "new": json(new) }).to_string());
     Ok(plan)

@@ -17,7 +17,8 @@ use super::operator::not_allowed;
 use super::run::{move_run, step_write};
 use super::run_rules::RunTrigger;
 use super::step::Trigger;
-use crate::store::{PlanWrite, RunRow, StepRow, StepWrite};
+use super::writes::{PlanWrite, StepWrite};
+use crate::rows::{RunRow, StepRow};
 use crate::{Result, RunState, StepState};
 
 /// The error code of a paused run (in the run's error envelope).
@@ -142,6 +143,7 @@ pub fn pause(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<Pl
     let mut plan = PlanWrite {
         steps: park(steps),
         resolve_alerts: true,
+        audited: true,
         event: "operator_pause",
         run_error: Some(envelope(&message, compensating, run.error.as_deref())),
         ..PlanWrite::default()
@@ -172,6 +174,7 @@ pub(crate) fn resume(run: &RunRow, steps: &[StepRow], paused: &PausedRun) -> Res
     let mut plan = PlanWrite {
         steps: writes,
         resolve_alerts: true,
+        audited: true,
         event: "operator_resume",
         ..PlanWrite::default()
     };

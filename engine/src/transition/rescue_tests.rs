@@ -1,7 +1,7 @@
 //! The supervisor's rescue decisions: timeouts below and at the threshold, interruptions.
 
 use crate::StepState;
-use crate::store::ExpiredStep;
+use crate::rows::ExpiredStep;
 use crate::transition::{Counters, Trigger, rescue};
 
 fn expired(failure_count: i32, max_failures: i32, deadline_ms: i64, dead: bool) -> ExpiredStep {

@@ -23,11 +23,12 @@ use super::pause;
 use super::run_rules::PAUSED_ACTIONS;
 use super::run_rules::{OPERATOR_ACTIONS, RunTrigger, run_rule};
 use super::step::{Trigger, step_rule};
+use super::writes::{NewAlert, PlanWrite, StepWrite};
 use crate::RunState::{
     Compensated, Compensating, Completed, Error as RunError, Paused, Pending, Running,
 };
 use crate::definition::{OnFailure, StepKind, Workflow};
-use crate::store::{NewAlert, PlanWrite, RunRow, StepRow, StepWrite};
+use crate::rows::{RunRow, StepRow};
 use crate::{AlertKind, Error, Result, RunState, StepState};
 
 /// A step write through the table: `None` when the edge does not exist.
@@ -360,7 +361,7 @@ impl<'a> Plan<'a> {
                 .run
                 .error
                 .as_deref()
-                .is_some_and(|e| e.starts_with(super::operator::CANCELLED_PREFIX));
+                .is_some_and(super::operator::is_cancelled);
             let undoing = self.states.iter().any(|s| {
                 matches!(
                     s,

@@ -2,10 +2,11 @@
 
 use uuid::Uuid;
 
+use super::writes::PlanWrite;
 use super::*;
 use crate::Error;
 use crate::definition::Workflow;
-use crate::store::{PlanWrite, RunRow, StepRow};
+use crate::rows::{RunRow, StepRow};
 use crate::{RunState, StepState};
 use crate::{StepContext, StepError};
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use sagaflow_engine::store::{DeliveryResult, NewAlert, PendingNotice};
-use sagaflow_engine::{AlertKind, AlertSink, DeliveryState, Result, Signals};
+use sagaflow_engine::{AlertKind, DeliveryState, NoticeSink, Result, Signals};
 use tokio::sync::Notify;
 
 use crate::config::SupervisorConfig;
@@ -127,7 +127,7 @@ impl MaintenanceService for Delivery {
 /// (delivered or dead-lettered, before or during this pass).
 async fn deliver_to(
     ctx: &LeaderContext,
-    sink: &Arc<dyn AlertSink>,
+    sink: &Arc<dyn NoticeSink>,
     notices: &[PendingNotice],
     now_ms: i64,
 ) -> Result<(SinkPass, HashSet<i64>)> {

@@ -6,6 +6,7 @@
 //! in one statement fenced by the term, wakes the scheduler when anything moved, and records
 //! the completed sweep on the lease row for the stall watch (LE-3).
 
+use sagaflow_engine::rescue::rescue_steps;
 use sagaflow_engine::store::RescueCounts;
 use sagaflow_engine::{Error, Result, transition};
 use tokio::sync::Notify;
@@ -47,7 +48,7 @@ impl Rescue {
             }
             let full = expired.len() >= batch as usize;
             let rescues: Vec<_> = expired.iter().map(transition::rescue).collect();
-            let c = ctx.store.step_rescue(Some(&ctx.fence), &rescues).await?;
+            let c = rescue_steps(&ctx.store, Some(&ctx.fence), &rescues).await?;
             // A committed batch is progress: a long sweep through a backlog is not a stall.
             ctx.mark_progress();
             total.requeued += c.requeued;

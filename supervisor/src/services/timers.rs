@@ -1,6 +1,6 @@
 //! The timer pass: wakes parked steps whose time came — timers that fire, waits for events,
 //! callbacks or children that time out — in bounded, index-driven statements
-//! (`Store::steps_wake_due`). Waking makes a step due; whichever instance claims it first
+//! (`deliver::wake_due_steps`). Waking makes a step due; whichever instance claims it first
 //! runs its next attempt, fenced like any other, so a timer fires once however many
 //! instances run and whichever leader woke it. A parked step costs nothing between passes:
 //! no task, no timer in memory, no row read until it is due.
@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use sagaflow_engine::Result;
+use sagaflow_engine::deliver::wake_due_steps;
 
 use crate::config::SupervisorConfig;
 use crate::service::{LeaderContext, MaintenanceService, ServiceReport};
@@ -37,7 +38,7 @@ impl MaintenanceService for Timers {
         let actor = ctx.fence.actor();
         let mut woken = 0;
         for _ in 0..TIMER_ROUNDS {
-            let n = ctx.store.steps_wake_due(TIMER_BATCH, &actor).await?;
+            let n = wake_due_steps(&ctx.store, TIMER_BATCH, &actor).await?;
             woken += n;
             if n < u64::from(TIMER_BATCH) {
                 break;

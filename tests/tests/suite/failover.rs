@@ -18,6 +18,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use sagaflow::internals::SupervisorConfig;
+use sagaflow::internals::rescue::rescue_steps;
 use sagaflow::internals::store::LeaderFence;
 use sagaflow::internals::store::Store;
 use sagaflow::sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
@@ -314,7 +315,7 @@ async fn a_sigkilled_leader_is_replaced_within_the_lease_ttl() {
         }
         assert_completed_once(&store, &hung).await;
         assert!(
-            store.step_rescue(Some(&fa), &[]).await.is_err(),
+            rescue_steps(&store, Some(&fa), &[]).await.is_err(),
             "[{b_}] the dead leader's fence is stale"
         );
         drop(b);
@@ -394,8 +395,7 @@ async fn a_frozen_leader_is_fenced_and_steps_down_when_resumed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The stale term's writes are refused by the database.
-    let err = store
-        .step_rescue(Some(&fa), &[])
+    let err = rescue_steps(&store, Some(&fa), &[])
         .await
         .expect_err("stale fence");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
@@ -742,7 +742,7 @@ async fn child_engine() {
     status.abort();
 }
 
-/// LE-3: a leader frozen in the middle of a fenced supervisor transaction (`step_rescue`
+/// LE-3: a leader frozen in the middle of a fenced supervisor transaction (`rescue_steps`
 /// checks the lease at its start, without locking the row) must not keep every
 /// other instance from being elected once its lease has expired. The frozen leader is
 /// emulated by a connection that won the lease, ran the fence check's statement in a

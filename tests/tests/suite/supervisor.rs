@@ -7,6 +7,7 @@ use sagaflow::HistoryKind;
 use sagaflow::internals::store::Store;
 use std::time::Duration;
 
+use sagaflow::internals::rescue::rescue_steps;
 use sagaflow::internals::scheduler::finish_batch;
 use sagaflow::internals::{SweepGate, store, transition};
 use sagaflow::{Alert, Engine, Error, RunState, StepContext, StepError, StepState, Workflow};
@@ -97,8 +98,7 @@ async fn a_late_result_after_a_requeue_is_fenced_out() {
             .iter()
             .map(sagaflow::internals::transition::rescue)
             .collect();
-        let counts = store
-            .step_rescue(Some(&fence), &rescues)
+        let counts = rescue_steps(&store, Some(&fence), &rescues)
             .await
             .expect("rescue");
         assert_eq!((counts.requeued, counts.failed), (1, 0), "[{}]", db.backend);
@@ -206,8 +206,7 @@ async fn a_lost_lease_fences_the_old_leaders_writes() {
             .expect("elect")
             .expect("b leads");
         assert_eq!(new.term, old.term + 1, "terms increase");
-        let err = store
-            .step_rescue(Some(&old), &[])
+        let err = rescue_steps(&store, Some(&old), &[])
             .await
             .expect_err("fenced");
         assert!(
@@ -215,7 +214,7 @@ async fn a_lost_lease_fences_the_old_leaders_writes() {
             "[{}] {err}",
             db.backend
         );
-        assert!(store.step_rescue(Some(&new), &[]).await.is_ok());
+        assert!(rescue_steps(&store, Some(&new), &[]).await.is_ok());
     }
 }
 

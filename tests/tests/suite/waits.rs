@@ -512,6 +512,7 @@ async fn event_callback_token_completes_a_step_over_http_and_a_forged_one_is_ref
 /// once: a replay right after its delivery, while the resumed attempt runs, is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callback_forged_is_refused_by_its_mac_a_spent_one_without_a_write_and_valid_once() {
+    use sagaflow::internals::deliver::complete_callback;
     use sagaflow::internals::store::Store;
     use sagaflow::sea_orm::{ConnectionTrait, Database, TransactionTrait};
     for db in backends().await {
@@ -554,7 +555,7 @@ async fn callback_forged_is_refused_by_its_mac_a_spent_one_without_a_write_and_v
         // A store of its own, whose key is read before the database is locked below (an
         // engine reads it when it registers).
         let store = Store::connect(&db.url, None).await.expect("store");
-        let warm = store.callback_complete(&spent, &ok, "remote").await;
+        let warm = complete_callback(&store, &spent, &ok, "remote").await;
         assert!(
             matches!(warm, Err(sagaflow::Error::UnknownCallback)),
             "[{b}] {warm:?}"
@@ -586,7 +587,7 @@ async fn callback_forged_is_refused_by_its_mac_a_spent_one_without_a_write_and_v
         ] {
             let r = tokio::time::timeout(
                 Duration::from_secs(5),
-                store.callback_complete(bad, &ok, "forger"),
+                complete_callback(&store, bad, &ok, "forger"),
             )
             .await;
             assert!(
@@ -599,7 +600,7 @@ async fn callback_forged_is_refused_by_its_mac_a_spent_one_without_a_write_and_v
         // shows that the forged ones above read nothing.
         let r = tokio::time::timeout(
             Duration::from_millis(1500),
-            store.callback_complete(&spent, &ok, "remote"),
+            complete_callback(&store, &spent, &ok, "remote"),
         )
         .await;
         if b == "postgres" {
@@ -616,7 +617,7 @@ async fn callback_forged_is_refused_by_its_mac_a_spent_one_without_a_write_and_v
         // The control: a live token goes on to its write, and waits for (or fails on) the lock.
         let r = tokio::time::timeout(
             Duration::from_millis(1500),
-            store.callback_complete(&live, &ok, "remote"),
+            complete_callback(&store, &live, &ok, "remote"),
         )
         .await;
         assert!(

@@ -77,7 +77,7 @@ async fn webhook_receives_every_alert_and_notification_through_failing_answers()
         let engine = fast_builder(&db)
             .with_workflow(declining())
             .with_workflow(notifying())
-            .with_alert_sink(sink(&url))
+            .with_notice_sink(sink(&url))
             .with_delivery_interval(Duration::from_millis(100))
             .start()
             .await
@@ -206,7 +206,7 @@ async fn a_refusing_webhook_dead_letters_raises_one_alert_and_redelivers_on_dema
         let url = receiver.serve().await;
         let engine = fast_builder(&db)
             .with_workflow(declining())
-            .with_alert_sink(
+            .with_notice_sink(
                 WebhookSink::new("ops-hook", &url, SECRET)
                     .expect("sink")
                     .with_policy(DeliveryPolicy::new(
@@ -400,7 +400,7 @@ async fn successor(db: &TestDb, url: &str) -> Engine {
     fast_builder(db)
         .with_instance_id("successor")
         .with_workflow(declining())
-        .with_alert_sink(sink(url))
+        .with_notice_sink(sink(url))
         .with_delivery_interval(Duration::from_millis(100))
         .start()
         .await
@@ -424,7 +424,7 @@ async fn child_engine() {
         .with_poll_interval(Duration::from_millis(50))
         .with_sweep_interval(Duration::from_millis(100))
         .with_lease(Duration::from_secs(2), Duration::from_millis(400))
-        .with_alert_sink(
+        .with_notice_sink(
             sink(&url).with_policy(
                 DeliveryPolicy::new(20, Duration::from_millis(50), Duration::from_millis(200))
                     .with_timeout(Duration::from_secs(3600)),
@@ -571,8 +571,8 @@ async fn a_webhook_secret_in_the_path_leaks_nowhere_and_redirects_are_not_follow
             .with_policy(policy);
         let engine = fast_builder(&db)
             .with_workflow(declining())
-            .with_alert_sink(slack)
-            .with_alert_sink(moved)
+            .with_notice_sink(slack)
+            .with_notice_sink(moved)
             .with_delivery_interval(Duration::from_millis(50))
             .start()
             .await

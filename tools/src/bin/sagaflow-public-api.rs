@@ -14,14 +14,12 @@
 //! ```
 //!
 //! The listing is read with the `public-api` library (the one `cargo public-api` prints
-//! with, in its `-ss` form: no blanket or auto-trait impls) from rustdoc's JSON output, which
-//! is unstable, so it is built with `RUSTC_BOOTSTRAP=1` on the stable toolchain, in one
-//! `cargo doc --workspace --lib` for all three crates (this command runs it, unless told
-//! `--prebuilt`). That resolves the workspace's features as the lints do, so when the lints
-//! run with `RUSTC_BOOTSTRAP=1` too and the JSON is built right after them (as
-//! `scripts/test.sh` does), it reuses the dependencies they checked. Cargo keys checked
-//! dependencies and compiled proc macros on `RUSTC_BOOTSTRAP` without keeping both, so a
-//! plain build in between would have them checked again.
+//! with, in its `-ss` form: no blanket or auto-trait impls) from rustdoc's JSON output, built
+//! by one `cargo doc --workspace --lib` for every crate. That output is unstable: rustdoc is
+//! run through `scripts/rustdoc-unstable`, which allows it with `RUSTC_BOOTSTRAP=1` for
+//! rustdoc alone. Cargo keys what it compiles on `RUSTC_BOOTSTRAP`, so setting it for cargo
+//! would have every dependency checked a second time (8.7 min cold on two cores); this way
+//! the dependencies are the ones the lints checked, and the listing takes seconds.
 //!
 //! Items behind `#[doc(hidden)]` (the `internals` feature the workspace turns on) are not in
 //! rustdoc's output, so the listing is the one users see.
@@ -33,7 +31,7 @@ use std::process::{Command, ExitCode};
 use clap::Parser;
 
 /// The workspace crates whose items `sagaflow` re-exports.
-const DEFINING_CRATES: [&str; 2] = ["sagaflow_engine", "sagaflow_supervisor"];
+const DEFINING_CRATES: [&str; 3] = ["sagaflow_agents", "sagaflow_engine", "sagaflow_supervisor"];
 
 #[derive(Debug, Parser)]
 #[command(about = "Write or check docs/public-api.txt, the listing of sagaflow's public API")]
@@ -44,10 +42,6 @@ struct Args {
     /// The listing file.
     #[arg(long, default_value = "docs/public-api.txt")]
     out: PathBuf,
-    /// Read the rustdoc JSON already built (the command `scripts/test.sh` runs after its
-    /// lints, with the flags `cargo doc` is given here) instead of building it.
-    #[arg(long)]
-    prebuilt: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,22 +66,11 @@ enum ListingError {
     },
 }
 
-/// Builds rustdoc's JSON for the workspace's libraries, unless `prebuilt`; returns the
-/// directory it is in. `scripts/test.sh` runs the same `cargo doc`: change both together.
-fn rustdoc_json(prebuilt: bool) -> Result<PathBuf, ListingError> {
-    if !prebuilt {
-        let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-            .args(["doc", "--workspace", "--lib", "--no-deps", "--locked"])
-            .env("RUSTC_BOOTSTRAP", "1")
-            .env("RUSTDOCFLAGS", "-Z unstable-options --output-format json")
-            .status()
-            .map_err(ListingError::Spawn)?;
-        if !status.success() {
-            return Err(ListingError::Failed(status));
-        }
-    }
-    // Where cargo put it: the workspace's target directory, wherever configured.
-    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+/// Builds rustdoc's JSON for the workspace's libraries; returns the directory it is in.
+fn rustdoc_json() -> Result<PathBuf, ListingError> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // The workspace's root and target directory, wherever they are configured.
+    let out = Command::new(&cargo)
         .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
         .output()
         .map_err(ListingError::Spawn)?;
@@ -96,10 +79,23 @@ fn rustdoc_json(prebuilt: bool) -> Result<PathBuf, ListingError> {
     }
     let meta: serde_json::Value =
         serde_json::from_slice(&out.stdout).map_err(ListingError::Metadata)?;
-    let target = meta["target_directory"]
-        .as_str()
-        .ok_or_else(|| ListingError::Metadata(serde::de::Error::custom("no target_directory")))?;
-    Ok(Path::new(target).join("doc"))
+    let dir = |key: &str| {
+        meta[key]
+            .as_str()
+            .map(PathBuf::from)
+            .ok_or_else(|| ListingError::Metadata(serde::de::Error::custom(format!("no {key}"))))
+    };
+    let (root, target) = (dir("workspace_root")?, dir("target_directory")?);
+    let status = Command::new(&cargo)
+        .args(["doc", "--workspace", "--lib", "--no-deps", "--locked"])
+        .env("RUSTDOC", root.join("scripts/rustdoc-unstable"))
+        .env("RUSTDOCFLAGS", "-Z unstable-options --output-format json")
+        .status()
+        .map_err(ListingError::Spawn)?;
+    if !status.success() {
+        return Err(ListingError::Failed(status));
+    }
+    Ok(target.join("doc"))
 }
 
 /// The listing of one crate from its rustdoc JSON in `dir`, one item per line.
@@ -126,10 +122,12 @@ fn subject(line: &str) -> &str {
         Some(imp) => imp.rsplit(" for ").next().unwrap_or(imp),
         None => line,
     };
+    // An impl for a reference (`impl X for &a::B`, `pub fn &a::B::f`) is about `a::B`.
     let path = rest
         .split_whitespace()
         .find(|t| t.contains("::"))
-        .unwrap_or("");
+        .unwrap_or("")
+        .trim_start_matches('&');
     // Cut at a bracket, or at a single `:` (a field's type), never inside `::`.
     let b = path.as_bytes();
     let mut i = 0;
@@ -172,9 +170,29 @@ fn user_paths(line: &str, reexported: &[String]) -> String {
             .position(|s| s.starts_with(|c: char| c.is_ascii_uppercase()))
             .map_or(segments.len() - 1, |i| i + 1);
         let name = segments[item];
-        if reexported.iter().any(|r| r == name) {
+        // Spelled as `sagaflow` re-exports it: the item at the root (`pub use sagaflow::Run`),
+        // in a module of the facade (`pub use sagaflow::migration::Migration`, whatever
+        // module of the engine defines it), or in a module re-exported whole
+        // (`pub use sagaflow::http`), below which its items keep their path.
+        let in_module = format!("::{name}");
+        let spelled = reexported
+            .iter()
+            .find(|r| *r == name)
+            .or_else(|| reexported.iter().find(|r| r.ends_with(&in_module)))
+            .map(|r| (r.clone(), item + 1))
+            .or_else(|| {
+                (1..item).find_map(|m| {
+                    let module = segments[1..=m].join("::");
+                    reexported.contains(&module).then_some((module, m + 1))
+                })
+            });
+        if let Some((reexport, after)) = spelled {
             out.push_str("sagaflow::");
-            out.push_str(&segments[item..].join("::"));
+            out.push_str(&reexport);
+            for s in &segments[after..] {
+                out.push_str("::");
+                out.push_str(s);
+            }
             if path.ends_with("::") {
                 out.push_str("::");
             }
@@ -188,8 +206,8 @@ fn user_paths(line: &str, reexported: &[String]) -> String {
 }
 
 /// `sagaflow`'s listing with the lines of the items it re-exports from workspace crates.
-fn build(prebuilt: bool) -> Result<String, ListingError> {
-    let dir = rustdoc_json(prebuilt)?;
+fn build() -> Result<String, ListingError> {
+    let dir = rustdoc_json()?;
     let own = listing(&dir, "sagaflow")?;
     let mut lines: BTreeSet<String> = BTreeSet::new();
     let mut reexported: Vec<String> = Vec::new();
@@ -203,7 +221,12 @@ fn build(prebuilt: bool) -> Result<String, ListingError> {
         let theirs = listing(&dir, krate)?;
         for line in theirs.lines() {
             let s = subject(line);
-            let Some(rest) = s.strip_prefix(krate).and_then(|r| r.strip_prefix("::")) else {
+            // An item of this crate, or an impl it adds to another workspace crate's type
+            // (the HTTP agent's `From<&HttpAgent> for Resource`).
+            let Some(rest) = DEFINING_CRATES
+                .iter()
+                .find_map(|k| s.strip_prefix(k).and_then(|r| r.strip_prefix("::")))
+            else {
                 continue;
             };
             // The item at its re-exported path (`sagaflow_engine::Run`), or one of its
@@ -224,8 +247,10 @@ fn build(prebuilt: bool) -> Result<String, ListingError> {
          # `cargo run -p sagaflow-tools --bin sagaflow-public-api`. Do not edit by hand; the test\n\
          # command fails when the code and this listing differ.\n",
     );
+    // Sorted as users read them, after the paths are spelled their way.
+    let lines: BTreeSet<String> = lines.iter().map(|l| user_paths(l, &reexported)).collect();
     for l in lines {
-        text.push_str(&user_paths(&l, &reexported));
+        text.push_str(&l);
         text.push('\n');
     }
     Ok(text)
@@ -245,7 +270,7 @@ fn print_difference(checked_in: &str, code: &str) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let result = build(args.prebuilt).and_then(|text| {
+    let result = build().and_then(|text| {
         if args.check {
             let old = std::fs::read_to_string(&args.out).map_err(|source| ListingError::File {
                 path: args.out.clone(),
@@ -293,6 +318,8 @@ mod tests {
         assert_eq!(subject("impl core::fmt::Debug for a::B"), "a::B");
         assert_eq!(subject("impl<T> a::B<T>"), "a::B");
         assert_eq!(subject("pub a::B::Variant(x::Y)"), "a::B::Variant");
+        assert_eq!(subject("impl a::C for &a::B"), "a::B");
+        assert_eq!(subject("pub fn &a::B::f(&self)"), "a::B::f");
     }
 
     #[test]
@@ -308,6 +335,29 @@ mod tests {
         assert_eq!(
             super::user_paths("pub sagaflow_engine::Run::id: uuid::Uuid", &names),
             "pub sagaflow::Run::id: uuid::Uuid"
+        );
+        let names = ["http".to_owned()];
+        assert_eq!(
+            super::user_paths(
+                "pub fn sagaflow_agents::http::HttpAgent::name(&self) -> &str",
+                &names
+            ),
+            "pub fn sagaflow::http::HttpAgent::name(&self) -> &str"
+        );
+        assert_eq!(
+            super::user_paths(
+                "pub fn sagaflow_agents::http::segment(&str) -> String",
+                &names
+            ),
+            "pub fn sagaflow::http::segment(&str) -> String"
+        );
+        let names = ["migration::Migration".to_owned()];
+        assert_eq!(
+            super::user_paths(
+                "pub fn sagaflow::X::f(sagaflow_engine::definition::migration::Migration)",
+                &names
+            ),
+            "pub fn sagaflow::X::f(sagaflow::migration::Migration)"
         );
     }
 }

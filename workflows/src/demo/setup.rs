@@ -95,7 +95,7 @@ pub(crate) async fn start_engine(
         .with_lease(Duration::from_secs(3), Duration::from_secs(1))
         .with_retention(None);
     if let Some(sink) = webhook {
-        builder = builder.with_alert_sink(sink);
+        builder = builder.with_notice_sink(sink);
     }
     builder.start().await.map_err(|e| {
         let which = if db.own {
