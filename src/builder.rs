@@ -123,8 +123,9 @@ impl EngineBuilder {
     /// time windows all see the moved time. For tests only; give every engine of the test
     /// the same clock.
     ///
-    /// [`TestClock`]: crate::TestClock
-    pub fn with_test_clock(mut self, clock: crate::TestClock) -> Self {
+    /// [`TestClock`]: crate::testing::TestClock
+    #[cfg(feature = "testing")]
+    pub fn with_test_clock(mut self, clock: crate::testing::TestClock) -> Self {
         self.store_options.test_clock = Some(clock);
         self
     }
@@ -433,19 +434,21 @@ impl EngineBuilder {
         self
     }
 
-    /// Test hook (see [`interleave`](crate::interleave)): this instance's units of work stop
+    /// Test hook (see [`interleave`](crate::testing::interleave)): this instance's units of work stop
     /// at the pause points the hook holds. Not part of the supported API; tests use
     /// `sagaflow_testkit::SagaTest::hold`.
     #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn with_pause_hook(mut self, hook: Arc<sagaflow_engine::interleave::PauseHook>) -> Self {
         self.pause_hook = Some(hook);
         self
     }
 
-    /// Test hook (see [`CrashHook`](crate::CrashHook)): this instance crashes, once, at the
+    /// Test hook (see `CrashHook`): this instance crashes, once, at the
     /// point the hook is armed at. Not part of the supported API; tests use
     /// `sagaflow_testkit::SagaTest::crash_at`.
     #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn with_crash_hook(mut self, hook: Arc<sagaflow_engine::crash::CrashHook>) -> Self {
         self.scheduler.crash = Some(hook);
         self

@@ -552,7 +552,7 @@ impl Engine {
     }
 
     /// Wakes this instance's scheduler and supervisor at once, as after a test moved its
-    /// [`TestClock`](crate::TestClock): steps that became due are claimed, and deadlines that
+    /// `TestClock`: steps that became due are claimed, and deadlines that
     /// passed are swept, without waiting for the next poll or sweep.
     #[doc(hidden)]
     pub fn wake_up(&self) {

@@ -73,18 +73,27 @@ pub use sagaflow_agents::http;
 #[cfg(feature = "otel")]
 pub mod otel;
 
+/// Test hooks, for tests of sagas (`sagaflow-testkit` turns the `testing` feature on; no
+/// production code needs it): a clock a test moves ([`TestClock`](testing::TestClock), given
+/// with `EngineBuilder::with_test_clock`), the points where a test kills an engine
+/// ([`CrashPoint`](testing::CrashPoint)), and the points where it holds one of an engine's
+/// units of work ([`interleave`](testing::interleave)).
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use sagaflow_engine::clock::TestClock;
+    #[doc(hidden)]
+    pub use sagaflow_engine::crash::CrashHook;
+    pub use sagaflow_engine::crash::CrashPoint;
+    pub use sagaflow_engine::interleave;
+}
+
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use events::{EVENT_NAME_MAX, EventTarget};
 pub use hotplug::InstanceInfo;
 pub use limits::{describe_limits, describe_state};
 pub use operator::Operator;
-pub use sagaflow_engine::clock::TestClock;
-#[doc(hidden)]
-pub use sagaflow_engine::crash::CrashHook;
-pub use sagaflow_engine::crash::CrashPoint;
 pub use sagaflow_engine::cron::{MissedTicks, Schedule, ScheduleView};
-pub use sagaflow_engine::interleave;
 pub use sagaflow_engine::resource::{
     Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
     ResourceView, Window, Windows,

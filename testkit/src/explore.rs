@@ -50,8 +50,9 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use sagaflow::interleave::{Held, Point, Unit};
-use sagaflow::{CrashPoint, Run, RunState, StepState, Workflow};
+use sagaflow::testing::CrashPoint;
+use sagaflow::testing::interleave::{Held, Point, Unit};
+use sagaflow::{Run, RunState, StepState, Workflow};
 
 use crate::db::{TestDb, postgres_db, sqlite_db};
 use crate::harness::{HARNESS_WAIT, SagaTest};

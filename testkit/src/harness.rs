@@ -4,7 +4,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use sagaflow::{CrashPoint, HistoryKind, RunState, StepContext, StepError, Workflow};
+//! use sagaflow::{HistoryKind, RunState, StepContext, StepError, Workflow};
+//! use sagaflow::testing::CrashPoint;
 //! use sagaflow_testkit::SagaTest;
 //!
 //! # async fn example() {
@@ -25,12 +26,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sagaflow::testing::{CrashHook, CrashPoint, TestClock};
 use sagaflow::{
-    CrashHook, CrashPoint, Engine, EngineBuilder, HistoryEvent, HistoryKind, Run, RunState,
-    StepState, TestClock, Uuid, Workflow,
+    Engine, EngineBuilder, HistoryEvent, HistoryKind, Run, RunState, StepState, Uuid, Workflow,
 };
 
-use sagaflow::interleave::{Held, PauseHook, Point, Unit};
+use sagaflow::testing::interleave::{Held, PauseHook, Point, Unit};
 
 use crate::db::{TestDb, sqlite_db};
 use crate::effects::{Effect, EffectLedger};

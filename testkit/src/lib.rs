@@ -10,7 +10,7 @@
 //!   engine's invariants ([`sagaflow::check`]), and fails it with the report on a violation;
 //! - [`SagaTest`] tests one's own sagas: an engine on a fresh database with a test clock
 //!   wired, [`SagaTest::advance`] to let hours pass at once, [`SagaTest::crash_at`] to stop
-//!   the engine dead at a named point of a step ([`sagaflow::CrashPoint`]), and
+//!   the engine dead at a named point of a step ([`sagaflow::testing::CrashPoint`]), and
 //!   [`SagaTest::restart`] to recover on the same database;
 //! - [`ChildTest`] re-runs the test binary as a child engine process, to SIGKILL or SIGSTOP;
 //! - [`PgCluster`] starts a private throwaway PostgreSQL cluster (to restart it mid-run

@@ -6,7 +6,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
-use sagaflow::{AlertKind, BreakerState, Engine, Resource, ResourceView, TestClock};
+use sagaflow::testing::TestClock;
+use sagaflow::{AlertKind, BreakerState, Engine, Resource, ResourceView};
 use sagaflow_testkit::{TestDb, backends, eventually, fast_builder};
 use uuid::Uuid;
 

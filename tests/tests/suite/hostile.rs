@@ -146,7 +146,7 @@ async fn hostile_forged_callbacks_are_limited_and_runs_go_through() {
 /// connection meanwhile); once the unit lets go, the runs started during the flood complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_forged_callbacks_need_no_database_while_a_unit_of_work_holds_it() {
-    use sagaflow::interleave::{PauseHook, Point, Unit};
+    use sagaflow::testing::interleave::{PauseHook, Point, Unit};
     for db in backends().await {
         let b = db.backend;
         let hook = std::sync::Arc::new(PauseHook::new());

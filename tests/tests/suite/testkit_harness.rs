@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use sagaflow::testing::{CrashPoint, TestClock};
 use sagaflow::{
-    CrashPoint, Engine, EventWait, HistoryKind, OnTimeout, RetryPolicy, RunState, StepContext,
-    StepError, StepState, TestClock, Uuid, Workflow,
+    Engine, EventWait, HistoryKind, OnTimeout, RetryPolicy, RunState, StepContext, StepError,
+    StepState, Uuid, Workflow,
 };
 use sagaflow_testkit::effects::{EffectClient, EffectServer};
 use sagaflow_testkit::{SagaTest, applied_once, backends, eventually, fast_builder};

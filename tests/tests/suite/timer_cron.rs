@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use sagaflow::sea_orm::{ConnectionTrait, Statement};
+use sagaflow::testing::TestClock;
 use sagaflow::{
     Engine, EngineBuilder, Error, HistoryKind, MissedTicks, Schedule, ScheduleView, StepContext,
-    StepError, TestClock, Workflow,
+    StepError, Workflow,
 };
 use sagaflow_testkit::{TestDb, backends, eventually, fast_builder};
 

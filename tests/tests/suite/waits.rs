@@ -944,7 +944,7 @@ async fn child_completed_long_ago_outlives_retention_while_its_parent_may_compen
     const DAY: Duration = Duration::from_secs(24 * 3600);
     for db in backends().await {
         let server = effects().await;
-        let clock = sagaflow::TestClock::new();
+        let clock = sagaflow::testing::TestClock::new();
         let engine = sagaflow_testkit::fast_builder(&db)
             .with_test_clock(clock.clone())
             .with_workflow(refund(&server))

@@ -142,6 +142,40 @@ fn subject(line: &str) -> &str {
     &path[..i]
 }
 
+/// `path` (of a workspace crate, `sagaflow_engine::model::Run::id`) as users write it,
+/// when `sagaflow` re-exports its item: at the root (`pub use sagaflow::Run`), in a module of
+/// the facade (`pub use sagaflow::migration::Migration`, whatever module of the engine
+/// defines it), or in a module re-exported whole (`pub use sagaflow::http`,
+/// `pub use sagaflow::testing::interleave`), below which its items keep their path.
+fn spell(path: &str, reexported: &[String]) -> Option<String> {
+    // The item is the first segment that is not a module (modules are lower case), or the
+    // last one (a function).
+    let segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+    let item = segments[1..]
+        .iter()
+        .position(|s| s.starts_with(|c: char| c.is_ascii_uppercase()))
+        .map_or(segments.len() - 1, |i| i + 1);
+    let named = |name: &str| {
+        let in_module = format!("::{name}");
+        reexported
+            .iter()
+            .find(|r| *r == name)
+            .or_else(|| reexported.iter().find(|r| r.ends_with(&in_module)))
+    };
+    let (reexport, after) = named(segments[item])
+        .map(|r| (r, item + 1))
+        .or_else(|| (1..item).find_map(|m| named(segments[m]).map(|r| (r, m + 1))))?;
+    let mut out = format!("sagaflow::{reexport}");
+    for s in &segments[after..] {
+        out.push_str("::");
+        out.push_str(s);
+    }
+    if path.ends_with("::") {
+        out.push_str("::");
+    }
+    Some(out)
+}
+
 /// `line` with every path of a re-exported item (`sagaflow_engine::model::Run`) spelled as
 /// users write it (`sagaflow::Run`). Paths of items `sagaflow` does not re-export stay as
 /// they are, so an internal type leaking into the API stands out.
@@ -162,42 +196,9 @@ fn user_paths(line: &str, reexported: &[String]) -> String {
             len -= 1;
         }
         let path = &rest[at..at + len];
-        // The item is the first segment that is not a module (modules are lower case), or
-        // the last one (a function).
-        let segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
-        let item = segments[1..]
-            .iter()
-            .position(|s| s.starts_with(|c: char| c.is_ascii_uppercase()))
-            .map_or(segments.len() - 1, |i| i + 1);
-        let name = segments[item];
-        // Spelled as `sagaflow` re-exports it: the item at the root (`pub use sagaflow::Run`),
-        // in a module of the facade (`pub use sagaflow::migration::Migration`, whatever
-        // module of the engine defines it), or in a module re-exported whole
-        // (`pub use sagaflow::http`), below which its items keep their path.
-        let in_module = format!("::{name}");
-        let spelled = reexported
-            .iter()
-            .find(|r| *r == name)
-            .or_else(|| reexported.iter().find(|r| r.ends_with(&in_module)))
-            .map(|r| (r.clone(), item + 1))
-            .or_else(|| {
-                (1..item).find_map(|m| {
-                    let module = segments[1..=m].join("::");
-                    reexported.contains(&module).then_some((module, m + 1))
-                })
-            });
-        if let Some((reexport, after)) = spelled {
-            out.push_str("sagaflow::");
-            out.push_str(&reexport);
-            for s in &segments[after..] {
-                out.push_str("::");
-                out.push_str(s);
-            }
-            if path.ends_with("::") {
-                out.push_str("::");
-            }
-        } else {
-            out.push_str(path);
+        match spell(path, reexported) {
+            Some(spelled) => out.push_str(&spelled),
+            None => out.push_str(path),
         }
         rest = &rest[at + len..];
     }
@@ -223,20 +224,14 @@ fn build() -> Result<String, ListingError> {
             let s = subject(line);
             // An item of this crate, or an impl it adds to another workspace crate's type
             // (the HTTP agent's `From<&HttpAgent> for Resource`).
-            let Some(rest) = DEFINING_CRATES
+            if !DEFINING_CRATES
                 .iter()
-                .find_map(|k| s.strip_prefix(k).and_then(|r| r.strip_prefix("::")))
-            else {
+                .any(|k| s.starts_with(&format!("{k}::")))
+            {
                 continue;
-            };
-            // The item at its re-exported path (`sagaflow_engine::Run`), or one of its
-            // members (`sagaflow_engine::Run::id`).
-            let shown = reexported.iter().any(|name| {
-                rest == name
-                    || rest
-                        .strip_prefix(name.as_str())
-                        .is_some_and(|m| m.starts_with("::"))
-            });
+            }
+            // An item `sagaflow` re-exports, or one of its members.
+            let shown = spell(s, &reexported).is_some();
             if shown {
                 lines.insert(line.to_owned());
             }
