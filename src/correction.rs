@@ -66,7 +66,7 @@ impl crate::Engine {
         if let Some(wf) = self.inner.scheduler.registry().get(name, version) {
             return Ok(Some(wf.clone()));
         }
-        let Some(published) = self.inner.store.definition(name, version).await? else {
+        let Some(published) = self.inner.store.definition_get(name, version).await? else {
             return Ok(None);
         };
         match published.description {

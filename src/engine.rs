@@ -239,7 +239,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn resources(&self) -> Result<Vec<crate::ResourceView>> {
-        self.inner.store.resources().await
+        self.inner.store.resource_list().await
     }
 
     /// The queue per workflow: for each workflow with steps due, scheduled or in flight (all
@@ -302,7 +302,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn definitions(&self) -> Result<Vec<PublishedDefinition>> {
-        self.inner.store.definitions().await
+        self.inner.store.definition_list().await
     }
 
     /// Whether this instance is running, was shut down, or stopped on a fatal error.
@@ -392,7 +392,7 @@ impl Engine {
         state: Option<sagaflow_engine::DeliveryState>,
         limit: u32,
     ) -> Result<Vec<sagaflow_engine::Delivery>> {
-        self.inner.store.deliveries(state, limit).await
+        self.inner.store.delivery_list(state, limit).await
     }
 
     /// How the outbox's notices stand with the sink named `sink`: how many it delivered,

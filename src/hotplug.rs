@@ -108,7 +108,7 @@ impl Engine {
         {
             return Err(different("registered on this instance"));
         }
-        if let Some(published) = inner.store.definition(wf.name(), wf.version()).await? {
+        if let Some(published) = inner.store.definition_get(wf.name(), wf.version()).await? {
             let same = published.description.as_ref() == Ok(&description);
             if !same {
                 return Err(different(&format!(

@@ -79,7 +79,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`]; [`Error::CorruptRow`].
     pub async fn schedules(&self) -> Result<Vec<ScheduleView>> {
-        self.inner.store.schedules().await
+        self.inner.store.schedule_list().await
     }
 }
 
@@ -108,33 +108,28 @@ impl Operator<'_> {
         let store = &self.engine.inner.store;
         let reason = self.audit.reason.as_deref().unwrap_or("");
         let stored = store
-            .schedule(name)
+            .schedule_get(name)
             .await?
             .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))?;
         if !paused && !stored.paused {
             return Ok(stored);
         }
-        let resume_at = if paused {
-            None
+        let found = if paused {
+            store
+                .schedule_pause(name, &self.audit.actor, reason)
+                .await?
         } else {
+            let invalid = |reason| Error::InvalidSchedule {
+                name: name.to_owned(),
+                reason,
+            };
             let spec = sagaflow_engine::cron::CronSpec::parse(&stored.expression, &stored.zone)
-                .map_err(|reason| Error::InvalidSchedule {
-                    name: name.to_owned(),
-                    reason,
-                })?;
+                .map_err(invalid)?;
             let now = store.now_ms().await?;
-            Some(
-                spec.next_after(now)
-                    .map_err(|reason| Error::InvalidSchedule {
-                        name: name.to_owned(),
-                        reason,
-                    })?,
-            )
+            let resume_at = spec.next_after(now).map_err(invalid)?;
+            store.schedule_resume(name, resume_at).await?
         };
-        if !store
-            .schedule_set_paused(name, paused, resume_at, &self.audit.actor, reason)
-            .await?
-        {
+        if !found {
             return Err(Error::ScheduleNotFound(name.to_owned()));
         }
         tracing::info!(
@@ -145,7 +140,7 @@ impl Operator<'_> {
             if paused { "schedule paused" } else { "schedule resumed" }
         );
         store
-            .schedule(name)
+            .schedule_get(name)
             .await?
             .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
     }

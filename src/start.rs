@@ -420,7 +420,7 @@ impl Engine {
         let store = &self.inner.store;
         let newest = match version {
             None => store.definition_latest(workflow).await?,
-            Some(v) => store.definition(workflow, v).await?,
+            Some(v) => store.definition_get(workflow, v).await?,
         }
         .ok_or_else(|| match version {
             None => Error::WorkflowNotFound(workflow.to_owned()),

@@ -101,5 +101,5 @@ fn accepted(signals: &Signals, run: &NewRun, outcome: &RunInsertOutcome) {
 }
 
 async fn insert(store: &Store, runs: &[NewRun]) -> Result<Vec<RunInsertOutcome>> {
-    store.insert_runs(runs).await
+    store.run_insert_batch(runs).await
 }

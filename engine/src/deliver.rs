@@ -38,7 +38,7 @@ pub async fn send_event(
         });
     }
     tx.pause_point(Unit::Deliver, Point::AfterReads).await;
-    let delivery = tx.deliver(run_id, name, payload, actor).await?;
+    let delivery = tx.wait_deliver(run_id, name, payload, actor).await?;
     tx.pause_point(Unit::Deliver, Point::BeforeCommit).await;
     crate::metrics::record(tx.commit_from(Wake::CLAIM, actor).await?);
     Ok(delivery)
@@ -82,7 +82,7 @@ pub async fn complete_callback(
     }
     tx.pause_point(Unit::Deliver, Point::AfterReads).await;
     let payload = serde_json::to_value(result).map_err(|e| Error::InvalidEvent(e.to_string()))?;
-    let delivery = tx.deliver(run_id, &name, &payload, actor).await?;
+    let delivery = tx.wait_deliver(run_id, &name, &payload, actor).await?;
     tx.pause_point(Unit::Deliver, Point::BeforeCommit).await;
     crate::metrics::record(tx.commit_from(Wake::CLAIM, actor).await?);
     Ok(delivery)

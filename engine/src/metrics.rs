@@ -420,12 +420,12 @@ impl Drop for LeaderGauge {
 /// [`crate::Error::Db`].
 pub async fn refresh_queue_gauges(store: &Store) -> Result<()> {
     set_queue_gauges(&store.queue_by_workflow().await?);
-    set_resource_gauges(&store.resources().await?);
+    set_resource_gauges(&store.resource_list().await?);
     Ok(())
 }
 
 /// Sets the resource gauges ([`RESOURCE_IN_FLIGHT`], [`RESOURCE_WAITING`]) from
-/// [`Store::resources`]. Resources are declared in code, a handful: no series is dropped.
+/// [`Store::resource_list`]. Resources are declared in code, a handful: no series is dropped.
 pub fn set_resource_gauges(resources: &[crate::resource::ResourceView]) {
     #[allow(clippy::cast_precision_loss)] // counts of steps: exact in an f64
     for r in resources {

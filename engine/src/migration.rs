@@ -132,14 +132,14 @@ pub async fn apply_one(
     audit: &Audit,
 ) -> Result<Option<RunMigration>> {
     let mut tx = store.begin().await?;
-    let Some(run) = tx.lock_run_for_action(id).await? else {
+    let Some(run) = tx.run_lock_for_action(id).await? else {
         return Ok(None);
     };
     if run.workflow != v.migration.name() || run.version != v.migration.from() {
         tx.rollback().await?;
         return Ok(None);
     }
-    let mut read = tx.steps_of(&[id]).await?;
+    let mut read = tx.steps_lock(&[id]).await?;
     tx.pause_point(Unit::Migrate, Point::AfterReads).await;
     let decided = match read.take(id) {
         Ok(s) => decide(v, &run, &s).map(|d| (d, s)),
@@ -188,7 +188,7 @@ pub async fn apply_one(
             MigrationOutcome::Migrated,
         )));
     }
-    tx.history_push(id, None, MIGRATED, &audit.actor, Some(detail.to_string()));
+    tx.history_push(id, MIGRATED, &audit.actor, Some(detail.to_string()));
     tx.pause_point(Unit::Migrate, Point::BeforeCommit).await;
     crate::metrics::record(tx.commit().await?);
     Ok(Some(report(

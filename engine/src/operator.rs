@@ -83,12 +83,12 @@ where
 {
     let mut tx = store.begin().await?;
     let run = tx
-        .lock_run_for_action(run_id)
+        .run_lock_for_action(run_id)
         .await?
         .ok_or(Error::RunNotFound(run_id))?;
     // A damaged step row is reported to the operator, who repairs it first.
     let steps = tx
-        .steps_of(&[run_id])
+        .steps_lock(&[run_id])
         .await?
         .take(run_id)
         .map_err(|d| d.to_error())?;
@@ -103,7 +103,7 @@ where
     }
     let plans = vec![(run, write)];
     let cancelled = crate::metrics::cancelled_runs(&plans);
-    let applied = tx.apply(plans, &audit.actor).await?;
+    let applied = tx.plan_apply(plans, &audit.actor).await?;
     tx.happened.runs_moved(&applied, &cancelled);
     let applied = applied
         .into_iter()
@@ -244,7 +244,7 @@ pub enum ChildUndo {
 /// # Errors
 /// [`Error::Db`].
 pub async fn child_undo(store: &Store, parent_step: i64, audit: &Audit) -> Result<ChildUndo> {
-    let Some((child, state)) = store.child_of_step(parent_step).await? else {
+    let Some((child, state)) = store.run_child_of_step(parent_step).await? else {
         return Ok(ChildUndo::Done);
     };
     let acted = match state {

@@ -31,9 +31,9 @@ pub async fn rescue_steps(
     let mut runs: Vec<Uuid> = items.iter().map(|r| r.run_id).collect();
     runs.sort_unstable();
     runs.dedup();
-    tx.mark_dirty(&runs).await?;
+    tx.runs_mark_dirty(&runs).await?;
     tx.pause_point(Unit::Rescue, Point::AfterReads).await;
-    let applied = tx.write_attempts(items, fence).await?;
+    let applied = tx.attempts_write(items, fence).await?;
     tx.steps_park_of_paused(&runs).await?;
     let counts = count(items, &applied);
     if counts.requeued + counts.failed + counts.interrupted > 0 {

@@ -249,3 +249,152 @@ fn the_path_reader_sees_groups_and_reexports() {
     assert_eq!(found, want);
     assert_eq!(reexports().get("Store").map(String::as_str), Some("store"));
 }
+
+/// The public operations of `Store` and `StoreTx` defined in `text`, as `Type::name`: the
+/// `pub fn`s at the first level of an `impl Store` or `impl StoreTx<'_>` block.
+fn store_operations(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut depth = 0_usize;
+    let mut block: Option<&str> = None;
+    for line in text.lines() {
+        if depth == 0 {
+            block = if line.starts_with("impl Store {") {
+                Some("Store")
+            } else if line.starts_with("impl StoreTx<'_> {") {
+                Some("StoreTx")
+            } else {
+                None
+            };
+        }
+        if let Some(ty) = block
+            && depth == 1
+        {
+            let rest = line.trim_start();
+            let rest = rest
+                .strip_prefix("pub async fn ")
+                .or_else(|| rest.strip_prefix("pub fn "));
+            if let Some(rest) = rest {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                out.insert(format!("{ty}::{name}"));
+            }
+        }
+        depth += line.matches('{').count();
+        depth = depth.saturating_sub(line.matches('}').count());
+    }
+    out
+}
+
+/// The operations the store's module docs list under `# Operations`.
+fn listed_operations(docs: &str) -> BTreeSet<String> {
+    let section = docs
+        .split("//! # Operations")
+        .nth(1)
+        .and_then(|s| s.split("//! Files:").next())
+        .expect("store/mod.rs has an `# Operations` section followed by `Files:`");
+    section
+        .split("[`")
+        .skip(1)
+        .filter_map(|s| s.split("`]").next())
+        .filter(|s| s.starts_with("Store::") || s.starts_with("StoreTx::"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The words an operation's name may start with: the nouns the store works on, and the
+/// connection's own verbs.
+const NOUNS: &[&str] = &[
+    "alert",
+    "attempts",
+    "callback",
+    "definition",
+    "delivery",
+    "fence",
+    "history",
+    "instance",
+    "leader",
+    "outbox",
+    "parks",
+    "plan",
+    "queue",
+    "resource",
+    "run",
+    "schedule",
+    "schema",
+    "stats",
+    "step",
+    "wait",
+    "workflows",
+];
+const CONNECTION: &[&str] = &[
+    "backend",
+    "begin",
+    "check_file",
+    "commit",
+    "commit_from",
+    "connect",
+    "connection",
+    "executor",
+    "from_connection",
+    "has_file",
+    "lost_or",
+    "notify",
+    "now_ms",
+    "open",
+    "pause_point",
+    "rollback",
+    "target",
+    "with_pause_hook",
+];
+
+#[test]
+fn the_store_lists_every_operation_in_one_place_noun_first() {
+    let mut defined = BTreeSet::new();
+    for f in files_of("store") {
+        let text = std::fs::read_to_string(&f).expect("readable source");
+        defined.extend(store_operations(&text));
+    }
+    assert!(
+        defined.len() > 100,
+        "the reader found {} operations",
+        defined.len()
+    );
+    let docs = std::fs::read_to_string(src().join("store/mod.rs")).expect("store/mod.rs");
+    let listed = listed_operations(&docs);
+    let unlisted: Vec<_> = defined.difference(&listed).collect();
+    let gone: Vec<_> = listed.difference(&defined).collect();
+    assert!(
+        unlisted.is_empty() && gone.is_empty(),
+        "store/mod.rs `# Operations`: add {unlisted:?}; remove {gone:?}"
+    );
+    let not_noun_first: Vec<_> = defined
+        .iter()
+        .filter_map(|op| op.split("::").nth(1))
+        .filter(|name| {
+            !CONNECTION.contains(name)
+                && !NOUNS.iter().any(|n| {
+                    *name == *n
+                        || name.starts_with(&format!("{n}_"))
+                        || name.starts_with(&format!("{n}s_"))
+                })
+        })
+        .collect();
+    assert!(
+        not_noun_first.is_empty(),
+        "store operations whose name does not start with a noun: {not_noun_first:?}"
+    );
+}
+
+#[test]
+fn the_operation_reader_sees_first_level_pub_fns_of_store_impls() {
+    let text = "impl Store {\n    pub async fn run_get(&self) {\n        if x {}\n    }\n    \
+                fn private(&self) {}\n}\nimpl StoreTx<'_> {\n    pub fn plan_apply(&mut self) {}\n}\n\
+                impl Other {\n    pub fn not_this(&self) {}\n}\n";
+    let want: BTreeSet<String> = ["Store::run_get", "StoreTx::plan_apply"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    assert_eq!(store_operations(text), want);
+}

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use sagaflow_engine::store::{LeaderFence, RescueCounts};
+use sagaflow_engine::store::{Election, LeaderFence, RescueCounts};
 use sagaflow_engine::{Result, Signals, Store};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -160,13 +160,13 @@ impl Supervisor {
                 sit_out_until = None;
                 match self
                     .store
-                    .leader_try_elect_with(
-                        &self.config.lease_name,
-                        &self.config.holder,
-                        self.config.lease_ttl,
-                        Some(self.config.instance_stale_after),
-                        Some(self.config.stall_alert_after()),
-                    )
+                    .leader_try_elect_with(&Election {
+                        name: &self.config.lease_name,
+                        holder: &self.config.holder,
+                        ttl: self.config.lease_ttl,
+                        stale_after: Some(self.config.instance_stale_after),
+                        vacant_after: Some(self.config.stall_alert_after()),
+                    })
                     .await
                 {
                     Ok(Some(fence)) => {

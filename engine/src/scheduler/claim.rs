@@ -11,7 +11,7 @@ use super::{Catalog, ErrorStreak, Scheduler, pause};
 use crate::crash::CrashPoint;
 use crate::definition::StepContext;
 use crate::protocol::{AgentRequest, AgentResponse, Dispatch, StepLease};
-use crate::store::ClaimedStep;
+use crate::store::{ClaimedStep, ResourceAsk};
 use crate::{Error, StepError, StepState};
 
 pub(super) async fn run(
@@ -241,14 +241,14 @@ async fn claim_resources(
             taken.wait = Some(taken.wait.map_or(d, |w| w.min(d)));
             continue;
         }
-        let claim = s.store.resource_claim(
-            &s.config.owner,
-            name,
-            &cat.keys,
-            room,
-            busy.contains(name),
-            &needs_outputs,
-        );
+        let ask = ResourceAsk {
+            owner: &s.config.owner,
+            resource: name,
+            workflow_keys: &cat.keys,
+            limit: room,
+            busy: busy.contains(name),
+        };
+        let claim = s.store.resource_claim(&ask, &needs_outputs);
         match claim.await {
             Ok(c) => {
                 streak.succeeded("claiming steps of resources");

@@ -193,9 +193,9 @@ async fn finish_batch_in(
 ) -> Result<FinishOutcome, Error> {
     let mut tx = store.begin().await?;
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
-    let runs = tx.lock_runs(&run_ids, false).await?;
+    let runs = tx.runs_lock(&run_ids, false).await?;
     tx.pause_point(Unit::Complete, Point::AfterReads).await;
-    let applied = tx.write_attempts(items, None).await?;
+    let applied = tx.attempts_write(items, None).await?;
     let parks: Vec<Park> = items
         .iter()
         .zip(&applied)
@@ -205,7 +205,7 @@ async fn finish_batch_in(
         })
         .collect();
     if !parks.is_empty() {
-        tx.after_parks(&parks, actor).await?;
+        tx.parks_follow_up(&parks, actor).await?;
     }
     let outcomes = breaker_outcomes(registry, items, &applied);
     if !outcomes.is_empty() {

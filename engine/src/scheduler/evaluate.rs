@@ -99,7 +99,7 @@ async fn evaluate_dirty(s: &Scheduler, ids: &[Uuid]) -> Result<Evaluated, Error>
         return Ok(Evaluated::default());
     }
     let mut tx = s.store.begin().await?;
-    let runs = tx.lock_runs(ids, true).await?;
+    let runs = tx.runs_lock(ids, true).await?;
     let registry = s.registry();
     let out = plan_and_apply(&mut tx, &registry, runs, HashMap::new(), &s.config.owner).await?;
     tx.pause_point(Unit::Evaluate, Point::BeforeCommit).await;
@@ -155,7 +155,7 @@ pub async fn plan_and_apply(
         tracing::warn!(run_id = %run, damage = %d, "a step of a missing run was parked");
     }
     let ids: Vec<Uuid> = healthy.iter().map(|r| r.id).collect();
-    let mut steps = tx.steps_of(&ids).await?;
+    let mut steps = tx.steps_lock(&ids).await?;
     tx.pause_point(Unit::Evaluate, Point::AfterReads).await;
     let mut plans = Vec::with_capacity(healthy.len());
     let mut failed = Vec::new();
@@ -185,14 +185,14 @@ pub async fn plan_and_apply(
     }
     if !failed.is_empty() {
         let ids: Vec<Uuid> = failed.iter().map(|(id, _)| *id).collect();
-        tx.mark_dirty(&ids).await?;
+        tx.runs_mark_dirty(&ids).await?;
     }
-    let set_aside = tx.set_aside(&aside, actor).await?;
+    let set_aside = tx.run_set_aside(&aside, actor).await?;
     for (workflow, phase) in &aside_of {
         tx.happened.set_aside(workflow, *phase);
     }
     let cancelled = crate::metrics::cancelled_runs(&plans);
-    let applied = tx.apply(plans, actor).await?;
+    let applied = tx.plan_apply(plans, actor).await?;
     tx.happened.runs_moved(&applied, &cancelled);
     Ok(Evaluated {
         applied,

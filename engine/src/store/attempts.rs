@@ -1,6 +1,6 @@
 //! Fenced writes of decided attempt ends (results, timeouts, interruptions): the
 //! [`StepFinish`] a decision produces, the [`DeadlineGuard`] that fences it, and
-//! [`StoreTx::write_attempts`], which writes a batch of them in bulk.
+//! [`StoreTx::attempts_write`], which writes a batch of them in bulk.
 
 use sea_orm::Value;
 
@@ -75,7 +75,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn write_attempts(
+    pub async fn attempts_write(
         &mut self,
         items: &[StepFinish],
         fence: Option<&LeaderFence>,

@@ -200,7 +200,7 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn definitions(&self) -> Result<Vec<PublishedDefinition>> {
+    pub async fn definition_list(&self) -> Result<Vec<PublishedDefinition>> {
         let rows = self
             .exec
             .query_all(self.stmt(
@@ -217,7 +217,7 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn definition(
+    pub async fn definition_get(
         &self,
         name: &str,
         version: i32,

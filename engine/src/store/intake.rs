@@ -198,7 +198,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`]; nothing of the batch is written then.
-    pub async fn insert_runs(&self, runs: &[NewRun]) -> Result<Vec<RunInsertOutcome>> {
+    pub async fn run_insert_batch(&self, runs: &[NewRun]) -> Result<Vec<RunInsertOutcome>> {
         if self.backend == super::Backend::Postgres && runs.iter().all(|r| r.business_key.is_none())
         {
             // One statement writes the whole batch there: atomic without a transaction

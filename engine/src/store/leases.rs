@@ -43,6 +43,21 @@ impl LeaderFence {
     }
 }
 
+/// What an instance asks for when it stands for a lease: see [`Store::leader_try_elect_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct Election<'a> {
+    /// The lease's name.
+    pub name: &'a str,
+    /// The instance standing.
+    pub holder: &'a str,
+    /// How long the lease is held without a renewal.
+    pub ttl: Duration,
+    /// Take the lease from a holder whose heartbeat is older than this.
+    pub stale_after: Option<Duration>,
+    /// Restart the sweep record when the lease was free for longer than this.
+    pub vacant_after: Option<Duration>,
+}
+
 impl Store {
     /// Tries to take the lease `name` for `holder` if it is free or expired. Returns the new
     /// term on success.
@@ -55,8 +70,14 @@ impl Store {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<LeaderFence>> {
-        self.leader_try_elect_with(name, holder, ttl, None, None)
-            .await
+        self.leader_try_elect_with(&Election {
+            name,
+            holder,
+            ttl,
+            stale_after: None,
+            vacant_after: None,
+        })
+        .await
     }
 
     /// Like [`Store::leader_try_elect`], and also takes the lease at once when it is held by
@@ -71,14 +92,14 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn leader_try_elect_with(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        stale_after: Option<Duration>,
-        vacant_after: Option<Duration>,
-    ) -> Result<Option<LeaderFence>> {
+    pub async fn leader_try_elect_with(&self, e: &Election<'_>) -> Result<Option<LeaderFence>> {
+        let Election {
+            name,
+            holder,
+            ttl,
+            stale_after,
+            vacant_after,
+        } = *e;
         self.exec
             .execute(self.stmt(
                 "INSERT INTO sagaflow_leases (name, holder, term, expires_at) VALUES ($1, NULL, 0, 0) \

@@ -1,21 +1,74 @@
 //! The storage seam: every SQL statement of sagaflow lives below this module.
 //!
-//! One [`Store`] over a sea-orm connection serves PostgreSQL and SQLite; the few statements
-//! that differ per backend take their fragments from `postgres.rs` and `sqlite.rs`. The store
-//! decides nothing: transitions are decided by [`crate::transition`] and persisted through a
-//! [`StoreTx`] unit of work. Every
-//! time is read from the database's clock (AT-2) and stored as epoch milliseconds. Every write
-//! for a claimed step is fenced by `(id, state, attempt, locked_by)`: a late agent's write
-//! matches no row (SAS-3).
+//! One [`Store`] over a sea-orm connection serves PostgreSQL and SQLite. What differs in the
+//! SQL text between them comes from one `Dialect` per backend, in `postgres.rs` and
+//! `sqlite.rs`; a path that exists on one backend only (PostgreSQL's one-statement intake and
+//! claim, its `NOTIFY`) is a strategy of its operation, chosen at one `if` on the backend. The
+//! store decides nothing: transitions are decided by [`crate::transition`] and persisted
+//! through a [`StoreTx`] unit of work, which only use cases commit; [`StoreTx::commit`]
+//! returns what [`Happened`] for metrics to record. Every time is read from the database's
+//! clock (AT-2) and stored as epoch milliseconds. Every write for a claimed step is fenced
+//! by `(id, state, attempt, locked_by)`: a late agent's write matches no row (SAS-3).
 //!
-//! Files: this one holds [`Store`] and its backend tag; `sql.rs` builds statements for both
-//! backends; `options.rs`, `open.rs` and `file.rs` configure, open and watch the database;
-//! `tx.rs` is the unit of work and `plans.rs` writes decided plans through it; the tables
-//! have `intake.rs`, `runs.rs`, `steps.rs` (claims, inputs, rescue listings),
-//! `attempts.rs` (fenced attempt-end writes), `aging.rs` (priority aging), `instances.rs`, `coverage.rs` (workflows no live instance
-//! runs),
-//! `alerts.rs` and `leases.rs`;
-//! `rows.rs` decodes rows.
+//! # Operations
+//!
+//! Every public operation, by the noun it works on; each name starts with its noun, and an
+//! operation of more than four arguments takes a struct ([`Election`], [`ResourceAsk`],
+//! [`ScheduleTick`]). A test (`engine/tests/layers.rs`) keeps this list whole and the names
+//! noun-first.
+//!
+//! - connection and units of work: [`Store::open`], [`Store::connect`],
+//!   [`Store::from_connection`], [`Store::schema_migrate`], [`Store::connection`],
+//!   [`Store::executor`], [`Store::backend`], [`Store::target`], [`Store::has_file`],
+//!   [`Store::check_file`], [`Store::lost_or`], [`Store::now_ms`], [`Store::with_pause_hook`],
+//!   [`Store::begin`]; [`StoreTx::commit`], [`StoreTx::commit_from`], [`StoreTx::rollback`],
+//!   [`StoreTx::notify`], [`StoreTx::pause_point`]
+//! - runs: [`Store::run_insert`], [`Store::run_insert_batch`], [`Store::run_insert_many`],
+//!   [`Store::run_get`], [`Store::run_view`], [`Store::run_by_key`], [`Store::run_steps`],
+//!   [`Store::run_history`], [`Store::run_list`], [`Store::run_list_dirty`],
+//!   [`Store::run_child_of_step`], [`Store::run_count_by_state`],
+//!   [`Store::run_unfinished_keys`], [`Store::runs_unfinished_page`],
+//!   [`Store::runs_compensating_among`], [`Store::run_count_finished`],
+//!   [`Store::run_purge_finished`], [`Store::run_fill_finished`]; in a unit of work
+//!   [`StoreTx::runs_lock`], [`StoreTx::run_lock_for_action`], [`StoreTx::run_state_locked`],
+//!   [`StoreTx::runs_mark_dirty`], [`StoreTx::run_set_aside`], [`StoreTx::run_set_input`],
+//!   [`StoreTx::runs_unfinished_of`], [`StoreTx::run_migrate`]
+//! - steps: [`Store::step_claim`], [`Store::step_claim_with_inputs`], [`Store::step_inputs`],
+//!   [`Store::steps_read`], [`Store::step_deadlines`], [`Store::step_list_owned`],
+//!   [`Store::step_list_rescuable`], [`Store::step_queue_depth`], [`Store::steps_waiting`],
+//!   [`Store::steps_waiting_count`], [`Store::step_age`], [`Store::step_age_plan`]; in a unit
+//!   of work [`StoreTx::steps_lock`], [`StoreTx::steps_park_of_paused`],
+//!   [`StoreTx::steps_wake_due`]
+//! - plans, attempts, fences, parks and waits (in a unit of work): [`StoreTx::plan_apply`],
+//!   [`StoreTx::attempts_write`], [`StoreTx::fence_check`], [`StoreTx::parks_follow_up`],
+//!   [`StoreTx::wait_deliver`]
+//! - callbacks: [`Store::callback_register`], [`Store::callback_live_now`]; in a unit of work
+//!   [`StoreTx::callback_live`]
+//! - history: [`Store::history_event_counts`]; in a unit of work [`StoreTx::history_push`]
+//! - alerts: [`Store::alert_insert`], [`Store::alert_list`], [`Store::alert_open_keys`],
+//!   [`Store::alert_resolve`], [`Store::alert_resolve_key`]
+//! - notices to deliver: [`Store::outbox_pending`], [`Store::outbox_done`],
+//!   [`Store::outbox_purge`], [`Store::delivery_record`], [`Store::delivery_list`],
+//!   [`Store::delivery_counts`], [`Store::delivery_redeliver`]
+//! - definitions and workflows: [`Store::definitions_publish`], [`Store::definition_list`],
+//!   [`Store::definition_get`], [`Store::definition_latest`], [`Store::workflows_uncovered`]
+//! - resources: [`Store::resources_publish`], [`Store::resource_list`],
+//!   [`Store::resource_override`], [`Store::resource_claim`]
+//! - schedules: [`Store::schedules_publish`], [`Store::schedule_list`],
+//!   [`Store::schedule_get`], [`Store::schedules_due`], [`Store::schedule_advance`],
+//!   [`Store::schedule_started`], [`Store::schedule_pause`], [`Store::schedule_resume`]
+//! - instances: [`Store::instance_register`], [`Store::instance_heartbeat`],
+//!   [`Store::instance_set_workflows`], [`Store::instance_stop`], [`Store::instance_list`],
+//!   [`Store::instance_purge`]
+//! - the leader's lease: [`Store::leader_try_elect`], [`Store::leader_try_elect_with`],
+//!   [`Store::leader_renew`], [`Store::leader_release`], [`Store::leader_record_sweep`],
+//!   [`Store::leader_progress`], [`Store::leader_current`]
+//! - statistics: [`Store::stats`], [`Store::queue_by_workflow`]
+//!
+//! Files: one per noun (`runs.rs`, `intake.rs` and `list.rs` for runs; `steps.rs`,
+//! `attempts.rs`, `aging.rs`, `waits.rs`, `rewrite.rs` for migrations, …); `sql.rs` builds
+//! statements; `options.rs`, `open.rs` and `file.rs` configure, open and watch the database;
+//! `tx.rs` is the unit of work; `rows.rs` decodes rows.
 
 mod aging;
 mod alerts;
@@ -63,7 +116,7 @@ pub use happened::Happened;
 pub(crate) use happened::RunMoved;
 pub use instances::{InstanceRow, Registered};
 pub use intake::{NewRun, NewStep, RunInsertOutcome, RunStart};
-pub use leases::{LeaderFence, LeaderProgress};
+pub use leases::{Election, LeaderFence, LeaderProgress};
 pub use list::{RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder, RunPage, RunQuery, RunSummary};
 pub use lite::{LiteDb, LiteTx};
 pub use options::{
@@ -73,12 +126,12 @@ pub use options::{
 pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
-pub use resources::{ResourceClaim, ResourceOutcomes};
+pub use resources::{ResourceAsk, ResourceClaim, ResourceOutcomes};
 pub use rewrite::{MigrationWrite, StepInsert, StepUpdate};
 pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, RunView, StepRow, quote};
-pub use schedules::{DueSchedule, DueSchedules};
+pub use schedules::{DueSchedule, DueSchedules, ScheduleTick};
 pub use stats::{ActiveCount, FinishedCounts, Stats, WorkflowQueue};
 pub use steps::StepInputs;
 pub use tx::{RunSteps, StoreTx};
@@ -185,7 +238,7 @@ impl Store {
     }
 
     /// Wraps an existing connection (schema must already be migrated; see
-    /// [`Store::migrate`]).
+    /// [`Store::schema_migrate`]).
     ///
     /// # Errors
     /// [`Error::Config`] for a backend other than PostgreSQL or SQLite.
@@ -211,7 +264,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn migrate(&self) -> Result<()> {
+    pub async fn schema_migrate(&self) -> Result<()> {
         sagaflow_migrations::migrate(&self.db).await?;
         Ok(())
     }

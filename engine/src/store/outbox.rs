@@ -294,7 +294,7 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn deliveries(
+    pub async fn delivery_list(
         &self,
         state: Option<DeliveryState>,
         limit: u32,

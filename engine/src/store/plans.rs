@@ -46,7 +46,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn apply(
+    pub async fn plan_apply(
         &mut self,
         plans: Vec<(RunRow, PlanWrite)>,
         actor: &str,

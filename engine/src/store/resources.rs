@@ -14,6 +14,22 @@ use crate::resource::{
 };
 use crate::{Error, Result};
 
+/// A claim for a resource's steps: see [`Store::resource_claim`].
+#[derive(Debug, Clone, Copy)]
+pub struct ResourceAsk<'a> {
+    /// The claiming engine.
+    pub owner: &'a str,
+    /// The resource.
+    pub resource: &'a str,
+    /// The workflow keys (`name@version`) whose steps may be taken.
+    pub workflow_keys: &'a [String],
+    /// The most steps to take.
+    pub limit: u32,
+    /// Whether the last claim for the resource took steps (then no probe for due steps
+    /// comes first).
+    pub busy: bool,
+}
+
 /// What one claim for a resource took, and when it is worth trying again.
 #[derive(Debug, Default)]
 pub struct ResourceClaim {
@@ -194,7 +210,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`]; a row whose limits cannot be read is left out and logged.
-    pub async fn resources(&self) -> Result<Vec<ResourceView>> {
+    pub async fn resource_list(&self) -> Result<Vec<ResourceView>> {
         let sql = "SELECT r.name, r.defaults, r.override, r.override_by, r.override_reason, \
                r.breaker_state, r.breaker_since, r.breaker_opened_at, r.breaker_consecutive, \
                r.breaker_calls, r.breaker_failed, r.breaker_window_at, \
@@ -216,8 +232,8 @@ impl Store {
         Ok(out)
     }
 
-    /// Claims up to `limit` due steps of resource `name` (of the given workflow keys) for
-    /// `owner`, within the resource's limits, in one transaction that holds the resource's
+    /// Claims up to `ask.limit` due steps of resource `ask.resource` (of the given workflow
+    /// keys) for `ask.owner`, within the resource's limits, in one transaction that holds the resource's
     /// row: instances claiming for the same resource take turns, so a limit holds across a
     /// fleet. Attempts in flight are counted from the running steps; per-key limits serve
     /// the keys with the fewest attempts in flight first; the rate limiter's state is written
@@ -228,13 +244,16 @@ impl Store {
     /// (its steps then wait; other resources are not concerned).
     pub async fn resource_claim(
         &self,
-        owner: &str,
-        name: &str,
-        workflow_keys: &[String],
-        limit: u32,
-        busy: bool,
+        ask: &ResourceAsk<'_>,
         needs_outputs: &(dyn Fn(&ClaimedStep) -> bool + Sync),
     ) -> Result<ResourceClaim> {
+        let ResourceAsk {
+            owner,
+            resource: name,
+            workflow_keys,
+            limit,
+            busy,
+        } = *ask;
         // A resource whose last claim took steps is likely busy still: no probe first.
         if workflow_keys.is_empty() || limit == 0 || (!busy && !self.resource_has_due(name).await?)
         {
@@ -479,10 +498,7 @@ impl Store {
     /// Reads a resource's limits, locking its row until the transaction ends (PostgreSQL;
     /// an SQLite transaction holds the file's write lock already).
     async fn resource_lock(&self, txn: &super::conn::Txn, name: &str) -> Result<Option<Stored>> {
-        let lock = match self.backend {
-            Backend::Postgres => " FOR UPDATE",
-            Backend::Sqlite => "",
-        };
+        let lock = self.dialect().row_lock;
         let sql = format!(
             "SELECT defaults, override, tat_us, batch_count, batch_resume_at, {BREAKER_COLS}, \
                {{now}} AS db_now FROM sagaflow_resources WHERE name = $1{lock}"

@@ -41,7 +41,7 @@ impl Store {
     }
 
     /// The steps of runs `ids`, read without a transaction or a lock (see
-    /// [`StoreTx::steps_of`] for the locked read).
+    /// [`StoreTx::steps_lock`] for the locked read).
     ///
     /// # Errors
     /// [`crate::Error::Db`].
@@ -63,18 +63,11 @@ impl StoreTx<'_> {
         Ok(())
     }
 
-    /// Records an event of run `id` in its history, written at commit.
-    pub fn history_push(
-        &mut self,
-        id: Uuid,
-        step: Option<&str>,
-        event: &str,
-        actor: &str,
-        detail: Option<String>,
-    ) {
+    /// Records an event of run `id` (of no step) in its history, written at commit.
+    pub fn history_push(&mut self, id: Uuid, event: &str, actor: &str, detail: Option<String>) {
         self.history.push(HistoryEntry {
             run_id: id,
-            step: step.map(str::to_owned),
+            step: None,
             event: event.to_owned(),
             from: None,
             to: None,

@@ -6,7 +6,7 @@ use super::row::Exec;
 use uuid::Uuid;
 
 use super::rows::{RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
-use super::{Backend, RunRow, RunView, StepRow, Store, placeholders};
+use super::{RunRow, RunView, StepRow, Store, placeholders};
 use crate::interleave::{Point, Unit};
 use crate::model::{HistoryEvent, RunCounts};
 use crate::{Error, Result, RunState};
@@ -198,15 +198,7 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn run_fill_finished(&self, n: u64) -> Result<()> {
-        let rows = match self.backend {
-            super::Backend::Postgres => format!(
-                "SELECT gen_random_uuid() AS id, {{now}} - g AS t, g AS i FROM generate_series(1, {n}) AS g"
-            ),
-            super::Backend::Sqlite => format!(
-                "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {n}) \
-                 SELECT randomblob(16) AS id, {{now}} - i AS t, i FROM g"
-            ),
-        };
+        let rows = (self.dialect().numbered_rows)(n);
         let txn = self.exec.begin().await?;
         txn.execute(self.stmt(
             &format!(
@@ -316,11 +308,8 @@ impl Store {
             .query_all(self.stmt(
                 &format!(
                     "SELECT id, workflow, state FROM sagaflow_runs WHERE {PURGEABLE} \
-                     ORDER BY finished_at LIMIT $2{lock}",
-                    lock = match self.backend {
-                        Backend::Postgres => " FOR UPDATE SKIP LOCKED",
-                        Backend::Sqlite => "",
-                    }
+                     ORDER BY finished_at LIMIT $2 {lock}",
+                    lock = self.claim_lock(),
                 ),
                 vec![older_than_ms.into(), i64::from(limit).into()],
             ))

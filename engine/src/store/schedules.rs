@@ -80,6 +80,19 @@ fn view(r: &Row) -> Result<ScheduleView> {
     })
 }
 
+/// A schedule's move from its due tick to the next: see [`Store::schedule_advance`].
+#[derive(Debug, Clone, Copy)]
+pub struct ScheduleTick<'a> {
+    /// The schedule.
+    pub name: &'a str,
+    /// The tick that was due (the move happens only if it still is).
+    pub due: i64,
+    /// The next tick.
+    pub next: i64,
+    /// When it fired, if it did (a tick skipped for the catch-up policy did not).
+    pub fired: Option<i64>,
+}
+
 impl Store {
     /// Writes the schedules the application's code declares: a new one is due at its first
     /// tick after now; a known one takes the code's workflow, input and policy, and keeps its
@@ -137,7 +150,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`]; [`Error::CorruptRow`].
-    pub async fn schedules(&self) -> Result<Vec<ScheduleView>> {
+    pub async fn schedule_list(&self) -> Result<Vec<ScheduleView>> {
         let sql = format!("SELECT {COLS} FROM sagaflow_schedules ORDER BY name");
         let rows = self.exec.query_all(self.stmt(&sql, vec![])).await?;
         rows.iter().map(view).collect()
@@ -196,8 +209,8 @@ impl Store {
         })
     }
 
-    /// Moves schedule `name` from its due tick `due` to `next` on `conn` (the transaction
-    /// that starts the tick's runs), recording `fired` as its last firing when it fired.
+    /// Moves schedule `tick.name` from its due tick to the next on `conn` (the transaction
+    /// that starts the tick's runs), recording its firing when it fired.
     /// Returns whether it moved: `false` when the tick was fired (or the schedule paused,
     /// changed or removed) meanwhile, and the caller must roll back.
     ///
@@ -206,11 +219,14 @@ impl Store {
     pub async fn schedule_advance<C: Exec>(
         &self,
         conn: &C,
-        name: &str,
-        due: i64,
-        next: i64,
-        fired: Option<i64>,
+        tick: &ScheduleTick<'_>,
     ) -> Result<bool> {
+        let ScheduleTick {
+            name,
+            due,
+            next,
+            fired,
+        } = *tick;
         let n = conn
             .execute(self.stmt(
                 "UPDATE sagaflow_schedules SET next_tick_at = $3, \
@@ -264,43 +280,42 @@ impl Store {
         self.history_insert_many(conn, &history).await
     }
 
-    /// Pauses or resumes schedule `name`, recording `actor` and `reason` on a pause. A
-    /// resumed schedule is due at `resume_at` (the caller's first tick after now), so that
-    /// the ticks that passed while it was paused are not fired. Returns whether the schedule
+    /// Pauses schedule `name`, recording `actor` and `reason`. Returns whether the schedule
     /// exists.
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn schedule_set_paused(
-        &self,
-        name: &str,
-        paused: bool,
-        resume_at: Option<i64>,
-        actor: &str,
-        reason: &str,
-    ) -> Result<bool> {
-        let n = if paused {
-            self.exec
-                .execute(self.stmt(
-                    "UPDATE sagaflow_schedules SET paused = TRUE, paused_by = $2, \
-                       paused_reason = $3, updated_at = {now} WHERE name = $1",
-                    vec![
-                        name.to_owned().into(),
-                        actor.to_owned().into(),
-                        reason.to_owned().into(),
-                    ],
-                ))
-                .await?
-        } else {
-            self.exec
-                .execute(self.stmt(
-                    "UPDATE sagaflow_schedules SET paused = FALSE, paused_by = NULL, \
-                       paused_reason = NULL, next_tick_at = COALESCE($2, next_tick_at), \
-                       updated_at = {now} WHERE name = $1",
-                    vec![name.to_owned().into(), resume_at.into()],
-                ))
-                .await?
-        };
+    pub async fn schedule_pause(&self, name: &str, actor: &str, reason: &str) -> Result<bool> {
+        let n = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_schedules SET paused = TRUE, paused_by = $2, \
+                   paused_reason = $3, updated_at = {now} WHERE name = $1",
+                vec![
+                    name.to_owned().into(),
+                    actor.to_owned().into(),
+                    reason.to_owned().into(),
+                ],
+            ))
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Resumes schedule `name`, due at `resume_at` (the caller's first tick after now), so
+    /// that the ticks that passed while it was paused are not fired. Returns whether the
+    /// schedule exists.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn schedule_resume(&self, name: &str, resume_at: i64) -> Result<bool> {
+        let n = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_schedules SET paused = FALSE, paused_by = NULL, \
+                   paused_reason = NULL, next_tick_at = $2, updated_at = {now} WHERE name = $1",
+                vec![name.to_owned().into(), resume_at.into()],
+            ))
+            .await?;
         Ok(n == 1)
     }
 
@@ -308,7 +323,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`]; [`Error::CorruptRow`].
-    pub async fn schedule(&self, name: &str) -> Result<Option<ScheduleView>> {
+    pub async fn schedule_get(&self, name: &str) -> Result<Option<ScheduleView>> {
         let sql = format!("SELECT {COLS} FROM sagaflow_schedules WHERE name = $1");
         let row = self
             .exec

@@ -1,27 +1,56 @@
-//! Statement building for both backends: the `{now}` and `{wall_now}` clock tokens and `$n`
-//! placeholders
-//! ([`Store::stmt`]), the claim's lock clause, IN lists and many-row sources bound as one
-//! parameter, and the JSON encoding of bound values they rely on.
+//! Statement building for both backends: the [`Dialect`] each backend's module fills in, the
+//! `{now}` and `{wall_now}` clock tokens and `$n` placeholders ([`Store::stmt`]), IN lists and
+//! many-row sources bound as one parameter, and the JSON encoding of bound values they rely on.
 
-use sea_orm::sea_query::ArrayType;
 use sea_orm::{DbBackend, Statement, Value};
 
 use super::{Backend, Store, postgres, sqlite};
 use crate::{Error, Result};
 
+/// A statement fragment with the values it binds.
+pub(super) type Bound = (String, Vec<Value>);
+
+/// What differs between the backends' SQL: one value per backend, `postgres::DIALECT` and
+/// `sqlite::DIALECT`, so that each backend's text sits in its own module and the statements
+/// of the other files stay backend-neutral.
+#[derive(Debug)]
+pub(super) struct Dialect {
+    /// sea-orm's name for the backend.
+    pub(super) db: DbBackend,
+    /// The database clock in epoch milliseconds, per statement.
+    pub(super) now: &'static str,
+    /// The lock clause of a claim's inner `SELECT`: rows another claimer holds are skipped.
+    pub(super) claim_lock: &'static str,
+    /// The lock clause of a read whose rows the unit of work decides from (` FOR UPDATE`).
+    pub(super) row_lock: &'static str,
+    /// The query-plan prefix and the column its lines come back in.
+    pub(super) explain: (&'static str, &'static str),
+    /// Whether a many-row source is sent as JSON objects (else as arrays read by position).
+    pub(super) rows_as_objects: bool,
+    /// `column IN (…)` over `values` bound as one parameter numbered `first`.
+    pub(super) in_list: fn(&str, usize, Vec<Value>) -> Result<Bound>,
+    /// The `FROM` source named `v` over the JSON parameter `first` with typed columns.
+    pub(super) rows_from: fn(usize, &[(&str, &str)]) -> String,
+    /// A source of `n` numbered rows `(id, t, i)`: fresh ids, `{now} - i` and `i`.
+    pub(super) numbered_rows: fn(u64) -> String,
+    /// The statement that locks the runs matching `cond` (and `only`) for a unit of work
+    /// and returns their columns and `dirty`, clearing `dirty` where the lock is the file's.
+    pub(super) lock_runs: fn(&str, &str) -> String,
+    /// Rewrites `$n` placeholders as the backend binds them.
+    pub(super) placeholders: fn(String) -> String,
+}
+
 impl Store {
-    pub(super) fn now_sql(&self) -> &'static str {
+    /// This store's backend's SQL.
+    pub(super) const fn dialect(&self) -> &'static Dialect {
         match self.backend {
-            Backend::Postgres => postgres::NOW,
-            Backend::Sqlite => sqlite::NOW,
+            Backend::Postgres => &postgres::DIALECT,
+            Backend::Sqlite => &sqlite::DIALECT,
         }
     }
 
-    pub(super) fn claim_lock(&self) -> &'static str {
-        match self.backend {
-            Backend::Postgres => postgres::CLAIM_LOCK,
-            Backend::Sqlite => sqlite::CLAIM_LOCK,
-        }
+    pub(super) const fn claim_lock(&self) -> &'static str {
+        self.dialect().claim_lock
     }
 
     /// `column IN (…)` over a list of values, written so that the statement text does not
@@ -38,29 +67,7 @@ impl Store {
         ids: &[T],
     ) -> Result<(String, Vec<Value>)> {
         let values: Vec<Value> = ids.iter().map(|i| i.clone().into()).collect();
-        Ok(match self.backend {
-            Backend::Postgres => {
-                let ty = values.first().map_or(ArrayType::BigInt, array_type);
-                (
-                    format!("{column} = ANY(${first})"),
-                    vec![Value::Array(ty, Some(Box::new(values)))],
-                )
-            }
-            Backend::Sqlite => {
-                let uuid = matches!(values.first(), Some(Value::Uuid(_)));
-                let json = values
-                    .into_iter()
-                    .map(json_value)
-                    .collect::<Result<Vec<_>>>()?;
-                (
-                    format!(
-                        "{column} IN (SELECT {} FROM json_each(${first}))",
-                        sqlite_cell("value", uuid)
-                    ),
-                    vec![serde_json::Value::Array(json).to_string().into()],
-                )
-            }
-        })
+        (self.dialect().in_list)(column, first, values)
     }
 
     /// A row source of many rows for `FROM` (bulk updates) or `INSERT … SELECT` (bulk
@@ -79,7 +86,8 @@ impl Store {
         // reads objects; SQLite reads arrays, whose cells it finds by position (`->> 2`)
         // rather than by comparing each key on the way: a third of the lookup's cost, and
         // 8% fewer instructions over the benchmark (callgrind).
-        let objects = self.backend == Backend::Postgres;
+        let dialect = self.dialect();
+        let objects = dialect.rows_as_objects;
         let (open, close) = if objects { ('{', '}') } else { ('[', ']') };
         let mut json = String::with_capacity(rows.len() * cols.len() * 24 + 2);
         json.push('[');
@@ -103,45 +111,7 @@ impl Store {
             json.push(close);
         }
         json.push(']');
-        let param = vec![json.into()];
-        let source = match self.backend {
-            Backend::Postgres => {
-                let defs: Vec<String> = cols.iter().map(|(n, t)| format!("{n} {t}")).collect();
-                format!(
-                    "json_to_recordset(CAST(${first} AS json)) AS v({})",
-                    defs.join(", ")
-                )
-            }
-            Backend::Sqlite => {
-                let cells: Vec<String> = cols
-                    .iter()
-                    .enumerate()
-                    .map(|(j, (n, t))| {
-                        format!(
-                            "{} AS {n}",
-                            sqlite_cell(&format!("value ->> {j}"), *t == "uuid")
-                        )
-                    })
-                    .collect();
-                // `jsonb_each`, not `json_each`: each row comes back as a JSONB blob, which
-                // `->>` reads in place. With `json_each` every `value ->> 'col'` first
-                // rendered the whole row back to text, a cost that grows with the
-                // square of the column count (the top of a callgrind profile of a
-                // completion batch).
-                format!(
-                    "(SELECT {} FROM jsonb_each(${first})) AS v",
-                    cells.join(", ")
-                )
-            }
-        };
-        Ok((source, param))
-    }
-
-    pub(super) fn db_backend(&self) -> DbBackend {
-        match self.backend {
-            Backend::Postgres => DbBackend::Postgres,
-            Backend::Sqlite => DbBackend::Sqlite,
-        }
+        Ok(((dialect.rows_from)(first, cols), vec![json.into()]))
     }
 
     /// Builds a statement from SQL written with `$n` placeholders, `{now}` for the database
@@ -153,60 +123,19 @@ impl Store {
     /// the leader's sweep progress): a test that moves its clock by hours must not make every
     /// live instance look dead, so those columns are written and compared on the wall clock.
     pub(super) fn stmt(&self, sql: &str, values: Vec<Value>) -> Statement {
+        let dialect = self.dialect();
         let wall;
         let sql = if sql.contains("{wall_now}") {
-            wall = sql.replace("{wall_now}", self.now_sql());
+            wall = sql.replace("{wall_now}", dialect.now);
             wall.as_str()
         } else {
             sql
         };
         let sql = match self.clock.as_ref().map(crate::clock::TestClock::offset_ms) {
-            None | Some(0) => sql.replace("{now}", self.now_sql()),
-            Some(offset) => sql.replace("{now}", &format!("({} + {offset})", self.now_sql())),
+            None | Some(0) => sql.replace("{now}", dialect.now),
+            Some(offset) => sql.replace("{now}", &format!("({} + {offset})", dialect.now)),
         };
-        let sql = match self.backend {
-            Backend::Postgres => sql,
-            Backend::Sqlite => dollar_to_question(&sql),
-        };
-        Statement::from_sql_and_values(self.db_backend(), sql, values)
-    }
-}
-
-/// `$12` → `?12`, leaving `$` inside string literals alone.
-fn dollar_to_question(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut in_str = false;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' => {
-                in_str = !in_str;
-                out.push(c);
-            }
-            '$' if !in_str && chars.peek().is_some_and(char::is_ascii_digit) => out.push('?'),
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
-/// The element type of an array parameter holding values like `v`.
-fn array_type(v: &Value) -> ArrayType {
-    match v {
-        Value::Uuid(_) => ArrayType::Uuid,
-        Value::String(_) => ArrayType::String,
-        Value::Int(_) => ArrayType::Int,
-        _ => ArrayType::BigInt,
-    }
-}
-
-/// A JSON cell read back as SQLite stores it: UUIDs are 16-byte blobs there (as the driver
-/// binds them), sent as hyphenated text.
-fn sqlite_cell(expr: &str, uuid: bool) -> String {
-    if uuid {
-        format!("unhex(replace({expr}, '-', ''))")
-    } else {
-        expr.to_owned()
+        Statement::from_sql_and_values(dialect.db, (dialect.placeholders)(sql), values)
     }
 }
 
@@ -244,23 +173,6 @@ fn write_json_value(out: &mut String, v: Value) -> Result<()> {
     Ok(())
 }
 
-/// A bound value as JSON, for [`Store::in_list`] (only the types sagaflow binds).
-fn json_value(v: Value) -> Result<serde_json::Value> {
-    use serde_json::Value as J;
-    Ok(match v {
-        Value::Bool(b) => b.map_or(J::Null, J::Bool),
-        Value::Int(i) => i.map_or(J::Null, J::from),
-        Value::BigInt(i) => i.map_or(J::Null, J::from),
-        Value::String(s) => s.map_or(J::Null, J::String),
-        Value::Uuid(u) => u.map_or(J::Null, |u| J::String(u.to_string())),
-        other => {
-            return Err(Error::Config(format!(
-                "internal: {other:?} cannot be sent in a row batch"
-            )));
-        }
-    })
-}
-
 /// `$from, $from+1, …` placeholders for an IN list of `n` values.
 pub(super) fn placeholders(from: usize, n: usize) -> String {
     (from..from + n)
@@ -295,11 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn placeholders_are_rewritten_outside_literals_only() {
-        assert_eq!(
-            dollar_to_question("a = $1 AND b = '$2' AND c = $10"),
-            "a = ?1 AND b = '$2' AND c = ?10"
-        );
+    fn placeholders_are_numbered_from_the_first() {
         assert_eq!(placeholders(3, 3), "$3, $4, $5");
     }
 }

@@ -40,7 +40,7 @@ pub(super) struct HistoryEntry {
     pub(super) detail: Option<String>,
 }
 
-/// The steps of many runs, as read by [`StoreTx::steps_of`]: decoded, or the damage found.
+/// The steps of many runs, as read by [`StoreTx::steps_lock`]: decoded, or the damage found.
 #[derive(Debug, Default)]
 pub struct RunSteps {
     steps: HashMap<Uuid, Vec<StepRow>>,
@@ -177,7 +177,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
-    pub async fn lock_runs(
+    pub async fn runs_lock(
         &mut self,
         ids: &[Uuid],
         only_dirty: bool,
@@ -191,14 +191,7 @@ impl StoreTx<'_> {
         let mut marked = Vec::new();
         for chunk in ids.chunks(CHUNK) {
             let (cond, values) = s.in_list("id", 1, chunk)?;
-            let sql = match s.backend {
-                Backend::Postgres => format!(
-                    "SELECT {RUN_COLS}, dirty FROM sagaflow_runs WHERE {cond}{only} ORDER BY id FOR UPDATE"
-                ),
-                Backend::Sqlite => format!(
-                    "UPDATE sagaflow_runs SET dirty = FALSE WHERE {cond}{only} RETURNING {RUN_COLS}, FALSE AS dirty"
-                ),
-            };
+            let sql = (s.dialect().lock_runs)(&cond, only);
             for r in &self.txn.query_all(s.stmt(&sql, values)).await? {
                 // A run row that does not decode costs that run, not the batch.
                 let id: Uuid = r.try_get("", "id")?;
@@ -221,7 +214,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
-    pub async fn lock_run_for_action(&mut self, id: Uuid) -> Result<Option<RunRow>> {
+    pub async fn run_lock_for_action(&mut self, id: Uuid) -> Result<Option<RunRow>> {
         // The first statement is a write: it takes the run's row lock on PostgreSQL and the
         // write lock on SQLite, so evaluations of one run are serialised.
         let sql = format!(
@@ -255,12 +248,8 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn steps_of(&self, ids: &[Uuid]) -> Result<RunSteps> {
-        let lock = match self.store.backend {
-            Backend::Postgres => " FOR UPDATE",
-            Backend::Sqlite => "",
-        };
-        read_steps(self.store, &self.txn, ids, lock).await
+    pub async fn steps_lock(&self, ids: &[Uuid]) -> Result<RunSteps> {
+        read_steps(self.store, &self.txn, ids, self.store.dialect().row_lock).await
     }
 
     /// Sets runs aside for damaged rows, as the run table's
@@ -271,7 +260,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn set_aside(
+    pub async fn run_set_aside(
         &mut self,
         runs: &[(Option<RunState>, Damage)],
         actor: &str,
@@ -331,7 +320,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn mark_dirty(&mut self, ids: &[Uuid]) -> Result<()> {
+    pub async fn runs_mark_dirty(&mut self, ids: &[Uuid]) -> Result<()> {
         mark_dirty(self.store, &self.txn, ids).await
     }
 

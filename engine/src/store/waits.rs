@@ -101,7 +101,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn after_parks(&mut self, parks: &[Park], actor: &str) -> Result<()> {
+    pub async fn parks_follow_up(&mut self, parks: &[Park], actor: &str) -> Result<()> {
         for p in parks {
             match &p.request.on {
                 WaitFor::Event { name } => {
@@ -454,7 +454,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
-    pub async fn child_of_step(&self, parent_step: i64) -> Result<Option<(Uuid, RunState)>> {
+    pub async fn run_child_of_step(&self, parent_step: i64) -> Result<Option<(Uuid, RunState)>> {
         let row = self
             .exec
             .query_one(self.stmt(
@@ -566,7 +566,7 @@ impl StoreTx<'_> {
     ///
     /// # Errors
     /// [`Error::Db`]; [`Error::InvalidEvent`].
-    pub async fn deliver(
+    pub async fn wait_deliver(
         &mut self,
         run_id: Uuid,
         name: &str,

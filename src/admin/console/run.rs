@@ -116,7 +116,7 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
     let description = engine
         .inner
         .store
-        .definition(&run.workflow, run.version)
+        .definition_get(&run.workflow, run.version)
         .await?
         .and_then(|d| d.description.ok());
     let states = step_states(&steps, &history);

@@ -51,7 +51,7 @@ impl MaintenanceService for QueueWatch {
     async fn run_once(&self, ctx: &LeaderContext) -> Result<ServiceReport> {
         let queues = ctx.store.queue_by_workflow().await?;
         sagaflow_engine::metrics::set_queue_gauges(&queues);
-        let resources = ctx.store.resources().await?;
+        let resources = ctx.store.resource_list().await?;
         sagaflow_engine::metrics::set_resource_gauges(&resources);
         let (mut raised, mut resolved) = breaker_alerts(ctx, &resources).await?;
         for (workflow, threshold) in &self.thresholds {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use sagaflow_engine::cron::tick_key;
-use sagaflow_engine::store::{DueSchedule, NewRun, RunInsertOutcome, Txn};
+use sagaflow_engine::store::{DueSchedule, NewRun, RunInsertOutcome, ScheduleTick, Txn};
 use sagaflow_engine::{Error, Result};
 
 use crate::config::SupervisorConfig;
@@ -128,7 +128,15 @@ async fn write(
 ) -> Result<Option<Vec<uuid::Uuid>>> {
     if !ctx
         .store
-        .schedule_advance(txn, &d.name, d.next_tick_at, next, fired)
+        .schedule_advance(
+            txn,
+            &ScheduleTick {
+                name: &d.name,
+                due: d.next_tick_at,
+                next,
+                fired,
+            },
+        )
         .await?
     {
         return Ok(None);

@@ -217,7 +217,7 @@ async fn the_start_and_priority_migration_goes_down_and_up_again() {
                 resource: None,
             }],
         };
-        store.insert_runs(&[run]).await.expect("insert");
+        store.run_insert_batch(&[run]).await.expect("insert");
         let conn = store.connection();
         let one = async |sql: &str| -> Result<Option<String>, String> {
             let row = conn

@@ -331,7 +331,16 @@ impl Rig {
     async fn claim_api(&self, store: &Store, owner: &str) -> Vec<i64> {
         let no_outputs = |_: &ClaimedStep| false;
         store
-            .resource_claim(owner, "api", &pair_keys(), 8, true, &no_outputs)
+            .resource_claim(
+                &store::ResourceAsk {
+                    owner,
+                    resource: "api",
+                    workflow_keys: &pair_keys(),
+                    limit: 8,
+                    busy: true,
+                },
+                &no_outputs,
+            )
             .await
             .expect("resource claim")
             .claimed
@@ -380,7 +389,7 @@ impl Rig {
     /// Evaluates `run` on `store`, as the evaluation loop does.
     async fn evaluate(&self, store: &Store, run: Uuid) {
         let mut tx = store.begin().await.expect("begin");
-        let runs = tx.lock_runs(&[run], false).await.expect("lock");
+        let runs = tx.runs_lock(&[run], false).await.expect("lock");
         plan_and_apply(&mut tx, &self.registry, runs, HashMap::new(), "test")
             .await
             .expect("evaluate");

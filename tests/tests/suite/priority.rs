@@ -571,7 +571,7 @@ async fn flow_control_priority_the_retry_lane_and_aging_migration_goes_down_and_
                 resource: None,
             }],
         };
-        store.insert_runs(&[run]).await.expect("insert");
+        store.run_insert_batch(&[run]).await.expect("insert");
         let conn = store.connection();
         let one = async |sql: &str| -> Result<Option<String>, String> {
             let row = conn

@@ -156,7 +156,7 @@ async fn webhook_receives_every_alert_and_notification_through_failing_answers()
         let store = engine.store();
         eventually(Duration::from_secs(10), "the outbox to be done", || async {
             store
-                .deliveries(None, 100)
+                .delivery_list(None, 100)
                 .await
                 .expect("deliveries")
                 .iter()
@@ -176,7 +176,7 @@ async fn webhook_receives_every_alert_and_notification_through_failing_answers()
             (5, 0, 0),
             "[{b}] three alerts and two finishes delivered"
         );
-        let notices = store.deliveries(None, 100).await.expect("deliveries");
+        let notices = store.delivery_list(None, 100).await.expect("deliveries");
         let topics: Vec<NoticeTopic> = notices
             .iter()
             .filter(|d| d.sink == "ops-hook")
@@ -294,7 +294,7 @@ async fn eventually_dead(store: &sagaflow::internals::store::Store) -> sagaflow:
         "a dead-lettered delivery",
         || async {
             store
-                .deliveries(Some(DeliveryState::Dead), 10)
+                .delivery_list(Some(DeliveryState::Dead), 10)
                 .await
                 .expect("deliveries")
                 .into_iter()
@@ -581,7 +581,7 @@ async fn a_webhook_secret_in_the_path_leaks_nowhere_and_redirects_are_not_follow
         let store = engine.store().clone();
         let dead = eventually_some(Duration::from_secs(15), "both sinks dead", || async {
             let dead = store
-                .deliveries(Some(DeliveryState::Dead), 50)
+                .delivery_list(Some(DeliveryState::Dead), 50)
                 .await
                 .expect("deliveries");
             let sinks: std::collections::BTreeSet<_> =
