@@ -56,11 +56,10 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
-# A one-shot run (CI) gains nothing from incremental compilation, which would
-# add several GB of caches to the target directory; a developer's own setting wins.
-if [[ "${CI:-}" == "true" ]]; then
-    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-fi
+# A whole-workspace run gains little from incremental compilation, which makes a cold
+# build slower and adds several GB of caches to the target directory; a developer's own
+# setting wins.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # A full disk shows up as a linker crash far from its cause: say up front how
 # much room the build has.
 target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
@@ -112,9 +111,12 @@ else
 fi
 
 # The chaos and crash tests start the workspace's binaries (sagaflow-chaos); `cargo test`
-# builds test targets only, so build the binaries first.
-banner "cargo build --workspace --bins --locked"
-cargo build --workspace --bins --locked
+# builds test targets only, so build the binaries first, with the tests in the same
+# command: cargo then resolves the dependencies' features once, with the tests'
+# dev-dependencies, and `cargo test` below reuses every artifact. Built alone, the
+# binaries get another feature set and half the dependency graph is compiled twice.
+banner "cargo build --workspace --bins --tests --locked"
+cargo build --workspace --bins --tests --locked
 
 if [[ "$lint" -eq 1 ]]; then
     # The public API listing (docs/public-api.txt) must match the code, so that every
