@@ -92,7 +92,7 @@ pub use engine::{Engine, Health, SupervisorStatus};
 pub use events::{EVENT_NAME_MAX, EventTarget};
 pub use hotplug::InstanceInfo;
 pub use limits::{describe_limits, describe_state};
-pub use operator::Operator;
+pub use operator::{ActionArgs, Operator};
 pub use sagaflow_engine::cron::{MissedTicks, Schedule, ScheduleView};
 pub use sagaflow_engine::resource::{
     Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
@@ -110,10 +110,10 @@ pub use sagaflow_engine::{
     Alert, AlertKind, Attempts, Backend, BacklogAlert, ChannelSink, DbError, DeadlinePolicy,
     Delivery, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error,
     FieldError, HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeSink,
-    NoticeTopic, OnFailure, Outcome, RESOLVED_BY_ENGINE, Result, RetryLane, RetryPolicy, Run,
-    RunCounts, RunEvent, RunFinished, RunState, StartOption, Step, StepAction, StepContext,
-    StepDescription, StepError, StepKind, StepState, Timestamp, Workflow, WorkflowBuilder,
-    WorkflowDescription,
+    NoticeTopic, OnFailure, OperatorAction, Outcome, RESOLVED_BY_ENGINE, Result, RetryLane,
+    RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState, StartOption, Step, StepAction,
+    StepContext, StepDescription, StepError, StepKind, StepState, Timestamp, Workflow,
+    WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::{
     PRIORITY_AGING_DEFAULT, RETENTION_INTERVAL_DEFAULT, SupervisorStats,

@@ -1,14 +1,49 @@
 //! Operator actions on runs (SAS-7), through the same transition rules as the engine.
 
-#[cfg(doc)]
-use sagaflow_engine::Error;
 use sagaflow_engine::operator::Audit;
 use sagaflow_engine::signals::RunEvent;
 use sagaflow_engine::store::EvalApplied;
-use sagaflow_engine::{Result, RunState, operator};
+use sagaflow_engine::{Error, OperatorAction, Result, RunState, operator};
 use uuid::Uuid;
 
 use crate::engine::Engine;
+
+/// What an [`OperatorAction`] takes beyond its run: the step of the actions that act on one
+/// ([`OperatorAction::needs_step`]), and how much more time `extend` gives.
+///
+/// ```
+/// use std::time::Duration;
+/// use sagaflow::ActionArgs;
+///
+/// let retry = ActionArgs::default().with_step("charge");
+/// let extend = ActionArgs::default().with_extension(Duration::from_secs(600));
+/// # assert_eq!(retry.step.as_deref(), Some("charge"));
+/// # assert_eq!(extend.extension, Some(Duration::from_secs(600)));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ActionArgs {
+    /// The step, for `retry` and `mark_compensated`.
+    pub step: Option<String>,
+    /// How much more time `extend` gives the attempts in flight.
+    pub extension: Option<std::time::Duration>,
+}
+
+impl ActionArgs {
+    /// Names the step the action acts on.
+    #[must_use]
+    pub fn with_step(mut self, step: impl Into<String>) -> Self {
+        self.step = Some(step.into());
+        self
+    }
+
+    /// Sets how much more time `extend` gives.
+    #[must_use]
+    pub fn with_extension(mut self, by: std::time::Duration) -> Self {
+        self.extension = Some(by);
+        self
+    }
+}
 
 /// Operator actions on runs (each recorded in the run's history; each resolves the run's open
 /// alerts, recording who and why).
@@ -27,13 +62,72 @@ impl Operator<'_> {
         self
     }
 
+    /// Takes `action` on the run, with what it needs in `args`: the one entry point of the
+    /// HTTP API, the console and the command line, which take any action by its name.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: sagaflow::Engine, run: sagaflow::Uuid) -> sagaflow::Result<()> {
+    /// use sagaflow::{ActionArgs, OperatorAction};
+    /// let action: OperatorAction = "retry".parse().expect("an action");
+    /// let op = engine.operator().on_behalf_of("ops:ann", "card service is back");
+    /// op.perform(action, run, &ActionArgs::default().with_step("charge")).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As the action's own method ([`retry`](Self::retry), [`resume`](Self::resume), …);
+    /// [`Error::ActionNotAllowed`] too when `args` lacks the step of an action that
+    /// [needs one](OperatorAction::needs_step), or the extension of `extend`.
+    pub async fn perform(
+        &self,
+        action: OperatorAction,
+        run_id: Uuid,
+        args: &ActionArgs,
+    ) -> Result<RunState> {
+        let refuse = |reason: &str| Error::ActionNotAllowed {
+            action: action.as_str(),
+            run_id,
+            reason: reason.to_owned(),
+        };
+        let step = || {
+            args.step
+                .as_deref()
+                .ok_or_else(|| refuse("name the step to act on"))
+        };
+        match action {
+            OperatorAction::Retry => self.retry(run_id, step()?).await,
+            OperatorAction::Resume => self.resume(run_id).await,
+            OperatorAction::Compensate => self.compensate(run_id).await,
+            OperatorAction::Cancel => self.cancel(run_id).await,
+            OperatorAction::Pause => self.pause(run_id).await,
+            OperatorAction::Extend => {
+                let by = args.extension.ok_or_else(|| refuse("say by how much"))?;
+                self.extend(run_id, by).await
+            }
+            OperatorAction::Release => self.release(run_id).await,
+            OperatorAction::MarkCompensated => self.mark_compensated(run_id, step()?).await,
+            // The enum is non-exhaustive: an action a newer engine crate adds.
+            _ => Err(refuse("this version of sagaflow does not take it")),
+        }
+    }
+
     /// Retries a failed step (or failed compensation) of a run in `Error`.
     ///
     /// # Errors
     /// [`Error::ActionNotAllowed`], [`Error::RunNotFound`], [`Error::Db`].
-    pub async fn retry_step(&self, run_id: Uuid, step: &str) -> Result<RunState> {
-        let a = operator::retry_step(&self.engine.inner.store, run_id, step, &self.audit).await?;
+    pub async fn retry(&self, run_id: Uuid, step: &str) -> Result<RunState> {
+        let a = operator::retry(&self.engine.inner.store, run_id, step, &self.audit).await?;
         Ok(self.after(a))
+    }
+
+    /// Retries a failed step (or failed compensation) of a run in `Error`.
+    ///
+    /// # Errors
+    /// As [`retry`](Self::retry).
+    #[deprecated(since = "0.2.0", note = "renamed to `retry`")]
+    pub async fn retry_step(&self, run_id: Uuid, step: &str) -> Result<RunState> {
+        self.retry(run_id, step).await
     }
 
     /// Requests compensation of a run that is not finished.

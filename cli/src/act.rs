@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use sagaflow::{Engine, RunState, StepState, Uuid};
+use sagaflow::{ActionArgs, Engine, OperatorAction, RunState, StepState, Uuid};
 use serde::Serialize;
 
 use crate::exit::{Failure, Outcome};
@@ -29,41 +29,12 @@ pub(crate) struct Audit {
     pub(crate) operator: Option<String>,
 }
 
-/// An action and what it needs beyond the run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Action {
-    Retry(Option<String>),
-    Resume,
-    Compensate,
-    Cancel,
-    Extend(Duration),
-    Pause,
-    Release,
-    MarkCompensated(String),
-}
-
-impl Action {
-    /// Its name, as the HTTP API names it.
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Retry(_) => "retry",
-            Self::Resume => "resume",
-            Self::Compensate => "compensate",
-            Self::Cancel => "cancel",
-            Self::Extend(_) => "extend",
-            Self::Pause => "pause",
-            Self::Release => "release",
-            Self::MarkCompensated(_) => "mark_compensated",
-        }
-    }
-}
-
 /// `--json` of an action: the answer of `POST /api/v1/runs/{id}/actions/{action}`, with the
 /// step acted on and the actor recorded.
 #[derive(Debug, Serialize)]
 struct ActionAnswer<'a> {
     id: Uuid,
-    action: &'static str,
+    action: OperatorAction,
     #[serde(skip_serializing_if = "Option::is_none")]
     step: Option<&'a str>,
     state: RunState,
@@ -119,45 +90,44 @@ pub(crate) fn reason(text: &str) -> Result<String, Failure> {
     Ok(r.to_owned())
 }
 
-/// Takes `action` on the run, prints the run's new state.
-pub(crate) async fn act(engine: &Engine, audit: &Audit, action: Action, json: bool) -> Outcome {
+/// Takes `action` on the run (`step` for the actions that name one: for `retry`, default the
+/// run's only failed step; `by` for `extend`), prints the run's new state.
+pub(crate) async fn act(
+    engine: &Engine,
+    audit: &Audit,
+    action: OperatorAction,
+    step: Option<String>,
+    by: Option<Duration>,
+    json: bool,
+) -> Outcome {
     let reason = reason(&audit.reason)?;
     let actor = actor(audit.operator.as_deref())?;
     let id = audit.run;
-    let step = match &action {
-        Action::Retry(step) => Some(step_to_retry(engine, id, step.as_deref()).await?),
-        Action::MarkCompensated(step) => Some(known_step(engine, id, step).await?),
-        _ => None,
-    };
+    let mut args = ActionArgs::default();
+    if action.needs_step() {
+        let step = match (action, step) {
+            (OperatorAction::Retry, step) => step_to_retry(engine, id, step.as_deref()).await?,
+            (_, Some(step)) => known_step(engine, id, &step).await?,
+            (_, None) => return Err(Failure::usage(format!("`{action}` needs --step"))),
+        };
+        args = args.with_step(step);
+    }
+    args.extension = by;
     let op = engine.operator().on_behalf_of(actor.clone(), reason);
-    let state = match &action {
-        Action::Retry(_) | Action::MarkCompensated(_) => {
-            let step = step.as_deref().unwrap_or_default();
-            if matches!(action, Action::Retry(_)) {
-                op.retry_step(id, step).await?
-            } else {
-                op.mark_compensated(id, step).await?
-            }
-        }
-        Action::Resume => op.resume(id).await?,
-        Action::Compensate => op.compensate(id).await?,
-        Action::Cancel => op.cancel(id).await?,
-        Action::Extend(by) => op.extend(id, *by).await?,
-        Action::Pause => op.pause(id).await?,
-        Action::Release => op.release(id).await?,
-    };
+    let state = op.perform(action, id, &args).await?;
+    let step = args.step.as_deref();
     if json {
         return output::json(&ActionAnswer {
             id,
-            action: action.name(),
-            step: step.as_deref(),
+            action,
+            step,
             state,
             actor: &actor,
         });
     }
-    let what = match &step {
-        Some(s) => format!("{} of step {s}", action.name()),
-        None => action.name().to_owned(),
+    let what = match step {
+        Some(s) => format!("{action} of step {s}"),
+        None => action.to_string(),
     };
     output::line(format!(
         "run {id}: {what} recorded as {actor}; the run is now {state}"

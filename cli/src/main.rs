@@ -33,9 +33,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use sagaflow::Uuid;
+use sagaflow::{OperatorAction, Uuid};
 
-use crate::act::{Action, Audit};
+use crate::act::Audit;
 use crate::exit::{Failure, Outcome};
 
 /// Operate a sagaflow database: find, inspect and fix runs, acknowledge alerts, tune the
@@ -266,15 +266,31 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
     match command {
         Command::Runs(c) => runs::runs(engine, c, json).await,
         Command::History { run } => runs::history(engine, run, json).await,
-        Command::Retry { audit, step } => act::act(engine, &audit, Action::Retry(step), json).await,
-        Command::Resume(a) => act::act(engine, &a, Action::Resume, json).await,
-        Command::Compensate(a) => act::act(engine, &a, Action::Compensate, json).await,
-        Command::Cancel(a) => act::act(engine, &a, Action::Cancel, json).await,
-        Command::Extend { audit, by } => act::act(engine, &audit, Action::Extend(by), json).await,
-        Command::Pause(a) => act::act(engine, &a, Action::Pause, json).await,
-        Command::Release(a) => act::act(engine, &a, Action::Release, json).await,
+        Command::Retry { audit, step } => {
+            act::act(engine, &audit, OperatorAction::Retry, step, None, json).await
+        }
+        Command::Resume(a) => act::act(engine, &a, OperatorAction::Resume, None, None, json).await,
+        Command::Compensate(a) => {
+            act::act(engine, &a, OperatorAction::Compensate, None, None, json).await
+        }
+        Command::Cancel(a) => act::act(engine, &a, OperatorAction::Cancel, None, None, json).await,
+        Command::Extend { audit, by } => {
+            act::act(engine, &audit, OperatorAction::Extend, None, Some(by), json).await
+        }
+        Command::Pause(a) => act::act(engine, &a, OperatorAction::Pause, None, None, json).await,
+        Command::Release(a) => {
+            act::act(engine, &a, OperatorAction::Release, None, None, json).await
+        }
         Command::MarkCompensated { audit, step } => {
-            act::act(engine, &audit, Action::MarkCompensated(step), json).await
+            act::act(
+                engine,
+                &audit,
+                OperatorAction::MarkCompensated,
+                Some(step),
+                None,
+                json,
+            )
+            .await
         }
         Command::Alerts(c) => alerts::alerts(engine, c, json).await,
         Command::Resources { command } => resources::resources(engine, command, json).await,

@@ -9,7 +9,8 @@
 //! The modules sit in six layers; a module uses its own layer and those below, never one
 //! above (`tests/layers.rs` checks every import, with no exception):
 //!
-//! 0. nouns: [`state`](crate::RunState) and step counters, errors, [`clock`], [`crash`] and
+//! 0. nouns: [`state`](crate::RunState) and step counters, the [operator's
+//!    actions](crate::OperatorAction), errors, [`clock`], [`crash`] and
 //!    [`interleave`] points, [`cron`], [`trace`] context, [`resource`] windows, the
 //!    [`rows`] units of work read, and the read model ([`Run`], [`Step`], [`HistoryEvent`],
 //!    [`Alert`], [`Notice`]);
@@ -23,6 +24,7 @@
 //!    [`operator`] actions, the [`migration`] of runs between versions, the [`deliver`]ies
 //!    to parked steps and the [`rescue`] of lost attempts.
 
+mod action;
 mod error;
 mod model;
 mod outcome;
@@ -48,6 +50,7 @@ pub mod trace;
 pub mod transition;
 pub mod wait;
 
+pub use action::OperatorAction;
 pub use clock::Timestamp;
 pub use definition::{
     BacklogAlert, DeadlinePolicy, FieldError, KeyPolicy, OnFailure, PRIORITY_MAX, PRIORITY_MIN,

@@ -119,14 +119,9 @@ where
 /// # Errors
 /// [`Error::ActionNotAllowed`] unless the run is in `Error` and the step is `Failed` or
 /// `CompensationFailed`; [`Error::RunNotFound`]; [`Error::Db`].
-pub async fn retry_step(
-    store: &Store,
-    run_id: Uuid,
-    step: &str,
-    audit: &Audit,
-) -> Result<EvalApplied> {
+pub async fn retry(store: &Store, run_id: Uuid, step: &str, audit: &Audit) -> Result<EvalApplied> {
     act(store, run_id, audit, |run, steps| {
-        decide::retry_step(run, steps, step)
+        decide::retry(run, steps, step)
     })
     .await
 }

@@ -1,9 +1,9 @@
 //! The engine's layers point down: each top-level module may use the modules of its own
 //! layer and of the layers below, never one above. The layers, bottom first:
 //!
-//! 0. nouns: states and counters, errors, clocks, crash and pause points, cron, trace
-//!    context, resource windows, and the read model (runs, steps, history, alerts, notices
-//!    as the application sees them);
+//! 0. nouns: states and counters, the operator's actions, errors, clocks, crash and pause
+//!    points, cron, trace context, resource windows, and the read model (runs, steps,
+//!    history, alerts, notices as the application sees them);
 //! 1. definitions, the agent protocol (outcomes included) and wait types;
 //! 2. the pure transitions with their write intents;
 //! 3. the store (SQL);
@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 /// Each top-level module and its layer.
 const LAYERS: &[(&str, u8)] = &[
+    ("action", 0),
     ("clock", 0),
     ("crash", 0),
     ("cron", 0),

@@ -8,11 +8,11 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::{
-    Alert, Delivery, FieldError, HistoryEvent, PublishedDefinition, ResourceView, Run, RunState,
-    RunSummary, Step,
+    Alert, Delivery, FieldError, HistoryEvent, OperatorAction, PublishedDefinition, ResourceView,
+    Run, RunState, RunSummary, Step,
 };
 
-use super::routes::Action;
+use super::openapi::ActionSchema;
 
 /// `answer` as the JSON body of a response, its object keys in alphabetical order at every
 /// level, as the API has always written them.
@@ -94,7 +94,8 @@ pub(super) struct ActionAnswer {
     /// The run.
     pub(super) id: Uuid,
     /// The action taken.
-    pub(super) action: Action,
+    #[schema(value_type = ActionSchema)]
+    pub(super) action: OperatorAction,
     /// The run's state after it.
     pub(super) state: RunState,
 }
@@ -103,7 +104,8 @@ pub(super) struct ActionAnswer {
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct BulkAnswer {
     /// The action taken.
-    pub(super) action: Action,
+    #[schema(value_type = ActionSchema)]
+    pub(super) action: OperatorAction,
     /// On how many runs it was taken.
     pub(super) done: usize,
     /// How many runs refused it (their state did not allow it).

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::AdminState;
-use super::routes::ApiError;
+use super::error::ApiError;
 use super::token_file::TOKEN_SECRET_MIN_CHARS;
 
 /// What a token may do.

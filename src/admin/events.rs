@@ -22,7 +22,8 @@ use uuid::Uuid;
 use super::AdminState;
 use super::answers::{ErrorBody, RunStateEvent};
 use super::auth::Caller;
-use super::routes::{ApiError, run_id};
+use super::error::ApiError;
+use super::runs::run_id;
 use super::throttle::StreamPlace;
 use crate::Engine;
 

@@ -11,9 +11,11 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::AdminState;
+use super::actions::{REASON_MAX_CHARS, action_reason};
 use super::answers::{ErrorBody, json};
 use super::auth::{Caller, Role};
-use super::routes::{ApiError, REASON_MAX_CHARS, action_reason, parse_body, run_id};
+use super::error::{ApiError, parse_body};
+use super::runs::run_id;
 use crate::RunState;
 
 /// The body of `PUT /api/v1/runs/{id}/input`.

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 
 use super::AdminState;
 use super::answers::{ErrorBody, json};
-use super::routes::ApiError;
+use super::error::ApiError;
 use crate::InstanceInfo;
 
 /// `GET /api/v1/instances`.

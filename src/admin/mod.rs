@@ -14,7 +14,7 @@
 //! | `POST /api/v1/workflows/{name}/runs` | operator | 201 a new run; 200 the run already holding the business key; 400 an input the workflow refuses; 404 an unknown workflow; 413 a body over the limit; 415 a body that is not JSON |
 //! | `GET /api/v1/runs` | read | a page of runs ([`Engine::list_runs`]): `workflow`, `state`, `business_key`, `created_after`, `created_before` (epoch ms), `sort` (`created` or `attempts`), `limit`, `cursor`; 400 for an unknown parameter or a cursor it did not give out |
 //! | `GET /api/v1/runs/{id}` | read | the run with its steps, history and alerts; 404 |
-//! | `POST /api/v1/runs/{id}/actions/{action}` | operator | an operator action (`retry`, `resume`, `compensate`, `cancel`, `release`, `mark_compensated`) with a reason, recorded in history as done by `api:<token name>`; 409 when the run's state does not allow it |
+//! | `POST /api/v1/runs/{id}/actions/{action}` | operator | an operator action ([`OperatorAction`](crate::OperatorAction): `retry`, `resume`, `compensate`, `cancel`, `pause`, `extend`, `release`, `mark_compensated`) with a reason, recorded in history as done by `api:<token name>`; 409 when the run's state does not allow it |
 //! | `GET /api/v1/stats` | read | the queue, the oldest due step's age, unfinished runs per workflow and state, runs finished in the last 1/5/15 minutes ([`Engine::stats`]) |
 //! | `GET /api/v1/alerts` | read | the open alerts |
 //! | `POST /api/v1/alerts/{id}/resolve` | operator | resolves an open alert with a reason, stored with the alert as done by `api:<token name>`; 404 when it is not open |
@@ -32,19 +32,27 @@
 //! The same router serves a web console under `/console/` (see `docs/console.md`): log in
 //! with one of these tokens, then browse runs, alerts and definitions and act on runs.
 
+mod actions;
+mod alerts;
 mod answers;
 mod auth;
 mod console;
+mod definitions;
+mod deliveries;
+mod error;
 mod events;
+mod health;
 mod input;
 mod instances;
 mod migrations;
 mod openapi;
 mod resources;
 mod routes;
+mod runs;
 mod schedules;
 mod scrape;
 pub(crate) mod serve;
+mod stats;
 pub(crate) mod throttle;
 mod token_file;
 mod traceparent;

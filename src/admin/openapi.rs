@@ -4,10 +4,10 @@
 //! What every route shares is added here rather than on each handler: the bearer scheme,
 //! required everywhere but `/healthz`, and the 401 its middleware answers.
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use axum::Json;
-use serde::{Serialize, Serializer};
 use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -15,7 +15,8 @@ use utoipa::openapi::{Content, OpenApi, Ref, RefOr, ResponseBuilder};
 use utoipa::{PartialSchema, ToSchema};
 
 use super::answers::ErrorBody;
-use super::routes::{API_ROUTES, Action, ApiDoc};
+use super::routes::{API_ROUTES, ApiDoc};
+use crate::OperatorAction;
 
 /// The name of the bearer scheme in the document.
 const BEARER: &str = "bearer";
@@ -98,30 +99,30 @@ fn operation<'a>(item: &'a mut PathItem, method: &str) -> Option<&'a mut Operati
     }
 }
 
-/// The action names, generated from [`Action::ALL`]: exactly what the path accepts.
-impl PartialSchema for Action {
+/// The schema of an operator action in paths and answers, named `Action` in the document:
+/// its names, generated from [`OperatorAction::ALL`], exactly what the path accepts.
+pub(super) struct ActionSchema;
+
+impl PartialSchema for ActionSchema {
     fn schema() -> RefOr<Schema> {
         ObjectBuilder::new()
             .schema_type(Type::String)
             .description(Some(format!(
                 "An operator action. {} act on one step, named in the body (`step`).",
-                Action::ALL
+                OperatorAction::ALL
                     .iter()
                     .filter(|a| a.needs_step())
-                    .map(|a| format!("`{}`", a.name()))
+                    .map(|a| format!("`{a}`"))
                     .collect::<Vec<_>>()
                     .join(", ")
             )))
-            .enum_values(Some(Action::ALL.iter().map(|a| a.name())))
+            .enum_values(Some(OperatorAction::ALL.iter().map(|a| a.as_str())))
             .into()
     }
 }
 
-impl ToSchema for Action {}
-
-/// An action is written as its name.
-impl Serialize for Action {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
+impl ToSchema for ActionSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Action")
     }
 }

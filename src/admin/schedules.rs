@@ -10,9 +10,10 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::AdminState;
+use super::actions::{REASON_MAX_CHARS, action_reason};
 use super::answers::{ErrorBody, json};
 use super::auth::{Caller, Role};
-use super::routes::{ApiError, REASON_MAX_CHARS, action_reason, parse_body};
+use super::error::{ApiError, parse_body};
 use crate::{Error, ScheduleView};
 
 /// `GET /api/v1/schedules`.

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::AdminState;
 use super::answers::ErrorBody;
-use super::routes::ApiError;
+use super::error::ApiError;
 
 /// The content type of the Prometheus text format.
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";

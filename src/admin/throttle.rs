@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::routes::ApiError;
+use super::error::ApiError;
 
 /// The limits of one class of routes: requests at once, and a rate with a burst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

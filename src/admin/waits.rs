@@ -12,7 +12,8 @@ use utoipa::{IntoParams, ToSchema};
 use super::AdminState;
 use super::answers::{ErrorBody, json};
 use super::auth::{Caller, Role};
-use super::routes::{ApiError, parse_body, run_id};
+use super::error::{ApiError, parse_body};
+use super::runs::run_id;
 use crate::{CallbackResult, EventDelivery, EventTarget};
 
 /// The body of an event.

@@ -35,8 +35,9 @@ pub enum HistoryKind {
     Interrupted,
     /// A damaged row set the run aside for an operator.
     SetAside,
-    /// An operator retried a step or its compensation.
-    OperatorRetryStep,
+    /// An operator retried a step or its compensation (`operator_retry_step` before 0.2).
+    #[strum(to_string = "operator_retry", serialize = "operator_retry_step")]
+    OperatorRetry,
     /// An operator asked for compensation.
     OperatorCompensate,
     /// An operator cancelled the run.
@@ -231,8 +232,18 @@ mod tests {
     #[test]
     fn kinds_round_trip_and_unknown_names_are_kept() {
         assert_eq!(
+            "operator_retry".parse::<HistoryKind>().ok(),
+            Some(HistoryKind::OperatorRetry)
+        );
+        // The name an older release stored.
+        assert_eq!(
             "operator_retry_step".parse::<HistoryKind>().ok(),
-            Some(HistoryKind::OperatorRetryStep)
+            Some(HistoryKind::OperatorRetry)
+        );
+        assert_eq!(HistoryKind::OperatorRetry.as_ref(), "operator_retry");
+        assert_eq!(
+            serde_json::to_value(HistoryKind::OperatorRetry).ok(),
+            Some(Value::from("operator_retry"))
         );
         assert_eq!(HistoryKind::SetAside.as_ref(), "set_aside");
         assert_eq!(

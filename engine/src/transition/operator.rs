@@ -7,7 +7,7 @@ use super::run_rules::RunTrigger;
 use super::step::Trigger;
 use super::writes::{PlanWrite, StepWrite};
 use crate::rows::{RunRow, StepRow};
-use crate::{Error, Result, RunState, StepState};
+use crate::{Error, OperatorAction, Result, RunState, StepState};
 
 pub(super) fn not_allowed(action: &'static str, run: &RunRow, reason: impl Into<String>) -> Error {
     Error::ActionNotAllowed {
@@ -67,7 +67,7 @@ fn require_error(action: &'static str, run: &RunRow) -> Result<()> {
 /// # Errors
 /// [`Error::ActionNotAllowed`] unless the run is in `Error` and the step is `Failed` (in the
 /// forward phase) or `CompensationFailed`.
-pub fn retry_step(run: &RunRow, steps: &[StepRow], step: &str) -> Result<PlanWrite> {
+pub fn retry(run: &RunRow, steps: &[StepRow], step: &str) -> Result<PlanWrite> {
     const ACTION: &str = "retry a step of";
     require_error(ACTION, run)?;
     let s = steps
@@ -97,7 +97,13 @@ pub fn retry_step(run: &RunRow, steps: &[StepRow], step: &str) -> Result<PlanWri
     };
     let w = writes(steps, Trigger::OperatorRetry, |x| x.id == s.id);
     let detail = serde_json::json!({ "step": step }).to_string();
-    action(run, on, w, "operator_retry_step", Some(detail))
+    action(
+        run,
+        on,
+        w,
+        OperatorAction::Retry.history_event(),
+        Some(detail),
+    )
 }
 
 /// The parent of a completed child run compensates the step that started it: the child
@@ -131,26 +137,24 @@ pub fn parent_compensates(run: &RunRow, _steps: &[StepRow]) -> Result<PlanWrite>
 /// [`Error::ActionNotAllowed`] for a finished run.
 pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
     unwind(
-        "compensate",
+        OperatorAction::Compensate,
         run,
         steps,
         RunTrigger::OperatorCompensate,
-        "operator_compensate",
     )
 }
 
 /// The writes of an operator's `compensate` or `cancel`: the run unwinds, and its failed
 /// compensations are due again.
 fn unwind(
-    name: &'static str,
+    act: OperatorAction,
     run: &RunRow,
     steps: &[StepRow],
     on: RunTrigger,
-    event: &'static str,
 ) -> Result<PlanWrite> {
     if run.state.is_final() {
         return Err(not_allowed(
-            name,
+            act.as_str(),
             run,
             format!("the run is already {}", run.state),
         ));
@@ -168,7 +172,7 @@ fn unwind(
                 .filter(|s| s.from == StepState::CompensationReady),
         );
     }
-    let mut plan = action(run, on, w, event, None)?;
+    let mut plan = action(run, on, w, act.history_event(), None)?;
     if let Some(p) = paused {
         p.restore(&mut plan);
     }
@@ -184,11 +188,10 @@ fn unwind(
 /// [`Error::ActionNotAllowed`] for a finished run.
 pub fn cancel(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<PlanWrite> {
     let mut plan = unwind(
-        "cancel",
+        OperatorAction::Cancel,
         run,
         steps,
         RunTrigger::OperatorCancel,
-        "operator_cancel",
     )?;
     let had_error = match &plan.run_error {
         Some(_) => true,
@@ -261,7 +264,7 @@ pub fn extend(run: &RunRow, steps: &[StepRow], by: std::time::Duration) -> Resul
         extend: in_flight.iter().map(|s| (s.id, s.attempt)).collect(),
         extend_ms,
         audited: true,
-        event: "operator_extend",
+        event: OperatorAction::Extend.history_event(),
         detail: Some(serde_json::json!({ "steps": names, "by_ms": extend_ms }).to_string()),
         ..PlanWrite::default()
     })
@@ -293,7 +296,7 @@ pub fn resume(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
         (StepState::Failed, RunTrigger::OperatorRetryForward)
     };
     let w = writes(steps, Trigger::OperatorRetry, |s| s.state == from);
-    action(run, on, w, "operator_resume", None)
+    action(run, on, w, OperatorAction::Resume.history_event(), None)
 }
 
 /// Records that an operator undid a step's effect by hand (e.g. refunded outside the system)
@@ -320,7 +323,7 @@ pub fn mark_compensated(run: &RunRow, steps: &[StepRow], step: &str) -> Result<P
         run,
         RunTrigger::OperatorRetryCompensation,
         w,
-        "operator_mark_compensated",
+        OperatorAction::MarkCompensated.history_event(),
         Some(detail),
     )
 }
@@ -342,7 +345,7 @@ pub fn release(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
         not_allowed(
             ACTION,
             run,
-            "the run was not set aside for a damaged row (use resume or retry_step)",
+            "the run was not set aside for a damaged row (use resume or retry)",
         )
     })?;
     let compensating = match aside["phase"].as_str() {
@@ -359,7 +362,7 @@ pub fn release(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
     let w = writes(steps, Trigger::OperatorRelease, |s| {
         s.available_at.is_none()
     });
-    action(run, on, w, "operator_release", None)
+    action(run, on, w, OperatorAction::Release.history_event(), None)
 }
 
 /// The error code of a run set aside for a damaged row (in the run's error envelope).

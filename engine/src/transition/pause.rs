@@ -19,7 +19,7 @@ use super::run_rules::RunTrigger;
 use super::step::Trigger;
 use super::writes::{PlanWrite, StepWrite};
 use crate::rows::{RunRow, StepRow};
-use crate::{Result, RunState, StepState};
+use crate::{OperatorAction, Result, RunState, StepState};
 
 /// The error code of a paused run (in the run's error envelope).
 pub const PAUSED: &str = "paused";
@@ -144,7 +144,7 @@ pub fn pause(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<Pl
         steps: park(steps),
         resolve_alerts: true,
         audited: true,
-        event: "operator_pause",
+        event: OperatorAction::Pause.history_event(),
         run_error: Some(envelope(&message, compensating, run.error.as_deref())),
         ..PlanWrite::default()
     };
@@ -175,7 +175,7 @@ pub(crate) fn resume(run: &RunRow, steps: &[StepRow], paused: &PausedRun) -> Res
         steps: writes,
         resolve_alerts: true,
         audited: true,
-        event: "operator_resume",
+        event: OperatorAction::Resume.history_event(),
         ..PlanWrite::default()
     };
     paused.restore(&mut plan);

@@ -20,8 +20,7 @@
 //! `Error` when a compensation failed for good.
 
 use super::pause;
-use super::run_rules::PAUSED_ACTIONS;
-use super::run_rules::{OPERATOR_ACTIONS, RunTrigger, run_rule};
+use super::run_rules::{OPERATOR_ACTIONS, PAUSED_ACTIONS, RunTrigger, listed, run_rule};
 use super::step::{Trigger, step_rule};
 use super::writes::{NewAlert, PlanWrite, StepWrite};
 use crate::RunState::{
@@ -301,7 +300,7 @@ impl<'a> Plan<'a> {
             .and_then(|r| r.alert)
             .map_or(AlertKind::RunError, AlertKind::named);
         let mut alert = run_alert(self.run, kind, name, row, reason);
-        alert.actions = PAUSED_ACTIONS.iter().map(|a| (*a).to_owned()).collect();
+        alert.actions = listed(&PAUSED_ACTIONS);
         alert.open_key = Some(format!("run_paused:{}", self.run.id));
         self.out.alert = Some(alert);
         Ok(self.out)
@@ -433,7 +432,7 @@ fn run_alert(run: &RunRow, kind: AlertKind, step: &str, row: &StepRow, reason: S
         kind,
         reason: format!("{reason}; last error: {last_error}"),
         attempts: row.phase_attempts(),
-        actions: OPERATOR_ACTIONS.iter().map(|a| (*a).to_owned()).collect(),
+        actions: listed(&OPERATOR_ACTIONS),
         open_key: Some(format!("run_error:{}", run.id)),
     }
 }

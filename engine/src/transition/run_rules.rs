@@ -1,16 +1,31 @@
 //! The run table: what can happen to a run ([`RunTrigger`]), the rules that move it
 //! ([`RUN_RULES`]), and the look-ups the evaluator and the operator actions go through.
 
+use crate::OperatorAction;
 use crate::RunState;
 use crate::RunState::{
     Compensated, Compensating, Completed, Error as RunError, Paused, Pending, Running,
 };
 
 /// Actions an operator can take on a run in `Error`, as listed in alerts.
-pub const OPERATOR_ACTIONS: [&str; 4] = ["retry_step", "compensate", "resume", "mark_compensated"];
+pub const OPERATOR_ACTIONS: [OperatorAction; 4] = [
+    OperatorAction::Retry,
+    OperatorAction::Compensate,
+    OperatorAction::Resume,
+    OperatorAction::MarkCompensated,
+];
 
 /// Actions an operator can take on a run parked in `Paused`, as listed in alerts.
-pub const PAUSED_ACTIONS: [&str; 3] = ["resume", "compensate", "cancel"];
+pub const PAUSED_ACTIONS: [OperatorAction; 3] = [
+    OperatorAction::Resume,
+    OperatorAction::Compensate,
+    OperatorAction::Cancel,
+];
+
+/// The actions an alert lists: their names.
+pub(super) fn listed(actions: &[OperatorAction]) -> Vec<String> {
+    actions.iter().map(|a| a.as_str().to_owned()).collect()
+}
 
 /// What happened to a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -266,7 +266,7 @@ fn compensation_failure_puts_the_run_in_error_with_an_alert() {
     assert_eq!(p.run_state, Some(RunState::Error));
     let alert = p.alert.expect("alert");
     assert_eq!(alert.step.as_deref(), Some("b"));
-    assert!(alert.actions.contains(&"retry_step".to_string()));
+    assert!(alert.actions.contains(&"retry".to_string()));
     assert_eq!(alert.attempts, 3, "the compensation's attempts");
 }
 

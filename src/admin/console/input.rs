@@ -13,8 +13,8 @@ use super::pages::error_message;
 use super::session::Session;
 use super::view::{self, flash};
 use super::{Console, PageSession, check_post};
+use crate::admin::actions::{REASON_MAX_CHARS, action_reason};
 use crate::admin::auth::Role;
-use crate::admin::routes::{REASON_MAX_CHARS, action_reason};
 use crate::{Error, Run, RunState};
 
 /// What a redirect after a replaced input says (`?done=`).

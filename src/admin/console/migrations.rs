@@ -15,8 +15,8 @@ use super::pages::error_message;
 use super::session::Session;
 use super::view::{self, Page, Tab, badge, flash};
 use super::{Console, PageSession, check_post};
+use crate::admin::actions::{REASON_MAX_CHARS, action_reason};
 use crate::admin::auth::Role;
-use crate::admin::routes::{REASON_MAX_CHARS, action_reason};
 use crate::migration::{MigrationOutcome, MigrationPlan};
 
 /// The page's query: the migration to show, and what was just done.

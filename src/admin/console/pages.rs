@@ -13,8 +13,8 @@ use super::graph::{self, Node};
 use super::session::{CsrfForm, Session};
 use super::view::{self, Page, Tab, badge, duration_ms, flash, time};
 use super::{Console, LiveSession, PageSession, check_post};
+use crate::admin::actions::{REASON_MAX_CHARS, action_reason};
 use crate::admin::auth::Role;
-use crate::admin::routes::{REASON_MAX_CHARS, action_reason};
 use crate::{Alert, Engine, Error, RunOrder, RunPage, RunQuery, RunState, Stats};
 
 /// An engine error as a message on the page; internal details stay in the log.

@@ -12,8 +12,8 @@ use super::pages::error_message;
 use super::session::Session;
 use super::view::{self, Page, Tab, flash};
 use super::{Console, PageSession, check_post};
+use crate::admin::actions::{REASON_MAX_CHARS, action_reason};
 use crate::admin::auth::Role;
-use crate::admin::routes::{REASON_MAX_CHARS, action_reason};
 use crate::{Error, ResourceLimits, ResourceView, describe_limits, describe_state};
 
 /// What a redirect after a change says.

@@ -16,9 +16,12 @@ use super::pages::{alerts_table, error_message};
 use super::session::Session;
 use super::view::{self, Page, Tab, badge, duration_ms, flash, time};
 use super::{Console, LiveSession, PageSession, check_post};
+use crate::admin::actions::{REASON_MAX_CHARS, action_reason, extension};
 use crate::admin::auth::Role;
-use crate::admin::routes::{Action, REASON_MAX_CHARS, action_reason, extension};
-use crate::{Engine, EntityState, Error, HistoryEvent, Run, RunState, Step, StepState};
+use crate::{
+    ActionArgs, Engine, EntityState, Error, HistoryEvent, OperatorAction, Run, RunState, Step,
+    StepState,
+};
 use sagaflow_engine::transition::operator::EXTEND_MAX;
 
 /// What a redirect after an action says.
@@ -35,8 +38,11 @@ pub(super) async fn page(
     Path(id): Path<String>,
     Query(notice): Query<Notice>,
 ) -> Response {
-    let message = Action::parse(&notice.done)
-        .map(|a| flash("ok", &format!("Done: {}.", a.name().replace('_', " "))))
+    let message = notice
+        .done
+        .parse::<OperatorAction>()
+        .ok()
+        .map(|a| flash("ok", &format!("Done: {}.", a.as_str().replace('_', " "))))
         .or_else(|| {
             (notice.done == super::input::DONE).then(|| flash("ok", "Done: input replaced."))
         });
@@ -292,14 +298,20 @@ fn without_reason(d: &Value) -> Option<Value> {
 }
 
 /// One action's form: a button that opens a reason field and a confirmation.
-fn action_form(run: Uuid, action: &str, step: Option<&str>, label: &str, s: &Session) -> Markup {
+fn action_form(
+    run: Uuid,
+    action: OperatorAction,
+    step: Option<&str>,
+    label: &str,
+    s: &Session,
+) -> Markup {
     html! {
         details.action data-action=(action) data-step=[step] {
             summary { (label) @if let Some(st) = step { " " code { (st) } } }
             form method="post" action={ "/console/runs/" (run) "/actions/" (action) } {
                 input type="hidden" name="csrf" value=(s.csrf);
                 @if let Some(st) = step { input type="hidden" name="step" value=(st); }
-                @if action == Action::Extend.name() {
+                @if action == OperatorAction::Extend {
                     label { "Seconds to add to the deadlines in flight"
                         input type="number" name="by_seconds" min="1" max=(EXTEND_MAX.as_secs()) value="300" required;
                     }
@@ -336,30 +348,30 @@ fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
             div.action-list {
                 @if error {
                     @for st in steps.iter().filter(|st| matches!(st.state, StepState::Failed | StepState::CompensationFailed)) {
-                        (action_form(run.id, "retry", Some(&st.name), "Retry", s))
+                        (action_form(run.id, OperatorAction::Retry, Some(&st.name), "Retry", s))
                     }
                     @for st in steps.iter().filter(|st| st.state == StepState::CompensationFailed) {
-                        (action_form(run.id, "mark_compensated", Some(&st.name), "Mark compensated", s))
+                        (action_form(run.id, OperatorAction::MarkCompensated, Some(&st.name), "Mark compensated", s))
                     }
-                    (action_form(run.id, "resume", None, "Resume", s))
+                    (action_form(run.id, OperatorAction::Resume, None, "Resume", s))
                 }
                 @if paused {
-                    (action_form(run.id, "resume", None, "Resume", s))
+                    (action_form(run.id, OperatorAction::Resume, None, "Resume", s))
                 }
                 @if pausable {
-                    (action_form(run.id, "pause", None, "Pause", s))
+                    (action_form(run.id, OperatorAction::Pause, None, "Pause", s))
                 }
                 @if steps.iter().any(|st| st.state.is_in_flight()) {
-                    (action_form(run.id, "extend", None, "Extend deadlines", s))
+                    (action_form(run.id, OperatorAction::Extend, None, "Extend deadlines", s))
                 }
                 @if !run.state.is_final() && run.state != RunState::Compensating {
-                    (action_form(run.id, "compensate", None, "Compensate", s))
+                    (action_form(run.id, OperatorAction::Compensate, None, "Compensate", s))
                 }
                 @if !run.state.is_final() {
-                    (action_form(run.id, "cancel", None, "Cancel", s))
+                    (action_form(run.id, OperatorAction::Cancel, None, "Cancel", s))
                 }
                 @if set_aside {
-                    (action_form(run.id, "release", None, "Release", s))
+                    (action_form(run.id, OperatorAction::Release, None, "Release", s))
                 }
                 @if super::input::applies(run) {
                     (super::input::form(run, s))
@@ -398,7 +410,7 @@ pub(super) async fn act(
     let Ok(run_id) = id.parse::<Uuid>() else {
         return view::error_page(&s, StatusCode::NOT_FOUND, "A run id is a UUID.");
     };
-    let Some(action) = Action::parse(&action) else {
+    let Ok(action) = action.parse::<OperatorAction>() else {
         return view::error_page(&s, StatusCode::NOT_FOUND, "No such action.");
     };
     let step = form.step.trim();
@@ -433,13 +445,17 @@ pub(super) async fn act(
             }
         },
     };
-    let by = match extension(action, by) {
+    let mut args = ActionArgs::default();
+    if action.needs_step() {
+        args = args.with_step(step);
+    }
+    args.extension = match extension(action, by) {
         Ok(by) => by,
         Err(e) => return refused(StatusCode::BAD_REQUEST, e.message().to_owned()).await,
     };
-    match action.perform(&op, run_id, step, by).await {
+    match op.perform(action, run_id, &args).await {
         Ok(state) => {
-            let action = action.name();
+            let action = action.as_str();
             tracing::info!(run_id = %run_id, action, by = %s.name, %state, "console action");
             Redirect::to(&format!("/console/runs/{run_id}?done={action}")).into_response()
         }

@@ -166,7 +166,7 @@ async fn ambiguous_pivot_behind_gateway_timeouts_stops_for_an_operator() {
         // repeated, and the order completes.
         rig.engine
             .operator()
-            .retry_step(id, "ship")
+            .retry(id, "ship")
             .await
             .expect("retry ship");
         expect_state(&rig.engine, id, RunState::Completed, db.backend).await;

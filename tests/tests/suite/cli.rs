@@ -263,7 +263,7 @@ async fn an_operator_finds_the_failed_runs_fixes_them_and_sees_who_did_it() {
                 alerts["alerts"][0]["resolved_by"].as_str(),
                 alerts["alerts"][0]["resolution"].as_str()
             ),
-            (Some("cli:alice"), Some("retry_step: mailbox fixed")),
+            (Some("cli:alice"), Some("retry: mailbox fixed")),
             "[{b}] {alerts}"
         );
 
@@ -305,7 +305,7 @@ async fn an_operator_finds_the_failed_runs_fixes_them_and_sees_who_did_it() {
         let events = history["history"].as_array().expect("history");
         let retry = events
             .iter()
-            .find(|e| e["kind"] == "operator_retry_step")
+            .find(|e| e["kind"] == "operator_retry")
             .unwrap_or_else(|| panic!("[{b}] no retry in {history}"));
         assert_eq!(retry["actor"], "cli:alice", "[{b}] {retry}");
         assert!(

@@ -260,7 +260,7 @@ async fn a_compensation_that_keeps_failing_ends_in_error_with_an_alert() {
             (&AlertKind::RunError, Some("b"))
         );
         assert!(a.reason.contains("compensation"), "{}", a.reason);
-        assert!(a.actions.iter().any(|x| x == "retry_step"));
+        assert!(a.actions.iter().any(|x| x == "retry"));
         assert_eq!(
             a.attempts, 3,
             "[{}] the alert counts the attempts of the compensation that failed",
@@ -463,7 +463,7 @@ async fn a_pivot_with_an_unknown_outcome_stops_for_an_operator_and_a_retry_settl
         );
         rig.engine
             .operator()
-            .retry_step(id, "ship")
+            .retry(id, "ship")
             .await
             .expect("retry");
         expect_state(&rig.engine, id, RunState::Completed, db.backend).await;

@@ -53,25 +53,21 @@ async fn an_operator_retry_after_fixing_the_cause_finishes_the_run() {
         // Retrying a step that did not fail is refused with a clear error.
         let err = engine
             .operator()
-            .retry_step(id, "charge")
+            .retry(id, "charge")
             .await
             .expect_err("not failed");
         assert!(matches!(err, Error::ActionNotAllowed { .. }), "{err}");
 
         fixed.store(true, Ordering::SeqCst);
         assert_eq!(
-            engine
-                .operator()
-                .retry_step(id, "email")
-                .await
-                .expect("retry"),
+            engine.operator().retry(id, "email").await.expect("retry"),
             RunState::Running
         );
         expect_state(&engine, id, RunState::Completed, db.backend).await;
         let h = engine.history(id).await.expect("history");
         assert!(
             h.iter()
-                .any(|h| h.kind == HistoryKind::OperatorRetryStep && h.actor == "operator"),
+                .any(|h| h.kind == HistoryKind::OperatorRetry && h.actor == "operator"),
             "{h:?}"
         );
         assert!(
@@ -114,7 +110,7 @@ async fn resume_retries_a_failed_compensation_until_the_run_is_compensated() {
         // c failed forward, but the run was compensating: running c forward again is refused.
         let err = engine
             .operator()
-            .retry_step(id, "c")
+            .retry(id, "c")
             .await
             .expect_err("forward retry while compensating");
         assert!(

@@ -1,0 +1,256 @@
+//! Operator actions on runs: on one run (`POST /api/v1/runs/{id}/actions/{action}`) or on a
+//! filtered page of them (`POST /api/v1/runs/actions/{action}`), and the checks of their
+//! reasons and arguments that the console's forms share.
+
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use sagaflow_engine::transition::operator::EXTEND_MAX;
+use serde::Deserialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::AdminState;
+use super::answers::{ActionAnswer, BulkAnswer, BulkResult, ErrorBody, json};
+use super::auth::{Caller, Role};
+use super::error::{ApiError, parse_body};
+use super::openapi::ActionSchema;
+use super::runs::{ListParams, run_id};
+use crate::{ActionArgs, Error, OperatorAction, RunState};
+
+/// Longest reason an action records.
+pub(super) const REASON_MAX_CHARS: usize = 2_000;
+
+/// The reason of an action, trimmed, if it is one an action records: 1 to
+/// [`REASON_MAX_CHARS`] characters.
+pub(super) fn action_reason(reason: &str) -> Option<&str> {
+    let reason = reason.trim();
+    (!reason.is_empty() && reason.chars().count() <= REASON_MAX_CHARS).then_some(reason)
+}
+
+/// The body of an action.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    /// Why, in the operator's words (required: it goes into the run's history).
+    #[serde(default)]
+    #[schema(required = true, min_length = 1)]
+    reason: String,
+    /// The step, for `retry` and `mark_compensated`.
+    #[serde(default)]
+    step: Option<String>,
+    /// Seconds to add to the deadlines in flight, for `extend`.
+    #[serde(default)]
+    by_seconds: Option<u64>,
+}
+
+/// The extension of an `extend` action from its `by_seconds`; `None` for the other actions.
+pub(super) fn extension(
+    action: OperatorAction,
+    by_seconds: Option<u64>,
+) -> Result<Option<Duration>, ApiError> {
+    match (action, by_seconds) {
+        (OperatorAction::Extend, Some(s)) if (1..=EXTEND_MAX.as_secs()).contains(&s) => {
+            Ok(Some(Duration::from_secs(s)))
+        }
+        (OperatorAction::Extend, _) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "extension_required",
+            format!(
+                "`extend` says by how much: {{\"by_seconds\": 1 to {}}}",
+                EXTEND_MAX.as_secs()
+            ),
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// An action with its checked arguments, as the API received it.
+struct Request {
+    action: OperatorAction,
+    reason: String,
+    args: ActionArgs,
+}
+
+impl Request {
+    /// The action named in the path with its body, or 404 / 400 saying what is wrong.
+    fn parse(action: &str, body: Result<Json<Value>, JsonRejection>) -> Result<Self, ApiError> {
+        let Ok(action) = action.parse::<OperatorAction>() else {
+            let known: Vec<&str> = OperatorAction::ALL.iter().map(|a| a.as_str()).collect();
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_action",
+                format!("no action `{action}`; the actions are {}", known.join(", ")),
+            ));
+        };
+        let body: ActionBody =
+            parse_body(body, r#"{"reason": "…", "step"?: "…", "by_seconds"?: 300}"#)?;
+        let Some(reason) = action_reason(&body.reason) else {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "reason_required",
+                format!(
+                    "an action needs a reason of 1 to {REASON_MAX_CHARS} characters; it is recorded in the run's history"
+                ),
+            ));
+        };
+        let mut args = ActionArgs::default();
+        if action.needs_step() {
+            let Some(step) = body.step else {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "step_required",
+                    format!("`{action}` names the step it acts on: {{\"step\": \"…\"}}"),
+                ));
+            };
+            args = args.with_step(step);
+        }
+        args.extension = extension(action, body.by_seconds)?;
+        Ok(Self {
+            action,
+            reason: reason.to_owned(),
+            args,
+        })
+    }
+
+    async fn perform(&self, s: &AdminState, caller: &Caller, id: Uuid) -> Result<RunState, Error> {
+        let op = s
+            .engine
+            .operator()
+            .on_behalf_of(format!("api:{}", caller.name), self.reason.clone());
+        op.perform(self.action, id, &self.args).await
+    }
+}
+
+/// Takes an operator action on a run
+///
+/// Recorded in the run's history with the reason, as done by `api:<token name>`. Needs an
+/// operator token.
+#[utoipa::path(
+    post,
+    path = "/api/v1/runs/{id}/actions/{action}",
+    tag = "runs",
+    operation_id = "act_on_run",
+    params(
+        ("id" = Uuid, Path, description = "The run's id"),
+        ("action" = ActionSchema, Path, description = "The action"),
+    ),
+    request_body = ActionBody,
+    responses(
+        (status = 200, description = "Taken; the run's state after it", body = ActionAnswer),
+        (status = 400, description = "`reason_required` (1 to 2,000 characters), `step_required`, `extension_required` (`extend` needs `by_seconds`, 1 to 86,400), `invalid_id`, `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
+        (status = 404, description = "`unknown_action` or `run_not_found`", body = ErrorBody),
+        (status = 409, description = "`action_not_allowed`: the run's state does not allow it, and why", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
+pub(super) async fn act(
+    State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, action)): Path<(String, String)>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Operator)?;
+    let id = run_id(&id)?;
+    let request = Request::parse(&action, body)?;
+    let state = request.perform(&s, &caller, id).await?;
+    Ok(json(&ActionAnswer {
+        id,
+        action: request.action,
+        state,
+    }))
+}
+
+/// Runs one bulk action takes by default.
+pub(super) const BULK_DEFAULT: u32 = 100;
+
+/// Takes an operator action on every run of one page of the filtered list
+///
+/// The action on each run the filters select (one page of the list: `limit`, default 100, at
+/// most 500; `next` pages on), each through the same rules and audit as a single action;
+/// answered with a result per run, a refusal of one run not stopping the others. At least one
+/// filter is required, so that no action applies to every run by accident. Needs an operator
+/// token.
+#[utoipa::path(
+    post,
+    path = "/api/v1/runs/actions/{action}",
+    tag = "runs",
+    operation_id = "act_on_runs",
+    params(
+        ("action" = ActionSchema, Path, description = "The action"),
+        ListParams,
+    ),
+    request_body = ActionBody,
+    responses(
+        (status = 200, description = "Taken on each run that allowed it; a result per run", body = BulkAnswer),
+        (status = 400, description = "`filter_required`, `invalid_query`, `reason_required`, `step_required`, `extension_required`, `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
+        (status = 404, description = "`unknown_action`", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
+pub(super) async fn act_many(
+    State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
+    Path(action): Path<String>,
+    params: Result<Query<ListParams>, QueryRejection>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Operator)?;
+    let Query(mut params) = params.map_err(ApiError::invalid_query)?;
+    let request = Request::parse(&action, body)?;
+    if !params.filters() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "filter_required",
+            "a bulk action needs at least one filter (workflow, state, business_key, created_after, created_before)",
+        ));
+    }
+    params.limit = Some(params.limit.unwrap_or(BULK_DEFAULT));
+    let page = s.engine.list_runs(&params.query()?).await?;
+    let mut results = Vec::with_capacity(page.runs.len());
+    let (mut done, mut refused) = (0, 0);
+    for run in &page.runs {
+        match request.perform(&s, &caller, run.id).await {
+            Ok(state) => {
+                done += 1;
+                results.push(BulkResult {
+                    id: run.id,
+                    ok: true,
+                    state: Some(state),
+                    status: None,
+                    error: None,
+                });
+            }
+            Err(e) => {
+                refused += 1;
+                let (status, error) = ApiError::from(e).into_parts();
+                results.push(BulkResult {
+                    id: run.id,
+                    ok: false,
+                    state: None,
+                    status: Some(status.as_u16()),
+                    error: Some(error),
+                });
+            }
+        }
+    }
+    tracing::info!(action = request.action.as_str(), done, refused, by = %caller.name, "bulk action over the API");
+    Ok(json(&BulkAnswer {
+        action: request.action,
+        done,
+        refused,
+        results,
+        damaged: page.damaged.iter().map(ToString::to_string).collect(),
+        next: page.next,
+    }))
+}
