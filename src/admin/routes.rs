@@ -69,8 +69,8 @@ api_routes! {
         title = "sagaflow HTTP API",
         description = "Start workflow runs, follow and read them, take operator actions, read \
                        alerts and statistics, read and override the limits of remote \
-                       resources, read, pause and resume recurring schedules. Answers are JSON; an error answer is an \
-                       resources, list the engine instances and what they run. Answers are JSON; an error answer is an \
+                       resources, read, pause and resume recurring schedules, list the engine \
+                       instances and what they run. Answers are JSON; an error answer is an \
                        `ErrorBody`."
     ),
     paths(
