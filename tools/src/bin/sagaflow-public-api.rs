@@ -24,7 +24,7 @@
 //! Items behind `#[doc(hidden)]` (the `internals` feature the workspace turns on) are not in
 //! rustdoc's output, so the listing is the one users see.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -99,6 +99,13 @@ fn rustdoc_json() -> Result<PathBuf, ListingError> {
 }
 
 /// The listing of one crate from its rustdoc JSON in `dir`, one item per line.
+///
+/// It leaves out what a reader cannot use or already has: the methods of a trait impl (the
+/// impl's own line says the trait is implemented, and the trait defines the methods; an
+/// impl's associated types stay, they say something), impls of
+/// `core::marker::StructuralPartialEq` (the compiler's mark of a derived `PartialEq`, which
+/// stable Rust cannot name), and impls of another crate's hidden traits (a path segment
+/// that starts with `__`, such as the ones a derive implements for its own use).
 fn listing(dir: &Path, krate: &str) -> Result<String, ListingError> {
     let path = dir.join(format!("{krate}.json"));
     let api = public_api::Builder::from_rustdoc_json(&path)
@@ -106,12 +113,48 @@ fn listing(dir: &Path, krate: &str) -> Result<String, ListingError> {
         .omit_auto_trait_impls(true)
         .build()
         .map_err(|source| ListingError::Json { path, source })?;
+    // What each item is, to tell an impl's methods by their parent. An item at two paths
+    // keeps one of its lines here, which is enough to tell whether it is a trait impl.
+    let lines: HashMap<_, _> = api.items().map(|i| (i.id(), i.to_string())).collect();
     let mut text = String::new();
     for item in api.items() {
-        text.push_str(&item.to_string());
+        // Rendered again rather than looked up: an item re-exported at two paths (the root
+        // and the prelude) is two lines with one id.
+        let line = &item.to_string();
+        let parent = item.parent_id().and_then(|p| lines.get(&p));
+        if unreadable_impl(line) || parent.is_some_and(|p| trait_impl(p) && is_fn(line)) {
+            continue;
+        }
+        text.push_str(line);
         text.push('\n');
     }
     Ok(text)
+}
+
+/// The trait a line implements, when it is a trait impl (`impl<T> a::Trait<T> for a::B`).
+fn implemented_trait(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("impl")?;
+    let (head, _) = rest.split_once(" for ")?;
+    // Past the impl's own generics, if any: the trait's path is the last word.
+    head.split_whitespace().last()
+}
+
+fn trait_impl(line: &str) -> bool {
+    implemented_trait(line).is_some()
+}
+
+fn is_fn(line: &str) -> bool {
+    let words: Vec<&str> = line.split_whitespace().take(4).collect();
+    words.contains(&"fn")
+}
+
+/// An impl a reader cannot use: `StructuralPartialEq`, or a hidden trait of another crate.
+fn unreadable_impl(line: &str) -> bool {
+    implemented_trait(line).is_some_and(|t| {
+        let path = t.split('<').next().unwrap_or(t);
+        path == "core::marker::StructuralPartialEq"
+            || path.split("::").any(|segment| segment.starts_with("__"))
+    })
 }
 
 /// The item a listing line is about: the type an `impl` is for, or the first path of any
@@ -244,8 +287,20 @@ fn build() -> Result<String, ListingError> {
     );
     // Sorted as users read them, after the paths are spelled their way.
     let lines: BTreeSet<String> = lines.iter().map(|l| user_paths(l, &reexported)).collect();
+    // A re-export of a workspace item is listed by the item's own lines, under the path users
+    // write: its `pub use` line would say it twice. Re-exports of other crates' items (`uuid`,
+    // `sea_orm`) stay.
+    let defined: BTreeSet<&str> = lines
+        .iter()
+        .filter(|l| !l.starts_with("pub use "))
+        .map(|l| subject(l))
+        .collect();
+    let lines = lines.iter().filter(|l| {
+        l.strip_prefix("pub use ")
+            .is_none_or(|path| !defined.contains(path))
+    });
     for l in lines {
-        text.push_str(&l);
+        text.push_str(l);
         text.push('\n');
     }
     Ok(text)
@@ -315,6 +370,32 @@ mod tests {
         assert_eq!(subject("pub a::B::Variant(x::Y)"), "a::B::Variant");
         assert_eq!(subject("impl a::C for &a::B"), "a::B");
         assert_eq!(subject("pub fn &a::B::f(&self)"), "a::B::f");
+    }
+
+    #[test]
+    fn trait_impls_and_the_ones_left_out() {
+        use super::{implemented_trait, is_fn, unreadable_impl};
+        assert_eq!(
+            implemented_trait("impl<'de> serde::Deserialize<'de> for a::B"),
+            Some("serde::Deserialize<'de>")
+        );
+        assert_eq!(
+            implemented_trait("impl core::clone::Clone for a::B"),
+            Some("core::clone::Clone")
+        );
+        assert_eq!(implemented_trait("impl a::B"), None);
+        assert!(unreadable_impl(
+            "impl core::marker::StructuralPartialEq for a::B"
+        ));
+        assert!(unreadable_impl(
+            "impl utoipa::__dev::ComposeSchema for a::B"
+        ));
+        assert!(!unreadable_impl("impl core::cmp::PartialEq for a::B"));
+        assert!(!unreadable_impl("impl a::B"));
+        assert!(is_fn("pub fn a::B::clone(&self) -> a::B"));
+        assert!(is_fn("pub async fn a::B::go(&self)"));
+        assert!(!is_fn("pub type a::B::Err = a::E"));
+        assert!(!is_fn("pub a::B::fn_count: usize"));
     }
 
     #[test]
