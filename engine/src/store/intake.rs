@@ -396,20 +396,10 @@ impl Store {
         let (run_src, mut values) = self.rows_source(1, &RUN_COLS_IN, run_rows)?;
         let (step_src, step_values) = self.rows_source(2, &STEP_COLS_IN, step_rows)?;
         values.extend(step_values);
-        // `pg_notify(…) IS NOT NULL` is always true: it sends one notification (PostgreSQL
-        // folds repeats within a transaction) when at least one run was inserted. Its payload
-        // asks claimers only (new runs need no evaluation) and names no sender: the store does
-        // not know which engine submits, so every engine, the submitter's included, hears it.
-        let sql = format!(
-            "WITH r AS ({runs}), s AS ({steps}), \
-             h AS ( \
-               INSERT INTO sagaflow_history (run_id, event, to_state, actor, at) \
-               SELECT id, 'submitted', 'pending', 'api', {{now}} FROM r) \
-             SELECT id FROM r WHERE pg_notify('{channel}', '{payload}') IS NOT NULL",
-            runs = insert_runs_sql(&run_src),
-            steps = insert_steps_sql(&step_src, "v.run_id IN (SELECT id FROM r)"),
-            channel = super::postgres::READY_CHANNEL,
-            payload = super::Wake::CLAIM.payload(""),
+        let sql = super::postgres::intake(
+            &insert_runs_sql(&run_src),
+            &insert_steps_sql(&step_src, "v.run_id IN (SELECT id FROM r)"),
+            &super::Wake::CLAIM.payload(""),
         );
         // One statement, one `{now}`: the steps resolve the run's start exactly as the run did.
         let mut fresh = std::collections::HashMap::with_capacity(runs.len());

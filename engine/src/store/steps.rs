@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::leases::LeaderFence;
 use super::rows::{ClaimedStep, ExpiredStep};
 use super::tx::{CHUNK, StoreTx, mark_dirty};
-use super::{Backend, Row, Store, placeholders};
+use super::{Backend, Row, Store, placeholders, postgres};
 use crate::trace::TraceContext;
 use crate::transition::{Trigger, step_rule};
 use crate::{Result, StepState};
@@ -114,7 +114,7 @@ impl Store {
             return Ok(Vec::new());
         }
         if self.backend == Backend::Postgres {
-            let sql = self.claim_sql(workflow_keys.len());
+            let sql = postgres::claim(&claim_set(), workflow_keys.len());
             let values = claim_values(owner, workflow_keys, limit);
             let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
             let (claimed, bad) = decode_each(&rows, ClaimedStep::decode);
@@ -202,28 +202,6 @@ impl Store {
         Ok(due)
     }
 
-    /// The claim statement: `$1` the owner, `$2` the limit, `$3…` the workflow keys. On
-    /// PostgreSQL it returns when each step fell due (`due_at`) from the rows it selected
-    /// (`step_claim` claims differently on SQLite, whose RETURNING cannot).
-    fn claim_sql(&self, keys: usize) -> String {
-        format!(
-            "UPDATE sagaflow_steps AS s {set} FROM ( \
-               SELECT id, available_at FROM sagaflow_steps \
-               WHERE state IN ('ready', 'compensation_ready') AND resource IS NULL AND available_at <= {{now}} \
-               AND workflow_key IN ({keys}) \
-               ORDER BY priority DESC, available_at LIMIT $2 {lock}) AS q \
-             WHERE s.id = q.id \
-             RETURNING s.id, s.run_id, s.workflow_key, s.name, s.state, s.attempt, \
-               s.forward_attempts, s.compensation_attempts, s.failure_count, s.max_failures, \
-               s.interruptions, s.max_interruptions, s.deadline_ms, s.deadline_cap_ms, \
-               s.complete_by, s.idempotency_key, s.output, s.wait, {{now}} AS db_now, \
-               q.available_at AS due_at",
-            set = claim_set(),
-            keys = placeholders(3, keys),
-            lock = self.claim_lock(),
-        )
-    }
-
     /// Claims like [`Store::step_claim`] and loads what the claimed steps need, like
     /// [`Store::step_inputs`]; `needs_outputs` tells which claimed steps need the outputs of
     /// their run's completed steps (a run's first step does not).
@@ -259,7 +237,7 @@ impl Store {
         if workflow_keys.is_empty() || limit == 0 {
             return Ok((Vec::new(), StepInputs::default()));
         }
-        let sql = with_inputs(&self.claim_sql(workflow_keys.len()));
+        let sql = postgres::with_inputs(&postgres::claim(&claim_set(), workflow_keys.len()));
         let rows = self
             .exec
             .query_all(self.stmt(&sql, claim_values(owner, workflow_keys, limit)))
@@ -283,7 +261,9 @@ impl Store {
         }
         let ids: Vec<i64> = due.keys().copied().collect();
         let (sql, values) = self.claim_by_ids_sql(owner, &ids)?;
-        let rows = txn.query_all(self.stmt(&with_inputs(&sql), values)).await?;
+        let rows = txn
+            .query_all(self.stmt(&postgres::with_inputs(&sql), values))
+            .await?;
         let (mut claimed, inputs, bad) = decode_with_inputs(&rows, needs_outputs);
         self.park_undecodable(txn, &bad).await?;
         for c in &mut claimed {
@@ -293,22 +273,7 @@ impl Store {
     }
 }
 
-/// A claim statement wrapped so that it also returns what the claimed steps need. The outer
-/// query reads the snapshot the claim started from; a claim changes neither a run's input
-/// nor a completed step's output. Outputs come as a JSON array of `[name, output]` pairs per
-/// claimed step (PostgreSQL).
-fn with_inputs(claim: &str) -> String {
-    format!(
-        "WITH c AS ({claim}) \
-         SELECT c.*, r.input AS run_input, r.trace_parent AS run_trace_parent, \
-           r.trace_state AS run_trace_state, \
-           (SELECT json_agg(json_build_array(d.name, d.output))::text FROM sagaflow_steps d \
-            WHERE d.run_id = c.run_id AND d.output IS NOT NULL) AS run_outputs \
-         FROM c LEFT JOIN sagaflow_runs r ON r.id = c.run_id"
-    )
-}
-
-/// The claimed steps of a [`with_inputs`] statement, and what they need.
+/// The claimed steps of a [`postgres::with_inputs`] statement, and what they need.
 fn decode_with_inputs(
     rows: &[super::Row],
     needs_outputs: impl Fn(&ClaimedStep) -> bool,
