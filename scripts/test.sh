@@ -56,6 +56,19 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+lint=0
+[[ "${SAGAFLOW_SKIP_LINT:-0}" != "1" ]] && lint=1
+if [[ "$lint" -eq 1 ]]; then
+    for tool in rustfmt clippy-driver; do
+        # A rustup proxy exists for a component not installed: ask the tool itself.
+        if ! "$tool" --version >/dev/null 2>&1; then
+            echo "test.sh: $tool not found: the lints need rustfmt and Clippy" >&2
+            echo "         (rustup component add rustfmt clippy)" >&2
+            exit 1
+        fi
+    done
+fi
+
 # A whole-workspace run gains little from incremental compilation, which makes a cold
 # build slower and adds several GB of caches to the target directory; a developer's own
 # setting wins.
@@ -90,9 +103,6 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
 fi
 export SAGAFLOW_REQUIRE_BROWSER=1
 
-lint=0
-[[ "${SAGAFLOW_SKIP_LINT:-0}" != "1" ]] && lint=1
-
 # Clippy lints the workspace's crates inside the build the tests run: cargo runs them through
 # scripts/clippy-rustc (clippy-driver, which is rustc with Clippy's lints, warnings denied) as
 # RUSTC_WORKSPACE_WRAPPER, so every dependency is compiled once. A separate `cargo clippy`
@@ -109,7 +119,9 @@ fi
 # sagaflow-chaos, and `cargo test` alone builds no binary), in one command so that cargo
 # resolves the dependencies' features once, with the tests' dev-dependencies; `cargo test`
 # below reuses every artifact.
-banner "cargo build --workspace --all-targets --locked (with Clippy's lints, warnings denied)"
+lints_on=""
+[[ "$lint" -eq 1 ]] && lints_on=" (with Clippy's lints, warnings denied)"
+banner "cargo build --workspace --all-targets --locked$lints_on"
 cargo build --workspace --all-targets --locked
 
 if [[ "$lint" -eq 1 ]]; then
