@@ -9,3 +9,4 @@ pub(crate) mod fleet;
 pub(crate) mod hostile;
 pub(crate) mod parked;
 pub(crate) mod workload;
+pub(crate) mod writes;

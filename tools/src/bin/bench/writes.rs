@@ -1,0 +1,200 @@
+//! What the sagas of the throughput phase cost the database in writes, per saga: on
+//! PostgreSQL the rows each table inserted, updated (and how many of those updates were HOT)
+//! and deleted, and the WAL bytes, from `pg_stat_user_tables` and `pg_stat_wal`; on SQLite
+//! the bytes this process handed to `write` (the database file, its WAL and the odd line of
+//! output), from `/proc/self/io`. Figures that repeat where a time does not: a change to the
+//! rows a saga writes shows in them on a noisy machine.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use sagaflow::sea_orm::{ConnectionTrait, Statement};
+use sagaflow::{Backend, Engine};
+
+/// The tables a saga writes (the others hold leases and heartbeats, written by time, not by
+/// sagas).
+const SAGA_TABLES: &str = "'sagaflow_runs', 'sagaflow_steps', 'sagaflow_history', \
+    'sagaflow_outbox', 'sagaflow_alerts'";
+
+/// A table's cumulative row counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Rows {
+    inserted: i64,
+    updated: i64,
+    hot: i64,
+    deleted: i64,
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Writes {
+    Postgres {
+        tables: BTreeMap<String, Rows>,
+        wal_bytes: i64,
+    },
+    Sqlite {
+        written: u64,
+    },
+}
+
+/// The counters now. PostgreSQL publishes a session's counters when its transaction ends,
+/// at most once a second, and an idle session's within ten seconds: the read is repeated
+/// until two reads a second apart agree (at most 15 s), so the last sagas' rows are in.
+/// `None` when they cannot be read (no `/proc`, statistics not readable).
+pub(crate) async fn now(engine: &Engine) -> Option<Writes> {
+    match engine.backend() {
+        Backend::Postgres => {
+            let give_up = Instant::now() + Duration::from_secs(15);
+            let mut last = postgres(engine).await?;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let next = postgres(engine).await?;
+                if next == last || Instant::now() > give_up {
+                    return Some(next);
+                }
+                last = next;
+            }
+        }
+        Backend::Sqlite => {
+            let io = std::fs::read_to_string("/proc/self/io").ok()?;
+            let line = io.lines().find(|l| l.starts_with("wchar:"))?;
+            let written = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(Writes::Sqlite { written })
+        }
+    }
+}
+
+async fn postgres(engine: &Engine) -> Option<Writes> {
+    let conn = engine.connection();
+    let sql = format!(
+        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, \
+           (SELECT wal_bytes FROM pg_stat_wal)::bigint AS wal_bytes \
+         FROM pg_stat_user_tables WHERE relname IN ({SAGA_TABLES})"
+    );
+    let rows = conn
+        .query_all_raw(Statement::from_string(conn.get_database_backend(), sql))
+        .await
+        .ok()?;
+    let mut tables = BTreeMap::new();
+    let mut wal_bytes = 0;
+    for r in rows {
+        let name: String = r.try_get_by_index(0).ok()?;
+        let counters = Rows {
+            inserted: r.try_get_by_index(1).ok()?,
+            updated: r.try_get_by_index(2).ok()?,
+            hot: r.try_get_by_index(3).ok()?,
+            deleted: r.try_get_by_index(4).ok()?,
+        };
+        wal_bytes = r.try_get_by_index(5).ok()?;
+        tables.insert(name.trim_start_matches("sagaflow_").to_owned(), counters);
+    }
+    Some(Writes::Postgres { tables, wal_bytes })
+}
+
+/// Prints what happened between `before` and `after`, per saga of `runs`.
+pub(crate) fn print(before: &Writes, after: &Writes, runs: usize) {
+    let per = |n: i64| n as f64 / runs.max(1) as f64;
+    match (before, after) {
+        (
+            Writes::Postgres {
+                tables: t0,
+                wal_bytes: w0,
+            },
+            Writes::Postgres {
+                tables: t1,
+                wal_bytes: w1,
+            },
+        ) => {
+            println!("  writes/saga    table      inserted  updated (HOT)   deleted");
+            for (name, d) in differences(t0, t1) {
+                println!(
+                    "                 {name:<10} {:>8.2} {:>8.2} ({:>5.2}) {:>8.2}",
+                    per(d.inserted),
+                    per(d.updated),
+                    per(d.hot),
+                    per(d.deleted)
+                );
+            }
+            println!(
+                "  WAL/saga       {:.0} bytes (the cluster's, over the phase)",
+                per(w1 - w0)
+            );
+        }
+        (Writes::Sqlite { written: a }, Writes::Sqlite { written: b }) => {
+            let bytes = i64::try_from(b.saturating_sub(*a)).unwrap_or(i64::MAX);
+            println!(
+                "  written/saga   {:.0} bytes (this process's writes: the database file and its WAL)",
+                per(bytes)
+            );
+        }
+        _ => {}
+    }
+}
+
+/// Each table's counters in `after` less those in `before`, the tables with no change left
+/// out, and a last line `all` with their sum.
+fn differences(
+    before: &BTreeMap<String, Rows>,
+    after: &BTreeMap<String, Rows>,
+) -> Vec<(String, Rows)> {
+    let mut out = Vec::new();
+    let mut sum = Rows::default();
+    for (name, b) in after {
+        let a = before.get(name).copied().unwrap_or_default();
+        let d = Rows {
+            inserted: b.inserted - a.inserted,
+            updated: b.updated - a.updated,
+            hot: b.hot - a.hot,
+            deleted: b.deleted - a.deleted,
+        };
+        if d == Rows::default() {
+            continue;
+        }
+        sum.inserted += d.inserted;
+        sum.updated += d.updated;
+        sum.hot += d.hot;
+        sum.deleted += d.deleted;
+        out.push((name.clone(), d));
+    }
+    out.push(("all".to_owned(), sum));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{Rows, differences};
+
+    fn rows(inserted: i64, updated: i64, hot: i64, deleted: i64) -> Rows {
+        Rows {
+            inserted,
+            updated,
+            hot,
+            deleted,
+        }
+    }
+
+    #[test]
+    fn the_differences_leave_out_unchanged_tables_and_end_with_their_sum() {
+        let before: BTreeMap<String, Rows> = [
+            ("runs".to_owned(), rows(10, 20, 5, 0)),
+            ("alerts".to_owned(), rows(1, 0, 0, 0)),
+        ]
+        .into();
+        let after: BTreeMap<String, Rows> = [
+            ("runs".to_owned(), rows(12, 26, 6, 1)),
+            ("alerts".to_owned(), rows(1, 0, 0, 0)),
+            ("steps".to_owned(), rows(6, 9, 0, 0)),
+        ]
+        .into();
+        assert_eq!(
+            differences(&before, &after),
+            vec![
+                ("runs".to_owned(), rows(2, 6, 1, 1)),
+                ("steps".to_owned(), rows(6, 9, 0, 0)),
+                ("all".to_owned(), rows(8, 15, 1, 1)),
+            ]
+        );
+    }
+}
