@@ -54,6 +54,10 @@ pub struct Operator<'a> {
 }
 
 impl Operator<'_> {
+    /// The longest reason, in characters, that the HTTP API, the console and the `sagaflow`
+    /// command accept for an action; the reason is recorded with it.
+    pub const REASON_MAX_CHARS: usize = 2_000;
+
     /// The same actions recorded as done by `actor` for `reason` (in the run's history:
     /// `actor` as the event's actor, the reason in its detail).
     #[must_use]

@@ -14,7 +14,7 @@ use crate::output;
 /// Environment variable naming the operator when `--as` is not given.
 pub(crate) const OPERATOR_ENV: &str = "SAGAFLOW_OPERATOR";
 /// Longest reason an action records (as over the API).
-const REASON_MAX_CHARS: usize = 2_000;
+const REASON_MAX_CHARS: usize = sagaflow::Operator::REASON_MAX_CHARS;
 
 /// What every action takes: the run, why, and who.
 #[derive(Debug, Args)]

@@ -23,7 +23,7 @@ use super::runs::{ListParams, run_id};
 use crate::{ActionArgs, Error, OperatorAction, RunState};
 
 /// Longest reason an action records.
-pub(super) const REASON_MAX_CHARS: usize = 2_000;
+pub(super) const REASON_MAX_CHARS: usize = crate::Operator::REASON_MAX_CHARS;
 
 /// The reason of an action, trimmed, if it is one an action records: 1 to
 /// [`REASON_MAX_CHARS`] characters.
