@@ -2,7 +2,7 @@
 //! PostgreSQL the rows each table inserted, updated (and how many of those updates were HOT)
 //! and deleted, and the WAL bytes, from `pg_stat_user_tables` and `pg_stat_wal`; on SQLite
 //! the bytes this process handed to `write` (the database file, its WAL and the odd line of
-//! output), from `/proc/self/io`. Figures that repeat where a time does not: a change to the
+//! output), from `/proc/self/io`, and what that is in the database's pages. Figures that repeat where a time does not: a change to the
 //! rows a saga writes shows in them on a noisy machine.
 
 use std::collections::BTreeMap;
@@ -34,6 +34,7 @@ pub(crate) enum Writes {
     },
     Sqlite {
         written: u64,
+        page_size: u64,
     },
 }
 
@@ -59,7 +60,20 @@ pub(crate) async fn now(engine: &Engine) -> Option<Writes> {
             let io = std::fs::read_to_string("/proc/self/io").ok()?;
             let line = io.lines().find(|l| l.starts_with("wchar:"))?;
             let written = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(Writes::Sqlite { written })
+            let conn = engine.connection();
+            let page_size = conn
+                .query_one_raw(Statement::from_string(
+                    conn.get_database_backend(),
+                    "PRAGMA page_size",
+                ))
+                .await
+                .ok()??
+                .try_get_by_index::<i64>(0)
+                .ok()?;
+            Some(Writes::Sqlite {
+                written,
+                page_size: u64::try_from(page_size).ok()?,
+            })
         }
     }
 }
@@ -120,11 +134,20 @@ pub(crate) fn print(before: &Writes, after: &Writes, runs: usize) {
                 per(w1 - w0)
             );
         }
-        (Writes::Sqlite { written: a }, Writes::Sqlite { written: b }) => {
+        (
+            Writes::Sqlite { written: a, .. },
+            Writes::Sqlite {
+                written: b,
+                page_size,
+            },
+        ) => {
             let bytes = i64::try_from(b.saturating_sub(*a)).unwrap_or(i64::MAX);
+            let pages = i64::try_from(*page_size).unwrap_or(i64::MAX).max(1);
             println!(
-                "  written/saga   {:.0} bytes (this process's writes: the database file and its WAL)",
-                per(bytes)
+                "  written/saga   {:.0} bytes, {:.1} pages of {page_size} bytes (this process's \
+                 writes: the database file and its WAL)",
+                per(bytes),
+                per(bytes) / pages as f64
             );
         }
         _ => {}
