@@ -367,17 +367,29 @@ impl<'a> Plan<'a> {
                     StepState::CompensationReady | StepState::Compensating | StepState::Compensated
                 )
             });
-            if cancelled && !undoing {
+            // Once undoing has begun the saga cannot go forward either: a pivot that took or
+            // may have taken effect by then (a claim that met the cancel's unwinding, then an
+            // attempt interrupted) stops the run for an operator, whatever else is undone.
+            let completed = self.states[p] == StepState::Completed;
+            if cancelled && (completed || self.rows[p].maybe_applied) {
                 let name = self.wf.steps[p].name.clone();
-                if self.states[p] == StepState::Completed {
+                if completed && !undoing {
                     return self.cancel_too_late(&name);
                 }
-                if self.rows[p].maybe_applied {
-                    let reason = format!(
-                        "the run was cancelled while pivot `{name}` ran, and the pivot may have \
-                         taken effect (an attempt's outcome is unknown); retry it to learn the \
-                         outcome (same idempotency key) or compensate"
-                    );
+                {
+                    let reason = if completed {
+                        format!(
+                            "the run was cancelled and pivot `{name}` completed while the steps \
+                             before it were being undone; compensate to undo what can be, or \
+                             finish the saga by hand"
+                        )
+                    } else {
+                        format!(
+                            "the run was cancelled while pivot `{name}` ran, and the pivot may \
+                             have taken effect (an attempt's outcome is unknown); retry it to \
+                             learn the outcome (same idempotency key) or compensate"
+                        )
+                    };
                     let from = self.out.run_state.unwrap_or(self.run.state);
                     move_run(&mut self.out, from, RunTrigger::PivotMaybeApplied)?;
                     let row = self.rows[p];

@@ -441,6 +441,36 @@ fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
             .reason
             .contains("pivot `charge` ran, and the pivot may have taken effect")
     );
+    // A claim met the cancel's unwinding, and the pivot's attempt was then interrupted: with
+    // a step already undone, the run still stops for an operator instead of compensating
+    // past a pivot that may have acted.
+    let mut r = rows(&[
+        ("reserve", CompensationReady),
+        ("charge", Ready),
+        ("ship", NotStarted),
+    ]);
+    r[1].maybe_applied = true;
+    let p = plan(&wf, &cancelled(), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Error));
+    assert!(
+        !moves(&p).iter().any(|(s, _)| s == "charge"),
+        "{:?}",
+        moves(&p)
+    );
+    // The same with the pivot completed under the unwinding.
+    let r = rows(&[
+        ("reserve", Compensated),
+        ("charge", Completed),
+        ("ship", NotStarted),
+    ]);
+    let p = plan(&wf, &cancelled(), &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Error));
+    assert!(
+        p.alert
+            .expect("alert")
+            .reason
+            .contains("while the steps before it")
+    );
     // The pivot never acted: the cancel undoes what came before it.
     let r = rows(&[
         ("reserve", Completed),
