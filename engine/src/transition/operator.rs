@@ -136,12 +136,19 @@ pub fn parent_compensates(run: &RunRow, _steps: &[StepRow]) -> Result<PlanWrite>
 /// # Errors
 /// [`Error::ActionNotAllowed`] for a finished run.
 pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
-    unwind(
+    let mut plan = unwind(
         OperatorAction::Compensate,
         run,
         steps,
         RunTrigger::OperatorCompensate,
-    )
+    )?;
+    // A cancel stops at a pivot that took or may have taken effect; a `compensate` is the
+    // operator's decision to undo past it. Without the cancel's envelope the unwinding that
+    // follows takes it as that decision (the history keeps both actions).
+    if run.error.as_deref().is_some_and(is_cancelled) {
+        plan.clear_error = true;
+    }
+    Ok(plan)
 }
 
 /// The writes of an operator's `compensate` or `cancel`: the run unwinds, and its failed

@@ -471,6 +471,24 @@ fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
             .reason
             .contains("while the steps before it")
     );
+    // An operator's `compensate` of such a run is the decision to undo past the pivot: it
+    // drops the cancel's envelope, and the unwinding that follows compensates.
+    let mut r = rows(&[
+        ("reserve", CompensationReady),
+        ("charge", Ready),
+        ("ship", NotStarted),
+    ]);
+    r[1].maybe_applied = true;
+    let mut stopped = cancelled();
+    stopped.state = RunState::Error;
+    let c = super::operator::compensate(&stopped, &r).expect("compensate");
+    assert!(c.clear_error, "the cancel's envelope is dropped");
+    let p = plan(&wf, &run(RunState::Compensating), &r).expect("plan");
+    assert_ne!(p.run_state, Some(RunState::Error));
+    assert_eq!(
+        moves(&p),
+        vec![("charge".into(), Skipped), ("ship".into(), Skipped)]
+    );
     // The pivot never acted: the cancel undoes what came before it.
     let r = rows(&[
         ("reserve", Completed),
