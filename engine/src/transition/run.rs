@@ -376,27 +376,24 @@ impl<'a> Plan<'a> {
                 if completed && !undoing {
                     return self.cancel_too_late(&name);
                 }
-                {
-                    let reason = if completed {
-                        format!(
-                            "the run was cancelled and pivot `{name}` completed while the steps \
-                             before it were being undone; compensate to undo what can be, or \
-                             finish the saga by hand"
-                        )
-                    } else {
-                        format!(
-                            "the run was cancelled while pivot `{name}` ran, and the pivot may \
-                             have taken effect (an attempt's outcome is unknown); retry it to \
-                             learn the outcome (same idempotency key) or compensate"
-                        )
-                    };
-                    let from = self.out.run_state.unwrap_or(self.run.state);
-                    move_run(&mut self.out, from, RunTrigger::PivotMaybeApplied)?;
-                    let row = self.rows[p];
-                    self.out.alert =
-                        Some(run_alert(self.run, AlertKind::RunError, &name, row, reason));
-                    return Ok(self.out);
-                }
+                let reason = if completed {
+                    format!(
+                        "the run was cancelled and pivot `{name}` completed while the steps \
+                         before it were being undone; compensate to undo what can be, or \
+                         finish the saga by hand"
+                    )
+                } else {
+                    format!(
+                        "the run was cancelled while pivot `{name}` ran, and the pivot may \
+                         have taken effect (an attempt's outcome is unknown); retry it to \
+                         learn the outcome (same idempotency key) or compensate"
+                    )
+                };
+                let from = self.out.run_state.unwrap_or(self.run.state);
+                move_run(&mut self.out, from, RunTrigger::PivotMaybeApplied)?;
+                let row = self.rows[p];
+                self.out.alert = Some(run_alert(self.run, AlertKind::RunError, &name, row, reason));
+                return Ok(self.out);
             }
         }
         for i in 0..n {

@@ -385,6 +385,18 @@ fn order_with_pivot() -> Workflow {
 }
 
 /// A run an operator cancelled: compensating, with the cancel's error envelope.
+/// The three steps with the pivot `charge` ready after an attempt whose outcome is unknown,
+/// and `reserve` in `reserve`.
+fn pivot_maybe_applied(reserve: StepState) -> Vec<StepRow> {
+    let mut r = rows(&[
+        ("reserve", reserve),
+        ("charge", StepState::Ready),
+        ("ship", StepState::NotStarted),
+    ]);
+    r[1].maybe_applied = true;
+    r
+}
+
 fn cancelled() -> RunRow {
     let mut r = run(RunState::Compensating);
     r.error = Some(
@@ -427,12 +439,7 @@ fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
     let p = plan(&wf, &cancelled(), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Completed));
     // The pivot's outcome is unknown: an operator decides, alerted.
-    let mut r = rows(&[
-        ("reserve", Completed),
-        ("charge", Ready),
-        ("ship", NotStarted),
-    ]);
-    r[1].maybe_applied = true;
+    let r = pivot_maybe_applied(Completed);
     let p = plan(&wf, &cancelled(), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Error));
     assert!(
@@ -444,12 +451,7 @@ fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
     // A claim met the cancel's unwinding, and the pivot's attempt was then interrupted: with
     // a step already undone, the run still stops for an operator instead of compensating
     // past a pivot that may have acted.
-    let mut r = rows(&[
-        ("reserve", CompensationReady),
-        ("charge", Ready),
-        ("ship", NotStarted),
-    ]);
-    r[1].maybe_applied = true;
+    let r = pivot_maybe_applied(CompensationReady);
     let p = plan(&wf, &cancelled(), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Error));
     assert!(
@@ -473,12 +475,7 @@ fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
     );
     // An operator's `compensate` of such a run is the decision to undo past the pivot: it
     // drops the cancel's envelope, and the unwinding that follows compensates.
-    let mut r = rows(&[
-        ("reserve", CompensationReady),
-        ("charge", Ready),
-        ("ship", NotStarted),
-    ]);
-    r[1].maybe_applied = true;
+    let r = pivot_maybe_applied(CompensationReady);
     let mut stopped = cancelled();
     stopped.state = RunState::Error;
     let c = super::operator::compensate(&stopped, &r).expect("compensate");
