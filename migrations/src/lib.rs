@@ -60,6 +60,7 @@ mod m0016_waits;
 mod m0017_schedules;
 mod m0018_instance_workflows;
 mod m0019_secrets;
+mod m0020_history_folds;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -101,6 +102,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0017_schedules::Migration),
             Box::new(m0018_instance_workflows::Migration),
             Box::new(m0019_secrets::Migration),
+            Box::new(m0020_history_folds::Migration),
         ]
     }
 

@@ -115,13 +115,14 @@ impl<'t> Reader<'t> {
                 wait: r.try_get("", "wait")?,
             });
         }
-        let sql = "SELECT run_id, id, step, event, from_state, to_state, attempt, actor, detail, at \
-                   FROM sagaflow_history WHERE run_id >= $1 AND run_id <= $2 ORDER BY run_id, id";
+        let sql = "SELECT run_id, id, step, event, from_state, to_state, attempt, actor, detail, at, \
+                   then_states FROM sagaflow_history WHERE run_id >= $1 AND run_id <= $2 \
+                   ORDER BY run_id, id";
         for r in &self.all(sql, range()).await? {
             let run: Uuid = r.try_get("", "run_id")?;
             let at: i64 = r.try_get("", "at")?;
             let detail: Option<String> = r.try_get("", "detail")?;
-            page.lines.entry(run).or_default().push(HistoryLine {
+            let line = HistoryLine {
                 id: r.try_get("", "id")?,
                 step: r.try_get("", "step")?,
                 event: r.try_get("", "event")?,
@@ -132,7 +133,10 @@ impl<'t> Reader<'t> {
                 detail: detail
                     .map(|d| serde_json::from_str(&d).unwrap_or(serde_json::Value::String(d))),
                 at: chrono::DateTime::from_timestamp_millis(at).unwrap_or_default(),
-            });
+            };
+            let then: Option<String> = r.try_get("", "then_states")?;
+            let lines = page.lines.entry(run).or_default();
+            lines.extend(unfold(line, then.as_deref()));
         }
         let sql = "SELECT run_id FROM sagaflow_alerts \
                    WHERE run_id >= $1 AND run_id <= $2 AND resolved_at IS NULL";
@@ -154,4 +158,37 @@ impl<'t> Reader<'t> {
         let text: String = r.try_get("", "description")?;
         Ok(serde_json::from_str(&text).ok())
     }
+}
+
+/// A stored history row as the lines it records: its own, then the `state` changes folded
+/// into it (`then_states`: a JSON array of `[step, from, to]`, `step` null for the run), with
+/// its id, actor and time. Read here, not through the engine's decoding (see the module's
+/// docs). A column that does not decode becomes a line whose state is that text, which no
+/// path accepts: the run is reported, and the other runs are still checked.
+fn unfold(line: HistoryLine, then: Option<&str>) -> Vec<HistoryLine> {
+    type Folded = Vec<(Option<String>, Option<String>, Option<String>)>;
+    let Some(text) = then else {
+        return vec![line];
+    };
+    let folded: Folded = serde_json::from_str(text).unwrap_or_else(|_| {
+        vec![(
+            line.step.clone(),
+            None,
+            Some(format!("then_states: {text}")),
+        )]
+    });
+    let mut out = Vec::with_capacity(1 + folded.len());
+    for (step, from, to) in folded {
+        out.push(HistoryLine {
+            step,
+            event: "state".to_owned(),
+            from,
+            to,
+            attempt: None,
+            detail: None,
+            ..line.clone()
+        });
+    }
+    out.insert(0, line);
+    out
 }

@@ -118,7 +118,9 @@ impl std::fmt::Display for EntityState {
 #[non_exhaustive]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HistoryEvent {
-    /// Sequence number (increasing within a database).
+    /// The stored row's sequence number (increasing within a database). The state changes
+    /// one unit of work decided together with an event are stored in that event's row and
+    /// share its id; a run's history is in id order.
     pub id: i64,
     /// The step concerned; `None` when the event is about the run.
     pub step: Option<String>,
@@ -181,6 +183,75 @@ pub(crate) struct HistoryColumns {
     pub(crate) actor: String,
     pub(crate) detail: Option<String>,
     pub(crate) at: i64,
+    /// The state changes folded into this row ([`FoldedStates`]), as stored.
+    pub(crate) then_states: Option<String>,
+}
+
+/// The state changes a history row carries after its own event (the column `then_states`):
+/// changes decided in the same unit of work, by the same actor, that have no attempt and no
+/// detail of their own, such as the successors a completion made ready and the run's move to
+/// `running` or `completed`. Each is a `[step, from, to]` triple, `step` being `None` for the
+/// run; stored as that JSON array. Reading the row gives each back as a `state` event of its
+/// own, after the row's event, at its time and with its id, so a saga writes one history row
+/// per attempt instead of one per transition and its history reads the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub(crate) struct FoldedStates(pub(crate) Vec<(Option<String>, Option<String>, Option<String>)>);
+
+impl FoldedStates {
+    /// Reads the column.
+    ///
+    /// # Errors
+    /// When the text is not such an array.
+    pub(crate) fn parse(text: &str) -> serde_json::Result<Self> {
+        serde_json::from_str(text)
+    }
+
+    /// The column's text; `None` when there is nothing folded.
+    pub(crate) fn to_column(&self) -> Option<String> {
+        if self.0.is_empty() {
+            return None;
+        }
+        // A vector of strings and nulls always serializes.
+        serde_json::to_string(self).ok()
+    }
+}
+
+impl HistoryColumns {
+    /// The events the row holds: its own, then each state change folded into it.
+    ///
+    /// # Errors
+    /// [`Error::CorruptRow`] when a state or the folded column does not decode.
+    pub(crate) fn into_events(mut self) -> Result<Vec<HistoryEvent>> {
+        let Some(text) = self.then_states.take() else {
+            return Ok(vec![self.try_into()?]);
+        };
+        let folded = FoldedStates::parse(&text).map_err(|e| {
+            Error::corrupt(
+                "sagaflow_history",
+                self.id.to_string(),
+                format!("column `then_states` does not decode: {e}"),
+            )
+        })?;
+        let mut out = Vec::with_capacity(1 + folded.0.len());
+        for (step, from_state, to_state) in folded.0 {
+            let next = Self {
+                id: self.id,
+                step,
+                event: HistoryKind::State.as_ref().to_owned(),
+                from_state,
+                to_state,
+                attempt: None,
+                actor: self.actor.clone(),
+                detail: None,
+                at: self.at,
+                then_states: None,
+            };
+            out.push(next.try_into()?);
+        }
+        out.insert(0, self.try_into()?);
+        Ok(out)
+    }
 }
 
 impl TryFrom<HistoryColumns> for HistoryEvent {
@@ -264,6 +335,7 @@ mod tests {
             actor: "a".into(),
             detail: Some("not json".into()),
             at: 0,
+            then_states: None,
         };
         let e = HistoryEvent::try_from(row(Some("s"), "compensated")).expect("decodes");
         assert_eq!(e.to, Some(EntityState::Step(StepState::Compensated)));
@@ -271,5 +343,104 @@ mod tests {
         let e = HistoryEvent::try_from(row(None, "compensated")).expect("decodes");
         assert_eq!(e.to, Some(EntityState::Run(RunState::Compensated)));
         assert!(HistoryEvent::try_from(row(None, "not_started")).is_err());
+    }
+
+    #[test]
+    fn a_row_gives_back_the_state_changes_folded_into_it_in_order() {
+        let folded = FoldedStates(vec![
+            (
+                Some("charge".into()),
+                Some("not_started".into()),
+                Some("ready".into()),
+            ),
+            (None, Some("pending".into()), Some("running".into())),
+        ]);
+        let text = folded.to_column().expect("something folded");
+        assert_eq!(
+            text,
+            r#"[["charge","not_started","ready"],[null,"pending","running"]]"#
+        );
+        let row = HistoryColumns {
+            id: 7,
+            step: Some("reserve".into()),
+            event: "completed".into(),
+            from_state: Some("running".into()),
+            to_state: Some("completed".into()),
+            attempt: Some(1),
+            actor: "i1".into(),
+            detail: None,
+            at: 5,
+            then_states: Some(text),
+        };
+        let events = row.into_events().expect("decodes");
+        let seen: Vec<_> = events
+            .iter()
+            .map(|e| {
+                (
+                    e.id,
+                    e.kind.clone(),
+                    e.step.as_deref(),
+                    e.to,
+                    e.attempt,
+                    e.actor.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    7,
+                    HistoryKind::Completed,
+                    Some("reserve"),
+                    Some(EntityState::Step(StepState::Completed)),
+                    Some(1),
+                    "i1"
+                ),
+                (
+                    7,
+                    HistoryKind::State,
+                    Some("charge"),
+                    Some(EntityState::Step(StepState::Ready)),
+                    None,
+                    "i1"
+                ),
+                (
+                    7,
+                    HistoryKind::State,
+                    None,
+                    Some(EntityState::Run(RunState::Running)),
+                    None,
+                    "i1"
+                ),
+            ]
+        );
+        assert!(events.iter().all(|e| e.at == events[0].at));
+        assert_eq!(FoldedStates::default().to_column(), None);
+        let mut bad = row_with_folded("[1]");
+        assert!(
+            bad.clone().into_events().is_err(),
+            "a column that does not decode is damage"
+        );
+        bad.then_states = Some(r#"[[null,"pending","not_a_state"]]"#.into());
+        assert!(
+            bad.into_events().is_err(),
+            "so is a folded state that is no state"
+        );
+    }
+
+    fn row_with_folded(text: &str) -> HistoryColumns {
+        HistoryColumns {
+            id: 1,
+            step: None,
+            event: "submitted".into(),
+            from_state: None,
+            to_state: Some("pending".into()),
+            attempt: None,
+            actor: "api".into(),
+            detail: None,
+            at: 0,
+            then_states: Some(text.into()),
+        }
     }
 }

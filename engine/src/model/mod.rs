@@ -17,6 +17,7 @@ mod history;
 mod notice;
 
 pub use alert::{Alert, AlertKind, RESOLVED_BY_ENGINE};
+pub(crate) use history::FoldedStates;
 pub(crate) use history::HistoryColumns;
 pub use history::{EntityState, HistoryEvent, HistoryKind};
 pub use notice::{

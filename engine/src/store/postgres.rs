@@ -18,6 +18,7 @@ pub(super) const DIALECT: Dialect = Dialect {
     claim_lock: CLAIM_LOCK,
     row_lock: " FOR UPDATE",
     explain: ("EXPLAIN", "QUERY PLAN"),
+    folded_count: "json_array_length(then_states::json)",
     rows_as_objects: true,
     in_list,
     rows_from,

@@ -241,4 +241,5 @@ from_row!(HistoryColumns {
     actor,
     detail,
     at,
+    then_states,
 });

@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::rows::{RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
 use super::{RunRow, RunView, StepRow, Store, placeholders};
 use crate::interleave::{Point, Unit};
-use crate::model::{HistoryEvent, RunCounts};
+use crate::model::{HistoryEvent, HistoryKind, RunCounts};
 use crate::{Error, Result, RunState};
 
 impl Store {
@@ -55,14 +55,16 @@ impl Store {
         let rows = self
             .exec
             .query_all(self.stmt(
-                "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at FROM sagaflow_history \
-                 WHERE run_id = $1 ORDER BY id",
+                "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at, then_states \
+                 FROM sagaflow_history WHERE run_id = $1 ORDER BY id",
                 vec![id.into()],
             ))
             .await?;
-        rows.iter()
-            .map(|r| super::rows::history_columns(r)?.try_into())
-            .collect()
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            out.extend(super::rows::history_columns(r)?.into_events()?);
+        }
+        Ok(out)
     }
 
     /// Runs marked for evaluation, oldest change first, among the given workflow keys.
@@ -242,21 +244,23 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn history_event_counts(&self) -> Result<Vec<(String, i64)>> {
-        let rows = self
-            .exec
-            .query_all(self.stmt(
-                "SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event ORDER BY event",
-                vec![],
-            ))
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get::<String>("", "event")?,
-                    r.try_get::<i64>("", "n")?,
-                ))
-            })
-            .collect()
+        // The `state` changes folded into other rows count as the events they read back as.
+        let sql = format!(
+            "SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event \
+             UNION ALL SELECT '{state}', SUM({folded}) FROM sagaflow_history \
+             WHERE then_states IS NOT NULL",
+            state = HistoryKind::State.as_ref(),
+            folded = self.dialect().folded_count,
+        );
+        let rows = self.exec.query_all(self.stmt(&sql, vec![])).await?;
+        let mut counts = std::collections::BTreeMap::<String, i64>::new();
+        for r in &rows {
+            // `SUM` over no row is NULL.
+            if let Some(n) = r.try_get::<Option<i64>>("", "n")? {
+                *counts.entry(r.try_get("", "event")?).or_default() += n;
+            }
+        }
+        Ok(counts.into_iter().collect())
     }
 }
 

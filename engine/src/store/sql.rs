@@ -25,6 +25,8 @@ pub(super) struct Dialect {
     pub(super) row_lock: &'static str,
     /// The query-plan prefix and the column its lines come back in.
     pub(super) explain: (&'static str, &'static str),
+    /// The length of the JSON array in the text column `then_states`.
+    pub(super) folded_count: &'static str,
     /// Whether a many-row source is sent as JSON objects (else as arrays read by position).
     pub(super) rows_as_objects: bool,
     /// `column IN (…)` over `values` bound as one parameter numbered `first`.

@@ -17,6 +17,7 @@ pub(super) const DIALECT: Dialect = Dialect {
     // A unit of work holds the file's write lock already.
     row_lock: "",
     explain: ("EXPLAIN QUERY PLAN", "detail"),
+    folded_count: "json_array_length(then_states)",
     rows_as_objects: false,
     in_list,
     rows_from,

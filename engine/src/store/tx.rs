@@ -21,11 +21,40 @@ use uuid::Uuid;
 use super::alerts::{NewAlert, insert_alert};
 use super::rows::{RUN_COLS, STEP_COLS};
 use super::{Backend, Damage, RunRow, StepRow, Store};
-use crate::model::{Alert, AlertKind};
+use crate::model::{Alert, AlertKind, FoldedStates, HistoryKind};
 use crate::{Result, RunState};
 
 /// Rows per batch statement (bounds the size of one array or JSON parameter).
 pub(super) const CHUNK: usize = 400;
+
+/// The rows that store `entries`: each entry that only records a state change (event
+/// `state`, no attempt, no detail) is folded into the row of the entry before it of the same
+/// run and actor, as a [`FoldedStates`] triple; every other entry is a row of its own. All of
+/// them are written by one unit of work at one `{now}`, and a run's entries keep their order:
+/// a folded change reads back right after the event of its row, before any later row of its
+/// run. Entries of other runs between them do not matter: a history is read run by run.
+fn fold_history(entries: &[HistoryEntry]) -> Vec<(&HistoryEntry, FoldedStates)> {
+    let mut rows: Vec<(&HistoryEntry, FoldedStates)> = Vec::with_capacity(entries.len());
+    // The row each run's latest entry went into.
+    let mut last: HashMap<Uuid, usize> = HashMap::new();
+    for e in entries {
+        let bare =
+            e.event == HistoryKind::State.as_ref() && e.attempt.is_none() && e.detail.is_none();
+        if bare
+            && let Some(&row) = last.get(&e.run_id)
+            && rows[row].0.actor == e.actor
+        {
+            rows[row]
+                .1
+                .0
+                .push((e.step.clone(), e.from.clone(), e.to.clone()));
+            continue;
+        }
+        last.insert(e.run_id, rows.len());
+        rows.push((e, FoldedStates::default()));
+    }
+    rows
+}
 
 /// One history row to insert.
 #[derive(Debug, Clone)]
@@ -104,7 +133,7 @@ impl Store {
         entries: &[HistoryEntry],
         notify: Option<&str>,
     ) -> Result<()> {
-        const COLS: [(&str, &str); 8] = [
+        const COLS: [(&str, &str); 9] = [
             ("run_id", "uuid"),
             ("step", "text"),
             ("event", "text"),
@@ -113,13 +142,15 @@ impl Store {
             ("attempt", "integer"),
             ("actor", "text"),
             ("detail", "text"),
+            ("then_states", "text"),
         ];
         let notify = notify.filter(|_| self.backend == Backend::Postgres);
-        let chunks = entries.len().div_ceil(CHUNK);
-        for (i, chunk) in entries.chunks(CHUNK).enumerate() {
+        let folded = fold_history(entries);
+        let chunks = folded.len().div_ceil(CHUNK);
+        for (i, chunk) in folded.chunks(CHUNK).enumerate() {
             let rows = chunk
                 .iter()
-                .map(|e| {
+                .map(|(e, then)| {
                     vec![
                         e.run_id.into(),
                         e.step.clone().into(),
@@ -129,13 +160,14 @@ impl Store {
                         e.attempt.into(),
                         e.actor.clone().into(),
                         e.detail.clone().into(),
+                        then.to_column().into(),
                     ]
                 })
                 .collect();
             let (source, mut values) = self.rows_source(1, &COLS, rows)?;
             let insert = format!(
-                "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, attempt, actor, detail, at) \
-                 SELECT v.run_id, v.step, v.event, v.from_state, v.to_state, v.attempt, v.actor, v.detail, {{now}} \
+                "INSERT INTO sagaflow_history (run_id, step, event, from_state, to_state, attempt, actor, detail, then_states, at) \
+                 SELECT v.run_id, v.step, v.event, v.from_state, v.to_state, v.attempt, v.actor, v.detail, v.then_states, {{now}} \
                  FROM {source}"
             );
             match notify {

@@ -378,3 +378,14 @@ pub(crate) async fn console_login(addr: std::net::SocketAddr, token: &str) -> St
         .to_owned();
     set.split(';').next().expect("pair").to_owned()
 }
+
+/// Waits (30 s at most) until run `id` has exactly one step parked.
+pub(crate) async fn parked(engine: &Engine, id: Uuid) {
+    sagaflow_testkit::eventually(Duration::from_secs(30), "a step waiting", || async {
+        engine
+            .waiting_steps(Some(id), 10)
+            .await
+            .is_ok_and(|w| w.len() == 1)
+    })
+    .await;
+}

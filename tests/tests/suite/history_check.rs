@@ -123,7 +123,21 @@ async fn rows_corrupted_by_hand_are_reported_one_violation_each() {
             vec![undone.into(), stuck.into()],
         )
         .await;
-        // The same run loses the line of its stock's release.
+        // The same run loses the line of its stock's release. The row of that line also
+        // holds the run's move to compensated when the same unit of work decided it
+        // (`then_states`); that line is kept, as a row of its own.
+        let conn = Database::connect(db.url.as_str()).await.expect("connect");
+        conn.execute_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            "INSERT INTO sagaflow_history (run_id, event, from_state, to_state, actor, at) \
+             SELECT run_id, 'state', 'compensating', 'compensated', actor, at \
+             FROM sagaflow_history WHERE run_id = $1 AND step = 'reserve_stock' \
+             AND to_state = 'compensated' AND then_states LIKE '%compensated%'",
+            vec![undone.into()],
+        ))
+        .await
+        .expect("keep the run's line");
+        let _ = conn.close().await;
         corrupt(
             &db,
             "DELETE FROM sagaflow_history WHERE run_id = $1 AND step = 'reserve_stock' \

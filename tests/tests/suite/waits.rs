@@ -13,6 +13,8 @@ use sagaflow::{
 };
 use sagaflow_testkit::effects::{EffectClient, EffectServer};
 use sagaflow_testkit::{ChildTest, TestDb, backends, engine, eventually, expect_state};
+
+use crate::fixtures::parked;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -63,17 +65,6 @@ fn timed(client: &EffectClient, hold: Duration) -> Workflow {
         .after(["hold"])
         .build()
         .expect("valid")
-}
-
-/// Waits until run `id` has one waiting step.
-async fn parked(engine: &Engine, id: Uuid) {
-    eventually(WAIT, "a step waiting", || async {
-        engine
-            .waiting_steps(Some(id), 10)
-            .await
-            .is_ok_and(|w| w.len() == 1)
-    })
-    .await;
 }
 
 /// How often `step` of run `id` did `event` (history kind as stored).
