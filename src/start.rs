@@ -64,8 +64,9 @@ pub struct StartOptions {
     pub business_key: Option<String>,
     /// What to do with a duplicate.
     pub on_duplicate: OnDuplicate,
-    /// When the run's first steps become due: at once by default. Until then the run is
-    /// `Pending` and its steps count as `scheduled` in [`Engine::stats`].
+    /// When the run's first steps become due: at once by default (the run is then stored
+    /// `Running`). With a start time the run is `Pending` until its first step completes,
+    /// and its steps count as `scheduled` in [`Engine::stats`] until they are due.
     pub start: StartTime,
     /// Claim priority, [`PRIORITY_MIN`] to [`PRIORITY_MAX`]; `None` takes the workflow's
     /// default ([`WorkflowBuilder::priority`](crate::WorkflowBuilder::priority), 0 unless
@@ -268,7 +269,8 @@ pub struct Started {
     pub id: Uuid,
     /// Whether a new run was created (false: the run holding the business key was returned).
     pub created: bool,
-    /// The run's state: `Pending` for a new run, the existing run's state otherwise.
+    /// The run's state: for a new run, `Running` (`Pending` when it was given a start
+    /// time); the existing run's state otherwise.
     pub state: RunState,
 }
 
@@ -285,7 +287,7 @@ impl Engine {
     }
 
     /// Starts a run with options (business key, duplicate policy, start time, priority). With
-    /// a start time, the run is stored `Pending` at once and its first steps wait until then.
+    /// a start time, the run is stored `Pending` and its first steps wait until then.
     /// With a business key that
     /// a retained run holds, nothing is created and that run is returned (or, with
     /// [`OnDuplicate::Reject`], [`Error::DuplicateKey`]): intake is idempotent for as long
@@ -304,6 +306,7 @@ impl Engine {
         opts: StartOptions,
     ) -> Result<Started> {
         let run = self.prepare(workflow, input, &opts).await?;
+        let initial = run.initial_state();
         let (reply, answer) = oneshot::channel();
         self.inner
             .submit
@@ -311,8 +314,8 @@ impl Engine {
             .await
             .map_err(|_| Error::Shutdown)?;
         let outcome = answer.await.map_err(|_| Error::Shutdown)??;
-        // The submitter published the `Pending` event of a new run as it committed.
-        resolve(outcome, opts, workflow)
+        // The submitter published the first event of a new run as it committed.
+        resolve(outcome, opts, workflow, initial)
     }
 
     /// Starts a run on the caller's connection or transaction: the run and its steps commit
@@ -340,7 +343,7 @@ impl Engine {
             // out of the engine's sight.
             sagaflow_engine::metrics::run_started(&run.workflow);
         }
-        resolve(outcome, opts, workflow)
+        resolve(outcome, opts, workflow, run.initial_state())
     }
 
     /// Validates a submission and builds its rows.
@@ -446,12 +449,18 @@ impl Engine {
 }
 
 /// Applies the duplicate policy to an insert outcome.
-fn resolve(outcome: RunInsertOutcome, opts: StartOptions, workflow: &str) -> Result<Started> {
+/// `initial` is the state a new run was stored in.
+fn resolve(
+    outcome: RunInsertOutcome,
+    opts: StartOptions,
+    workflow: &str,
+    initial: RunState,
+) -> Result<Started> {
     match outcome {
         RunInsertOutcome::Inserted(id) => Ok(Started {
             id,
             created: true,
-            state: RunState::Pending,
+            state: initial,
         }),
         RunInsertOutcome::Duplicate { existing, state } => match opts.on_duplicate {
             OnDuplicate::ReturnExisting => Ok(Started {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use sagaflow_engine::signals::{RunEvent, Signals};
 use sagaflow_engine::store::{NewRun, RunInsertOutcome};
-use sagaflow_engine::{Result, RunState, Store};
+use sagaflow_engine::{Result, Store};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -86,16 +86,16 @@ pub(crate) fn spawn(
     tx
 }
 
-/// Publishes the `Pending` event of a run the batch created, right after its commit and
-/// before its caller or this instance's claim loop hears of it, so that a subscriber sees
-/// `Pending` before anything the run does next.
+/// Publishes the first event of a run the batch created (the state it was stored in), right
+/// after its commit and before its caller or this instance's claim loop hears of it, so
+/// that a subscriber sees it before anything the run does next.
 fn accepted(signals: &Signals, run: &NewRun, outcome: &RunInsertOutcome) {
     if matches!(outcome, RunInsertOutcome::Inserted(_)) {
         sagaflow_engine::metrics::run_started(&run.workflow);
         signals.publish(RunEvent {
             run_id: run.id,
             workflow: run.workflow.clone(),
-            state: RunState::Pending,
+            state: run.initial_state(),
         });
     }
 }

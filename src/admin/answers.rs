@@ -58,7 +58,8 @@ pub(super) struct DefinitionsAnswer {
 pub(super) struct StartAnswer {
     /// The run's id.
     pub(super) id: Uuid,
-    /// `pending` for a new run; the state of the run holding the business key otherwise.
+    /// `running` for a new run (`pending` when it was given a start time); the state of the
+    /// run holding the business key otherwise.
     pub(super) state: RunState,
     /// Whether a new run was created (`false`: the run holding the business key).
     pub(super) created: bool,

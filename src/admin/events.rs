@@ -57,7 +57,7 @@ struct Follow {
             description = "A stream of `state` events whose `data` is a `RunStateEvent` (see the schema of that name)",
             content_type = "text/event-stream",
             body = String,
-            example = "event: state\ndata: {\"run_id\":\"0199a1b2-0000-7000-8000-000000000000\",\"state\":\"pending\"}\n\n",
+            example = "event: state\ndata: {\"run_id\":\"0199a1b2-0000-7000-8000-000000000000\",\"state\":\"running\"}\n\n",
         ),
         (status = 400, description = "`invalid_id`: not a UUID", body = ErrorBody),
         (status = 404, description = "`run_not_found`", body = ErrorBody),

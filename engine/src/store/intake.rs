@@ -17,8 +17,9 @@ use crate::{Error, Result, RunState, StepState};
 const CHUNK_RUNS: usize = 400;
 
 /// Columns of a run to insert, as sent in a JSON row batch (name, PostgreSQL type).
-const RUN_COLS_IN: [(&str, &str); 13] = [
+const RUN_COLS_IN: [(&str, &str); 14] = [
     ("id", "uuid"),
+    ("state", "text"),
     ("workflow", "text"),
     ("version", "integer"),
     ("workflow_key", "text"),
@@ -57,18 +58,18 @@ const STEP_COLS_IN: [(&str, &str); 16] = [
 /// the delay, or the instant given; `NULL` for a run started at once.
 const START: &str = "COALESCE({now} + v.delay_ms, v.start_ms)";
 
-/// `INSERT … SELECT` of runs from the row source `v` (columns of [`RUN_COLS_IN`]), state
-/// `pending`. A run whose business key is already active is skipped by the unique index;
+/// `INSERT … SELECT` of runs from the row source `v` (columns of [`RUN_COLS_IN`]), in the
+/// state each was decided to start in ([`NewRun::initial_state`]). A run whose business key is already active is skipped by the unique index;
 /// the ids inserted are returned. (`WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the
 /// upsert clause after a `SELECT`.)
 fn insert_runs_sql(source: &str) -> String {
     format!(
         "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
            input, dirty, created_at, updated_at, priority, start_at, notify, trace_parent, trace_state, flow_key) \
-         SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, 'pending', \
+         SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, v.state, \
            v.input, FALSE, {{now}}, {{now}}, v.priority, {START}, v.notify, v.trace_parent, v.trace_state, v.flow_key \
          FROM {source} WHERE TRUE \
-         ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id, start_at"
+         ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id, start_at, state"
     )
 }
 
@@ -98,6 +99,7 @@ fn insert_steps_sql(source: &str, filter: &str) -> String {
 fn run_row(r: &NewRun) -> Vec<Value> {
     vec![
         r.id.into(),
+        r.initial_state().as_str().into(),
         r.workflow.clone().into(),
         r.version.into(),
         crate::workflow_key(&r.workflow, r.version).into(),
@@ -180,8 +182,8 @@ const KEY_RACE_RETRIES: usize = 3;
 
 impl Store {
     /// Inserts a run and its steps on `conn`: the engine's pool, or the caller's transaction
-    /// so that a business row and its saga commit together (SAS-7). The run starts `Pending`;
-    /// its root steps start `Ready` (queued at once), the others `NotStarted`.
+    /// so that a business row and its saga commit together (SAS-7). The run starts in
+    /// [`NewRun::initial_state`]; its root steps start `Ready` (queued at once), the others `NotStarted`.
     ///
     /// # Errors
     /// [`Error::Db`].
@@ -328,7 +330,7 @@ impl Store {
                 step: None,
                 event: "submitted".into(),
                 from: None,
-                to: Some(RunState::Pending.as_str().into()),
+                to: Some(r.initial_state().as_str().into()),
                 attempt: None,
                 actor: "api".into(),
                 detail: None,

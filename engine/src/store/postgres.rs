@@ -96,7 +96,7 @@ pub(super) fn intake(runs: &str, steps: &str, payload: &str) -> String {
         "WITH r AS ({runs}), s AS ({steps}), \
          h AS ( \
            INSERT INTO sagaflow_history (run_id, event, to_state, actor, at) \
-           SELECT id, 'submitted', 'pending', 'api', {{now}} FROM r) \
+           SELECT id, 'submitted', state, 'api', {{now}} FROM r) \
          SELECT id FROM r WHERE pg_notify('{READY_CHANNEL}', '{payload}') IS NOT NULL"
     )
 }

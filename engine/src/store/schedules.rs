@@ -244,7 +244,7 @@ impl Store {
     }
 
     /// Records on `conn` that schedule `name` started `runs` (inserted by this firing, with
-    /// their business keys): its last run, and a `scheduled` entry in each run's history
+    /// their business keys and the states they were stored in): its last run, and a `scheduled` entry in each run's history
     /// whose actor is `schedule:<name>`, with the business key (which names the tick) in its
     /// detail.
     ///
@@ -254,7 +254,7 @@ impl Store {
         &self,
         conn: &C,
         name: &str,
-        runs: &[(Uuid, String)],
+        runs: &[(Uuid, String, RunState)],
         last_run: Option<Uuid>,
     ) -> Result<()> {
         if let Some(id) = last_run {
@@ -266,12 +266,12 @@ impl Store {
         }
         let history: Vec<HistoryEntry> = runs
             .iter()
-            .map(|(run_id, key)| HistoryEntry {
+            .map(|(run_id, key, state)| HistoryEntry {
                 run_id: *run_id,
                 step: None,
                 event: "scheduled".into(),
                 from: None,
-                to: Some(RunState::Pending.as_str().into()),
+                to: Some(state.as_str().into()),
                 attempt: None,
                 actor: format!("schedule:{name}"),
                 detail: Some(serde_json::json!({ "business_key": key }).to_string()),

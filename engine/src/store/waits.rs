@@ -139,7 +139,7 @@ impl StoreTx<'_> {
                     step: None,
                     event: "child_started".into(),
                     from: None,
-                    to: Some(RunState::Pending.as_str().into()),
+                    to: Some(child.initial_state().as_str().into()),
                     attempt: None,
                     actor: actor.into(),
                     detail: Some(

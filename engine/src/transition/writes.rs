@@ -147,6 +147,17 @@ pub struct NewRun {
     pub steps: Vec<NewStep>,
 }
 
+impl NewRun {
+    /// The state the run is stored in: `Running` when it starts at once (its root steps are
+    /// due now), `Pending` when it was given a start time, until its first step completes.
+    pub fn initial_state(&self) -> RunState {
+        match self.start {
+            RunStart::Now => RunState::Running,
+            RunStart::At(_) | RunStart::After(_) => RunState::Pending,
+        }
+    }
+}
+
 /// When a new run's root steps become due, on the database clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RunStart {

@@ -148,7 +148,7 @@ async fn write(
         match ctx.store.run_insert(txn, run).await? {
             RunInsertOutcome::Inserted(id) => {
                 inserted.push(id);
-                history.push((id, tick_key(&d.name, *tick)));
+                history.push((id, tick_key(&d.name, *tick), run.initial_state()));
                 last = Some(id);
             }
             RunInsertOutcome::Duplicate { existing, .. } => last = Some(existing),

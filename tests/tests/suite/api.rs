@@ -165,7 +165,7 @@ async fn a_service_starts_a_run_with_one_call_and_reads_it_back() {
         assert_eq!(status, StatusCode::CREATED, "[{b}] {created}");
         assert_eq!(
             (created["created"].as_bool(), created["state"].as_str()),
-            (Some(true), Some("pending")),
+            (Some(true), Some("running")),
             "[{b}] {created}"
         );
         let id = created["id"].as_str().expect("id").to_owned();
@@ -487,7 +487,7 @@ async fn a_submitter_follows_its_run_to_the_end_over_server_sent_events() {
             "[{b}] {states:?}"
         );
         // Its step waits at the gate: the run has not moved on.
-        assert_eq!(states, ["pending"], "[{b}]");
+        assert_eq!(states, ["running"], "[{b}]");
         gate.add_permits(1);
         let more = read_states(&mut resp, &mut buf, &mut states, |_| false).await;
         assert!(!more, "[{b}] the stream ends with the run");
@@ -1107,10 +1107,9 @@ async fn operators_pause_extend_and_resume_runs_one_by_one_or_by_filter() {
             json!({ "reason": "slow bank", "by_seconds": 120 }),
         ))
         .await;
-        // (A run is `pending` until its first step answers.)
         assert_eq!(
             (status, body["state"].as_str()),
-            (StatusCode::OK, Some("pending")),
+            (StatusCode::OK, Some("running")),
             "[{b}] {body}"
         );
 

@@ -544,7 +544,7 @@ async fn bad_input_unknown_version() {
         let run = worker.run(pinned).await.expect("read").expect("run");
         assert_eq!(
             run.state,
-            RunState::Pending,
+            RunState::Running,
             "[{}] left untouched",
             db.backend
         );

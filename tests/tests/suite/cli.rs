@@ -663,7 +663,8 @@ async fn pause_extend_and_cancel_a_run_no_engine_runs() {
     for db in backends().await {
         let b = db.backend;
         let url = db.url.as_str();
-        // Published, then stopped: the run waits, `pending`, with no engine to run it.
+        // Published, then stopped: the run waits, `running` with its first step due, and no
+        // engine to run it.
         let eng = engine(&db, vec![notify(Arc::new(AtomicBool::new(true)))]).await;
         eng.shutdown().await;
         let client = Engine::builder()
@@ -921,7 +922,7 @@ async fn release_takes_back_a_run_set_aside_for_a_damaged_row() {
     for db in backends().await {
         let b = db.backend;
         let url = db.url.as_str();
-        // Published, then stopped: the run waits, `pending`; its `email` row is damaged.
+        // Published, then stopped: the run waits, its first step due; its `email` row is damaged.
         let eng = engine(&db, vec![notify(Arc::new(AtomicBool::new(true)))]).await;
         eng.shutdown().await;
         let c = client(&db).await;

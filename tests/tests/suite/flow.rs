@@ -99,7 +99,7 @@ async fn status_events_report_each_run_state() {
             .expect("events in time");
         assert_eq!(
             seen,
-            vec![RunState::Pending, RunState::Running, RunState::Completed],
+            vec![RunState::Running, RunState::Completed],
             "[{}]",
             db.backend
         );

@@ -333,7 +333,7 @@ async fn a_run_of_an_unknown_version_is_left_alone_and_alerted() {
         let run = e2.run(id).await.expect("run").expect("exists");
         assert_eq!(
             (run.state, run.version),
-            (RunState::Pending, 1),
+            (RunState::Running, 1),
             "[{}] untouched",
             db.backend
         );
