@@ -187,9 +187,11 @@ fn unwind(
 }
 
 /// Cancels a run that is not finished: like [`compensate`], and the run's error envelope
-/// says it was cancelled (code [`CANCELLED`]) unless it already holds the failure that
-/// diverted it. Stopping the run's attempts in flight is the scheduler's part: the envelope
-/// is what other instances look for.
+/// says it was cancelled (code [`CANCELLED`]), with the failure it held before, if any, as
+/// `details.cause`. The envelope is what the unwinding reads to stop at a pivot that took or
+/// may have taken effect, and what other instances look for to stop the run's attempts in
+/// flight (the scheduler's part); a run in `Error` whose pivot may have acted is not undone
+/// past it by a cancel.
 ///
 /// # Errors
 /// [`Error::ActionNotAllowed`] for a finished run.
@@ -200,25 +202,35 @@ pub fn cancel(run: &RunRow, steps: &[StepRow], reason: Option<&str>) -> Result<P
         steps,
         RunTrigger::OperatorCancel,
     )?;
-    let had_error = match &plan.run_error {
-        Some(_) => true,
-        None if plan.clear_error => false,
-        None => run.error.is_some(),
+    // The error the run holds once the plan is written.
+    let held = match plan.run_error.take() {
+        Some(e) => Some(e),
+        None if plan.clear_error => None,
+        None => run.error.clone(),
     };
-    if !had_error {
-        plan.clear_error = false;
-        let message = match reason {
-            Some(r) => format!("cancelled by an operator: {r}"),
-            None => "cancelled by an operator".to_owned(),
-        };
-        plan.run_error = Some(cancelled_envelope(&message));
+    if held.as_deref().is_some_and(is_cancelled) {
+        // Cancelled before: the first cancel's envelope stays.
+        plan.run_error = held;
+        return Ok(plan);
     }
+    plan.clear_error = false;
+    let message = match reason {
+        Some(r) => format!("cancelled by an operator: {r}"),
+        None => "cancelled by an operator".to_owned(),
+    };
+    plan.run_error = Some(cancelled_envelope(&message, held.as_deref()));
     Ok(plan)
 }
 
-/// The error envelope of a cancelled run.
-fn cancelled_envelope(message: &str) -> String {
-    serde_json::json!({ "code": CANCELLED, "message": message, "retryable": false }).to_string()
+/// The error envelope of a cancelled run; `cause` is the error it held before (JSON, or
+/// kept as text when it is not).
+fn cancelled_envelope(message: &str, cause: Option<&str>) -> String {
+    let mut e = serde_json::json!({ "code": CANCELLED, "message": message, "retryable": false });
+    if let Some(c) = cause {
+        let c = serde_json::from_str(c).unwrap_or_else(|_| serde_json::Value::from(c));
+        e["details"] = serde_json::json!({ "cause": c });
+    }
+    e.to_string()
 }
 
 /// The error code of a cancelled run (in the run's error envelope).

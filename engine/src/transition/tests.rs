@@ -854,3 +854,37 @@ mod table {
         }
     }
 }
+
+/// A run stopped in `Error` because its pivot may have acted, then cancelled (the chaos run
+/// found it: a cancel kept the run's failure as its error, so the unwinding did not know a
+/// cancel from an operator's `compensate` and undid past the pivot). The cancel's envelope
+/// now holds the failure as its cause, and the unwinding stops at the pivot again.
+#[test]
+fn a_cancel_of_a_run_stopped_at_an_uncertain_pivot_does_not_undo_past_it() {
+    let wf = order_with_pivot();
+    let mut r = rows(&[
+        ("reserve", Completed),
+        ("charge", Failed),
+        ("ship", NotStarted),
+    ]);
+    r[1].maybe_applied = true;
+    let failure = r#"{"code":"timeout","message":"no answer within 3s","retryable":true}"#;
+    let mut stopped = run(RunState::Error);
+    stopped.error = Some(failure.into());
+    let c = super::operator::cancel(&stopped, &r, Some("customer left")).expect("cancel");
+    assert_eq!(c.run_state, Some(RunState::Compensating));
+    let envelope = c.run_error.expect("the cancel's envelope");
+    assert!(super::operator::is_cancelled(&envelope), "{envelope}");
+    let e: serde_json::Value = serde_json::from_str(&envelope).expect("JSON");
+    assert_eq!(e["details"]["cause"]["code"], "timeout", "{envelope}");
+
+    let mut cancelled = run(RunState::Compensating);
+    cancelled.error = Some(envelope.clone());
+    let p = plan(&wf, &cancelled, &r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Error), "{p:?}");
+    assert!(moves(&p).is_empty(), "nothing is undone: {:?}", moves(&p));
+
+    // Cancelled again: the first envelope stays, not nested in a second one.
+    let again = super::operator::cancel(&cancelled, &r, None).expect("cancel");
+    assert_eq!(again.run_error.as_deref(), Some(envelope.as_str()));
+}
