@@ -1,7 +1,8 @@
 //! Cancelling a run, on both backends: its attempt in flight is stopped (the step's
 //! cancellation token fires) long before its deadline, what completed is compensated in
 //! reverse order, and the run ends compensated with the reason in its history. An operator on
-//! another instance cancels as well as one on the instance running the attempt.
+//! another instance cancels as well as one on the instance running the attempt. A run stopped
+//! in error at a pivot that may have acted is not undone past it by a cancel.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -256,5 +257,60 @@ async fn a_cancel_that_meets_the_pivot_in_flight_lets_the_run_finish() {
         let report = sagaflow_testkit::check_engine_history(t.engine()).await;
         assert!(report.is_clean(), "[{b}] {report}");
         t.shutdown().await;
+    }
+}
+
+/// A run stopped in `error` because its pivot may have shipped, then cancelled: the cancel
+/// undoes nothing past the pivot (no refund, no release), the run stops in `error` again
+/// with its cancel's envelope holding the failure as its cause, and its history passes the
+/// checker. (The chaos run found such a run compensated past its shipped pivot.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_run_stopped_at_an_uncertain_pivot_undoes_nothing() {
+    use sagaflow_testkit::check_engine_history;
+    use sagaflow_testkit::services::{Operation, Scripted};
+
+    use crate::fixtures::{order_rig, submit_order};
+
+    for db in backends().await {
+        let b = db.backend;
+        let rig = order_rig(&db, 300, 2).await;
+        // The shipment may have left: its first attempt hangs past the deadline.
+        rig.services
+            .script("ship", vec![Scripted::Hang, Scripted::Permanent]);
+        let (id, _) = submit_order(&rig.engine, 0).await;
+        expect_state(&rig.engine, id, RunState::Error, b).await;
+        let shipped = rig.services.ledger().applied_count(Operation::Ship);
+
+        let now = rig.engine.operator().cancel(id).await.expect("cancel");
+        assert_eq!(now, RunState::Compensating, "[{b}]");
+        eventually(
+            Duration::from_secs(30),
+            "stopped in error again",
+            || async {
+                rig.engine.run(id).await.ok().flatten().is_some_and(|r| {
+                    r.state == RunState::Error
+                        && r.error.as_ref().is_some_and(|e| e["code"] == "cancelled")
+                })
+            },
+        )
+        .await;
+        let run = rig.engine.run(id).await.expect("read").expect("run");
+        let envelope = run.error.expect("error");
+        assert!(
+            envelope["details"]["cause"].is_object(),
+            "[{b}] the failure is kept as the cause: {envelope}"
+        );
+        let ledger = rig.services.ledger();
+        assert_eq!(ledger.applied_count(Operation::Refund), 0, "[{b}]");
+        assert_eq!(ledger.applied_count(Operation::Release), 0, "[{b}]");
+        assert_eq!(ledger.applied_count(Operation::Ship), shipped, "[{b}]");
+        let open = rig.engine.run_alerts(id).await.expect("alerts");
+        assert!(
+            open.iter().any(|a| a.resolved_at.is_none()),
+            "[{b}] {open:?}"
+        );
+        let report = check_engine_history(&rig.engine).await;
+        assert_eq!(report.runs_checked, 1, "[{b}]");
+        rig.engine.shutdown().await;
     }
 }
