@@ -180,13 +180,15 @@ fn unfold(line: HistoryLine, then: Option<&str>) -> Vec<HistoryLine> {
     let mut out = Vec::with_capacity(1 + folded.len());
     for (step, from, to) in folded {
         out.push(HistoryLine {
+            id: line.id,
             step,
             event: "state".to_owned(),
             from,
             to,
             attempt: None,
+            actor: line.actor.clone(),
             detail: None,
-            ..line.clone()
+            at: line.at,
         });
     }
     out.insert(0, line);

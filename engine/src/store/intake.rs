@@ -59,8 +59,8 @@ const STEP_COLS_IN: [(&str, &str); 16] = [
 const START: &str = "COALESCE({now} + v.delay_ms, v.start_ms)";
 
 /// `INSERT … SELECT` of runs from the row source `v` (columns of [`RUN_COLS_IN`]), in the
-/// state each was decided to start in ([`NewRun::initial_state`]). A run whose business key is already active is skipped by the unique index;
-/// the ids inserted are returned. (`WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the
+/// state each was decided to start in ([`NewRun::initial_state`]). A run whose business key
+/// is already active is skipped by the unique index; the ids inserted are returned. (`WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the
 /// upsert clause after a `SELECT`.)
 fn insert_runs_sql(source: &str) -> String {
     format!(
@@ -183,7 +183,8 @@ const KEY_RACE_RETRIES: usize = 3;
 impl Store {
     /// Inserts a run and its steps on `conn`: the engine's pool, or the caller's transaction
     /// so that a business row and its saga commit together (SAS-7). The run starts in
-    /// [`NewRun::initial_state`]; its root steps start `Ready` (queued at once), the others `NotStarted`.
+    /// [`NewRun::initial_state`]; its root steps start `Ready` (queued at once), the others
+    /// `NotStarted`.
     ///
     /// # Errors
     /// [`Error::Db`].

@@ -397,6 +397,15 @@ fn pivot_maybe_applied(reserve: StepState) -> Vec<StepRow> {
     r
 }
 
+/// Plans the cancelled run over `r` and asserts it stops in `Error` with an alert whose
+/// reason holds `reason`.
+fn stops_for_an_operator(wf: &Workflow, r: &[StepRow], reason: &str) {
+    let p = plan(wf, &cancelled(), r).expect("plan");
+    assert_eq!(p.run_state, Some(RunState::Error), "{p:?}");
+    let alert = p.alert.expect("alert");
+    assert!(alert.reason.contains(reason), "{}", alert.reason);
+}
+
 fn cancelled() -> RunRow {
     let mut r = run(RunState::Compensating);
     r.error = Some(
@@ -439,14 +448,10 @@ fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
     let p = plan(&wf, &cancelled(), &r).expect("plan");
     assert_eq!(p.run_state, Some(RunState::Completed));
     // The pivot's outcome is unknown: an operator decides, alerted.
-    let r = pivot_maybe_applied(Completed);
-    let p = plan(&wf, &cancelled(), &r).expect("plan");
-    assert_eq!(p.run_state, Some(RunState::Error));
-    assert!(
-        p.alert
-            .expect("alert")
-            .reason
-            .contains("pivot `charge` ran, and the pivot may have taken effect")
+    stops_for_an_operator(
+        &wf,
+        &pivot_maybe_applied(Completed),
+        "pivot `charge` ran, and the pivot may have taken effect",
     );
     // A claim met the cancel's unwinding, and the pivot's attempt was then interrupted: with
     // a step already undone, the run still stops for an operator instead of compensating
@@ -465,14 +470,7 @@ fn a_cancel_that_meets_the_pivot_in_flight_waits_and_then_goes_forward() {
         ("charge", Completed),
         ("ship", NotStarted),
     ]);
-    let p = plan(&wf, &cancelled(), &r).expect("plan");
-    assert_eq!(p.run_state, Some(RunState::Error));
-    assert!(
-        p.alert
-            .expect("alert")
-            .reason
-            .contains("while the steps before it")
-    );
+    stops_for_an_operator(&wf, &r, "while the steps before it");
     // An operator's `compensate` of such a run is the decision to undo past the pivot: it
     // drops the cancel's envelope, and the unwinding that follows compensates.
     let r = pivot_maybe_applied(CompensationReady);
