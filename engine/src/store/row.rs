@@ -6,16 +6,49 @@
 //! reader asks for ([`Cell`]), from either kind of row, with the same errors.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sea_orm::{ConnectionTrait, DbErr, QueryResult, Statement, TryGetable};
 use uuid::Uuid;
 
 /// A row of the fast path: the statement's column names (shared by its rows) and the values
 /// as SQLite holds them.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LiteRow {
     pub(super) columns: Arc<[String]>,
     pub(super) values: Vec<rusqlite::types::Value>,
+    /// Where the search for the next column read starts: one past the last column found.
+    /// Readers decode columns in the order they selected them, so the first name compared
+    /// is nearly always the one asked for (a scan of every name per cell was 3% of the
+    /// SQLite profile's instructions).
+    pub(super) next: AtomicUsize,
+}
+
+impl LiteRow {
+    pub(super) fn new(columns: Arc<[String]>, values: Vec<rusqlite::types::Value>) -> Self {
+        Self {
+            columns,
+            values,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The index of column `col`, searched from where the last read ended, wrapping around.
+    fn position(&self, col: &str) -> Option<usize> {
+        let n = self.columns.len();
+        let start = self.next.load(Ordering::Relaxed).min(n);
+        let i = (start..n)
+            .chain(0..start)
+            .find(|&i| self.columns[i] == col)?;
+        self.next.store(i + 1, Ordering::Relaxed);
+        Some(i)
+    }
+}
+
+impl Clone for LiteRow {
+    fn clone(&self) -> Self {
+        Self::new(Arc::clone(&self.columns), self.values.clone())
+    }
 }
 
 /// One result row.
@@ -45,9 +78,7 @@ impl Row {
                     &name
                 };
                 let i = r
-                    .columns
-                    .iter()
-                    .position(|c| c == col)
+                    .position(col)
                     .ok_or_else(|| DbErr::Type(format!("no column `{col}` in the row")))?;
                 T::from_lite(&r.values[i])
                     .map_err(|reason| DbErr::Type(format!("column `{col}`: {reason}")))
@@ -249,15 +280,18 @@ mod tests {
 
     #[test]
     fn a_lite_row_reads_columns_by_name_and_names_what_is_wrong() {
-        let row = Row::Lite(LiteRow {
-            columns: vec!["id".to_owned(), "state".to_owned()].into(),
-            values: vec![L::Integer(5), L::Text("ready".into())],
-        });
+        let row = Row::Lite(LiteRow::new(
+            vec!["id".to_owned(), "state".to_owned()].into(),
+            vec![L::Integer(5), L::Text("ready".into())],
+        ));
         assert_eq!(row.try_get::<i64>("", "id").ok(), Some(5));
         assert_eq!(
             row.try_get::<String>("", "state").ok().as_deref(),
             Some("ready")
         );
+        // Out of order and again: the search wraps around from where the last read ended.
+        assert_eq!(row.try_get::<i64>("", "id").ok(), Some(5));
+        assert_eq!(row.try_get::<i64>("", "id").ok(), Some(5));
         let missing = row.try_get::<i64>("", "nope").expect_err("no such column");
         assert!(
             missing.to_string().contains("no column `nope`"),

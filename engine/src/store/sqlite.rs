@@ -116,21 +116,21 @@ fn lock_runs(cond: &str, only: &str) -> String {
 }
 
 /// `$12` → `?12`, leaving `$` inside string literals alone.
+///
+/// Both characters are one ASCII byte, and neither byte occurs inside a multi-byte UTF-8
+/// sequence, so the text is rewritten in place: no copy for each statement run.
 fn dollar_to_question(sql: String) -> String {
-    let mut out = String::with_capacity(sql.len());
+    let mut bytes = sql.into_bytes();
     let mut in_str = false;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' => {
-                in_str = !in_str;
-                out.push(c);
-            }
-            '$' if !in_str && chars.peek().is_some_and(char::is_ascii_digit) => out.push('?'),
-            _ => out.push(c),
+    for i in 0..bytes.len() {
+        match bytes[i] {
+            b'\'' => in_str = !in_str,
+            b'$' if !in_str && bytes.get(i + 1).is_some_and(u8::is_ascii_digit) => bytes[i] = b'?',
+            _ => {}
         }
     }
-    out
+    // ASCII replaced by ASCII: still UTF-8, so the lossy path is never taken.
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// A JSON cell read back as SQLite stores it: UUIDs are 16-byte blobs there (as the driver
@@ -169,6 +169,11 @@ mod tests {
         assert_eq!(
             dollar_to_question("a = $1 AND b = '$2' AND c = $10".to_owned()),
             "a = ?1 AND b = '$2' AND c = ?10"
+        );
+        // Multi-byte text around the placeholders, and a `$` that starts no number.
+        assert_eq!(
+            dollar_to_question("é = $1 || '€$3' || $x || $2".to_owned()),
+            "é = ?1 || '€$3' || $x || ?2"
         );
     }
 }

@@ -387,10 +387,7 @@ impl Conn {
             let values = (0..columns.len())
                 .map(|i| row.get::<_, rusqlite::types::Value>(i))
                 .collect::<rusqlite::Result<_>>()?;
-            out.push(Row::Lite(LiteRow {
-                columns: Arc::clone(&columns),
-                values,
-            }));
+            out.push(Row::Lite(LiteRow::new(Arc::clone(&columns), values)));
         }
         Ok(out)
     }
