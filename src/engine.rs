@@ -9,6 +9,7 @@ use sagaflow_engine::scheduler::{Scheduler, SchedulerConfig};
 use sagaflow_engine::signals::{NoticeSink, RunEvent, Signals};
 use sagaflow_engine::{
     Alert, Backend, Error, HistoryEvent, Registry, Result, Run, RunCounts, Step, StepRow, Store,
+    Undo, UndoPreview,
     store::{PublishedDefinition, RunView, Stats, WorkflowQueue},
 };
 use sagaflow_supervisor::{Supervisor, SupervisorConfig, SupervisorStats};
@@ -353,6 +354,44 @@ impl Engine {
     pub async fn steps(&self, id: Uuid) -> Result<Vec<Step>> {
         let rows = self.inner.store.run_steps(id).await?;
         rows.into_iter().map(StepRow::into_step).collect()
+    }
+
+    /// What a `cancel` or a `compensate` of the run would do, before an operator asks for
+    /// it: the compensations in order (a group's steps run side by side), which steps may
+    /// have taken effect, the output each compensation reads and the resource it uses, what
+    /// is left as it is and why, and how the run ends. It is worked out by the transition
+    /// rules that carry the action out, on the run as it is now, each compensation taken to
+    /// succeed; attempts in flight are ended as the action would end them, and
+    /// [`UndoPreview::in_flight`] says so. Nothing is written.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`]; [`Error::ActionNotAllowed`] when the action would be refused
+    /// (a finished run); [`Error::VersionNotFound`] when neither this engine nor the
+    /// database's published definitions have the run's workflow version (an engine without
+    /// the workflow's code, such as the command-line tool, plans over the published graph);
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn preview_undo(&self, id: Uuid, undo: Undo) -> Result<UndoPreview> {
+        let store = &self.inner.store;
+        let run = store.run_get(id).await?.ok_or(Error::RunNotFound(id))?;
+        let registry = self.inner.scheduler.registry();
+        let steps = store.run_steps(id).await?;
+        if let Some(wf) = registry.get(&run.workflow, run.version) {
+            return sagaflow_engine::transition::preview_undo(wf, &run, &steps, undo);
+        }
+        // An engine without the run's code (the command-line tool, a client-only engine)
+        // plans over the graph its engines published: the preview needs the steps, their
+        // roles, dependencies and compensations, never their code.
+        let published = store
+            .definition_get(&run.workflow, run.version)
+            .await?
+            .and_then(|d| d.description.ok())
+            .ok_or_else(|| Error::VersionNotFound {
+                name: run.workflow.clone(),
+                version: run.version,
+                run_id: id,
+            })?;
+        let wf = sagaflow_engine::Workflow::from_description(&published)?;
+        sagaflow_engine::transition::preview_undo(&wf, &run, &steps, undo)
     }
 
     /// A run's history, oldest first.

@@ -109,11 +109,11 @@ pub use sagaflow_engine::wait::{
 pub use sagaflow_engine::{
     Alert, AlertKind, Attempts, Backend, BacklogAlert, ChannelSink, DbError, DeadlinePolicy,
     Delivery, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error,
-    FieldError, HistoryEvent, HistoryKind, KeyPolicy, LogSink, Notice, NoticeBody, NoticeSink,
-    NoticeTopic, OnFailure, OperatorAction, Outcome, RESOLVED_BY_ENGINE, Result, RetryLane,
-    RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState, StartOption, Step, StepAction,
-    StepContext, StepDescription, StepError, StepKind, StepState, Timestamp, Workflow,
-    WorkflowBuilder, WorkflowDescription,
+    FieldError, HistoryEvent, HistoryKind, KeptStep, KeyPolicy, LogSink, Notice, NoticeBody,
+    NoticeSink, NoticeTopic, OnFailure, OperatorAction, Outcome, RESOLVED_BY_ENGINE, Result,
+    RetryLane, RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState, StartOption, Step,
+    StepAction, StepContext, StepDescription, StepError, StepKind, StepState, Timestamp, Undo,
+    UndoOutcome, UndoPreview, UndoStep, Workflow, WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::{
     PRIORITY_AGING_DEFAULT, RETENTION_INTERVAL_DEFAULT, SupervisorStats,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use sagaflow::{ActionArgs, Engine, OperatorAction, RunState, StepState, Uuid};
+use sagaflow::{ActionArgs, Engine, OperatorAction, RunState, StepState, Undo, UndoOutcome, Uuid};
 use serde::Serialize;
 
 use crate::exit::{Failure, Outcome};
@@ -27,6 +27,97 @@ pub(crate) struct Audit {
     /// Who acts, as recorded (`cli:NAME`); default: SAGAFLOW_OPERATOR, else the OS user.
     #[arg(long = "as", value_name = "NAME", env = OPERATOR_ENV)]
     pub(crate) operator: Option<String>,
+}
+
+/// What `cancel` and `compensate` take: the run, why and who, or `--dry-run` to see first
+/// what the action would undo.
+#[derive(Debug, Args)]
+pub(crate) struct UndoArgs {
+    /// The run's id.
+    pub(crate) run: Uuid,
+    /// Why, in your words (recorded in the run's history; 1 to 2,000 characters). Not
+    /// needed with --dry-run.
+    #[arg(long, value_name = "TEXT", required_unless_present = "dry_run")]
+    pub(crate) reason: Option<String>,
+    /// Who acts, as recorded (`cli:NAME`); default: SAGAFLOW_OPERATOR, else the OS user.
+    #[arg(long = "as", value_name = "NAME", env = OPERATOR_ENV)]
+    pub(crate) operator: Option<String>,
+    /// Show what the action would undo, in order, and how the run would end; write
+    /// nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+/// `cancel` or `compensate`: the action, or with `--dry-run` its preview.
+pub(crate) async fn undo(engine: &Engine, args: UndoArgs, undo: Undo, json: bool) -> Outcome {
+    let action = match undo {
+        Undo::Compensate => OperatorAction::Compensate,
+        _ => OperatorAction::Cancel,
+    };
+    if !args.dry_run {
+        let audit = Audit {
+            run: args.run,
+            reason: args.reason.unwrap_or_default(),
+            operator: args.operator,
+        };
+        return act(engine, &audit, action, None, None, json).await;
+    }
+    crate::runs::find(engine, args.run).await?;
+    let preview = engine.preview_undo(args.run, undo).await?;
+    if json {
+        return output::json(&preview);
+    }
+    output::line(format!(
+        "run {} ({}): {action} would, if every compensation succeeds:",
+        preview.run_id, preview.run_state
+    ));
+    for (i, group) in preview.groups.iter().enumerate() {
+        let steps: Vec<String> = group
+            .iter()
+            .map(|s| {
+                let mut text = output::printable(Some(&s.step));
+                if s.maybe_applied {
+                    text.push_str(" (may have taken effect)");
+                }
+                if let Some(r) = &s.resource {
+                    text.push_str(&format!(" [resource {}]", output::printable(Some(r))));
+                }
+                text
+            })
+            .collect();
+        let side = if group.len() > 1 {
+            ", side by side"
+        } else {
+            ""
+        };
+        output::line(format!("  {}. undo {}{side}", i + 1, steps.join(", ")));
+    }
+    if preview.groups.is_empty() {
+        output::line("  undo nothing");
+    }
+    for k in &preview.kept {
+        output::line(format!(
+            "  leave {} ({}): {}",
+            output::printable(Some(&k.step)),
+            k.state,
+            k.reason
+        ));
+    }
+    for assumed in &preview.in_flight {
+        output::line(format!("  assuming {assumed}"));
+    }
+    let end = match preview.outcome {
+        UndoOutcome::Compensated => "end compensated".to_owned(),
+        UndoOutcome::StopsInError => "stop in error for an operator".to_owned(),
+        UndoOutcome::GoesForward => "go forward and complete".to_owned(),
+        _ => "wait".to_owned(),
+    };
+    match &preview.reason {
+        Some(r) => output::line(format!("  and {end}: {r}")),
+        None => output::line(format!("  and {end}")),
+    }
+    output::line("nothing was written (--dry-run)");
+    Ok(())
 }
 
 /// `--json` of an action: the answer of `POST /api/v1/runs/{id}/actions/{action}`, with the

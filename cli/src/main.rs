@@ -95,10 +95,12 @@ enum Command {
     },
     /// Resumes a run in `error` or `paused`, retrying the failed steps of its phase.
     Resume(Audit),
-    /// Compensates a run that is not finished: undoes what its steps did, in reverse order.
-    Compensate(Audit),
-    /// Cancels a run that is not finished: stops its attempts and compensates it.
-    Cancel(Audit),
+    /// Compensates a run that is not finished: undoes what its steps did, in reverse order
+    /// (`--dry-run`: shows what it would undo, and writes nothing).
+    Compensate(act::UndoArgs),
+    /// Cancels a run that is not finished: stops its attempts and compensates it
+    /// (`--dry-run`: shows what it would undo, and writes nothing).
+    Cancel(act::UndoArgs),
     /// Gives the run's attempts in flight more time (e.g. `--by 30m`).
     Extend {
         #[command(flatten)]
@@ -270,10 +272,8 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
             act::act(engine, &audit, OperatorAction::Retry, step, None, json).await
         }
         Command::Resume(a) => act::act(engine, &a, OperatorAction::Resume, None, None, json).await,
-        Command::Compensate(a) => {
-            act::act(engine, &a, OperatorAction::Compensate, None, None, json).await
-        }
-        Command::Cancel(a) => act::act(engine, &a, OperatorAction::Cancel, None, None, json).await,
+        Command::Compensate(a) => act::undo(engine, a, sagaflow::Undo::Compensate, json).await,
+        Command::Cancel(a) => act::undo(engine, a, sagaflow::Undo::Cancel, json).await,
         Command::Extend { audit, by } => {
             act::act(engine, &audit, OperatorAction::Extend, None, Some(by), json).await
         }

@@ -60,8 +60,8 @@ pub use definition::{
 pub use error::{DbError, Error, Result, StartOption};
 pub use model::{
     Alert, AlertKind, Attempts, Delivery, DeliveryCounts, DeliveryState, EntityState, HistoryEvent,
-    HistoryKind, Notice, NoticeBody, NoticeTopic, RESOLVED_BY_ENGINE, Run, RunCounts, RunFinished,
-    Step,
+    HistoryKind, KeptStep, Notice, NoticeBody, NoticeTopic, RESOLVED_BY_ENGINE, Run, RunCounts,
+    RunFinished, Step, Undo, UndoOutcome, UndoPreview, UndoStep,
 };
 pub use outcome::{Outcome, StepError};
 pub use scheduler::{Scheduler, SchedulerConfig};

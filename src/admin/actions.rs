@@ -168,6 +168,51 @@ pub(super) async fn act(
     }))
 }
 
+/// Previews an undo of a run
+///
+/// What `cancel` or `compensate` would do to the run now, without doing it: the
+/// compensations in order (the steps of a group run side by side), which steps may have
+/// taken effect, the output each compensation reads and the resource it uses, the steps left
+/// as they are and why, and how the run would end (`compensated`, `stops_in_error`,
+/// `goes_forward` when a cancel comes after the pivot, `waits` while a pivot is in flight).
+/// Worked out by the rules that carry the action out, each compensation taken to succeed;
+/// `in_flight` says what it assumed of the attempts running now. Writes nothing; any token.
+#[utoipa::path(
+    get,
+    path = "/api/v1/runs/{id}/actions/{action}/preview",
+    tag = "runs",
+    operation_id = "preview_undo",
+    params(
+        ("id" = Uuid, Path, description = "The run's id"),
+        ("action" = crate::Undo, Path, description = "The undo to preview: `cancel` or `compensate`"),
+    ),
+    responses(
+        (status = 200, description = "What the action would do", body = crate::UndoPreview),
+        (status = 400, description = "`invalid_id`: not a UUID", body = ErrorBody),
+        (status = 404, description = "`unknown_action` (only `cancel` and `compensate` are previewed), `run_not_found`, or `workflow_not_found` (this instance lacks the run's workflow version)", body = ErrorBody),
+        (status = 409, description = "`action_not_allowed`: the action would be refused (a finished run), and why", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
+pub(super) async fn preview(
+    State(s): State<AdminState>,
+    Path((id, action)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let id = run_id(&id)?;
+    let undo = match action.parse::<OperatorAction>() {
+        Ok(OperatorAction::Cancel) => crate::Undo::Cancel,
+        Ok(OperatorAction::Compensate) => crate::Undo::Compensate,
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_action",
+                format!("no preview of `{action}`; the previewed actions are cancel, compensate"),
+            ));
+        }
+    };
+    Ok(json(&s.engine.preview_undo(id, undo).await?))
+}
+
 /// Runs one bulk action takes by default.
 pub(super) const BULK_DEFAULT: u32 = 100;
 

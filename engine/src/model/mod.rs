@@ -15,6 +15,7 @@ use crate::{Error, Result, RunState, StepState};
 mod alert;
 mod history;
 mod notice;
+mod undo;
 
 pub use alert::{Alert, AlertKind, RESOLVED_BY_ENGINE};
 pub(crate) use history::FoldedStates;
@@ -23,6 +24,7 @@ pub use history::{EntityState, HistoryEvent, HistoryKind};
 pub use notice::{
     Delivery, DeliveryCounts, DeliveryState, Notice, NoticeBody, NoticeTopic, RunFinished,
 };
+pub use undo::{KeptStep, Undo, UndoOutcome, UndoPreview, UndoStep};
 
 pub(crate) use crate::clock::Timestamp;
 

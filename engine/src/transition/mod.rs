@@ -21,6 +21,7 @@ mod doc;
 pub mod migrate;
 pub mod operator;
 pub mod pause;
+mod preview;
 mod run;
 mod run_rules;
 mod step;
@@ -33,6 +34,7 @@ mod rescue_tests;
 mod tests;
 
 pub use doc::{run_table, step_table};
+pub use preview::preview_undo;
 pub use run::plan;
 pub use run_rules::{
     OPERATOR_ACTIONS, PAUSED_ACTIONS, RUN_RULES, RunRule, RunTrigger, run_rule, set_aside_rule,

@@ -886,3 +886,150 @@ fn a_cancel_of_a_run_stopped_at_an_uncertain_pivot_does_not_undo_past_it() {
     let again = super::operator::cancel(&cancelled, &r, None).expect("cancel");
     assert_eq!(again.run_error.as_deref(), Some(envelope.as_str()));
 }
+
+/// The preview of `undo` of a running run over `r`.
+fn previewed(wf: &Workflow, r: &[StepRow], undo: crate::model::Undo) -> crate::model::UndoPreview {
+    preview_undo(wf, &run(RunState::Running), r, undo).expect("preview")
+}
+
+/// The steps of each group of a preview, by name, sorted within the group.
+fn groups(p: &crate::model::UndoPreview) -> Vec<Vec<String>> {
+    p.groups
+        .iter()
+        .map(|g| {
+            let mut names: Vec<String> = g.iter().map(|s| s.step.clone()).collect();
+            names.sort();
+            names
+        })
+        .collect()
+}
+
+fn kept<'a>(p: &'a crate::model::UndoPreview, step: &str) -> &'a str {
+    p.kept
+        .iter()
+        .find(|k| k.step == step)
+        .map_or("", |k| k.reason.as_str())
+}
+
+#[test]
+fn a_preview_of_a_cancel_undoes_parallel_branches_together_then_what_they_follow() {
+    use crate::model::{Undo, UndoOutcome};
+    let wf = saga();
+    let r = rows(&[
+        ("a", StepState::Completed),
+        ("b", StepState::Completed),
+        ("d", StepState::Completed),
+        ("c", StepState::Ready),
+    ]);
+    for undo in [Undo::Cancel, Undo::Compensate] {
+        let p = previewed(&wf, &r, undo);
+        assert_eq!(p.outcome, UndoOutcome::Compensated, "{undo}: {p:?}");
+        assert_eq!(groups(&p), [vec!["b", "d"], vec!["a"]], "{undo}");
+        assert_eq!(kept(&p, "c"), "queued, never acted: dropped", "{undo}");
+        assert_eq!(p.groups[1][0].output, Some(serde_json::json!(1)), "{undo}");
+        assert!(
+            p.in_flight.is_empty() && p.reason.is_none(),
+            "{undo}: {p:?}"
+        );
+    }
+}
+
+#[test]
+fn a_preview_says_what_it_assumes_of_an_attempt_in_flight() {
+    use crate::model::{Undo, UndoOutcome};
+    let wf = saga();
+    let r = rows(&[
+        ("a", StepState::Completed),
+        ("b", StepState::Completed),
+        ("d", StepState::Running),
+        ("c", StepState::NotStarted),
+    ]);
+    // A cancel stops `d`, whose outcome is then unknown: it is undone too.
+    let p = previewed(&wf, &r, Undo::Cancel);
+    assert_eq!(p.outcome, UndoOutcome::Compensated, "{p:?}");
+    assert_eq!(groups(&p), [vec!["b", "d"], vec!["a"]]);
+    let d = p.groups[0].iter().find(|s| s.step == "d").expect("d");
+    assert!(d.maybe_applied && d.output.is_none(), "{d:?}");
+    assert!(
+        p.in_flight[0].contains("the cancel stops it"),
+        "{:?}",
+        p.in_flight
+    );
+    assert_eq!(kept(&p, "c"), "never started: dropped");
+    // Under a compensate `d` runs on; the preview takes it to complete.
+    let p = previewed(&wf, &r, Undo::Compensate);
+    assert_eq!(groups(&p), [vec!["b", "d"], vec!["a"]]);
+    assert!(
+        p.in_flight[0].contains("taken to complete"),
+        "{:?}",
+        p.in_flight
+    );
+}
+
+#[test]
+fn a_preview_at_a_pivot_follows_the_cancel_and_the_compensate_apart() {
+    use crate::model::{Undo, UndoOutcome};
+    let wf = order_with_pivot();
+    let r = rows(&[
+        ("reserve", StepState::Completed),
+        ("charge", StepState::Completed),
+        ("ship", StepState::Ready),
+    ]);
+    // The pivot completed: a cancel comes too late, and the run goes forward.
+    let p = previewed(&wf, &r, Undo::Cancel);
+    assert_eq!(p.outcome, UndoOutcome::GoesForward, "{p:?}");
+    assert!(p.groups.is_empty(), "{p:?}");
+    assert!(
+        p.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("point of no return")),
+        "{p:?}"
+    );
+    // A compensate is the operator's decision to undo what can be undone past it.
+    let p = previewed(&wf, &r, Undo::Compensate);
+    assert_eq!(p.outcome, UndoOutcome::Compensated, "{p:?}");
+    assert_eq!(groups(&p), [vec!["reserve"]]);
+    assert!(kept(&p, "charge").contains("a pivot"), "{p:?}");
+    // The pivot in flight: the undo waits for it, and the preview says what depends on it.
+    let r = rows(&[
+        ("reserve", StepState::Completed),
+        ("charge", StepState::Running),
+        ("ship", StepState::NotStarted),
+    ]);
+    let p = previewed(&wf, &r, Undo::Cancel);
+    assert_eq!(p.outcome, UndoOutcome::Waits, "{p:?}");
+    assert!(p.groups.is_empty(), "{p:?}");
+    assert!(
+        p.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("pivot `charge` is in flight")),
+        "{p:?}"
+    );
+    // Stopped in error at an uncertain pivot: a cancel undoes nothing past it.
+    let mut stopped = run(RunState::Error);
+    stopped.error = Some(r#"{"code":"x","message":"outcome unknown","retryable":false}"#.into());
+    let p = preview_undo(
+        &wf,
+        &stopped,
+        &pivot_maybe_applied(StepState::Completed),
+        Undo::Cancel,
+    )
+    .expect("preview");
+    assert_eq!(p.outcome, UndoOutcome::StopsInError, "{p:?}");
+    assert!(p.groups.is_empty(), "{p:?}");
+}
+
+#[test]
+fn a_preview_of_a_finished_run_is_refused_like_the_action() {
+    use crate::model::Undo;
+    let wf = saga();
+    let r = rows(&[
+        ("a", StepState::Compensated),
+        ("b", StepState::Skipped),
+        ("d", StepState::Skipped),
+        ("c", StepState::Skipped),
+    ]);
+    let err = preview_undo(&wf, &run(RunState::Compensated), &r, Undo::Cancel)
+        .expect_err("a finished run");
+    assert!(matches!(err, Error::ActionNotAllowed { .. }), "{err}");
+}

@@ -686,6 +686,24 @@ async fn pause_extend_and_cancel_a_run_no_engine_runs() {
         code(&o, 4, "extend with no attempt in flight");
         let o = sagaflow(url, &["extend", &id, "--by", "0s", "--reason", "slow"]).await;
         code(&o, 2, "a zero extension");
+        // The dry run first: what the cancel would undo, from the published graph (this
+        // command has no workflow code), and nothing written.
+        let preview = json(url, &["cancel", &id, "--dry-run"]).await;
+        assert_eq!(
+            (&preview["undo"], &preview["run_state"]),
+            (&serde_json::json!("cancel"), &serde_json::json!("paused")),
+            "[{b}] {preview}"
+        );
+        assert_eq!(preview["outcome"], "compensated", "[{b}] {preview}");
+        let text = human(url, &["compensate", &id, "--dry-run"]).await;
+        assert!(
+            text.contains("compensate would") && text.contains("nothing was written"),
+            "[{b}] {text}"
+        );
+        let shown = json(url, &["runs", "show", &id]).await;
+        assert_eq!(shown["run"]["state"], "paused", "[{b}] {shown}");
+        let o = sagaflow(url, &["cancel", &id]).await;
+        code(&o, 2, "a cancel without a reason");
         let cancelled = json(
             url,
             &["cancel", &id, "--reason", "customer left", "--as", "dora"],

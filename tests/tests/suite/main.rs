@@ -51,6 +51,7 @@ mod testkit_harness;
 mod timer_cron;
 mod trace;
 mod travel;
+mod undo_preview;
 mod upgrade;
 mod waits;
 mod wakeups;

@@ -391,6 +391,33 @@ async fn real_answers_match_the_schemas_the_document_gives_them() {
             assert_eq!(status, StatusCode::OK, "[{b}] {detail}");
             answers.check("get", "/api/v1/runs/{id}", status, &detail, b);
         }
+        // The preview of an undo: of the run in error, refused for the finished one, and
+        // none for an action that undoes nothing.
+        let preview = "/api/v1/runs/{id}/actions/{action}/preview";
+        let (status, shown) = answer(
+            http.get(url(&format!(
+                "/api/v1/runs/{stuck}/actions/compensate/preview"
+            )))
+            .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "[{b}] {shown}");
+        assert_eq!(shown["undo"], "compensate", "[{b}] {shown}");
+        answers.check("get", preview, status, &shown, b);
+        let (status, refused) = answer(
+            http.get(url(&format!("/api/v1/runs/{done}/actions/cancel/preview")))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CONFLICT, "[{b}] {refused}");
+        answers.check("get", preview, status, &refused, b);
+        let (status, none) = answer(
+            http.get(url(&format!("/api/v1/runs/{stuck}/actions/pause/preview")))
+                .bearer_auth(VIEW),
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "[{b}] {none}");
+        answers.check("get", preview, status, &none, b);
         let (status, list) = answer(http.get(url("/api/v1/runs")).bearer_auth(VIEW)).await;
         assert_eq!(
             (status, list["runs"].as_array().map(Vec::len)),
