@@ -20,7 +20,7 @@ use crate::admin::actions::{REASON_MAX_CHARS, action_reason, extension};
 use crate::admin::auth::Role;
 use crate::{
     ActionArgs, Engine, EntityState, Error, HistoryEvent, OperatorAction, Run, RunState, Step,
-    StepState,
+    StepState, Undo, UndoOutcome, UndoPreview,
 };
 use sagaflow_engine::transition::operator::EXTEND_MAX;
 
@@ -149,6 +149,19 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
             })
             .collect(),
     };
+    // What a cancel or a compensate would undo, shown in its form before the operator
+    // confirms (an error reads as "no preview": the action itself still answers).
+    let mut previews = Vec::new();
+    if s.is_operator() && !run.state.is_final() {
+        for undo in [Undo::Compensate, Undo::Cancel] {
+            previews.push(
+                engine
+                    .preview_undo(id, undo)
+                    .await
+                    .map_err(|e| e.to_string()),
+            );
+        }
+    }
     let legend: BTreeSet<&str> = nodes.iter().filter_map(|n| n.state).collect();
     let legend: Vec<&str> = StepState::ALL
         .iter()
@@ -176,7 +189,7 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
         }
         (super::waits::section(id, &waiting, s))
         @if s.is_operator() && !run.state.is_final() {
-            (actions(&run, &steps, s))
+            (actions(&run, &steps, &previews, s))
         }
         section {
             @if steps.is_empty() {
@@ -305,9 +318,22 @@ fn action_form(
     label: &str,
     s: &Session,
 ) -> Markup {
+    action_form_with(run, action, step, label, None, s)
+}
+
+/// [`action_form`], with what the action would undo shown above its confirmation.
+fn action_form_with(
+    run: Uuid,
+    action: OperatorAction,
+    step: Option<&str>,
+    label: &str,
+    preview: Option<&Result<UndoPreview, String>>,
+    s: &Session,
+) -> Markup {
     html! {
         details.action data-action=(action) data-step=[step] {
             summary { (label) @if let Some(st) = step { " " code { (st) } } }
+            @if let Some(p) = preview { (undo_preview(p)) }
             form method="post" action={ "/console/runs/" (run) "/actions/" (action) } {
                 input type="hidden" name="csrf" value=(s.csrf);
                 @if let Some(st) = step { input type="hidden" name="step" value=(st); }
@@ -328,8 +354,73 @@ fn action_form(
     }
 }
 
+/// What an undo would do, as [`Engine::preview_undo`] says: the compensations in order (a
+/// group's steps side by side), what stays and why, the assumptions about attempts in
+/// flight, and how the run ends.
+fn undo_preview(p: &Result<UndoPreview, String>) -> Markup {
+    let p = match p {
+        Ok(p) => p,
+        Err(e) => return html! { p.muted.undo-preview { "No preview: " (e) } },
+    };
+    let end = match p.outcome {
+        UndoOutcome::Compensated => "The run ends compensated.",
+        UndoOutcome::StopsInError => "The run stops in error, for an operator.",
+        UndoOutcome::GoesForward => "The run goes forward and completes.",
+        _ => "The undo waits.",
+    };
+    html! {
+        div.undo-preview data-undo=(p.undo) data-outcome=(p.outcome) {
+            p { "If every compensation succeeds:" }
+            @if p.groups.is_empty() {
+                p.undo-nothing { "Nothing is undone." }
+            } @else {
+                ol.undo-groups {
+                    @for group in &p.groups {
+                        li.undo-group data-steps=(group.iter().map(|u| u.step.as_str()).collect::<Vec<_>>().join(",")) {
+                            "Undo "
+                            @for (i, u) in group.iter().enumerate() {
+                                @if i > 0 { ", " }
+                                code { (u.step) }
+                                @if u.maybe_applied { " (may have taken effect)" }
+                                @if let Some(r) = &u.resource { " [resource " (r) "]" }
+                            }
+                            @if group.len() > 1 { " — side by side" }
+                        }
+                    }
+                }
+            }
+            @if !p.kept.is_empty() {
+                ul.undo-kept {
+                    @for k in &p.kept {
+                        li { "Leaves " code { (k.step) } " (" (k.state) "): " (k.reason) }
+                    }
+                }
+            }
+            @for a in &p.in_flight { p.muted { "Assumes " (a) "." } }
+            p.undo-end { (end) @if let Some(r) = &p.reason { " " (r) } }
+        }
+    }
+}
+
+/// The preview of `undo` among the page's, if it was read.
+fn preview_of(
+    previews: &[Result<UndoPreview, String>],
+    undo: Undo,
+) -> Option<&Result<UndoPreview, String>> {
+    let i = match undo {
+        Undo::Compensate => 0,
+        _ => 1,
+    };
+    previews.get(i)
+}
+
 /// The actions that apply to the run as it is.
-fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
+fn actions(
+    run: &Run,
+    steps: &[Step],
+    previews: &[Result<UndoPreview, String>],
+    s: &Session,
+) -> Markup {
     let set_aside = run
         .error
         .as_ref()
@@ -365,10 +456,10 @@ fn actions(run: &Run, steps: &[Step], s: &Session) -> Markup {
                     (action_form(run.id, OperatorAction::Extend, None, "Extend deadlines", s))
                 }
                 @if !run.state.is_final() && run.state != RunState::Compensating {
-                    (action_form(run.id, OperatorAction::Compensate, None, "Compensate", s))
+                    (action_form_with(run.id, OperatorAction::Compensate, None, "Compensate", preview_of(previews, Undo::Compensate), s))
                 }
                 @if !run.state.is_final() {
-                    (action_form(run.id, OperatorAction::Cancel, None, "Cancel", s))
+                    (action_form_with(run.id, OperatorAction::Cancel, None, "Cancel", preview_of(previews, Undo::Cancel), s))
                 }
                 @if set_aside {
                     (action_form(run.id, OperatorAction::Release, None, "Release", s))

@@ -985,6 +985,41 @@ async fn walk(
     wait_css(b, "svg.steps g.node.st-failed[data-step=notify]").await;
     wait_css(b, "svg.steps g.node.st-completed[data-step=charge]").await;
 
+    // Before confirming an undo, its preview: a compensate undoes `reserve` only (the pivot
+    // and the retriable steps after it stay, each with why); a cancel after the pivot
+    // comes too late, and the run would go forward to its failed step and stop in error
+    // again.
+    let compensate = "details[data-action=compensate]";
+    click(b, &format!("{compensate} summary")).await;
+    wait_css(
+        b,
+        &format!(
+            "{compensate} .undo-preview[data-outcome=compensated] li.undo-group[data-steps=reserve]"
+        ),
+    )
+    .await;
+    let kept = text_of(b, &format!("{compensate} .undo-kept")).await;
+    assert!(
+        kept.contains("charge (completed): a pivot")
+            && kept.contains("pack (completed): after the pivot"),
+        "{kept}"
+    );
+    assert_eq!(
+        js(
+            b,
+            &format!("return document.querySelectorAll('{compensate} li.undo-group').length;"),
+        )
+        .await,
+        json!(1)
+    );
+    wait_css(
+        b,
+        "details[data-action=cancel] .undo-preview[data-outcome=stops_in_error]",
+    )
+    .await;
+    screenshot(b, "console-undo-preview.png").await;
+    click(b, &format!("{compensate} summary")).await;
+
     // Retry the failed step, with a reason, after fixing its cause.
     c.fixed.store(true, Ordering::SeqCst);
     let retry = "details[data-action=retry][data-step=notify]";
