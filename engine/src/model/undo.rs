@@ -85,6 +85,9 @@ pub struct UndoPreview {
     pub undo: Undo,
     /// The run's state now.
     pub run_state: RunState,
+    /// The run's input, which every compensation reads (`StepContext::input`) beside its
+    /// step's output.
+    pub input: Value,
     /// How the run ends.
     pub outcome: UndoOutcome,
     /// Why it ends that way, when it does not end `compensated`.

@@ -77,6 +77,7 @@ pub fn preview_undo(
         run_id: run.id,
         undo,
         run_state: run.state,
+        input: serde_json::from_str(&run.input).unwrap_or_else(|_| run.input.as_str().into()),
         outcome,
         reason,
         groups,

@@ -105,7 +105,8 @@ async fn a_preview_of_a_cancel_is_what_the_cancel_then_does() {
             .start()
             .await
             .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
-        let id = engine.start("fanout", &()).await.expect("start");
+        let input = serde_json::json!({ "order": "o-1" });
+        let id = engine.start("fanout", &input).await.expect("start");
         eventually(Duration::from_secs(20), "hold to start", || async {
             log.has("hold started")
         })
@@ -121,6 +122,10 @@ async fn a_preview_of_a_cancel_is_what_the_cancel_then_does() {
             "[{b}] {preview:?}"
         );
         assert_eq!(preview.run_state, RunState::Running, "[{b}]");
+        assert_eq!(
+            preview.input, input,
+            "[{b}] the input every compensation reads"
+        );
         let names: Vec<Vec<&str>> = preview
             .groups
             .iter()
