@@ -35,16 +35,20 @@ pub fn preview_undo(
     sim.apply(&action);
     let in_flight = sim.settle_attempts(wf, undo);
     let mut groups: Vec<Vec<UndoStep>> = Vec::new();
+    // The action itself queues the compensations that had failed (of a run in `error`):
+    // they run first, before the evaluator plans the rest.
+    let retried = queued(&action);
+    if !retried.is_empty() {
+        groups.push(retried.iter().map(|n| undo_step(wf, steps, n)).collect());
+        for name in &retried {
+            sim.compensate(name);
+        }
+    }
     // Each round moves at least one step or the run, or ends the loop; a step moves a
     // bounded number of times on the way to its undo.
     for _ in 0..=4 * steps.len() + 4 {
         let plan = super::plan(wf, &sim.run, &sim.rows)?;
-        let due: Vec<String> = plan
-            .steps
-            .iter()
-            .filter(|w| w.to == StepState::CompensationReady)
-            .map(|w| w.name.clone())
-            .collect();
+        let due = queued(&plan);
         let moved = !plan.steps.is_empty() || plan.run_state.is_some();
         sim.apply(&plan);
         if !due.is_empty() {
@@ -84,6 +88,15 @@ pub fn preview_undo(
         kept,
         in_flight,
     })
+}
+
+/// The steps whose compensation `plan` queues.
+fn queued(plan: &PlanWrite) -> Vec<String> {
+    plan.steps
+        .iter()
+        .filter(|w| w.to == StepState::CompensationReady)
+        .map(|w| w.name.clone())
+        .collect()
 }
 
 /// The compensation of step `name`, as the plan shows it.

@@ -1033,3 +1033,51 @@ fn a_preview_of_a_finished_run_is_refused_like_the_action() {
         .expect_err("a finished run");
     assert!(matches!(err, Error::ActionNotAllowed { .. }), "{err}");
 }
+
+#[test]
+fn a_preview_of_a_compensate_in_error_retries_the_failed_compensation_first() {
+    use crate::model::{Undo, UndoOutcome};
+    let wf = saga();
+    // `b`'s compensation failed for good, `d` is undone, `c` was dropped: the run is in
+    // error. A compensate retries `b`'s compensation, then undoes `a`.
+    let r = rows(&[
+        ("a", StepState::Completed),
+        ("b", StepState::CompensationFailed),
+        ("d", StepState::Compensated),
+        ("c", StepState::Skipped),
+    ]);
+    let p = preview_undo(&wf, &run(RunState::Error), &r, Undo::Compensate).expect("preview");
+    assert_eq!(p.outcome, UndoOutcome::Compensated, "{p:?}");
+    assert_eq!(groups(&p), [vec!["b"], vec!["a"]]);
+    assert_eq!(kept(&p, "d"), "already undone");
+    assert_eq!(kept(&p, "c"), "dropped before");
+    // Planned by hand, the same: the action queues `b`'s compensation again.
+    let action = operator::compensate(&run(RunState::Error), &r).expect("compensate");
+    assert_eq!(
+        moves(&action),
+        [("b".to_owned(), StepState::CompensationReady)]
+    );
+}
+
+#[test]
+fn a_preview_of_a_cancel_of_a_paused_run_drops_its_parked_steps_and_undoes_the_rest() {
+    use crate::model::{Undo, UndoOutcome};
+    let wf = saga();
+    let mut paused = run(RunState::Paused);
+    paused.error = Some(
+        r#"{"code":"paused","message":"paused by an operator","retryable":false,"details":{"phase":"running","cause":null}}"#
+            .into(),
+    );
+    // `b` is parked (queued with no due time), `d` completed.
+    let r = rows(&[
+        ("a", StepState::Completed),
+        ("b", StepState::Ready),
+        ("d", StepState::Completed),
+        ("c", StepState::NotStarted),
+    ]);
+    let p = preview_undo(&wf, &paused, &r, Undo::Cancel).expect("preview");
+    assert_eq!(p.outcome, UndoOutcome::Compensated, "{p:?}");
+    assert_eq!(groups(&p), [vec!["d"], vec!["a"]]);
+    assert_eq!(kept(&p, "b"), "queued, never acted: dropped");
+    assert_eq!(kept(&p, "c"), "never started: dropped");
+}
