@@ -18,9 +18,11 @@ use super::error::ApiError;
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(super) struct DeliveryParams {
-    /// `pending`, `delivered` or `dead` (the dead letters); all when left out.
+    /// `pending`, `delivered` or `dead` (the dead letters); all when left out (or empty).
+    #[param(value_type = Option<crate::DeliveryState>)]
     state: Option<String>,
     /// At most this many (default 100, at most 500).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<u32>,
 }
 
@@ -47,6 +49,7 @@ pub(super) async fn deliveries(
     let state = params
         .state
         .as_deref()
+        .filter(|v| !v.is_empty())
         .map(|v| {
             v.parse::<crate::DeliveryState>().map_err(|_| {
                 ApiError::new(
@@ -57,7 +60,7 @@ pub(super) async fn deliveries(
             })
         })
         .transpose()?;
-    let limit = params.limit.unwrap_or(100).clamp(1, 500);
+    let limit = super::runs::in_range("limit", params.limit.unwrap_or(100), 1, 500)?;
     let deliveries = s.engine.deliveries(state, limit).await?;
     Ok(json(&DeliveriesAnswer { deliveries }))
 }

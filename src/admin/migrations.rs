@@ -34,6 +34,7 @@ pub(super) struct PlanParams {
     /// The page starts after this run (the `next_after` of the page before).
     after: Option<uuid::Uuid>,
     /// At most this many runs (default 100, at most 500).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<u32>,
 }
 
@@ -67,10 +68,12 @@ pub(super) async fn plan(
     query: Result<Query<PlanParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(p) = query.map_err(ApiError::invalid_query)?;
-    let limit = p
-        .limit
-        .unwrap_or(100)
-        .clamp(1, crate::migration::PLAN_PAGE_MAX);
+    let limit = super::runs::in_range(
+        "limit",
+        p.limit.unwrap_or(100),
+        1,
+        crate::migration::PLAN_PAGE_MAX,
+    )?;
     let plan = s
         .engine
         .operator()

@@ -4,6 +4,8 @@
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Router, middleware};
 
@@ -122,6 +124,7 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
         .route("/api/v1/callbacks", post(waits::callback_by_header))
         .route("/api/v1/callbacks/{token}", post(waits::callback))
         .merge(api)
+        .layer(middleware::map_response(json_refusals))
         .merge(super::console::router(state.clone()))
         .layer(DefaultBodyLimit::max(body_limit))
         // Outermost: a request over a limit is refused before its token is compared.
@@ -130,6 +133,51 @@ pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
             super::throttle::limit,
         ))
         .with_state(state)
+}
+
+/// The code of a refusal that axum made before a handler ran, by its status.
+fn refusal_code(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ => "invalid_request",
+    }
+}
+
+/// A refusal made by an extractor or the router (a path parameter that does not parse, a
+/// method the route does not serve) comes from axum as plain text or empty: it is answered as the
+/// API's JSON error envelope instead, with the same status and headers (`Allow` of a 405
+/// among them), so that a client reads every refusal the same way.
+async fn json_refusals(res: Response) -> Response {
+    // axum's refusals are plain text, or empty with no type at all (a 405).
+    let plain = res
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_none_or(|v| v.to_str().is_ok_and(|t| t.starts_with("text/plain")));
+    if !plain || !res.status().is_client_error() {
+        return res;
+    }
+    let status = res.status();
+    let (parts, body) = res.into_parts();
+    // axum's refusal texts are one line; a longer body is cut, not read whole.
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let text = if text.is_empty() {
+        status.canonical_reason().unwrap_or("refused").to_owned()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, refusal_code(status), text).into_response();
+    for (name, value) in &parts.headers {
+        if name != CONTENT_TYPE && name != CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 async fn not_found() -> ApiError {

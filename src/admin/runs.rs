@@ -205,7 +205,8 @@ pub(super) struct ListParams {
     /// `created` (newest first, the default) or `attempts` (most failed attempts first).
     #[param(value_type = Option<RunOrder>)]
     pub(super) sort: Option<String>,
-    /// Rows per page (default 50, at most 500).
+    /// Rows per page (default 50, at most 500; a bulk action: default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub(super) limit: Option<u32>,
     /// The previous page's `next`.
     pub(super) cursor: Option<String>,
@@ -225,6 +226,9 @@ impl ListParams {
     /// The engine's query, or 400 naming the parameter that is wrong.
     pub(super) fn query(self) -> Result<RunQuery, ApiError> {
         let invalid = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
+        if let Some(n) = self.limit {
+            in_range("limit", n, 1, crate::RUN_PAGE_MAX)?;
+        }
         let mut q = RunQuery::new()
             .created(self.created_after, self.created_before)
             .limit(self.limit.unwrap_or(0));
@@ -284,6 +288,19 @@ pub(super) async fn list_runs(
         damaged,
         next: page.next,
     }))
+}
+
+/// 400 `invalid_query` unless `value` of the query parameter `name` is within `min..=max`:
+/// a limit the document states is kept, not silently cut.
+pub(super) fn in_range(name: &str, value: u32, min: u32, max: u32) -> Result<u32, ApiError> {
+    if (min..=max).contains(&value) {
+        return Ok(value);
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        format!("`{name}` is {min} to {max}; got {value}"),
+    ))
 }
 
 /// A run id from the path.

@@ -79,6 +79,7 @@ const EVENT_SHAPE: &str = r#"{"payload"?: any JSON}"#;
         (status = 404, description = "`run_not_found`", body = ErrorBody),
         (status = 409, description = "`action_not_allowed`: the run is finished", body = ErrorBody),
         (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
         (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
     ),
 )]
@@ -115,6 +116,7 @@ pub(super) async fn send_event(
         (status = 404, description = "`run_not_found`: no run has the key", body = ErrorBody),
         (status = 409, description = "`action_not_allowed`: the run is finished", body = ErrorBody),
         (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
         (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
     ),
 )]
@@ -171,6 +173,7 @@ const CALLBACK_SHAPE: &str =
         (status = 400, description = "`invalid_json`, `invalid_body` or `missing_callback_token`", body = ErrorBody),
         (status = 404, description = "`unknown_callback`: no step holds the token (forged, or spent)", body = ErrorBody),
         (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
         (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
     ),
     security(()),
@@ -210,6 +213,7 @@ pub(super) async fn callback_by_header(
         (status = 400, description = "`invalid_json` or `invalid_body`", body = ErrorBody),
         (status = 404, description = "`unknown_callback`: no step holds the token (forged, or spent)", body = ErrorBody),
         (status = 413, description = "`payload_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
         (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
     ),
     security(()),
@@ -243,6 +247,7 @@ pub(super) struct WaitingParams {
     /// Only this run's waiting steps.
     run: Option<uuid::Uuid>,
     /// At most this many (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 
@@ -279,7 +284,7 @@ pub(super) async fn waiting(
 ) -> Result<Json<Value>, ApiError> {
     let Query(p) = params
         .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
-    let limit = p.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = super::runs::in_range("limit", p.limit.unwrap_or(100), 1, 1000)?;
     let steps = s.engine.waiting_steps(p.run, limit).await?;
     let answer: Vec<WaitingAnswer> = steps
         .into_iter()

@@ -1016,6 +1016,11 @@ async fn runs_are_listed_with_filters_sorts_and_a_cursor() {
             "/api/v1/runs?state=lost",
             "/api/v1/runs?sort=name",
             "/api/v1/runs?limit=-1",
+            // Limits the document states are kept, not silently cut.
+            "/api/v1/runs?limit=501",
+            "/api/v1/runs?limit=0",
+            "/api/v1/waiting?limit=1001",
+            "/api/v1/deliveries?limit=501",
             "/api/v1/runs?cursor=c.1.nope",
             "/api/v1/runs?colour=red",
         ] {
@@ -1027,6 +1032,32 @@ async fn runs_are_listed_with_filters_sorts_and_a_cursor() {
             )
             .await;
         }
+        // Refusals axum makes before a handler runs are the same JSON envelope: a path
+        // parameter that does not parse, and a method the route does not serve (with its
+        // `Allow` header kept).
+        expect_refusal(
+            http.post(url("/api/v1/migrations/order/1/99999999999/apply"))
+                .bearer_auth(OPS)
+                .json(&json!({ "reason": "r" })),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            b,
+        )
+        .await;
+        let wrong = http
+            .delete(url("/api/v1/runs"))
+            .bearer_auth(OPS)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED, "[{b}]");
+        assert!(
+            wrong.headers().contains_key("allow"),
+            "[{b}] {:?}",
+            wrong.headers()
+        );
+        let body: Value = wrong.json().await.expect("a JSON body");
+        assert_eq!(body["error"]["code"], "method_not_allowed", "[{b}] {body}");
         // Cancelling a run that already completed: 409 with why.
         let done: sagaflow::Uuid = ids[0].parse().expect("uuid");
         sagaflow_testkit::expect_state(&engine, done, sagaflow::RunState::Completed, b).await;
