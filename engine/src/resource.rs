@@ -35,12 +35,14 @@ const NAME_MAX: usize = 100;
 pub struct ResourceLimits {
     /// Attempts of its steps in flight at most, across every instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_in_flight: Option<u32>,
     /// Attempts in flight at most per flow key (a tenant, a customer: see
     /// [`WorkflowBuilder::flow_key`](crate::WorkflowBuilder::flow_key)). Due steps are
     /// shared fairly between keys: each claim serves first the keys with the fewest attempts
     /// in flight. Runs without a key share one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_in_flight_per_key: Option<u32>,
     /// Attempts started at most per period, across every instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,11 +65,14 @@ pub struct ResourceLimits {
 #[serde(deny_unknown_fields)]
 pub struct Rate {
     /// Attempts per period.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub limit: u32,
     /// The period, in milliseconds.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 86_400_000))]
     pub period_ms: u64,
     /// Attempts that may start at once after a quiet spell; 1 spaces every attempt evenly.
     #[serde(default = "one")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub burst: u32,
 }
 
@@ -82,8 +87,10 @@ fn one() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct Batch {
     /// Attempts per batch.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub size: u32,
     /// The pause after a batch, in milliseconds.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub pause_ms: u64,
 }
 

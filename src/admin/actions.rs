@@ -38,7 +38,7 @@ pub(super) fn action_reason(reason: &str) -> Option<&str> {
 struct ActionBody {
     /// Why, in the operator's words (required: it goes into the run's history).
     #[serde(default)]
-    #[schema(required = true, min_length = 1)]
+    #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
     /// The step, for `retry` and `mark_compensated`.
     #[serde(default)]

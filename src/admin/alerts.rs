@@ -37,7 +37,7 @@ struct ResolveBody {
     /// Why it needs no more attention (required: it is stored with the alert as its
     /// `resolution`).
     #[serde(default)]
-    #[schema(required = true, min_length = 1)]
+    #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
 }
 

@@ -27,7 +27,7 @@ pub(super) struct InputBody {
     input: Value,
     /// Why, in the operator's words (required: it goes into the run's history).
     #[serde(default)]
-    #[schema(required = true, min_length = 1)]
+    #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
 }
 

@@ -22,7 +22,7 @@ use super::error::{ApiError, parse_body};
 pub(super) struct ApplyBody {
     /// Why, in the operator's words (required: it goes into each migrated run's history).
     #[serde(default)]
-    #[schema(required = true, min_length = 1)]
+    #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
 }
 
@@ -51,8 +51,8 @@ pub(super) struct PlanParams {
     operation_id = "migration_plan",
     params(
         ("name" = String, Path, description = "The workflow"),
-        ("from" = i32, Path, description = "The version runs leave"),
-        ("to" = i32, Path, description = "The version runs move to"),
+        ("from" = i32, Path, minimum = 1, description = "The version runs leave"),
+        ("to" = i32, Path, minimum = 1, description = "The version runs move to"),
         PlanParams,
     ),
     responses(
@@ -95,8 +95,8 @@ pub(super) async fn plan(
     operation_id = "migration_apply",
     params(
         ("name" = String, Path, description = "The workflow"),
-        ("from" = i32, Path, description = "The version runs leave"),
-        ("to" = i32, Path, description = "The version runs move to"),
+        ("from" = i32, Path, minimum = 1, description = "The version runs leave"),
+        ("to" = i32, Path, minimum = 1, description = "The version runs move to"),
     ),
     request_body = ApplyBody,
     responses(

@@ -25,7 +25,7 @@ pub(super) struct LimitsBody {
     limits: ResourceLimits,
     /// Why, in the operator's words (required: it is stored with the override).
     #[serde(default)]
-    #[schema(required = true, min_length = 1)]
+    #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
 }
 
@@ -35,7 +35,7 @@ pub(super) struct LimitsBody {
 pub(super) struct ClearBody {
     /// Why the code's limits apply again (required: it is logged with the operator).
     #[serde(default)]
-    #[schema(required = true, min_length = 1)]
+    #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
 }
 

@@ -239,7 +239,9 @@ impl ListParams {
         if let Some(k) = nonempty(self.business_key) {
             q = q.business_key(k);
         }
-        if let Some(state) = nonempty(self.state) {
+        // A state or an order is one of its names: an empty one is refused like any other
+        // name the list does not know (the document gives them as enums).
+        if let Some(state) = self.state {
             let state = state.parse::<RunState>().map_err(|_| {
                 let all: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
                 invalid(format!(
@@ -249,7 +251,7 @@ impl ListParams {
             })?;
             q = q.state(state);
         }
-        if let Some(sort) = nonempty(self.sort) {
+        if let Some(sort) = self.sort {
             q = q.order(
                 sort.parse::<RunOrder>()
                     .map_err(|e| invalid(e.to_string()))?,

@@ -41,7 +41,7 @@ pub(super) struct PauseBody {
     /// Why, in the operator's words (required: a pause stores it with the schedule, and both
     /// are logged with the operator).
     #[serde(default)]
-    #[schema(required = true, min_length = 1)]
+    #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
 }
 
