@@ -21,8 +21,8 @@
 //!   the transaction or be left on a pooled connection;
 //! - on SQLite, the database's write lock (`BEGIN IMMEDIATE`).
 //!
-//! An engine that finds the lock taken waits for it (on SQLite, for as long as the
-//! connection's busy timeout), then sees the migrations the first engine committed and has
+//! An engine that finds the lock taken waits for it (up to [`MIGRATION_LOCK_WAIT`]; on
+//! SQLite by trying again while the lock is busy), then sees the migrations the first engine committed and has
 //! nothing left to apply. DDL is transactional on both backends, so a failed or interrupted
 //! start leaves no migration half-applied; each migration is written to be re-runnable all
 //! the same (`IF NOT EXISTS`, `IF EXISTS`, columns added only when missing), so a schema
@@ -120,7 +120,7 @@ impl MigratorTrait for Migrator {
 /// # Errors
 /// Any database error raised while taking the lock or applying a migration (nothing is
 /// applied then); on SQLite, `database is locked` when another process holds the write lock
-/// for longer than the busy timeout.
+/// for longer than [`MIGRATION_LOCK_WAIT`].
 pub async fn migrate(db: &sea_orm_migration::sea_orm::DatabaseConnection) -> Result<(), DbErr> {
     apply(db).await.map(drop)
 }
@@ -272,17 +272,51 @@ async fn begin_locked(
         // A deferred transaction would take the write lock only at its first write, and
         // SQLite cannot wait for a lock upgrade from a stale read snapshot (it fails with
         // SQLITE_BUSY at once); `BEGIN IMMEDIATE` waits for the write lock up front.
+        //
+        // Each attempt waits up to the connection's busy timeout, polling the lock. Another
+        // process that writes without pause (an engine claiming and completing steps) can
+        // win the lock at every poll for longer than that, so a start tries again, with
+        // growing pauses, for as long as PostgreSQL's start waits for its lock.
         DbBackend::Sqlite => {
-            db.begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..TransactionOptions::default()
-            })
-            .await
+            let deadline = tokio::time::Instant::now() + MIGRATION_LOCK_WAIT;
+            let mut pause = std::time::Duration::from_millis(5);
+            loop {
+                let begun = db
+                    .begin_with_options(TransactionOptions {
+                        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                        ..TransactionOptions::default()
+                    })
+                    .await;
+                match begun {
+                    Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                    }
+                    other => return other,
+                }
+            }
         }
         other => Err(DbErr::Migration(format!(
             "sagaflow does not support the {other:?} backend"
         ))),
     }
+}
+
+/// Whether SQLite refused for a lock another connection holds (`SQLITE_BUSY`, or one of its
+/// extended codes).
+fn is_busy(e: &DbErr) -> bool {
+    use sea_orm_migration::sea_orm::RuntimeErr;
+    const SQLITE_BUSY: i64 = 5;
+    let (DbErr::Conn(RuntimeErr::SqlxError(err))
+    | DbErr::Exec(RuntimeErr::SqlxError(err))
+    | DbErr::Query(RuntimeErr::SqlxError(err))) = e
+    else {
+        return false;
+    };
+    err.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|c| c.parse::<i64>().ok())
+        .is_some_and(|c| c & 0xff == SQLITE_BUSY)
 }
 
 /// Executes one statement of a migration (recorded while [`plan`] runs).
