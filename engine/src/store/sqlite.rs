@@ -33,8 +33,9 @@ pub(super) const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 A
 pub(super) const CLAIM_LOCK: &str = "";
 
 /// How long a start keeps trying to switch the database file to WAL while other processes
-/// hold it.
-pub(super) const WAL_SWITCH_WAIT: Duration = Duration::from_secs(10);
+/// hold it: as long as it waits for the migration lock next, since an engine that writes the
+/// file without pause can hold either off for longer than a busy timeout.
+pub(super) const WAL_SWITCH_WAIT: Duration = sagaflow_migrations::MIGRATION_LOCK_WAIT;
 
 /// Puts the database file in WAL journaling.
 ///
