@@ -371,27 +371,46 @@ impl Engine {
     /// the workflow's code, such as the command-line tool, plans over the published graph);
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn preview_undo(&self, id: Uuid, undo: Undo) -> Result<UndoPreview> {
+        let mut previews = self.preview_undos(id, &[undo]).await?;
+        previews.pop().ok_or(Error::RunNotFound(id))?
+    }
+
+    /// [`Engine::preview_undo`] of each of `undos`, over one read of the run, its steps and
+    /// its definition (the console shows a cancel's and a compensate's side by side). The
+    /// outer error is the read's; each preview may be refused on its own.
+    pub(crate) async fn preview_undos(
+        &self,
+        id: Uuid,
+        undos: &[Undo],
+    ) -> Result<Vec<Result<UndoPreview>>> {
         let store = &self.inner.store;
         let run = store.run_get(id).await?.ok_or(Error::RunNotFound(id))?;
-        let registry = self.inner.scheduler.registry();
         let steps = store.run_steps(id).await?;
-        if let Some(wf) = registry.get(&run.workflow, run.version) {
-            return sagaflow_engine::transition::preview_undo(wf, &run, &steps, undo);
-        }
-        // An engine without the run's code (the command-line tool, a client-only engine)
-        // plans over the graph its engines published: the preview needs the steps, their
-        // roles, dependencies and compensations, never their code.
-        let published = store
-            .definition_get(&run.workflow, run.version)
-            .await?
-            .and_then(|d| d.description.ok())
-            .ok_or_else(|| Error::VersionNotFound {
-                name: run.workflow.clone(),
-                version: run.version,
-                run_id: id,
-            })?;
-        let wf = sagaflow_engine::Workflow::from_description(&published)?;
-        sagaflow_engine::transition::preview_undo(&wf, &run, &steps, undo)
+        let registry = self.inner.scheduler.registry();
+        let rebuilt;
+        let wf = match registry.get(&run.workflow, run.version) {
+            Some(wf) => wf.as_ref(),
+            None => {
+                // An engine without the run's code (the command-line tool, a client-only
+                // engine) plans over the graph its engines published: the preview needs the
+                // steps, their roles, dependencies and compensations, never their code.
+                let published = store
+                    .definition_get(&run.workflow, run.version)
+                    .await?
+                    .and_then(|d| d.description.ok())
+                    .ok_or_else(|| Error::VersionNotFound {
+                        name: run.workflow.clone(),
+                        version: run.version,
+                        run_id: id,
+                    })?;
+                rebuilt = sagaflow_engine::Workflow::from_description(&published)?;
+                &rebuilt
+            }
+        };
+        Ok(undos
+            .iter()
+            .map(|&u| sagaflow_engine::transition::preview_undo(wf, &run, &steps, u))
+            .collect())
     }
 
     /// A run's history, oldest first.

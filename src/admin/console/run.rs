@@ -151,17 +151,20 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
     };
     // What a cancel or a compensate would undo, shown in its form before the operator
     // confirms (an error reads as "no preview": the action itself still answers).
-    let mut previews = Vec::new();
-    if s.is_operator() && !run.state.is_final() {
-        for undo in [Undo::Compensate, Undo::Cancel] {
-            previews.push(
-                engine
-                    .preview_undo(id, undo)
-                    .await
-                    .map_err(|e| e.to_string()),
-            );
+    let previews: Vec<Result<UndoPreview, String>> = if s.is_operator() && !run.state.is_final() {
+        match engine
+            .preview_undos(id, &[Undo::Compensate, Undo::Cancel])
+            .await
+        {
+            Ok(each) => each
+                .into_iter()
+                .map(|p| p.map_err(|e| e.to_string()))
+                .collect(),
+            Err(e) => vec![Err(e.to_string()), Err(e.to_string())],
         }
-    }
+    } else {
+        Vec::new()
+    };
     let legend: BTreeSet<&str> = nodes.iter().filter_map(|n| n.state).collect();
     let legend: Vec<&str> = StepState::ALL
         .iter()
