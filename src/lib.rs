@@ -95,8 +95,8 @@ pub use limits::{describe_limits, describe_state};
 pub use operator::{ActionArgs, Operator};
 pub use sagaflow_engine::cron::{MissedTicks, Schedule, ScheduleView};
 pub use sagaflow_engine::resource::{
-    Batch, Breaker, BreakerState, BreakerStatus, Rate, Resource, ResourceLimits, ResourceName,
-    ResourceView, Window, Windows,
+    Batch, Breaker, BreakerState, BreakerStatus, CompensationShare, Rate, Resource, ResourceLimits,
+    ResourceName, ResourceView, Window, Windows,
 };
 pub use sagaflow_engine::store::{
     ActiveCount, FinishedCounts, PublishedDefinition, RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder,

@@ -18,6 +18,11 @@ use crate::{BreakerState, Rate, ResourceLimits, ResourceView};
 ///     .max_in_flight_per_key(2)
 ///     .rate(20, Duration::from_secs(1));
 /// assert_eq!(describe_limits(payments.limits()), "8 in flight, 2 per key, 20/s burst 1");
+/// let kept = payments.compensation_share(2, 5);
+/// assert_eq!(
+///     describe_limits(kept.limits()),
+///     "8 in flight, 2 per key, 20/s burst 1, kept for compensations: 2 in flight, 5/s"
+/// );
 /// assert_eq!(describe_limits(&Default::default()), "unlimited");
 /// ```
 pub fn describe_limits(limits: &ResourceLimits) -> String {
@@ -59,6 +64,19 @@ pub fn describe_limits(limits: &ResourceLimits) -> String {
             when.join(" or "),
             describe_ms(b.cool_down_ms)
         ));
+    }
+    if let Some(share) = limits.compensation_share {
+        let mut kept = Vec::new();
+        if share.in_flight > 0 {
+            kept.push(format!("{} in flight", share.in_flight));
+        }
+        if let Some(rate) = limits.rate.filter(|_| share.rate > 0) {
+            kept.push(describe_rate(&Rate {
+                limit: share.rate,
+                ..rate
+            }));
+        }
+        parts.push(format!("kept for compensations: {}", kept.join(", ")));
     }
     if parts.is_empty() {
         "unlimited".to_owned()
@@ -185,7 +203,9 @@ mod tests {
             override_by: None,
             override_reason: None,
             in_flight: 0,
+            compensations_in_flight: 0,
             waiting: 0,
+            compensations_waiting: 0,
             breaker: crate::BreakerStatus::default(),
             batch_resume_at_ms: None,
         };

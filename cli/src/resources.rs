@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Subcommand};
-use sagaflow::{Engine, Rate, ResourceLimits, ResourceView, describe_limits, describe_state};
+use sagaflow::{
+    CompensationShare, Engine, Rate, ResourceLimits, ResourceView, describe_limits, describe_state,
+};
 use serde::Serialize;
 
 use crate::exit::{Failure, Outcome};
@@ -25,8 +27,10 @@ Examples:
   sagaflow resources set payments-api --max-in-flight 4 --reason \"provider asks us to slow down\"
   sagaflow resources set payments-api --rate 100/min --burst 10 --reason \"new contract\"
   sagaflow resources set partner --rate none --reason \"rate lifted\"
+  sagaflow resources set payments-api --compensation-in-flight 2 --compensation-rate 5 \\
+      --reason \"keep room for the refunds of incident 7\"
   sagaflow resources set partner --limits '{\"max_in_flight\": 2}' --reason \"incident 7\"")]
-    Set(SetArgs),
+    Set(Box<SetArgs>),
     /// Clears a resource's override: the limits its code declares apply again.
     Reset {
         /// The resource's name (the first column of `sagaflow resources`).
@@ -66,13 +70,23 @@ pub(crate) struct SetArgs {
     /// Attempts that may start at once after a quiet spell (with a rate).
     #[arg(long, value_name = "N", group = "change", value_parser = clap::value_parser!(u32).range(1..))]
     burst: Option<u32>,
+    /// Of --max-in-flight, the attempts in flight kept for compensations: forward attempts
+    /// hold at most the rest, compensations at most this many (`none`: shared).
+    #[arg(long, value_name = "N", group = "change", value_parser = parse_count)]
+    compensation_in_flight: Option<Count>,
+    /// Of the rate's attempts per period, those kept for compensations, on a limiter of their
+    /// own (`none`: shared).
+    #[arg(long, value_name = "N", group = "change", value_parser = parse_count)]
+    compensation_rate: Option<Count>,
     /// Every limit at once, as ResourceLimits JSON: `{"max_in_flight": 8,
     /// "max_in_flight_per_key": 2, "rate": {"limit": 20, "period_ms": 1000, "burst": 1}}`.
     #[arg(
         long,
         value_name = "JSON",
         group = "change",
-        conflicts_with_all = ["max_in_flight", "per_key", "rate", "burst"],
+        conflicts_with_all = [
+            "max_in_flight", "per_key", "rate", "burst", "compensation_in_flight", "compensation_rate",
+        ],
         value_parser = parse_limits,
     )]
     limits: Option<ResourceLimits>,
@@ -156,7 +170,7 @@ pub(crate) async fn resources(
 ) -> Outcome {
     match command.unwrap_or(ResourcesCommand::List) {
         ResourcesCommand::List => list(engine, json).await,
-        ResourcesCommand::Set(args) => set(engine, args, json).await,
+        ResourcesCommand::Set(args) => set(engine, *args, json).await,
         ResourcesCommand::Reset { name, who } => reset(engine, &name, &who, json).await,
     }
 }
@@ -183,8 +197,8 @@ async fn list(engine: &Engine, json: bool) -> Outcome {
     for r in &resources {
         t.add_row([
             r.name.clone(),
-            r.in_flight.to_string(),
-            r.waiting.to_string(),
+            with_compensations(r.in_flight, r.compensations_in_flight),
+            with_compensations(r.waiting, r.compensations_waiting),
             describe_limits(&r.limits),
             describe_state(r),
             printable(r.override_by.as_deref()),
@@ -194,6 +208,15 @@ async fn list(engine: &Engine, json: bool) -> Outcome {
     }
     output::print_table(&t);
     Ok(())
+}
+
+/// A count with the compensations among it, when there are any: `5`, `5 (2 undoing)`.
+fn with_compensations(all: i64, compensations: i64) -> String {
+    if compensations > 0 {
+        format!("{all} ({compensations} undoing)")
+    } else {
+        all.to_string()
+    }
 }
 
 /// The resource named, or exit 3 naming those there are.
@@ -214,9 +237,9 @@ async fn find(engine: &Engine, name: &str) -> Result<ResourceView, Failure> {
 
 /// The limits `args` ask for: the limits in force with the changes given, or those of
 /// `--limits`.
-fn changed(current: ResourceLimits, args: SetArgs) -> Result<ResourceLimits, Failure> {
-    if let Some(all) = args.limits {
-        return Ok(all);
+fn changed(current: ResourceLimits, args: &SetArgs) -> Result<ResourceLimits, Failure> {
+    if let Some(all) = &args.limits {
+        return Ok(all.clone());
     }
     let mut limits = current;
     if let Some(Count(n)) = args.max_in_flight {
@@ -243,6 +266,16 @@ fn changed(current: ResourceLimits, args: SetArgs) -> Result<ResourceLimits, Fai
             }
         }
     }
+    if args.compensation_in_flight.is_some() || args.compensation_rate.is_some() {
+        let mut share = limits.compensation_share.unwrap_or_default();
+        if let Some(Count(n)) = args.compensation_in_flight {
+            share.in_flight = n.unwrap_or(0);
+        }
+        if let Some(Count(n)) = args.compensation_rate {
+            share.rate = n.unwrap_or(0);
+        }
+        limits.compensation_share = (share != CompensationShare::default()).then_some(share);
+    }
     Ok(limits)
 }
 
@@ -252,7 +285,7 @@ async fn set(engine: &Engine, args: SetArgs, json: bool) -> Outcome {
         crate::act::on_behalf(engine, &args.who.reason, args.who.operator.as_deref())?;
     let before = find(engine, &name).await?;
     let was = describe_limits(&before.limits);
-    let limits = changed(before.limits, args)?;
+    let limits = changed(before.limits, &args)?;
     limits
         .check()
         .map_err(|e| Failure::usage(format!("resource `{name}`: {e}")))?;

@@ -72,9 +72,16 @@ pub const RESOURCE_WAITING: &str = "sagaflow_resource_waiting";
 /// Gauge: a resource's circuit breaker, by `resource`: 0 closed, 1 half-open, 2 open;
 /// fleet-wide.
 pub const RESOURCE_BREAKER: &str = "sagaflow_resource_breaker_state";
+/// Gauge: of [`RESOURCE_IN_FLIGHT`], compensation attempts, by `resource`; fleet-wide.
+pub const RESOURCE_COMPENSATIONS_IN_FLIGHT: &str = "sagaflow_resource_compensations_in_flight";
+/// Gauge: of [`RESOURCE_WAITING`], compensations, by `resource`; fleet-wide.
+pub const RESOURCE_COMPENSATIONS_WAITING: &str = "sagaflow_resource_compensations_waiting";
+/// Gauge: the slots of a resource's `max_in_flight` kept for compensation attempts, by
+/// `resource` (0 when both kinds share them).
+pub const RESOURCE_COMPENSATION_SLOTS: &str = "sagaflow_resource_compensation_slots";
 
 /// Every metric name, with its kind (`counter`, `histogram`, `gauge`).
-pub const ALL: [(&str, &str); 18] = [
+pub const ALL: [(&str, &str); 21] = [
     (RUNS_STARTED, "counter"),
     (RUNS_FINISHED, "counter"),
     (RUNS_ERRORED, "counter"),
@@ -93,6 +100,9 @@ pub const ALL: [(&str, &str); 18] = [
     (RESOURCE_IN_FLIGHT, "gauge"),
     (RESOURCE_WAITING, "gauge"),
     (RESOURCE_BREAKER, "gauge"),
+    (RESOURCE_COMPENSATIONS_IN_FLIGHT, "gauge"),
+    (RESOURCE_COMPENSATIONS_WAITING, "gauge"),
+    (RESOURCE_COMPENSATION_SLOTS, "gauge"),
 ];
 
 /// Buckets (seconds) of [`STEP_ATTEMPT_DURATION`]: a local call to a slow remote one.
@@ -169,6 +179,21 @@ pub fn describe() {
         RESOURCE_BREAKER,
         Unit::Count,
         "A remote resource's circuit breaker: 0 closed, 1 half-open, 2 open (from the database)."
+    );
+    describe_gauge!(
+        RESOURCE_COMPENSATIONS_IN_FLIGHT,
+        Unit::Count,
+        "Of a remote resource's attempts in flight, compensation attempts (from the database)."
+    );
+    describe_gauge!(
+        RESOURCE_COMPENSATIONS_WAITING,
+        Unit::Count,
+        "Of a remote resource's due steps waiting for a claim, compensations (from the database)."
+    );
+    describe_gauge!(
+        RESOURCE_COMPENSATION_SLOTS,
+        Unit::Count,
+        "Slots of a remote resource's concurrency kept for compensation attempts; 0 when shared."
     );
     describe_gauge!(
         STEPS_READY,
@@ -424,13 +449,24 @@ pub async fn refresh_queue_gauges(store: &Store) -> Result<()> {
     Ok(())
 }
 
-/// Sets the resource gauges ([`RESOURCE_IN_FLIGHT`], [`RESOURCE_WAITING`]) from
+/// Sets the resource gauges ([`RESOURCE_IN_FLIGHT`], [`RESOURCE_WAITING`], their
+/// compensations, [`RESOURCE_COMPENSATION_SLOTS`], [`RESOURCE_BREAKER`]) from
 /// [`Store::resource_list`]. Resources are declared in code, a handful: no series is dropped.
 pub fn set_resource_gauges(resources: &[crate::resource::ResourceView]) {
     #[allow(clippy::cast_precision_loss)] // counts of steps: exact in an f64
     for r in resources {
         gauge!(RESOURCE_IN_FLIGHT, "resource" => r.name.clone()).set(r.in_flight as f64);
         gauge!(RESOURCE_WAITING, "resource" => r.name.clone()).set(r.waiting as f64);
+        gauge!(RESOURCE_COMPENSATIONS_IN_FLIGHT, "resource" => r.name.clone())
+            .set(r.compensations_in_flight as f64);
+        gauge!(RESOURCE_COMPENSATIONS_WAITING, "resource" => r.name.clone())
+            .set(r.compensations_waiting as f64);
+        let kept = r
+            .limits
+            .compensation_share
+            .filter(|_| r.limits.max_in_flight.is_some())
+            .map_or(0, |s| s.in_flight);
+        gauge!(RESOURCE_COMPENSATION_SLOTS, "resource" => r.name.clone()).set(f64::from(kept));
         let breaker = match r.breaker.state {
             crate::resource::BreakerState::Closed => 0.0,
             crate::resource::BreakerState::HalfOpen => 1.0,

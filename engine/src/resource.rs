@@ -56,6 +56,44 @@ pub struct ResourceLimits {
     /// A circuit breaker: after failures, its steps wait a cool-down, then one probe decides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<Breaker>,
+    /// Capacity kept for compensation attempts, out of `max_in_flight` and `rate`: an undo
+    /// storm is not starved by forward traffic, and cannot starve it either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensation_share: Option<CompensationShare>,
+}
+
+/// The part of a resource's concurrency and rate kept for compensation attempts (the calls of
+/// an undo), apart from forward attempts: a bulkhead between the two kinds.
+///
+/// With `in_flight: k` of `max_in_flight: n`, forward attempts hold at most `n - k` slots and
+/// compensation attempts at most `k`; with `rate: r` of a rate of `l` per period, forward
+/// attempts start at most `l - r` per period and compensation attempts at most `r`, each kind
+/// on a limiter of its own. A share idle on one side is not lent to the other, so that what
+/// one kind is promised is free the moment it needs it. A dimension whose share is 0 is
+/// shared by both kinds, as without a share. Per-key limits, windows, batches and the
+/// breaker apply to both kinds together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CompensationShare {
+    /// Of `max_in_flight`, the attempts in flight kept for compensations; less than
+    /// `max_in_flight`, so that forward attempts keep at least one.
+    #[serde(default)]
+    pub in_flight: u32,
+    /// Of the rate's `limit`, the attempts per period kept for compensations; less than the
+    /// limit.
+    #[serde(default)]
+    pub rate: u32,
+}
+
+/// The limits one kind of attempt obeys under a [`CompensationShare`]: its own slots and
+/// its own rate, where the share splits them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lane {
+    /// Attempts of this kind in flight at most, when the share splits the concurrency.
+    pub(crate) max_in_flight: Option<u32>,
+    /// The rate of this kind, when the share splits the rate.
+    pub(crate) rate: Option<Rate>,
 }
 
 /// A rate: `limit` attempts per `period_ms`, evenly spaced, with up to `burst` at once after
@@ -153,7 +191,83 @@ impl ResourceLimits {
         if let Some(b) = &self.breaker {
             b.check()?;
         }
+        if let Some(share) = self.compensation_share {
+            self.check_share(share)?;
+        }
         Ok(())
+    }
+
+    fn check_share(&self, share: CompensationShare) -> Result<(), String> {
+        if share.in_flight == 0 && share.rate == 0 {
+            return Err(
+                "a compensation share keeps at least one slot or one attempt per period \
+                 (leave it out for none)"
+                    .into(),
+            );
+        }
+        if share.in_flight > 0 {
+            match self.max_in_flight {
+                None => {
+                    return Err(
+                        "a compensation share of attempts in flight needs max_in_flight".into(),
+                    );
+                }
+                Some(max) if share.in_flight >= max => {
+                    return Err(format!(
+                        "a compensation share of {} attempts in flight must be less than \
+                         max_in_flight ({max}), so that forward attempts keep one",
+                        share.in_flight
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if share.rate > 0 {
+            match self.rate {
+                None => return Err("a compensation share of the rate needs a rate".into()),
+                Some(r) if share.rate >= r.limit => {
+                    return Err(format!(
+                        "a compensation share of {} attempts per period must be less than \
+                         the rate's limit ({}), so that forward attempts keep one",
+                        share.rate, r.limit
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The lanes of forward and of compensation attempts, `(forward, compensations)`, when a
+    /// [`CompensationShare`] splits the concurrency or the rate; `None` when both kinds share
+    /// every limit.
+    pub(crate) fn lanes(&self) -> Option<(Lane, Lane)> {
+        let share = self.compensation_share?;
+        let flight = self
+            .max_in_flight
+            .filter(|_| share.in_flight > 0)
+            .map(|max| (max.saturating_sub(share.in_flight), share.in_flight));
+        let rate = self.rate.filter(|_| share.rate > 0).map(|r| {
+            let lane = |limit: u32| Rate {
+                limit,
+                period_ms: r.period_ms,
+                burst: r.burst.min(limit).max(1),
+            };
+            (lane(r.limit.saturating_sub(share.rate)), lane(share.rate))
+        });
+        if flight.is_none() && rate.is_none() {
+            return None;
+        }
+        Some((
+            Lane {
+                max_in_flight: flight.map(|f| f.0),
+                rate: rate.map(|r| r.0),
+            },
+            Lane {
+                max_in_flight: flight.map(|f| f.1),
+                rate: rate.map(|r| r.1),
+            },
+        ))
     }
 
     /// Whether nothing is limited.
@@ -164,6 +278,7 @@ impl ResourceLimits {
             && self.windows.is_none()
             && self.batch.is_none()
             && self.breaker.is_none()
+            && self.compensation_share.is_none()
     }
 }
 
@@ -259,6 +374,14 @@ impl Resource {
             size,
             pause_ms: u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
         });
+        self
+    }
+
+    /// Keeps `in_flight` of [`Resource::max_in_flight`]'s slots and `rate` of
+    /// [`Resource::rate`]'s attempts per period for compensation attempts (see
+    /// [`CompensationShare`]); 0 leaves that dimension shared.
+    pub fn compensation_share(mut self, in_flight: u32, rate: u32) -> Self {
+        self.limits.compensation_share = Some(CompensationShare { in_flight, rate });
         self
     }
 
@@ -375,10 +498,15 @@ pub struct ResourceView {
     pub override_by: Option<String>,
     /// Why.
     pub override_reason: Option<String>,
-    /// Attempts of its steps in flight now.
+    /// Attempts of its steps in flight now, compensations included.
     pub in_flight: i64,
-    /// Its steps due now and waiting for a claim (for a limit, or for a free slot).
+    /// Of those, compensation attempts.
+    pub compensations_in_flight: i64,
+    /// Its steps due now and waiting for a claim (for a limit, or for a free slot),
+    /// compensations included.
     pub waiting: i64,
+    /// Of those, compensations.
+    pub compensations_waiting: i64,
     /// Its circuit breaker's state (`closed` when it has none).
     pub breaker: BreakerStatus,
     /// When the pause after a full batch ends (epoch milliseconds), while it lasts.
@@ -442,6 +570,63 @@ mod tests {
                 .max_in_flight(3)
                 .check()
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_compensation_share_splits_slots_and_rate_into_lanes() {
+        let r = Resource::new("a")
+            .max_in_flight(8)
+            .rate(20, Duration::from_secs(1))
+            .burst(10)
+            .compensation_share(2, 5);
+        r.check().expect("valid");
+        let (forward, undo) = r.limits().lanes().expect("split");
+        assert_eq!(
+            (forward.max_in_flight, undo.max_in_flight),
+            (Some(6), Some(2))
+        );
+        let (f, u) = (forward.rate.expect("rate"), undo.rate.expect("rate"));
+        assert_eq!((f.limit, f.period_ms, f.burst), (15, 1000, 10));
+        assert_eq!((u.limit, u.period_ms, u.burst), (5, 1000, 5));
+        // Only the slots: the rate stays shared.
+        let slots = Resource::new("a")
+            .max_in_flight(3)
+            .rate(20, Duration::from_secs(1))
+            .compensation_share(1, 0);
+        let (forward, undo) = slots.limits().lanes().expect("split");
+        assert_eq!(
+            (forward.max_in_flight, undo.max_in_flight),
+            (Some(2), Some(1))
+        );
+        assert_eq!((forward.rate, undo.rate), (None, None));
+        assert_eq!(Resource::new("a").max_in_flight(3).limits().lanes(), None);
+    }
+
+    #[test]
+    fn a_compensation_share_leaves_forward_attempts_some_of_what_it_splits() {
+        let refused = |r: Resource, says: &str| {
+            let e = r.check().expect_err("refused").to_string();
+            assert!(e.contains(says), "{e}");
+        };
+        refused(
+            Resource::new("a").max_in_flight(2).compensation_share(2, 0),
+            "less than max_in_flight (2)",
+        );
+        refused(
+            Resource::new("a").compensation_share(1, 0),
+            "needs max_in_flight",
+        );
+        refused(
+            Resource::new("a")
+                .rate(5, Duration::from_secs(1))
+                .compensation_share(0, 5),
+            "less than the rate's limit (5)",
+        );
+        refused(Resource::new("a").compensation_share(0, 1), "needs a rate");
+        refused(
+            Resource::new("a").max_in_flight(2).compensation_share(0, 0),
+            "at least one slot",
         );
     }
 }

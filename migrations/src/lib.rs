@@ -61,6 +61,7 @@ mod m0017_schedules;
 mod m0018_instance_workflows;
 mod m0019_secrets;
 mod m0020_history_folds;
+mod m0021_compensation_share;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -103,6 +104,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0018_instance_workflows::Migration),
             Box::new(m0019_secrets::Migration),
             Box::new(m0020_history_folds::Migration),
+            Box::new(m0021_compensation_share::Migration),
         ]
     }
 

@@ -12,7 +12,7 @@ use crate::interleave::{Point, Unit};
 use crate::resource::{
     BreakerGate, BreakerState, BreakerStatus, Resource, ResourceLimits, ResourceView, WindowGate,
 };
-use crate::{Error, Result};
+use crate::{Error, Result, StepState};
 
 /// A claim for a resource's steps: see [`Store::resource_claim`].
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +58,8 @@ impl ResourceClaim {
 struct Stored {
     limits: ResourceLimits,
     tat_us: i64,
+    /// The compensations' own rate limiter, when a share splits the rate.
+    comp_tat_us: i64,
     now_ms: i64,
     batch_count: i64,
     batch_resume_at: i64,
@@ -218,8 +220,14 @@ impl Store {
                (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
                  AND s.state IN ('running', 'compensating') AND s.resource IS NOT NULL) AS in_flight, \
                (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
+                 AND s.state IN ('running', 'compensating') AND s.resource IS NOT NULL \
+                 AND s.state = 'compensating') AS undo_in_flight, \
+               (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
                  AND s.state IN ('ready', 'compensation_ready') AND s.resource IS NOT NULL \
-                 AND s.available_at <= {now}) AS waiting \
+                 AND s.available_at <= {now}) AS waiting, \
+               (SELECT COUNT(*) FROM sagaflow_steps s WHERE s.resource = r.name \
+                 AND s.state = 'compensation_ready' AND s.resource IS NOT NULL \
+                 AND s.available_at <= {now}) AS undo_waiting \
              FROM sagaflow_resources r ORDER BY r.name";
         let rows = self.exec.query_all(self.stmt(sql, vec![])).await?;
         let mut out = Vec::with_capacity(rows.len());
@@ -323,27 +331,58 @@ impl Store {
                 .max(1);
             room = room.min(u32::try_from(left).unwrap_or(u32::MAX));
         }
-        if limits.max_in_flight.is_some() || probe {
-            let running =
-                u32::try_from(self.resource_running(txn, name).await?).unwrap_or(u32::MAX);
-            if let Some(max) = limits.max_in_flight {
-                room = room.min(max.saturating_sub(running));
-            }
-            // Half-open: one probe, once nothing of the resource is in flight.
-            if probe {
-                room = room.min(u32::from(running == 0));
+        let lanes = limits.lanes();
+        let running = if limits.max_in_flight.is_some() || probe {
+            self.resource_running(txn, name).await?
+        } else {
+            Running::default()
+        };
+        // Half-open: one probe, once nothing of the resource is in flight.
+        if probe {
+            room = room.min(u32::from(running.total() == 0));
+        }
+        // Each kind's room where a compensation share splits a limit; the shared room
+        // (`room`) bounds both kinds together.
+        let (mut forward_room, mut undo_room) = (u32::MAX, u32::MAX);
+        if let Some(max) = limits.max_in_flight {
+            match lanes.and_then(|(f, c)| f.max_in_flight.zip(c.max_in_flight)) {
+                Some((f, c)) => {
+                    forward_room = f.saturating_sub(running.forward);
+                    undo_room = c.saturating_sub(running.compensations);
+                }
+                None => room = room.min(max.saturating_sub(running.total())),
             }
         }
         let now_us = now_ms.saturating_mul(1000);
-        let mut retry_in_ms = None;
-        if let Some(rate) = limits.rate {
-            let (allowed, wait_us) = rate.allowance(stored.tat_us, now_us);
-            if allowed == 0 {
-                retry_in_ms = Some(u64::try_from((wait_us + 999) / 1000).unwrap_or(1).max(1));
+        let mut retry_in_ms: Option<u64> = None;
+        let mut wait_for = |wait_us: i64| {
+            let ms = u64::try_from((wait_us + 999) / 1000).unwrap_or(1).max(1);
+            retry_in_ms = Some(retry_in_ms.map_or(ms, |r| r.min(ms)));
+        };
+        let split_rate = lanes.and_then(|(f, c)| f.rate.zip(c.rate));
+        match (limits.rate, split_rate) {
+            (Some(_), Some((f, c))) => {
+                let (allowed, wait_us) = f.allowance(stored.tat_us, now_us);
+                if allowed == 0 {
+                    wait_for(wait_us);
+                }
+                forward_room = forward_room.min(allowed);
+                let (allowed, wait_us) = c.allowance(stored.comp_tat_us, now_us);
+                if allowed == 0 {
+                    wait_for(wait_us);
+                }
+                undo_room = undo_room.min(allowed);
             }
-            room = room.min(allowed);
+            (Some(rate), None) => {
+                let (allowed, wait_us) = rate.allowance(stored.tat_us, now_us);
+                if allowed == 0 {
+                    wait_for(wait_us);
+                }
+                room = room.min(allowed);
+            }
+            (None, _) => {}
         }
-        if room == 0 {
+        if room == 0 || (forward_room == 0 && undo_room == 0) {
             return Ok((
                 ResourceClaim {
                     retry_in_ms,
@@ -352,12 +391,45 @@ impl Store {
                 dirty,
             ));
         }
-        let due = match limits.max_in_flight_per_key {
-            None => self.resource_due(txn, name, workflow_keys, room).await?,
-            Some(per_key) => {
-                self.resource_due_fair(txn, name, workflow_keys, room, per_key)
-                    .await?
-            }
+        let due = if lanes.is_some() {
+            // Compensations first, from their own index, so that forward steps queued before
+            // them never hide them; then forward steps in what room is left.
+            let mut picked = Picked::default();
+            self.resource_due_kind(
+                txn,
+                name,
+                workflow_keys,
+                Kind::Undo,
+                room.min(undo_room),
+                limits,
+                &mut picked,
+            )
+            .await?;
+            let left = room.saturating_sub(u32::try_from(picked.due.len()).unwrap_or(u32::MAX));
+            self.resource_due_kind(
+                txn,
+                name,
+                workflow_keys,
+                Kind::Forward,
+                left.min(forward_room),
+                limits,
+                &mut picked,
+            )
+            .await?;
+            picked.due
+        } else {
+            let mut picked = Picked::default();
+            self.resource_due_kind(
+                txn,
+                name,
+                workflow_keys,
+                Kind::Any,
+                room,
+                limits,
+                &mut picked,
+            )
+            .await?;
+            picked.due
         };
         let (claimed, inputs) = match self.backend {
             Backend::Postgres => {
@@ -369,10 +441,22 @@ impl Store {
             Backend::Sqlite => (self.claim_by_ids(txn, owner, &due).await?, None),
         };
         if !claimed.is_empty() {
+            let count = |undo: bool| {
+                let n = claimed
+                    .iter()
+                    .filter(|c| (c.state == StepState::Compensating) == undo)
+                    .count();
+                u32::try_from(n).unwrap_or(u32::MAX)
+            };
             let n = u32::try_from(claimed.len()).unwrap_or(u32::MAX);
-            let tat = limits
-                .rate
-                .map_or(stored.tat_us, |rate| rate.advance(stored.tat_us, now_us, n));
+            let (tat, comp_tat) = match (limits.rate, split_rate) {
+                (Some(_), Some((f, c))) => (
+                    f.advance(stored.tat_us, now_us, count(false)),
+                    c.advance(stored.comp_tat_us, now_us, count(true)),
+                ),
+                (Some(rate), None) => (rate.advance(stored.tat_us, now_us, n), stored.comp_tat_us),
+                (None, _) => (stored.tat_us, stored.comp_tat_us),
+            };
             let (count, resume_at) = match limits.batch {
                 Some(b) if stored.batch_count + i64::from(n) >= i64::from(b.size) => (
                     0,
@@ -384,12 +468,13 @@ impl Store {
             if limits.rate.is_some() || limits.batch.is_some() {
                 txn.execute(self.stmt(
                     "UPDATE sagaflow_resources SET tat_us = $2, batch_count = $3, \
-                     batch_resume_at = $4 WHERE name = $1",
+                     batch_resume_at = $4, comp_tat_us = $5 WHERE name = $1",
                     vec![
                         name.to_owned().into(),
                         tat.into(),
                         count.into(),
                         resume_at.into(),
+                        comp_tat.into(),
                     ],
                 ))
                 .await?;
@@ -500,7 +585,7 @@ impl Store {
     async fn resource_lock(&self, txn: &super::conn::Txn, name: &str) -> Result<Option<Stored>> {
         let lock = self.dialect().row_lock;
         let sql = format!(
-            "SELECT defaults, override, tat_us, batch_count, batch_resume_at, {BREAKER_COLS}, \
+            "SELECT defaults, override, tat_us, comp_tat_us, batch_count, batch_resume_at, {BREAKER_COLS}, \
                {{now}} AS db_now FROM sagaflow_resources WHERE name = $1{lock}"
         );
         let Some(r) = txn
@@ -516,6 +601,7 @@ impl Store {
         Ok(Some(Stored {
             limits,
             tat_us: r.try_get("", "tat_us")?,
+            comp_tat_us: r.try_get("", "comp_tat_us")?,
             now_ms: r.try_get("", "db_now")?,
             batch_count: r.try_get("", "batch_count")?,
             batch_resume_at: r.try_get("", "batch_resume_at")?,
@@ -523,59 +609,96 @@ impl Store {
         }))
     }
 
-    /// Attempts of the resource's steps in flight, whoever runs them.
-    async fn resource_running(&self, txn: &super::conn::Txn, name: &str) -> Result<i64> {
-        let r = txn
-            .query_one(self.stmt(
-                "SELECT COUNT(*) AS n FROM sagaflow_steps \
-                 WHERE resource = $1 AND state IN ('running', 'compensating') AND resource IS NOT NULL",
+    /// Attempts of the resource's steps in flight, whoever runs them, by kind.
+    async fn resource_running(&self, txn: &super::conn::Txn, name: &str) -> Result<Running> {
+        let rows = txn
+            .query_all(self.stmt(
+                "SELECT state, COUNT(*) AS n FROM sagaflow_steps \
+                 WHERE resource = $1 AND state IN ('running', 'compensating') AND resource IS NOT NULL \
+                 GROUP BY state",
                 vec![name.to_owned().into()],
             ))
             .await?;
-        Ok(match r {
-            Some(r) => r.try_get("", "n")?,
-            None => 0,
-        })
+        let mut running = Running::default();
+        for r in rows {
+            let n = u32::try_from(r.try_get::<i64>("", "n")?).unwrap_or(u32::MAX);
+            if r.try_get::<String>("", "state")? == "compensating" {
+                running.compensations = n;
+            } else {
+                running.forward = n;
+            }
+        }
+        Ok(running)
     }
 
-    /// Up to `room` due steps of the resource in claim order, with when they fell due.
+    /// Adds to `picked` up to `room` due steps of the resource of one kind, in claim order;
+    /// under a per-key limit, shared fairly between flow keys ([`Store::resource_due_fair`]),
+    /// counting what `picked` holds already.
+    #[allow(clippy::too_many_arguments)] // one call per kind, from the claim alone
+    async fn resource_due_kind(
+        &self,
+        txn: &super::conn::Txn,
+        name: &str,
+        workflow_keys: &[String],
+        kind: Kind,
+        room: u32,
+        limits: &ResourceLimits,
+        picked: &mut Picked,
+    ) -> Result<()> {
+        if room == 0 {
+            return Ok(());
+        }
+        match limits.max_in_flight_per_key {
+            None => {
+                self.resource_due(txn, name, workflow_keys, kind, room, picked)
+                    .await
+            }
+            Some(per_key) => {
+                if picked.load.is_none() {
+                    picked.load = Some(self.resource_running_per_key(txn, name).await?);
+                }
+                self.resource_due_fair(txn, name, workflow_keys, kind, room, per_key, picked)
+                    .await
+            }
+        }
+    }
+
+    /// Up to `room` due steps of the resource of one kind in claim order, with when they fell
+    /// due.
     async fn resource_due(
         &self,
         txn: &super::conn::Txn,
         name: &str,
         workflow_keys: &[String],
+        kind: Kind,
         room: u32,
-    ) -> Result<HashMap<i64, i64>> {
+        picked: &mut Picked,
+    ) -> Result<()> {
         let sql = format!(
             "SELECT id, available_at FROM sagaflow_steps \
-             WHERE resource = $1 AND state IN ('ready', 'compensation_ready') AND resource IS NOT NULL \
+             WHERE resource = $1 AND {states} AND resource IS NOT NULL \
                AND available_at <= {{now}} AND workflow_key IN ({keys}) \
              ORDER BY priority DESC, available_at LIMIT $2",
+            states = kind.due_states(),
             keys = placeholders(3, workflow_keys.len()),
         );
         let mut values: Vec<Value> = vec![name.to_owned().into(), i64::from(room).into()];
         values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
-        let mut due = HashMap::new();
         for r in txn.query_all(self.stmt(&sql, values)).await? {
-            due.insert(r.try_get("", "id")?, r.try_get("", "available_at")?);
+            picked
+                .due
+                .insert(r.try_get("", "id")?, r.try_get("", "available_at")?);
         }
-        Ok(due)
+        Ok(())
     }
 
-    /// Up to `room` due steps of the resource, at most `per_key` in flight per flow key,
-    /// shared fairly: the next step of the key with the fewest attempts in flight (counting
-    /// those taken by this claim) goes first; among equals, the claim order (priority, then
-    /// when due). Reads the due steps of the resource up to `per_key` per key, ranked per key
-    /// by a window function.
-    async fn resource_due_fair(
+    /// Attempts of the resource in flight per flow key.
+    async fn resource_running_per_key(
         &self,
         txn: &super::conn::Txn,
         name: &str,
-        workflow_keys: &[String],
-        room: u32,
-        per_key: u32,
-    ) -> Result<HashMap<i64, i64>> {
-        let mut running: HashMap<Option<String>, i64> = HashMap::new();
+    ) -> Result<HashMap<Option<String>, i64>> {
+        let mut running = HashMap::new();
         for r in txn
             .query_all(self.stmt(
                 "SELECT flow_key, COUNT(*) AS n FROM sagaflow_steps \
@@ -587,40 +710,104 @@ impl Store {
         {
             running.insert(r.try_get("", "flow_key")?, r.try_get("", "n")?);
         }
+        Ok(running)
+    }
+
+    /// Up to `room` due steps of the resource of one kind, at most `per_key` in flight per
+    /// flow key, shared fairly: the next step of the key with the fewest attempts in flight
+    /// (counting those taken by this claim) goes first; among equals, the claim order
+    /// (priority, then when due). Reads the due steps of the resource up to `per_key` per
+    /// key, ranked per key by a window function.
+    #[allow(clippy::too_many_arguments)] // the claim's own helper
+    async fn resource_due_fair(
+        &self,
+        txn: &super::conn::Txn,
+        name: &str,
+        workflow_keys: &[String],
+        kind: Kind,
+        room: u32,
+        per_key: u32,
+        picked: &mut Picked,
+    ) -> Result<()> {
         let sql = format!(
             "SELECT id, flow_key, available_at, priority, rn FROM ( \
                SELECT id, flow_key, available_at, priority, \
                  ROW_NUMBER() OVER (PARTITION BY flow_key ORDER BY priority DESC, available_at, id) AS rn \
                FROM sagaflow_steps \
-               WHERE resource = $1 AND state IN ('ready', 'compensation_ready') AND resource IS NOT NULL \
+               WHERE resource = $1 AND {states} AND resource IS NOT NULL \
                  AND available_at <= {{now}} AND workflow_key IN ({keys})) AS ranked \
              WHERE rn <= $2",
+            states = kind.due_states(),
             keys = placeholders(3, workflow_keys.len()),
         );
         let mut values: Vec<Value> = vec![name.to_owned().into(), i64::from(per_key).into()];
         values.extend(workflow_keys.iter().map(|k| Value::from(k.clone())));
-        // (load of its key once taken, priority, due time, id)
-        let mut candidates: Vec<(i64, i32, i64, i64)> = Vec::new();
+        let load = picked.load.get_or_insert_with(HashMap::new);
+        // (load of its key once taken, priority, due time, id, key)
+        let mut candidates: Vec<(i64, i32, i64, i64, Option<String>)> = Vec::new();
         for r in txn.query_all(self.stmt(&sql, values)).await? {
             let key: Option<String> = r.try_get("", "flow_key")?;
             let rn: i64 = r.try_get("", "rn")?;
-            let load = running.get(&key).copied().unwrap_or(0) + rn;
-            if load <= i64::from(per_key) {
+            let key_load = load.get(&key).copied().unwrap_or(0) + rn;
+            if key_load <= i64::from(per_key) {
                 candidates.push((
-                    load,
+                    key_load,
                     r.try_get("", "priority")?,
                     r.try_get("", "available_at")?,
                     r.try_get("", "id")?,
+                    key,
                 ));
             }
         }
         candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
-        Ok(candidates
-            .into_iter()
-            .take(room as usize)
-            .map(|(_, _, due, id)| (id, due))
-            .collect())
+        for (_, _, due, id, key) in candidates.into_iter().take(room as usize) {
+            *load.entry(key).or_insert(0) += 1;
+            picked.due.insert(id, due);
+        }
+        Ok(())
     }
+}
+
+/// The kinds of attempt a claim reads due steps of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Forward and compensation attempts alike, in one claim order (no share).
+    Any,
+    /// Forward attempts.
+    Forward,
+    /// Compensation attempts (through `sagaflow_steps_resource_undo`).
+    Undo,
+}
+
+impl Kind {
+    fn due_states(self) -> &'static str {
+        match self {
+            Self::Any => "state IN ('ready', 'compensation_ready')",
+            Self::Forward => "state = 'ready'",
+            Self::Undo => "state = 'compensation_ready'",
+        }
+    }
+}
+
+/// A resource's attempts in flight, by kind.
+#[derive(Debug, Clone, Copy, Default)]
+struct Running {
+    forward: u32,
+    compensations: u32,
+}
+
+impl Running {
+    fn total(self) -> u32 {
+        self.forward.saturating_add(self.compensations)
+    }
+}
+
+/// What one claim picked so far: the due steps with when they fell due, and, under a per-key
+/// limit, the attempts each flow key has in flight counting the picks.
+#[derive(Debug, Default)]
+struct Picked {
+    due: HashMap<i64, i64>,
+    load: Option<HashMap<Option<String>, i64>>,
 }
 
 fn view(r: &Row) -> Result<ResourceView> {
@@ -644,7 +831,9 @@ fn view(r: &Row) -> Result<ResourceView> {
         override_by: r.try_get("", "override_by")?,
         override_reason: r.try_get("", "override_reason")?,
         in_flight: r.try_get("", "in_flight")?,
+        compensations_in_flight: r.try_get("", "undo_in_flight")?,
         waiting: r.try_get("", "waiting")?,
+        compensations_waiting: r.try_get("", "undo_waiting")?,
         breaker,
         batch_resume_at_ms: r.try_get("", "batch_resume_at")?,
         name,

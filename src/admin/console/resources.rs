@@ -101,8 +101,8 @@ fn table(resources: &[ResourceView], operator: Option<&Session>) -> Markup {
                                         span.muted { "code's limits" }
                                     }
                                 }
-                                td.num.in-flight { (r.in_flight) }
-                                td.num.waiting { (r.waiting) }
+                                td.num.in-flight { (r.in_flight) (undoing(r.compensations_in_flight)) }
+                                td.num.waiting { (r.waiting) (undoing(r.compensations_waiting)) }
                                 @if let Some(s) = operator { td { (forms(r, s)) } }
                             }
                         }
@@ -110,6 +110,13 @@ fn table(resources: &[ResourceView], operator: Option<&Session>) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// The compensations among a count, when there are any.
+fn undoing(n: i64) -> Markup {
+    html! {
+        @if n > 0 { div.muted.small.undoing { (n) " undoing" } }
     }
 }
 
@@ -129,7 +136,8 @@ fn forms(r: &ResourceView, s: &Session) -> Markup {
                     }
                     p.muted.small {
                         code { "max_in_flight" } ", " code { "max_in_flight_per_key" } ", "
-                        code { "rate" } ": " code { "{\"limit\": 20, \"period_ms\": 1000, \"burst\": 1}" }
+                        code { "rate" } ": " code { "{\"limit\": 20, \"period_ms\": 1000, \"burst\": 1}" } ", "
+                        code { "compensation_share" } " (kept for undo): " code { "{\"in_flight\": 2, \"rate\": 5}" }
                     }
                     label { "Reason (stored with the override)"
                         textarea name="reason" required maxlength=(REASON_MAX_CHARS) rows="2" {}

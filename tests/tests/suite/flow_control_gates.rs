@@ -50,7 +50,8 @@ async fn two_engines(
     (a, b)
 }
 
-async fn partner(engine: &Engine) -> ResourceView {
+/// Resource `partner` as the engine reads it.
+pub(super) async fn partner(engine: &Engine) -> ResourceView {
     engine
         .resources()
         .await

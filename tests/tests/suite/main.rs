@@ -11,6 +11,7 @@ mod cancel;
 mod chaos;
 mod claim;
 mod cli;
+mod compensation_share;
 mod console;
 mod crash;
 mod deferral;

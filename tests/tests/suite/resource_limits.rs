@@ -16,7 +16,8 @@ use futures_util::FutureExt as _;
 use reqwest::StatusCode;
 use reqwest::header::LOCATION;
 use sagaflow::{
-    Engine, Rate, Resource, ResourceLimits, ResourceView, StepContext, StepError, Workflow,
+    CompensationShare, Engine, Rate, Resource, ResourceLimits, ResourceView, StepContext,
+    StepError, Workflow,
 };
 use sagaflow_testkit::{TestDb, backends, eventually, fast_builder, sqlite_db};
 use serde_json::{Value, json};
@@ -208,6 +209,16 @@ async fn flow_control_api_lists_sets_and_clears_resource_limits() {
                 json!({ "limits": { "rate": { "limit": 5, "period_ms": 172_800_000 } }, "reason": "two days" }),
                 "invalid_limits",
                 "at most a day",
+            ),
+            (
+                json!({ "limits": { "max_in_flight": 2, "compensation_share": { "in_flight": 2 } }, "reason": "all of it" }),
+                "invalid_limits",
+                "must be less than max_in_flight (2)",
+            ),
+            (
+                json!({ "limits": { "compensation_share": { "rate": 1 } }, "reason": "no rate" }),
+                "invalid_limits",
+                "a compensation share of the rate needs a rate",
             ),
             (
                 json!({ "limits": { "max_inflight": 3 }, "reason": "typo" }),
@@ -480,6 +491,36 @@ async fn flow_control_cli_sets_and_resets_resource_limits() {
             (Some("cli:alice"), Some("more at once")),
             "[{b}]"
         );
+        // A slot and 5 of the 20 per second kept for compensations, with one slot more.
+        let out = cli::sagaflow(
+            url,
+            &[
+                "resources",
+                "set",
+                "partner",
+                "--max-in-flight",
+                "3",
+                "--compensation-in-flight",
+                "1",
+                "--compensation-rate",
+                "5",
+                "--reason",
+                "room for refunds",
+                "--as",
+                "alice",
+            ],
+        )
+        .await;
+        cli::code(&out, 0, "resources set --compensation-in-flight");
+        assert!(
+            cli::stdout(&out).contains(
+                "limits now 3 in flight, 2 per key, 20/s burst 4, kept for compensations: \
+                 1 in flight, 5/s (were 2 in flight"
+            ),
+            "[{b}] {}",
+            cli::stdout(&out)
+        );
+        until_load(&s.engine, 2, 0, b).await;
 
         // Refused with the usage code, and nothing changes.
         for (args, says) in [
@@ -493,6 +534,14 @@ async fn flow_control_cli_sets_and_resets_resource_limits() {
                 "unknown field `max_inflight`",
             ),
             (vec!["--rate", "20/fortnight"], "N/PERIOD"),
+            (
+                vec!["--compensation-in-flight", "3"],
+                "must be less than max_in_flight (3)",
+            ),
+            (
+                vec!["--compensation-rate", "20"],
+                "must be less than the rate's limit (20)",
+            ),
             (
                 vec!["--rate", "none", "--burst", "3"],
                 "--burst applies to a rate",
@@ -898,7 +947,10 @@ async fn override_in_browser(b: &fantoccini::Client, s: &Served) {
     assert_eq!(current, json!({ "max_in_flight": 1 }));
     limits.clear().await.expect("clear");
     limits
-        .send_keys(r#"{"max_in_flight": 2, "rate": {"limit": 20, "period_ms": 1000}}"#)
+        .send_keys(
+            r#"{"max_in_flight": 3, "rate": {"limit": 20, "period_ms": 1000},
+                "compensation_share": {"in_flight": 1}}"#,
+        )
         .await
         .expect("type");
     let reason = console::wait_css(b, &format!("{form} textarea[name=reason]")).await;
@@ -912,7 +964,7 @@ async fn override_in_browser(b: &fantoccini::Client, s: &Served) {
     console::wait_css(b, "#notice .flash.ok").await;
     assert_eq!(
         console::text_of(b, &format!("{row} td.limits")).await,
-        "2 in flight, 20/s burst 1\ncode's: 1 in flight"
+        "3 in flight, 20/s burst 1, kept for compensations: 1 in flight\ncode's: 1 in flight"
     );
     let over = console::text_of(b, &format!("{row} td.override")).await;
     assert!(
@@ -923,8 +975,16 @@ async fn override_in_browser(b: &fantoccini::Client, s: &Served) {
     let now = stored(&s.engine).await;
     assert_eq!(
         (now.limits.max_in_flight, now.override_by.as_deref()),
-        (Some(2), Some("console:ops"))
+        (Some(3), Some("console:ops"))
     );
+    assert_eq!(
+        now.limits.compensation_share,
+        Some(CompensationShare {
+            in_flight: 1,
+            rate: 0
+        })
+    );
+    // Two slots for forward attempts: both calls run.
     until_load(&s.engine, 2, 0, "sqlite").await;
 
     // Clear it.
