@@ -30,15 +30,7 @@ impl Operator<'_> {
             .run_get(run_id)
             .await?
             .ok_or(Error::RunNotFound(run_id))?;
-        let wf = self
-            .engine
-            .workflow_version(&run.workflow, run.version)
-            .await?
-            .ok_or_else(|| Error::VersionNotFound {
-                name: run.workflow.clone(),
-                version: run.version,
-                run_id,
-            })?;
+        let wf = self.engine.pinned_workflow(&run).await?;
         wf.check_input(&input)?;
         let json = input.to_string();
         let limit = self.engine.inner.max_input_bytes;
@@ -56,6 +48,24 @@ impl Operator<'_> {
 }
 
 impl crate::Engine {
+    /// The workflow version `run` is pinned to, as [`workflow_version`](Self::workflow_version)
+    /// finds it.
+    ///
+    /// # Errors
+    /// [`Error::VersionNotFound`] when this engine knows it neither way; [`Error::Db`].
+    pub(crate) async fn pinned_workflow(
+        &self,
+        run: &sagaflow_engine::store::RunRow,
+    ) -> Result<Arc<Workflow>> {
+        self.workflow_version(&run.workflow, run.version)
+            .await?
+            .ok_or_else(|| Error::VersionNotFound {
+                name: run.workflow.clone(),
+                version: run.version,
+                run_id: run.id,
+            })
+    }
+
     /// A version of a workflow: registered with this engine, else published (rebuilt from
     /// its description, without code); `None` when neither.
     pub(crate) async fn workflow_version(

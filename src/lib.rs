@@ -63,6 +63,7 @@ mod limits;
 pub mod metrics;
 mod migrate;
 mod operator;
+mod restart;
 mod schedule;
 mod start;
 mod submit;
@@ -94,6 +95,7 @@ pub use hotplug::InstanceInfo;
 pub use limits::{describe_limits, describe_state};
 pub use operator::{ActionArgs, Operator};
 pub use sagaflow_engine::cron::{MissedTicks, Schedule, ScheduleView};
+pub use sagaflow_engine::operator::Restarted;
 pub use sagaflow_engine::resource::{
     Batch, Breaker, BreakerState, BreakerStatus, CompensationShare, Rate, Resource, ResourceLimits,
     ResourceName, ResourceView, Window, Windows,

@@ -1,6 +1,8 @@
 //! `sagaflow runs set-input`: an operator's corrected input for a run that is paused or in
 //! error, through the engine's `Operator::replace_input` (the rules the API and the console
-//! follow), recorded in the run's history with the old input and the new one.
+//! follow), recorded in the run's history with the old input and the new one; and
+//! `sagaflow runs restart`, a new run from a step of a stopped or finished one
+//! (`Operator::restart_from`), which may take a new input too.
 
 use clap::Args;
 use sagaflow::{Error, RunState, Uuid};
@@ -30,7 +32,7 @@ struct InputAnswer<'a> {
 }
 
 /// The input `--input` gives: JSON text, or the JSON in the file after `@`.
-fn read_input(arg: &str) -> Result<serde_json::Value, Failure> {
+pub(crate) fn read_input(arg: &str) -> Result<serde_json::Value, Failure> {
     let (text, from) = match arg.strip_prefix('@') {
         Some("-") => {
             let text = std::io::read_to_string(std::io::stdin())
@@ -76,6 +78,69 @@ pub(crate) async fn set_input(
     }
     output::line(format!(
         "run {id}: input replaced, recorded as {actor}; the run is now {state}"
+    ));
+    Ok(())
+}
+
+/// `runs restart`: the source run, the step, the audit and an optional new input.
+#[derive(Debug, Args)]
+pub(crate) struct RestartArgs {
+    #[command(flatten)]
+    audit: Audit,
+    /// The step the new run runs from; the steps it depends on are taken over as done.
+    #[arg(long = "from", value_name = "STEP")]
+    step: String,
+    /// The new run's input: JSON, or `@FILE` (`@-`: standard input); default: the source's.
+    #[arg(long, value_name = "JSON|@FILE")]
+    input: Option<String>,
+}
+
+/// `--json`: the answer of `POST /api/v1/runs/{id}/restart`.
+#[derive(Debug, Serialize)]
+struct RestartAnswer<'a> {
+    id: Uuid,
+    source: Uuid,
+    step: &'a str,
+    reused: &'a [String],
+    actor: &'a str,
+    reason: &'a str,
+}
+
+/// Restarts the run from the step; prints the new run and what it took over.
+pub(crate) async fn restart(engine: &sagaflow::Engine, args: &RestartArgs, json: bool) -> Outcome {
+    let input = args.input.as_deref().map(read_input).transpose()?;
+    let (op, actor, reason) =
+        on_behalf(engine, &args.audit.reason, args.audit.operator.as_deref())?;
+    let source = args.audit.run;
+    let restarted = op
+        .restart_from(source, &args.step, input)
+        .await
+        .map_err(|e| match e {
+            Error::InvalidInput { .. } | Error::PayloadTooLarge { .. } => Failure::usage(e),
+            Error::VersionNotFound { .. } => Failure::failed(format!(
+                "{e}: the new run is built from the run's published definition (start an \
+                 engine with the workflow once to publish it)"
+            )),
+            e => Failure::from(e),
+        })?;
+    if json {
+        return output::json(&RestartAnswer {
+            id: restarted.id,
+            source,
+            step: &restarted.step,
+            reused: &restarted.reused,
+            actor: &actor,
+            reason: &reason,
+        });
+    }
+    let reused = if restarted.reused.is_empty() {
+        "nothing".to_owned()
+    } else {
+        restarted.reused.join(", ")
+    };
+    output::line(format!(
+        "run {source} restarted from `{}` as run {}, recorded as {actor}; taken over as done: {reused}",
+        restarted.step, restarted.id
     ));
     Ok(())
 }

@@ -31,6 +31,13 @@ Examples:
   sagaflow runs set-input 0190c0de-... --input '{\"sku\": \"A-1\"}' --reason \"sku corrected\"
   sagaflow runs set-input 0190c0de-... --input @fixed.json --reason \"address corrected\"")]
     SetInput(crate::input::SetInputArgs),
+    /// Starts a new run from a step of a run in error, compensated or completed: the steps
+    /// that step depends on are taken over as done (not applied again), the rest run again.
+    #[command(after_help = "\
+Examples:
+  sagaflow runs restart 0190c0de-... --from ship --reason \"parcel lost: ship again\"
+  sagaflow runs restart 0190c0de-... --from charge_card --input @fixed.json --reason \"card fixed\"")]
+    Restart(crate::input::RestartArgs),
     /// Moves the unfinished runs of one version of a workflow to another: a dry run unless
     /// `--apply`.
     Migrate(crate::versions::MigrateArgs),
@@ -100,6 +107,7 @@ pub(crate) async fn runs(engine: &Engine, command: RunsCommand, json: bool) -> O
         RunsCommand::List(args) => list(engine, args, json).await,
         RunsCommand::Show { run } => show(engine, run, json).await,
         RunsCommand::SetInput(args) => crate::input::set_input(engine, &args, json).await,
+        RunsCommand::Restart(args) => crate::input::restart(engine, &args, json).await,
         RunsCommand::Migrate(args) => crate::versions::migrate(engine, &args, json).await,
     }
 }
@@ -181,6 +189,12 @@ async fn show(engine: &Engine, id: Uuid, json: bool) -> Outcome {
     ]);
     t.add_row(["state".to_owned(), run.state.to_string()]);
     t.add_row(["key".to_owned(), or_dash(run.business_key.as_deref())]);
+    if let Some(from) = run.restarted_from {
+        t.add_row(["restarted from".to_owned(), from.to_string()]);
+    }
+    if let Some(newer) = run.restarted_as {
+        t.add_row(["restarted as".to_owned(), newer.to_string()]);
+    }
     t.add_row([
         "created".to_owned(),
         format!("{} ({} ago)", time(run.created_at), ago(run.created_at)),

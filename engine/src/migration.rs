@@ -132,10 +132,14 @@ pub async fn apply_one(
     audit: &Audit,
 ) -> Result<Option<RunMigration>> {
     let mut tx = store.begin().await?;
-    let Some(run) = tx.run_lock_for_action(id).await? else {
+    let Some((run, restarted_as)) = tx.run_lock_for_action(id).await? else {
         return Ok(None);
     };
-    if run.workflow != v.migration.name() || run.version != v.migration.from() {
+    // A run restarted as another is left as it is: the newer run owns what it did.
+    if restarted_as.is_some()
+        || run.workflow != v.migration.name()
+        || run.version != v.migration.from()
+    {
         tx.rollback().await?;
         return Ok(None);
     }

@@ -82,7 +82,7 @@ where
     F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
 {
     let mut tx = store.begin().await?;
-    let run = tx
+    let (run, restarted_as) = tx
         .run_lock_for_action(run_id)
         .await?
         .ok_or(Error::RunNotFound(run_id))?;
@@ -94,6 +94,16 @@ where
         .map_err(|d| d.to_error())?;
     tx.pause_point(Unit::Operator, Point::AfterReads).await;
     let mut write = plan(&run, &steps)?;
+    if let Some(newer) = restarted_as {
+        // What the run did is the newer run's now: acting here could undo what it reuses.
+        return Err(Error::ActionNotAllowed {
+            action: write.event.strip_prefix("operator_").unwrap_or(write.event),
+            run_id,
+            reason: format!(
+                "the run was restarted as run {newer}, which owns what it did: act on that run"
+            ),
+        });
+    }
     write.detail = audit.detail(write.detail.take());
     if write.resolve_alerts {
         write.resolution = Some(audit.resolution(write.event));
@@ -273,4 +283,94 @@ pub async fn replace_input(
         decide::replace_input(run, steps, input)
     })
     .await
+}
+
+/// What a restart from a step did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Restarted {
+    /// The new run.
+    pub id: Uuid,
+    /// The run it was restarted from.
+    pub source: Uuid,
+    /// The step it runs from.
+    pub step: String,
+    /// The steps it took over from the source as completed, in the workflow's order.
+    pub reused: Vec<String>,
+}
+
+/// Restarts `new` (a run of the source's workflow version, built as a start builds it) from
+/// step `from` of the run `source_id`, in one unit of work: the source is locked, the steps
+/// `from` depends on are taken over as completed with the source's outputs and idempotency
+/// keys ([`crate::transition::restart::restart`] says which, or refuses), the new run takes over the
+/// source's business key, and the two runs are linked both ways and audited. The new run is
+/// marked for evaluation, which queues the steps whose dependencies are done.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] with the reason the restart is refused;
+/// [`Error::DuplicateKey`] when another run holds the business key; [`Error::RunNotFound`];
+/// [`Error::Db`], [`Error::CorruptRow`].
+pub async fn restart(
+    store: &Store,
+    source_id: Uuid,
+    wf: &crate::definition::Workflow,
+    from: &str,
+    new: &crate::store::NewRun,
+    audit: &Audit,
+) -> Result<Restarted> {
+    use crate::transition::restart as decide_restart;
+    let mut tx = store.begin().await?;
+    let (run, restarted_as) = tx
+        .run_lock_for_restart(source_id)
+        .await?
+        .ok_or(Error::RunNotFound(source_id))?;
+    let steps = tx
+        .steps_lock(&[source_id])
+        .await?
+        .take(source_id)
+        .map_err(|d| d.to_error())?;
+    tx.pause_point(Unit::Operator, Point::AfterReads).await;
+    let source = decide_restart::Source {
+        run: &run,
+        restarted_as,
+        steps: &steps,
+    };
+    let reused = decide_restart::restart(wf, source, from)?;
+    let names: Vec<String> = reused.iter().map(|r| r.name.clone()).collect();
+    let mut source_detail = serde_json::json!({ "as": new.id, "step": from });
+    let mut new_detail = serde_json::json!({ "from": source_id, "step": from, "reused": names });
+    if let Some(reason) = &audit.reason {
+        source_detail["reason"] = reason.clone().into();
+        new_detail["reason"] = reason.clone().into();
+    }
+    let write = crate::store::RestartWrite {
+        source: source_id,
+        new,
+        reused: &reused,
+        actor: &audit.actor,
+        source_detail: source_detail.to_string(),
+        new_detail: new_detail.to_string(),
+        resolution: audit.resolution("restart"),
+    };
+    match tx.restart_write(&write).await? {
+        crate::store::RunInsertOutcome::Inserted(_) => {}
+        crate::store::RunInsertOutcome::Duplicate { existing, state } => {
+            return Err(Error::DuplicateKey {
+                workflow: new.workflow.clone(),
+                key: new.business_key.clone().unwrap_or_default(),
+                existing,
+                state,
+            });
+        }
+    }
+    tx.pause_point(Unit::Operator, Point::BeforeCommit).await;
+    crate::metrics::record(tx.commit().await?);
+    crate::metrics::run_started(&new.workflow);
+    Ok(Restarted {
+        id: new.id,
+        source: source_id,
+        step: from.to_owned(),
+        reused: names,
+    })
 }

@@ -111,6 +111,10 @@ pub struct RunView {
     pub priority: i32,
     /// The start it was scheduled for (DB clock, epoch ms), when it was started later.
     pub start_at: Option<i64>,
+    /// The run it was restarted from, for a run an operator restarted from a step.
+    pub restarted_from: Option<Uuid>,
+    /// The run it was restarted as, once an operator restarted it from a step.
+    pub restarted_as: Option<Uuid>,
 }
 
 /// One step of an unfinished run.

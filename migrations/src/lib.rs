@@ -62,6 +62,7 @@ mod m0018_instance_workflows;
 mod m0019_secrets;
 mod m0020_history_folds;
 mod m0021_compensation_share;
+mod m0022_restarts;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -105,6 +106,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0019_secrets::Migration),
             Box::new(m0020_history_folds::Migration),
             Box::new(m0021_compensation_share::Migration),
+            Box::new(m0022_restarts::Migration),
         ]
     }
 

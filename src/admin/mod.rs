@@ -47,6 +47,7 @@ mod instances;
 mod migrations;
 mod openapi;
 mod resources;
+mod restart;
 mod routes;
 mod runs;
 mod schedules;

@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::openapi::Security;
 use super::{
     actions, alerts, definitions, deliveries, events, health, input, instances, migrations,
-    openapi, resources, runs, schedules, scrape, stats, waits,
+    openapi, resources, restart, runs, schedules, scrape, stats, waits,
 };
 use crate::RunOrder;
 
@@ -43,6 +43,7 @@ api_routes! {
     post "/api/v1/runs/{id}/actions/{action}" => actions::act,
     get "/api/v1/runs/{id}/actions/{action}/preview" => actions::preview,
     put "/api/v1/runs/{id}/input" => input::set_input,
+    post "/api/v1/runs/{id}/restart" => restart::restart_run,
     get "/api/v1/migrations/{name}/{from}/{to}/plan" => migrations::plan,
     post "/api/v1/migrations/{name}/{from}/{to}/apply" => migrations::apply,
     post "/api/v1/runs/actions/{action}" => actions::act_many,
@@ -86,6 +87,7 @@ api_routes! {
         actions::act,
         actions::preview,
         input::set_input,
+        restart::restart_run,
         migrations::plan,
         migrations::apply,
         actions::act_many,

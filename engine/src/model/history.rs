@@ -70,6 +70,12 @@ pub enum HistoryKind {
     /// The run moved to another version of its workflow (the detail has `from`, `to` and the
     /// steps that changed).
     Migrated,
+    /// An operator restarted a new run from a step of this one (the detail has the new run
+    /// as `as` and the step as `step`); the new run owns the effects it reused.
+    OperatorRestart,
+    /// The run was restarted from a step of another (the detail has that run as `from`, the
+    /// step as `step`, and the steps it took over as completed as `reused`).
+    RestartedFrom,
     /// An event this version does not know (written by a newer one).
     #[strum(default)]
     Other(String),

@@ -104,6 +104,12 @@ pub struct Run {
     /// not claimed before then.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<chrono::DateTime<chrono::Utc>>))]
     pub start_at: Option<Timestamp>,
+    /// The run it was restarted from, for a run an operator restarted from a step of
+    /// another (`Operator::restart_from`): it reused that run's outputs of the steps before.
+    pub restarted_from: Option<Uuid>,
+    /// The run it was restarted as, once an operator restarted it from a step: that run now
+    /// owns the effects it reused, and operator actions on this one are refused.
+    pub restarted_as: Option<Uuid>,
 }
 
 /// Attempts of one step, counted per phase.

@@ -86,15 +86,22 @@ impl RunRow {
 }
 
 /// The columns a [`RunView`] reads beside [`RUN_COLS`].
-pub(super) const RUN_VIEW_COLS: &str = "priority, start_at";
+pub(super) const RUN_VIEW_COLS: &str = "priority, start_at, restarted_from, restarted_as";
 
 /// The queueing columns of a run.
 struct Queueing {
     priority: i32,
     start_at: Option<i64>,
+    restarted_from: Option<Uuid>,
+    restarted_as: Option<Uuid>,
 }
 
-from_row!(Queueing { priority, start_at });
+from_row!(Queueing {
+    priority,
+    start_at,
+    restarted_from,
+    restarted_as,
+});
 
 impl RunView {
     pub(super) fn decode(r: &Row) -> Result<Self> {
@@ -105,6 +112,8 @@ impl RunView {
             run,
             priority: q.priority,
             start_at: q.start_at,
+            restarted_from: q.restarted_from,
+            restarted_as: q.restarted_as,
         })
     }
 }

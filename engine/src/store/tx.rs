@@ -242,15 +242,20 @@ impl StoreTx<'_> {
     }
 
     /// Locks one run for an operator action and marks it for evaluation (the action's
-    /// writes are followed by an evaluation in the evaluation loop of some engine).
+    /// writes are followed by an evaluation in the evaluation loop of some engine). Returns
+    /// the run, and the run it was restarted as, if an operator restarted it.
     ///
     /// # Errors
     /// [`crate::Error::Db`], [`crate::Error::CorruptRow`].
-    pub async fn run_lock_for_action(&mut self, id: Uuid) -> Result<Option<RunRow>> {
+    pub async fn run_lock_for_action(
+        &mut self,
+        id: Uuid,
+    ) -> Result<Option<(RunRow, Option<Uuid>)>> {
         // The first statement is a write: it takes the run's row lock on PostgreSQL and the
         // write lock on SQLite, so evaluations of one run are serialised.
         let sql = format!(
-            "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 RETURNING {RUN_COLS}"
+            "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id = $1 \
+             RETURNING {RUN_COLS}, restarted_as"
         );
         let row = self
             .txn
@@ -258,7 +263,9 @@ impl StoreTx<'_> {
             .await?;
         // The action marks the run for evaluation: wake every engine, not just this one.
         self.notify = true;
-        row.as_ref().map(RunRow::decode).transpose()
+        let Some(row) = row else { return Ok(None) };
+        let restarted_as: Option<Uuid> = row.try_get("", "restarted_as")?;
+        Ok(Some((RunRow::decode(&row)?, restarted_as)))
     }
 
     /// Stops at `point` of `unit` when a test's hook holds it (see [`crate::interleave`]).

@@ -16,6 +16,7 @@ impl RunView {
     pub fn into_run(self) -> Result<Run> {
         const T: &str = "sagaflow_runs";
         let (priority, start_at) = (self.priority, self.start_at.map(timestamp));
+        let (restarted_from, restarted_as) = (self.restarted_from, self.restarted_as);
         let r = self.run;
         Ok(Run {
             input: json(T, r.id, "input", &r.input)?,
@@ -32,6 +33,8 @@ impl RunView {
             failed_attempts: r.failed_attempts.into(),
             priority,
             start_at,
+            restarted_from,
+            restarted_as,
         })
     }
 }

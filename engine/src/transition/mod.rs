@@ -22,6 +22,7 @@ pub mod migrate;
 pub mod operator;
 pub mod pause;
 mod preview;
+pub mod restart;
 mod run;
 mod run_rules;
 mod step;

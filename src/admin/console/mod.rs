@@ -20,6 +20,7 @@ mod live;
 mod migrations;
 mod pages;
 mod resources;
+mod restart;
 mod run;
 mod schedules;
 mod session;
@@ -73,6 +74,7 @@ where
         .route("/console/runs/{id}/actions/{action}", post(run::act))
         .route("/console/runs/{id}/events", post(waits::send))
         .route("/console/runs/{id}/input", post(input::set_input))
+        .route("/console/runs/{id}/restart", post(restart::restart))
         .route("/console/alerts", get(pages::alerts))
         .route("/console/alerts/{id}/resolve", post(pages::resolve))
         .route("/console/deliveries/{id}/redeliver", post(pages::redeliver))

@@ -45,6 +45,10 @@ pub(super) async fn page(
         .map(|a| flash("ok", &format!("Done: {}.", a.as_str().replace('_', " "))))
         .or_else(|| {
             (notice.done == super::input::DONE).then(|| flash("ok", "Done: input replaced."))
+        })
+        .or_else(|| {
+            (notice.done == super::restart::DONE)
+                .then(|| flash("ok", "Done: restarted from a step; this is the new run."))
         });
     render(&c.admin.engine, &s, &id, message, StatusCode::OK).await
 }
@@ -165,6 +169,7 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
     } else {
         Vec::new()
     };
+    let step_names: Vec<&str> = nodes.iter().map(|n| n.name).collect();
     let legend: BTreeSet<&str> = nodes.iter().filter_map(|n| n.state).collect();
     let legend: Vec<&str> = StepState::ALL
         .iter()
@@ -180,6 +185,12 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
                 div { dt { "created" } dd { (time(&run.created_at)) } }
                 div { dt { "updated" } dd { (time(&run.updated_at)) } }
                 div { dt { "finished" } dd { @if let Some(t) = &run.finished_at { (time(t)) } @else { "—" } } }
+                @if let Some(from) = run.restarted_from {
+                    div { dt { "restarted from" } dd.mono { a #restarted-from href={ "/console/runs/" (from) } { (from) } } }
+                }
+                @if let Some(newer) = run.restarted_as {
+                    div { dt { "restarted as" } dd.mono { a #restarted-as href={ "/console/runs/" (newer) } { (newer) } } }
+                }
             }
             @if let Some(e) = run.error.as_ref().filter(|_| run.state != RunState::Completed) {
                 (flash("error", &view::error_text(e)))
@@ -191,8 +202,11 @@ async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, 
             (graph::legend(&legend))
         }
         (super::waits::section(id, &waiting, s))
-        @if s.is_operator() && !run.state.is_final() {
+        @if s.is_operator() && !run.state.is_final() && run.restarted_as.is_none() {
             (actions(&run, &steps, &previews, s))
+        }
+        @if s.is_operator() && super::restart::applies(&run) {
+            (super::restart::section(&run, &step_names, s))
         }
         section {
             @if steps.is_empty() {

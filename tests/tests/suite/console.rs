@@ -699,6 +699,24 @@ pub(crate) fn browser_required() -> bool {
         || std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
+/// The chromedriver to drive Chromium with, when both are installed. Otherwise `None` after
+/// saying the browser test is skipped, or a failure when the browser is required.
+pub(crate) fn chromedriver() -> Option<PathBuf> {
+    let (Some(driver), Some(_chromium)) = (
+        find_program(&["chromedriver"]),
+        find_program(&["chromium", "chromium-browser", "google-chrome"]),
+    ) else {
+        assert!(
+            !browser_required(),
+            "the console's browser test needs chromium and chromedriver (Debian: apt-get install \
+             chromium chromium-driver); CI=true or SAGAFLOW_REQUIRE_BROWSER=1 makes this a failure"
+        );
+        println!("skipped: chromium or chromedriver not installed");
+        return None;
+    };
+    Some(driver)
+}
+
 pub(crate) fn find_program(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     names.iter().find_map(|name| {
@@ -841,16 +859,7 @@ pub(crate) async fn js(b: &fantoccini::Client, script: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_retries_a_failed_step_in_the_browser_and_watches_it_complete() {
-    let (Some(driver), Some(_chromium)) = (
-        find_program(&["chromedriver"]),
-        find_program(&["chromium", "chromium-browser", "google-chrome"]),
-    ) else {
-        assert!(
-            !browser_required(),
-            "the console's browser test needs chromium and chromedriver (Debian: apt-get install \
-             chromium chromium-driver); CI=true or SAGAFLOW_REQUIRE_BROWSER=1 makes this a failure"
-        );
-        println!("skipped: chromium or chromedriver not installed");
+    let Some(driver) = chromedriver() else {
         return;
     };
     let _turn = crate::fixtures::timing_turn().await;

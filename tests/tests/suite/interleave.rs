@@ -1065,3 +1065,111 @@ async fn interleave_a_slow_resource_claim_never_lets_an_attempt_outlive_its_stor
         engine.shutdown().await;
     }
 }
+
+/// The restart, a writer of two runs: held after its reads of a source in error, it meets an
+/// operator's resume of the source, another restart of it, and a purge; held in its turn by
+/// a resume, it is refused. Whatever the order, one of them wins and the other is refused
+/// with its reason: never a source resumed under the run that took over its effects, never
+/// two runs restarted from one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_restart_and_another_action_on_its_source_never_both_win() {
+    use sagaflow::{Error, RunState};
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        // A run stopped in error: `a` done, `b` failed for good.
+        let stopped = || async {
+            let run = r.run().await;
+            r.sql(
+                "UPDATE sagaflow_steps SET state = 'completed' WHERE run_id = $1 AND name = 'a'",
+                run,
+            )
+            .await;
+            r.sql(
+                "UPDATE sagaflow_steps SET state = 'failed', failure_count = max_failures \
+                 WHERE run_id = $1 AND name = 'b'",
+                run,
+            )
+            .await;
+            r.sql(
+                "UPDATE sagaflow_runs SET state = 'error' WHERE id = $1",
+                run,
+            )
+            .await;
+            run
+        };
+        let refused = |what: &str, e: sagaflow::Result<()>, needle: &str| {
+            assert!(
+                matches!(&e, Err(Error::ActionNotAllowed { reason, .. }) if reason.contains(needle)),
+                "[{b}] {what}: {e:?}"
+            );
+        };
+
+        for point in [Point::AfterReads, Point::BeforeCommit] {
+            // The held restart wins; a resume and a second restart wait for its lock and are
+            // refused by what it wrote.
+            for competitor in ["resume", "restart"] {
+                let run = stopped().await;
+                let held = r.hook.hold(Unit::Operator, point);
+                let op = r.engine.operator();
+                let restart = op.restart_from(run, "b", None);
+                let other = async {
+                    tokio::time::timeout(LIMIT, held.reached())
+                        .await
+                        .unwrap_or_else(|_| panic!("[{b}] the restart reached its point"));
+                    let peer = r.peer.operator();
+                    let acting = async {
+                        match competitor {
+                            "resume" => peer.resume(run).await.map(|_| ()),
+                            _ => peer.restart_from(run, "b", None).await.map(|_| ()),
+                        }
+                    };
+                    tokio::pin!(acting);
+                    if let Ok(done) = tokio::time::timeout(BLOCKED_AFTER, &mut acting).await {
+                        panic!("[{b}] {competitor} ran under the held restart: {done:?}");
+                    }
+                    held.release();
+                    acting.await
+                };
+                let (restarted, other) = tokio::join!(restart, other);
+                let restarted = restarted.unwrap_or_else(|e| panic!("[{b}] restart: {e}"));
+                let needle = match competitor {
+                    "resume" => "restarted as run",
+                    _ => "restarted already",
+                };
+                refused(competitor, other, needle);
+                let source = r.peer.run(run).await.expect("read").expect("source");
+                assert_eq!(source.state, RunState::Error, "[{b}] {competitor}");
+                assert_eq!(source.restarted_as, Some(restarted.id), "[{b}]");
+            }
+        }
+
+        // A resume held after its reads wins; the restart waits for it and is refused: the
+        // source is running again.
+        let run = stopped().await;
+        let held = r.hook.hold(Unit::Operator, Point::AfterReads);
+        let op = r.engine.operator();
+        let resume = op.resume(run);
+        let restart = async {
+            tokio::time::timeout(LIMIT, held.reached())
+                .await
+                .unwrap_or_else(|_| panic!("[{b}] the resume reached its point"));
+            let peer = r.peer.operator();
+            let acting = peer.restart_from(run, "b", None);
+            tokio::pin!(acting);
+            if let Ok(done) = tokio::time::timeout(BLOCKED_AFTER, &mut acting).await {
+                panic!("[{b}] the restart ran under the held resume: {done:?}");
+            }
+            held.release();
+            acting.await
+        };
+        let (resumed, restarted) = tokio::join!(resume, restart);
+        assert_eq!(resumed.expect("resume"), RunState::Running, "[{b}]");
+        refused(
+            "restart after a resume",
+            restarted.map(|_| ()),
+            "the run is running",
+        );
+        r.shutdown().await;
+    }
+}

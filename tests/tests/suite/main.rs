@@ -42,6 +42,7 @@ mod pause;
 mod priority;
 mod published;
 mod resource_limits;
+mod restart;
 mod schedule;
 mod secrets;
 mod serve;
