@@ -23,10 +23,12 @@ use crate::engine::Engine;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ActionArgs {
-    /// The step, for `retry` and `mark_compensated`.
+    /// The step, for `retry`, `mark_compensated` and `rollback`.
     pub step: Option<String>,
     /// How much more time `extend` gives the attempts in flight.
     pub extension: Option<std::time::Duration>,
+    /// The run's new input, for `rollback` (checked as a start's is); `None` keeps it.
+    pub input: Option<serde_json::Value>,
 }
 
 impl ActionArgs {
@@ -34,6 +36,13 @@ impl ActionArgs {
     #[must_use]
     pub fn with_step(mut self, step: impl Into<String>) -> Self {
         self.step = Some(step.into());
+        self
+    }
+
+    /// Sets the new input `rollback` runs forward with.
+    #[must_use]
+    pub fn with_input(mut self, input: serde_json::Value) -> Self {
+        self.input = Some(input);
         self
     }
 
@@ -111,6 +120,7 @@ impl Operator<'_> {
             }
             OperatorAction::Release => self.release(run_id).await,
             OperatorAction::MarkCompensated => self.mark_compensated(run_id, step()?).await,
+            OperatorAction::Rollback => self.rollback(run_id, step()?, args.input.clone()).await,
             // The enum is non-exhaustive: an action a newer engine crate adds.
             _ => Err(refuse("this version of sagaflow does not take it")),
         }

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use clap::Args;
-use sagaflow::{ActionArgs, Engine, OperatorAction, RunState, StepState, Undo, UndoOutcome, Uuid};
+use sagaflow::{
+    ActionArgs, Engine, Error, OperatorAction, RunState, StepState, Undo, UndoOutcome, Uuid,
+};
 use serde::Serialize;
 
 use crate::exit::{Failure, Outcome};
@@ -60,7 +62,7 @@ pub(crate) async fn undo(engine: &Engine, args: UndoArgs, undo: Undo, json: bool
             reason: args.reason.unwrap_or_default(),
             operator: args.operator,
         };
-        return act(engine, &audit, action, None, None, json).await;
+        return act(engine, &audit, action, None, None, None, json).await;
     }
     crate::runs::find(engine, args.run).await?;
     let preview = engine.preview_undo(args.run, undo).await?;
@@ -189,6 +191,7 @@ pub(crate) async fn act(
     action: OperatorAction,
     step: Option<String>,
     by: Option<Duration>,
+    input: Option<serde_json::Value>,
     json: bool,
 ) -> Outcome {
     let reason = reason(&audit.reason)?;
@@ -204,8 +207,12 @@ pub(crate) async fn act(
         args = args.with_step(step);
     }
     args.extension = by;
+    args.input = input;
     let op = engine.operator().on_behalf_of(actor.clone(), reason);
-    let state = op.perform(action, id, &args).await?;
+    let state = op.perform(action, id, &args).await.map_err(|e| match e {
+        Error::InvalidInput { .. } | Error::PayloadTooLarge { .. } => Failure::usage(e),
+        e => Failure::from(e),
+    })?;
     let step = args.step.as_deref();
     if json {
         return output::json(&ActionAnswer {

@@ -121,6 +121,23 @@ enum Command {
         #[arg(long, value_name = "STEP")]
         step: String,
     },
+    /// Rolls a run that has not passed its pivot back to a step: the steps after it are
+    /// compensated in reverse order, then run again from there (`--input`: with a new input).
+    #[command(after_help = "\
+Examples:
+  sagaflow rollback 0190c0de-... --to reserve_stock --reason \"charged the wrong amount\"
+  sagaflow rollback 0190c0de-... --to reserve_stock --input @fixed.json --reason \"amount fixed\"")]
+    Rollback {
+        #[command(flatten)]
+        audit: Audit,
+        /// The step to go back to: it and the steps it depends on stay done.
+        #[arg(long = "to", value_name = "STEP")]
+        step: String,
+        /// The input the run goes forward with: JSON, or `@FILE` (`@-`: standard input);
+        /// default: its own.
+        #[arg(long, value_name = "JSON|@FILE")]
+        input: Option<String>,
+    },
     /// Lists or acknowledges alerts.
     #[command(subcommand)]
     Alerts(alerts::AlertsCommand),
@@ -269,17 +286,39 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
         Command::Runs(c) => runs::runs(engine, c, json).await,
         Command::History { run } => runs::history(engine, run, json).await,
         Command::Retry { audit, step } => {
-            act::act(engine, &audit, OperatorAction::Retry, step, None, json).await
+            act::act(
+                engine,
+                &audit,
+                OperatorAction::Retry,
+                step,
+                None,
+                None,
+                json,
+            )
+            .await
         }
-        Command::Resume(a) => act::act(engine, &a, OperatorAction::Resume, None, None, json).await,
+        Command::Resume(a) => {
+            act::act(engine, &a, OperatorAction::Resume, None, None, None, json).await
+        }
         Command::Compensate(a) => act::undo(engine, a, sagaflow::Undo::Compensate, json).await,
         Command::Cancel(a) => act::undo(engine, a, sagaflow::Undo::Cancel, json).await,
         Command::Extend { audit, by } => {
-            act::act(engine, &audit, OperatorAction::Extend, None, Some(by), json).await
+            act::act(
+                engine,
+                &audit,
+                OperatorAction::Extend,
+                None,
+                Some(by),
+                None,
+                json,
+            )
+            .await
         }
-        Command::Pause(a) => act::act(engine, &a, OperatorAction::Pause, None, None, json).await,
+        Command::Pause(a) => {
+            act::act(engine, &a, OperatorAction::Pause, None, None, None, json).await
+        }
         Command::Release(a) => {
-            act::act(engine, &a, OperatorAction::Release, None, None, json).await
+            act::act(engine, &a, OperatorAction::Release, None, None, None, json).await
         }
         Command::MarkCompensated { audit, step } => {
             act::act(
@@ -288,6 +327,20 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
                 OperatorAction::MarkCompensated,
                 Some(step),
                 None,
+                None,
+                json,
+            )
+            .await
+        }
+        Command::Rollback { audit, step, input } => {
+            let input = input.as_deref().map(crate::input::read_input).transpose()?;
+            act::act(
+                engine,
+                &audit,
+                OperatorAction::Rollback,
+                Some(step),
+                None,
+                input,
                 json,
             )
             .await

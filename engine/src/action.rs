@@ -55,11 +55,14 @@ pub enum OperatorAction {
     /// Records that a step's effect was undone by hand after its compensation failed. Names
     /// the step.
     MarkCompensated,
+    /// Rolls a run that has not passed its pivot back to a step: the steps after it are
+    /// compensated in reverse order, then run again from there. Names the step.
+    Rollback,
 }
 
 impl OperatorAction {
     /// Every action, in the order they are listed.
-    pub const ALL: [OperatorAction; 8] = [
+    pub const ALL: [OperatorAction; 9] = [
         Self::Retry,
         Self::Resume,
         Self::Compensate,
@@ -68,6 +71,7 @@ impl OperatorAction {
         Self::Extend,
         Self::Release,
         Self::MarkCompensated,
+        Self::Rollback,
     ];
 
     /// Its name: `retry`, `resume`, …, `mark_compensated`.
@@ -77,7 +81,7 @@ impl OperatorAction {
 
     /// Whether it acts on one step of the run, which the operator names with it.
     pub const fn needs_step(self) -> bool {
-        matches!(self, Self::Retry | Self::MarkCompensated)
+        matches!(self, Self::Retry | Self::MarkCompensated | Self::Rollback)
     }
 
     /// The kind of the history event that records it: `operator_` and its name.
@@ -91,6 +95,7 @@ impl OperatorAction {
             Self::Extend => "operator_extend",
             Self::Release => "operator_release",
             Self::MarkCompensated => "operator_mark_compensated",
+            Self::Rollback => "operator_rollback",
         }
     }
 }
@@ -112,7 +117,8 @@ mod tests {
                 "pause",
                 "extend",
                 "release",
-                "mark_compensated"
+                "mark_compensated",
+                "rollback"
             ]
         );
         for a in OperatorAction::ALL {

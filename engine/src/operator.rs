@@ -374,3 +374,25 @@ pub async fn restart(
         reused: names,
     })
 }
+
+/// Rolls the run back to step `to` of `wf` (the run's version), writing `input` as its new
+/// input in the same unit of work when given: see
+/// [`crate::transition::operator::rollback`].
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] with the reason it cannot be done safely;
+/// [`Error::RunNotFound`]; [`Error::Db`], [`Error::CorruptRow`].
+pub async fn rollback(
+    store: &Store,
+    run_id: Uuid,
+    wf: &crate::definition::Workflow,
+    to: &str,
+    input: Option<&str>,
+    audit: &Audit,
+) -> Result<EvalApplied> {
+    let reason = audit.reason.clone();
+    act_with_input(store, run_id, audit, input, |run, steps| {
+        decide::rollback(wf, run, steps, to, reason.as_deref())
+    })
+    .await
+}

@@ -40,9 +40,14 @@ struct ActionBody {
     #[serde(default)]
     #[schema(required = true, min_length = 1, max_length = 2000, pattern = r"\S")]
     reason: String,
-    /// The step, for `retry` and `mark_compensated`.
+    /// The step, for `retry`, `mark_compensated` and `rollback`.
     #[serde(default)]
     step: Option<String>,
+    /// The run's new input, for `rollback` only (checked as a start's is); absent or `null`
+    /// keeps it.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    input: Option<Value>,
     /// Seconds to add to the deadlines in flight, for `extend`.
     #[serde(default)]
     by_seconds: Option<u64>,
@@ -87,8 +92,10 @@ impl Request {
                 format!("no action `{action}`; the actions are {}", known.join(", ")),
             ));
         };
-        let body: ActionBody =
-            parse_body(body, r#"{"reason": "…", "step"?: "…", "by_seconds"?: 300}"#)?;
+        let body: ActionBody = parse_body(
+            body,
+            r#"{"reason": "…", "step"?: "…", "by_seconds"?: 300, "input"?: {…}}"#,
+        )?;
         let Some(reason) = action_reason(&body.reason) else {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -110,6 +117,17 @@ impl Request {
             args = args.with_step(step);
         }
         args.extension = extension(action, body.by_seconds)?;
+        match body.input.filter(|v| !v.is_null()) {
+            Some(input) if action == OperatorAction::Rollback => args = args.with_input(input),
+            Some(_) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "input_not_taken",
+                    format!("`{action}` takes no input; only `rollback` does"),
+                ));
+            }
+            None => {}
+        }
         Ok(Self {
             action,
             reason: reason.to_owned(),
@@ -142,9 +160,9 @@ impl Request {
     request_body = ActionBody,
     responses(
         (status = 200, description = "Taken; the run's state after it", body = ActionAnswer),
-        (status = 400, description = "`reason_required` (1 to 2,000 characters), `step_required`, `extension_required` (`extend` needs `by_seconds`, 1 to 86,400), `invalid_id`, `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 400, description = "`reason_required` (1 to 2,000 characters), `step_required`, `extension_required` (`extend` needs `by_seconds`, 1 to 86,400), `input_not_taken` (only `rollback` takes an input), `invalid_input` (a `rollback` input the workflow refuses), `invalid_id`, `invalid_json` or `invalid_body`", body = ErrorBody),
         (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
-        (status = 404, description = "`unknown_action` or `run_not_found`", body = ErrorBody),
+        (status = 404, description = "`unknown_action`, `run_not_found`, or `workflow_not_found` (a `rollback` on an engine that does not know the run's version)", body = ErrorBody),
         (status = 409, description = "`action_not_allowed`: the run's state does not allow it, and why", body = ErrorBody),
         (status = 413, description = "`payload_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = ErrorBody),
@@ -235,7 +253,7 @@ pub(super) const BULK_DEFAULT: u32 = 100;
     request_body = ActionBody,
     responses(
         (status = 200, description = "Taken on each run that allowed it; a result per run", body = BulkAnswer),
-        (status = 400, description = "`filter_required`, `invalid_query`, `reason_required`, `step_required`, `extension_required`, `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 400, description = "`filter_required`, `invalid_query`, `reason_required`, `step_required`, `extension_required`, `input_not_taken`, `invalid_json` or `invalid_body`", body = ErrorBody),
         (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
         (status = 404, description = "`unknown_action`", body = ErrorBody),
         (status = 413, description = "`payload_too_large`", body = ErrorBody),

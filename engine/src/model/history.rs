@@ -70,6 +70,9 @@ pub enum HistoryKind {
     /// The run moved to another version of its workflow (the detail has `from`, `to` and the
     /// steps that changed).
     Migrated,
+    /// An operator rolled the run back to a step (the detail has the step as `step`): the
+    /// steps after it are undone, then run again.
+    OperatorRollback,
     /// An operator restarted a new run from a step of this one (the detail has the new run
     /// as `as` and the step as `step`); the new run owns the effects it reused.
     OperatorRestart,

@@ -103,6 +103,18 @@ impl StoreTx<'_> {
             }
         }
 
+        // Steps that start afresh (a rollback): a new idempotency key, nothing of before.
+        for (_, p) in &plans {
+            for w in p.steps.iter().filter(|w| moved.contains(&w.id)) {
+                let Some(key) = &w.key else { continue };
+                let sql = "UPDATE sagaflow_steps SET idempotency_key = $1, output = NULL, error = NULL, \
+                           maybe_applied = FALSE WHERE id = $2";
+                self.txn
+                    .execute(s.stmt(sql, vec![key.clone().into(), w.id.into()]))
+                    .await?;
+            }
+        }
+
         // Deadlines an operator extended: only while the same attempt is in flight.
         for (_, p) in &plans {
             for &(id, attempt) in &p.extend {

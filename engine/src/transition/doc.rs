@@ -19,6 +19,9 @@ fn effects_text(e: &Effects) -> String {
     if e.reset {
         parts.push("counters and deadline reset");
     }
+    if e.rekey {
+        parts.push("new idempotency key, output, error and maybe applied cleared");
+    }
     match e.maybe {
         Maybe::Keep => {}
         Maybe::IfUnknown => parts.push("maybe applied if the outcome is unknown"),

@@ -6,6 +6,7 @@ use super::run::{move_run, step_write};
 use super::run_rules::RunTrigger;
 use super::step::Trigger;
 use super::writes::{PlanWrite, StepWrite};
+use crate::definition::{StepKind, Workflow};
 use crate::rows::{RunRow, StepRow};
 use crate::{Error, OperatorAction, Result, RunState, StepState};
 
@@ -145,7 +146,12 @@ pub fn compensate(run: &RunRow, steps: &[StepRow]) -> Result<PlanWrite> {
     // A cancel stops at a pivot that took or may have taken effect; a `compensate` is the
     // operator's decision to undo past it. Without the cancel's envelope the unwinding that
     // follows takes it as that decision (the history keeps both actions).
-    if run.error.as_deref().is_some_and(is_cancelled) {
+    // Nor does it stop at the step a rollback goes back to: it undoes everything.
+    if run
+        .error
+        .as_deref()
+        .is_some_and(|e| is_cancelled(e) || rollback_target(e).is_some())
+    {
         plan.clear_error = true;
     }
     Ok(plan)
@@ -429,4 +435,152 @@ fn is_set_aside(run: &RunRow) -> bool {
         .as_deref()
         .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
         .is_some_and(|e| e["code"] == CORRUPT_ROW)
+}
+
+/// The error code of a run rolling back to a step (in the run's error envelope, with the
+/// step as `details.to`): what the unwinding reads to undo only what came after that step,
+/// then go forward again.
+pub const ROLLBACK: &str = "rollback";
+
+/// The step a run rolls back to, when its error envelope says it does: code [`ROLLBACK`] and
+/// `details.to`, read as JSON.
+pub fn rollback_target(error: &str) -> Option<String> {
+    let e: serde_json::Value = serde_json::from_str(error).ok()?;
+    if e.get("code")?.as_str()? != ROLLBACK {
+        return None;
+    }
+    e.get("details")?.get("to")?.as_str().map(str::to_owned)
+}
+
+/// The steps a rollback to step `at` keeps: `at` and every step it depends on.
+pub(crate) fn kept(wf: &Workflow, at: usize) -> std::collections::BTreeSet<usize> {
+    let mut kept = super::restart::ancestors(wf, at);
+    kept.insert(at);
+    kept
+}
+
+/// Rolls a run back to step `to`: the steps after it (every step but `to` and those it
+/// depends on) that did or may have done something are compensated in reverse order, the
+/// others dropped; once nothing is left to undo, the evaluator starts them afresh under new
+/// idempotency keys and the run goes forward again from `to` ([`RunTrigger::RolledBack`]).
+/// The run's error envelope says so (code [`ROLLBACK`], `details.to`, the error it held
+/// before as `details.cause`) until then.
+///
+/// # Errors
+/// [`Error::ActionNotAllowed`] naming the reason when it cannot be done safely: the run is
+/// not running or in error (or is undoing already); the workflow has no step `to`, or `to`
+/// is not completed; a step is in flight or waiting; a pivot completed or may have acted
+/// (past the point of no return, nothing before it is undone); a step to undo is retriable
+/// (never compensated); nothing after `to` has started.
+pub fn rollback(
+    wf: &Workflow,
+    run: &RunRow,
+    steps: &[StepRow],
+    to: &str,
+    reason: Option<&str>,
+) -> Result<PlanWrite> {
+    let act = OperatorAction::Rollback.as_str();
+    let refuse = |why: String| not_allowed(act, run, why);
+    if !matches!(run.state, RunState::Running | RunState::Error) {
+        return Err(refuse(format!(
+            "the run is {}: only a running run or one in error rolls back",
+            run.state
+        )));
+    }
+    if was_compensating(steps) {
+        return Err(refuse(
+            "the run is undoing what it did: let it finish, or compensate it".into(),
+        ));
+    }
+    let Some(at) = wf.position(to) else {
+        return Err(refuse(format!("workflow {} has no step `{to}`", wf.key())));
+    };
+    let row = |name: &str| steps.iter().find(|s| s.name == name);
+    match row(to) {
+        Some(s) if s.state == StepState::Completed => {}
+        other => {
+            let state = other.map_or("missing".to_owned(), |s| s.state.to_string());
+            return Err(refuse(format!(
+                "step `{to}` is {state}, not completed: roll back to a completed step"
+            )));
+        }
+    }
+    if let Some(s) = steps
+        .iter()
+        .find(|s| s.state.is_in_flight() || s.state == StepState::Waiting)
+    {
+        return Err(refuse(format!(
+            "step `{}` is {}: wait for it to settle, or cancel the run",
+            s.name, s.state
+        )));
+    }
+    for def in &wf.steps {
+        let Some(s) = row(&def.name) else { continue };
+        let acted = s.state == StepState::Completed || s.maybe_applied;
+        if def.kind == StepKind::Pivot && acted {
+            return Err(refuse(format!(
+                "pivot `{}` {}: the run is past its point of no return",
+                def.name,
+                if s.state == StepState::Completed {
+                    "completed"
+                } else {
+                    "may have taken effect"
+                }
+            )));
+        }
+    }
+    let keep = kept(wf, at);
+    let mut started = false;
+    for (i, def) in wf.steps.iter().enumerate() {
+        let Some(s) = row(&def.name) else { continue };
+        if keep.contains(&i) || s.state == StepState::NotStarted {
+            continue;
+        }
+        started = true;
+        let acted = s.state == StepState::Completed || s.maybe_applied;
+        if acted && def.kind == StepKind::Retriable {
+            return Err(refuse(format!(
+                "step `{}` is retriable and {}: it is never compensated",
+                def.name,
+                if s.state == StepState::Completed {
+                    "completed"
+                } else {
+                    "may have acted"
+                }
+            )));
+        }
+    }
+    if !started {
+        return Err(refuse(format!(
+            "no step after `{to}` has started: there is nothing to roll back"
+        )));
+    }
+    let mut plan = action(
+        run,
+        RunTrigger::OperatorRollback,
+        Vec::new(),
+        act_event(),
+        None,
+    )?;
+    let message = match reason {
+        Some(r) => format!("rolling back to `{to}` by an operator: {r}"),
+        None => format!("rolling back to `{to}` by an operator"),
+    };
+    let mut e = serde_json::json!({
+        "code": ROLLBACK,
+        "message": message,
+        "retryable": false,
+        "details": { "to": to },
+    });
+    if let Some(c) = run.error.as_deref() {
+        let c = serde_json::from_str(c).unwrap_or_else(|_| serde_json::Value::from(c));
+        e["details"]["cause"] = c;
+    }
+    plan.run_error = Some(e.to_string());
+    plan.detail = Some(serde_json::json!({ "step": to }).to_string());
+    Ok(plan)
+}
+
+fn act_event() -> &'static str {
+    OperatorAction::Rollback.history_event()
 }

@@ -156,7 +156,7 @@ pub fn restart(wf: &Workflow, source: Source<'_>, from: &str) -> Result<Vec<Reus
 }
 
 /// The steps step `at` depends on, directly or not, in the workflow's order.
-fn ancestors(wf: &Workflow, at: usize) -> BTreeSet<usize> {
+pub(crate) fn ancestors(wf: &Workflow, at: usize) -> BTreeSet<usize> {
     let mut found = BTreeSet::new();
     let mut todo: Vec<usize> = wf.steps[at].deps.clone();
     while let Some(i) = todo.pop() {

@@ -38,6 +38,12 @@ pub(crate) fn step_write(row: &StepRow, on: Trigger) -> Option<StepWrite> {
         from: row.state,
         to: r.to,
         effects: r.effects,
+        // Unique among the keys the step was called under: its claims so far only grow,
+        // and a key is only used by a claim.
+        key: r
+            .effects
+            .rekey
+            .then(|| format!("{}:{}:{}", row.run_id, row.name, row.attempt)),
     })
 }
 
@@ -79,6 +85,8 @@ struct Plan<'a> {
     rows: Vec<&'a StepRow>,
     states: Vec<StepState>,
     out: PlanWrite,
+    /// While the run rolls back to a step: that step and those it depends on, which stay.
+    kept: std::collections::BTreeSet<usize>,
 }
 
 impl<'a> Plan<'a> {
@@ -104,6 +112,7 @@ impl<'a> Plan<'a> {
                     states: Vec::new(),
                     rows: Vec::new(),
                     out: PlanWrite::default(),
+                    kept: std::collections::BTreeSet::new(),
                 });
             }
             return Err(Error::corrupt(
@@ -112,12 +121,23 @@ impl<'a> Plan<'a> {
                 format!("step `{}` has no row", wf.steps[i].name),
             ));
         }
+        // A rollback keeps its step and those it depends on; a step the workflow no longer
+        // has (a migration between) keeps nothing, and the run unwinds as a compensate.
+        let kept = run
+            .error
+            .as_deref()
+            .filter(|_| run.state == Compensating)
+            .and_then(super::operator::rollback_target)
+            .and_then(|to| wf.position(&to))
+            .map(|at| super::operator::kept(wf, at))
+            .unwrap_or_default();
         Ok(Self {
             wf,
             run,
             states: rows.iter().map(|r| r.state).collect(),
             rows,
             out: PlanWrite::default(),
+            kept,
         })
     }
 
@@ -309,6 +329,9 @@ impl<'a> Plan<'a> {
     /// Whether step `i` has an effect to undo: it completed, or an attempt may have acted,
     /// and it is a compensatable step with a compensation.
     fn needs_undo(&self, i: usize) -> bool {
+        if self.kept.contains(&i) {
+            return false;
+        }
         let def = &self.wf.steps[i];
         let acted = match self.states[i] {
             StepState::Completed => true,
@@ -396,7 +419,8 @@ impl<'a> Plan<'a> {
                 return Ok(self.out);
             }
         }
-        for i in 0..n {
+        let undone: Vec<usize> = (0..n).filter(|i| !self.kept.contains(i)).collect();
+        for i in undone {
             let never_acted = match self.states[i] {
                 StepState::NotStarted => true,
                 StepState::Ready | StepState::Waiting => !self.needs_undo(i),
@@ -425,10 +449,63 @@ impl<'a> Plan<'a> {
             self.set(i, Trigger::CompensationDue);
         }
         let pending = (0..n).any(|i| busy(self.states[i]) || self.needs_undo(i));
+        if !pending && !self.kept.is_empty() {
+            return self.rolled_back();
+        }
         if !pending {
             let from = self.out.run_state.unwrap_or(self.run.state);
             move_run(&mut self.out, from, RunTrigger::NothingLeftToUndo)?;
         }
+        Ok(self.out)
+    }
+
+    /// A rollback undid everything after its step: those steps start afresh under new
+    /// idempotency keys (queued at once when all they depend on is kept), the rollback's
+    /// envelope gives way to the error the run held before, and the run goes forward again.
+    /// Each step is written from its stored state, replacing what this evaluation planned
+    /// for it (a drop).
+    fn rolled_back(mut self) -> Result<PlanWrite> {
+        let n = self.rows.len();
+        let mut writes = Vec::new();
+        for i in (0..n).filter(|i| !self.kept.contains(i)) {
+            let due = self.wf.steps[i].deps.iter().all(|d| self.kept.contains(d));
+            let on = if due {
+                Trigger::RolledBackDue
+            } else {
+                Trigger::RolledBack
+            };
+            if let Some(w) = step_write(self.rows[i], on) {
+                writes.push(w);
+            }
+        }
+        self.out
+            .steps
+            .retain(|w| !writes.iter().any(|r| r.id == w.id));
+        self.out.steps.extend(writes);
+        let from = self.out.run_state.unwrap_or(self.run.state);
+        move_run(&mut self.out, from, RunTrigger::RolledBack)?;
+        let cause = self
+            .run
+            .error
+            .as_deref()
+            .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+            .and_then(|e| e.get("details")?.get("cause").cloned());
+        match cause {
+            Some(c) => self.out.run_error = Some(c.to_string()),
+            None => self.out.clear_error = true,
+        }
+        let to = self
+            .run
+            .error
+            .as_deref()
+            .and_then(super::operator::rollback_target)
+            .unwrap_or_default();
+        self.out.detail = Some(
+            serde_json::json!({
+                "reason": format!("rolled back to `{to}`: going forward again from there")
+            })
+            .to_string(),
+        );
         Ok(self.out)
     }
 }

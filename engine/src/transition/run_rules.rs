@@ -76,6 +76,10 @@ pub enum RunTrigger {
     /// The run was cancelled, and its pivot completed before anything was undone: the
     /// cancel came after the point of no return, and the run goes forward again.
     CancelTooLate,
+    /// An operator rolls the run back to a step: the steps after it are undone.
+    OperatorRollback,
+    /// A rollback undid what came after its step: the run goes forward again from there.
+    RolledBack,
 }
 
 impl RunTrigger {
@@ -101,6 +105,8 @@ impl RunTrigger {
             Self::WaitTimedOut => "wait_timed_out",
             Self::ParentCompensates => "parent_compensates",
             Self::CancelTooLate => "cancel_too_late",
+            Self::OperatorRollback => "operator_rollback",
+            Self::RolledBack => "rolled_back",
         }
     }
 }
@@ -230,6 +236,13 @@ pub const RUN_RULES: &[RunRule] = &[
         None,
     ),
     rule(&[Compensating], RunTrigger::CancelTooLate, Running, None),
+    rule(
+        &[Running, RunError],
+        RunTrigger::OperatorRollback,
+        Compensating,
+        None,
+    ),
+    rule(&[Compensating], RunTrigger::RolledBack, Running, None),
 ];
 
 /// The rule for a run in `from` on `on`, if the table has one.

@@ -55,11 +55,18 @@ pub enum Trigger {
     /// What a waiting step waited for arrived, or its time came: it is due again, and its
     /// next attempt reads what woke it.
     Woken,
+    /// The run rolled back to an earlier step and goes forward again: a step after it (undone,
+    /// dropped, failed, or done with nothing to undo) starts afresh under a new idempotency
+    /// key (evaluator).
+    RolledBack,
+    /// As [`RolledBack`](Self::RolledBack), for a step whose dependencies are all kept: it is
+    /// queued at once.
+    RolledBackDue,
 }
 
 impl Trigger {
     /// Every trigger.
-    pub const ALL: [Trigger; 19] = [
+    pub const ALL: [Trigger; 21] = [
         Self::Claimed,
         Self::Succeeded,
         Self::FailedWillRetry,
@@ -79,6 +86,8 @@ impl Trigger {
         Self::Paused,
         Self::Parked,
         Self::Woken,
+        Self::RolledBack,
+        Self::RolledBackDue,
     ];
 
     /// The name used in history and docs.
@@ -100,6 +109,8 @@ impl Trigger {
             Self::OperatorMarkCompensated => "operator_mark_compensated",
             Self::SetAside => "set_aside",
             Self::OperatorRelease => "operator_release",
+            Self::RolledBack => "rolled_back",
+            Self::RolledBackDue => "rolled_back_due",
             Self::Paused => "paused",
             Self::Parked => "parked",
             Self::Woken => "woken",
@@ -164,6 +175,10 @@ pub struct Effects {
     pub due: Due,
     /// Stores the attempt's output.
     pub store_output: bool,
+    /// Starts afresh: a new idempotency key (its effect was undone or never happened, so a
+    /// new call must not be answered with the old one's result), output, error and the
+    /// *maybe applied* flag cleared.
+    pub rekey: bool,
 }
 
 /// One row of the step table.

@@ -16,6 +16,7 @@ const NONE: Effects = Effects {
     maybe: Maybe::Keep,
     due: Due::Never,
     store_output: false,
+    rekey: false,
 };
 const QUEUE: Effects = Effects {
     reset: true,
@@ -77,6 +78,19 @@ const PARK: Effects = Effects {
 };
 const DONE: Effects = Effects {
     store_output: true,
+    ..NONE
+};
+/// A rollback: afresh, under a new idempotency key, not queued (a dependency is still to run).
+const AFRESH: Effects = Effects {
+    reset: true,
+    rekey: true,
+    ..NONE
+};
+/// A rollback: afresh, under a new idempotency key, and queued (its dependencies are kept).
+const AFRESH_QUEUED: Effects = Effects {
+    reset: true,
+    rekey: true,
+    due: Due::Now,
     ..NONE
 };
 
@@ -288,5 +302,64 @@ pub const STEP_RULES: &[StepRule] = &[
         Compensated,
         "operator",
         NONE,
+    ),
+    // A rollback to an earlier step: what ran after it starts afresh once the unwinding
+    // has undone what it did.
+    rule(
+        Compensated,
+        Trigger::RolledBack,
+        NotStarted,
+        "evaluator",
+        AFRESH,
+    ),
+    rule(
+        Skipped,
+        Trigger::RolledBack,
+        NotStarted,
+        "evaluator",
+        AFRESH,
+    ),
+    rule(Failed, Trigger::RolledBack, NotStarted, "evaluator", AFRESH),
+    rule(
+        Completed,
+        Trigger::RolledBack,
+        NotStarted,
+        "evaluator",
+        AFRESH,
+    ),
+    rule(
+        Compensated,
+        Trigger::RolledBackDue,
+        Ready,
+        "evaluator",
+        AFRESH_QUEUED,
+    ),
+    rule(
+        Skipped,
+        Trigger::RolledBackDue,
+        Ready,
+        "evaluator",
+        AFRESH_QUEUED,
+    ),
+    rule(
+        Failed,
+        Trigger::RolledBackDue,
+        Ready,
+        "evaluator",
+        AFRESH_QUEUED,
+    ),
+    rule(
+        Completed,
+        Trigger::RolledBackDue,
+        Ready,
+        "evaluator",
+        AFRESH_QUEUED,
+    ),
+    rule(
+        NotStarted,
+        Trigger::RolledBackDue,
+        Ready,
+        "evaluator",
+        AFRESH_QUEUED,
     ),
 ];

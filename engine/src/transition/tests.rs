@@ -672,6 +672,15 @@ mod table {
             Trigger::OperatorMarkCompensated,
             Compensated,
         ),
+        (Compensated, Trigger::RolledBack, NotStarted),
+        (Skipped, Trigger::RolledBack, NotStarted),
+        (Failed, Trigger::RolledBack, NotStarted),
+        (Completed, Trigger::RolledBack, NotStarted),
+        (Compensated, Trigger::RolledBackDue, Ready),
+        (Skipped, Trigger::RolledBackDue, Ready),
+        (Failed, Trigger::RolledBackDue, Ready),
+        (Completed, Trigger::RolledBackDue, Ready),
+        (NotStarted, Trigger::RolledBackDue, Ready),
     ];
 
     fn counters() -> Counters {

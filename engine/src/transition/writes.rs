@@ -25,6 +25,8 @@ pub struct StepWrite {
     pub to: StepState,
     /// What else changes, as the transition table says.
     pub effects: Effects,
+    /// The step's new idempotency key, when it starts afresh ([`Effects::rekey`]).
+    pub key: Option<String>,
 }
 
 /// Everything one evaluation or operator action writes for a run.

@@ -359,6 +359,12 @@ fn action_form_with(
                         input type="number" name="by_seconds" min="1" max=(EXTEND_MAX.as_secs()) value="300" required;
                     }
                 }
+                @if action == OperatorAction::Rollback {
+                    p.muted { "The steps after it are compensated in reverse order, then run again from there under new idempotency keys; it and the steps it depends on stay done." }
+                    label { "New input (JSON, checked against the run's workflow version; leave empty to keep the run's input)"
+                        textarea.mono name="input" rows="4" {}
+                    }
+                }
                 label { "Reason (recorded in the run's history)"
                     textarea name="reason" required maxlength=(REASON_MAX_CHARS) rows="2" {}
                 }
@@ -484,6 +490,12 @@ fn actions(
                 @if super::input::applies(run) {
                     (super::input::form(run, s))
                 }
+                @if matches!(run.state, RunState::Running | RunState::Error)
+                    && !steps.iter().any(|st| st.state.is_compensation() || st.state == StepState::Skipped) {
+                    @for st in steps.iter().filter(|st| st.state == StepState::Completed) {
+                        (action_form(run.id, OperatorAction::Rollback, Some(&st.name), "Roll back to", s))
+                    }
+                }
             }
         }
     }
@@ -500,6 +512,8 @@ pub(super) struct ActionForm {
     step: String,
     #[serde(default)]
     by_seconds: String,
+    #[serde(default)]
+    input: String,
 }
 
 /// `POST /console/runs/{id}/actions/{action}`: the action, recorded as done by
@@ -525,6 +539,7 @@ pub(super) async fn act(
     let refused = |status, msg: String| {
         let engine = engine.clone();
         let s = s.clone();
+        let id = id.clone();
         async move { render(&engine, &s, &id, Some(flash("error", &msg)), status).await }
     };
     let Some(reason) = action_reason(&form.reason) else {
@@ -561,18 +576,22 @@ pub(super) async fn act(
         Ok(by) => by,
         Err(e) => return refused(StatusCode::BAD_REQUEST, e.message().to_owned()).await,
     };
+    let input = form.input.trim();
+    if action == OperatorAction::Rollback && !input.is_empty() {
+        match serde_json::from_str::<Value>(input) {
+            Ok(v) => args = args.with_input(v),
+            Err(e) => {
+                let msg = format!("The input is not JSON: {e}. Nothing was changed.");
+                return refused(StatusCode::BAD_REQUEST, msg).await;
+            }
+        }
+    }
     match op.perform(action, run_id, &args).await {
         Ok(state) => {
             let action = action.as_str();
             tracing::info!(run_id = %run_id, action, by = %s.name, %state, "console action");
             Redirect::to(&format!("/console/runs/{run_id}?done={action}")).into_response()
         }
-        Err(e @ Error::ActionNotAllowed { .. }) => {
-            refused(StatusCode::CONFLICT, format!("Not allowed: {e}")).await
-        }
-        Err(e @ Error::RunNotFound(_)) => {
-            view::error_page(&s, StatusCode::NOT_FOUND, &e.to_string())
-        }
-        Err(e) => refused(StatusCode::SERVICE_UNAVAILABLE, error_message(&e)).await,
+        Err(e) => super::input::refused(engine, &s, &id, e).await,
     }
 }

@@ -717,6 +717,20 @@ pub(crate) fn chromedriver() -> Option<PathBuf> {
     Some(driver)
 }
 
+/// Logs `b` into the console served at `addr` with `token`, and waits for the overview.
+pub(crate) async fn log_in(b: &fantoccini::Client, addr: std::net::SocketAddr, token: &str) {
+    b.goto(&format!("http://{addr}/console/login"))
+        .await
+        .expect("login page");
+    wait_css(b, "input[name=token]")
+        .await
+        .send_keys(token)
+        .await
+        .expect("type");
+    click(b, "button[type=submit]").await;
+    wait_css(b, "#active").await;
+}
+
 pub(crate) fn find_program(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     names.iter().find_map(|name| {

@@ -43,6 +43,7 @@ mod priority;
 mod published;
 mod resource_limits;
 mod restart;
+mod rollback;
 mod schedule;
 mod secrets;
 mod serve;

@@ -480,14 +480,7 @@ async fn an_operator_restarts_a_run_from_a_step_in_the_browser() {
     let b = driver.browser().await;
     let walked = std::panic::AssertUnwindSafe(async {
         let url = |path: &str| format!("http://{addr}{path}");
-        b.goto(&url("/console/login")).await.expect("login page");
-        wait_css(&b, "input[name=token]")
-            .await
-            .send_keys(OPS)
-            .await
-            .expect("type");
-        click(&b, "button[type=submit]").await;
-        wait_css(&b, "#active").await;
+        crate::console::log_in(&b, addr, OPS).await;
 
         b.goto(&url(&format!("/console/runs/{source}")))
             .await
