@@ -463,7 +463,8 @@ impl<'a> Plan<'a> {
     /// idempotency keys (queued at once when all they depend on is kept), the rollback's
     /// envelope gives way to the error the run held before, and the run goes forward again.
     /// Each step is written from its stored state, replacing what this evaluation planned
-    /// for it (a drop).
+    /// for it (a drop): a step queued but never called is queued afresh, or waits again for
+    /// what it depends on.
     fn rolled_back(mut self) -> Result<PlanWrite> {
         let n = self.rows.len();
         let mut writes = Vec::new();

@@ -320,6 +320,7 @@ pub const STEP_RULES: &[StepRule] = &[
         AFRESH,
     ),
     rule(Failed, Trigger::RolledBack, NotStarted, "evaluator", AFRESH),
+    rule(Ready, Trigger::RolledBack, NotStarted, "evaluator", AFRESH),
     rule(
         Completed,
         Trigger::RolledBack,
@@ -357,6 +358,13 @@ pub const STEP_RULES: &[StepRule] = &[
     ),
     rule(
         NotStarted,
+        Trigger::RolledBackDue,
+        Ready,
+        "evaluator",
+        AFRESH_QUEUED,
+    ),
+    rule(
+        Ready,
         Trigger::RolledBackDue,
         Ready,
         "evaluator",

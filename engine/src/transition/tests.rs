@@ -681,6 +681,8 @@ mod table {
         (Failed, Trigger::RolledBackDue, Ready),
         (Completed, Trigger::RolledBackDue, Ready),
         (NotStarted, Trigger::RolledBackDue, Ready),
+        (Ready, Trigger::RolledBack, NotStarted),
+        (Ready, Trigger::RolledBackDue, Ready),
     ];
 
     fn counters() -> Counters {

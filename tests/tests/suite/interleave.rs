@@ -114,10 +114,14 @@ enum Writer {
     Wake,
     /// The end of a child run `b` waits for: its evaluation completes it and wakes `b`.
     ChildEnd,
+    /// An operator's rollback of the run to `a` (completed by the setup when it was
+    /// queued), then two evaluations: the steps after `a` are undone or dropped, and start
+    /// afresh when nothing is left to undo.
+    Rollback,
 }
 
 impl Writer {
-    const ALL: [Writer; 10] = [
+    const ALL: [Writer; 11] = [
         Self::Claim,
         Self::Rescue,
         Self::Evaluate,
@@ -128,6 +132,7 @@ impl Writer {
         Self::Deliver,
         Self::Wake,
         Self::ChildEnd,
+        Self::Rollback,
     ];
 }
 
@@ -513,6 +518,14 @@ impl Rig {
             Writer::ChildEnd => {
                 self.child_of_b(run).await;
             }
+            Writer::Rollback => {
+                self.sql(
+                    "UPDATE sagaflow_steps SET state = 'completed', available_at = NULL \
+                     WHERE run_id = $1 AND name = 'a' AND state = 'ready'",
+                    run,
+                )
+                .await;
+            }
             _ => {}
         }
     }
@@ -581,6 +594,15 @@ impl Rig {
                 let child = *self.child.lock().expect("child");
                 if let Some(child) = child {
                     self.evaluate(&self.plain, child).await;
+                }
+                Vec::new()
+            }
+            Writer::Rollback => {
+                // Refused when `a` is not completed, a step is in flight, or the run is
+                // undoing or finished: that is an answer.
+                if self.peer.operator().rollback(run, "a", None).await.is_ok() {
+                    self.evaluate(&self.plain, run).await;
+                    self.evaluate(&self.plain, run).await;
                 }
                 Vec::new()
             }
