@@ -57,6 +57,7 @@ pub mod check;
 mod correction;
 mod engine;
 mod events;
+mod follow;
 mod hotplug;
 mod instance;
 mod limits;
@@ -91,6 +92,7 @@ pub mod testing {
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
 pub use engine::{Engine, Health, SupervisorStatus};
 pub use events::{EVENT_NAME_MAX, EventTarget};
+pub use follow::{FOLLOW_POLL, RunUpdate};
 pub use hotplug::InstanceInfo;
 pub use limits::{describe_limits, describe_state};
 pub use operator::{ActionArgs, Operator};
@@ -112,10 +114,11 @@ pub use sagaflow_engine::{
     Alert, AlertKind, Attempts, Backend, BacklogAlert, ChannelSink, DbError, DeadlinePolicy,
     Delivery, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, EntityState, Error,
     FieldError, HistoryEvent, HistoryKind, KeptStep, KeyPolicy, LogSink, Notice, NoticeBody,
-    NoticeSink, NoticeTopic, OnFailure, OperatorAction, Outcome, RESOLVED_BY_ENGINE, Result,
-    RetryLane, RetryPolicy, Run, RunCounts, RunEvent, RunFinished, RunState, StartOption, Step,
-    StepAction, StepContext, StepDescription, StepError, StepKind, StepState, Timestamp, Undo,
-    UndoOutcome, UndoPreview, UndoStep, Workflow, WorkflowBuilder, WorkflowDescription,
+    NoticeSink, NoticeTopic, OnFailure, OperatorAction, Outcome, PROGRESS_MAX_BYTES,
+    PROGRESS_MIN_INTERVAL, RESOLVED_BY_ENGINE, Result, RetryLane, RetryPolicy, Run, RunCounts,
+    RunEvent, RunFinished, RunState, StartOption, Step, StepAction, StepContext, StepDescription,
+    StepError, StepKind, StepState, Timestamp, Undo, UndoOutcome, UndoPreview, UndoStep, Workflow,
+    WorkflowBuilder, WorkflowDescription,
 };
 pub use sagaflow_supervisor::{
     PRIORITY_AGING_DEFAULT, RETENTION_INTERVAL_DEFAULT, SupervisorStats,

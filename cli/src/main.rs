@@ -85,6 +85,19 @@ enum Command {
         /// The run's id.
         run: Uuid,
     },
+    /// Follows a run: its history, then each new event and each step's progress as they
+    /// come, until it finishes (`--json`: one JSON object a line).
+    #[command(after_help = "\
+Examples:
+  sagaflow follow 0190c0de-...
+  sagaflow follow 0190c0de-... --after 41.0    # resume after the event at 41.0")]
+    Follow {
+        /// The run's id.
+        run: Uuid,
+        /// Resume after this position (the first column of a line printed before).
+        #[arg(long, value_name = "POSITION")]
+        after: Option<String>,
+    },
     /// Retries a failed step (or failed compensation) of a run in `error`.
     Retry {
         #[command(flatten)]
@@ -285,6 +298,7 @@ async fn command(engine: &sagaflow::Engine, command: Command, json: bool) -> Out
     match command {
         Command::Runs(c) => runs::runs(engine, c, json).await,
         Command::History { run } => runs::history(engine, run, json).await,
+        Command::Follow { run, after } => runs::follow(engine, run, after.as_deref(), json).await,
         Command::Retry { audit, step } => {
             act::act(
                 engine,

@@ -266,3 +266,46 @@ pub(crate) async fn history(engine: &Engine, id: Uuid, json: bool) -> Outcome {
     output::print_table(&t);
     Ok(())
 }
+
+/// Prints a run's updates as they come, until it finishes: one line each (`--json`: one
+/// JSON object each).
+pub(crate) async fn follow(engine: &Engine, id: Uuid, after: Option<&str>, json: bool) -> Outcome {
+    use futures_util::StreamExt as _;
+    let updates = engine.follow(id, after).await.map_err(|e| match e {
+        sagaflow::Error::InvalidQuery(_) => Failure::usage(e),
+        e => Failure::from(e),
+    })?;
+    futures_util::pin_mut!(updates);
+    while let Some(update) = updates.next().await {
+        let update = update?;
+        if json {
+            output::line(serde_json::to_string(&update).unwrap_or_default());
+            continue;
+        }
+        match update {
+            sagaflow::RunUpdate::Event { position, event: e } => {
+                let step = e
+                    .step
+                    .as_deref()
+                    .map(|s| format!(" {s}"))
+                    .unwrap_or_default();
+                let moved = match (e.from, e.to) {
+                    (Some(from), Some(to)) => format!(" {from} -> {to}"),
+                    (None, Some(to)) => format!(" -> {to}"),
+                    _ => String::new(),
+                };
+                output::line(format!(
+                    "{position:<10} {} {}{step}{moved} (by {})",
+                    time(e.at),
+                    e.kind,
+                    e.actor
+                ));
+            }
+            sagaflow::RunUpdate::Progress { step, progress } => {
+                output::line(format!("{:<10} progress {step}: {progress}", "-"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

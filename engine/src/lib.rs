@@ -54,8 +54,9 @@ pub use action::OperatorAction;
 pub use clock::Timestamp;
 pub use definition::{
     BacklogAlert, DeadlinePolicy, FieldError, KeyPolicy, OnFailure, PRIORITY_MAX, PRIORITY_MIN,
-    Registry, RetryLane, RetryPolicy, StepAction, StepContext, StepDescription, StepKind,
-    StepSettings, Workflow, WorkflowBuilder, WorkflowDescription, workflow_key,
+    PROGRESS_MAX_BYTES, PROGRESS_MIN_INTERVAL, Registry, RetryLane, RetryPolicy, StepAction,
+    StepContext, StepDescription, StepKind, StepSettings, Workflow, WorkflowBuilder,
+    WorkflowDescription, workflow_key,
 };
 pub use error::{DbError, Error, Result, StartOption};
 pub use model::{

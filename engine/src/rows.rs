@@ -163,6 +163,8 @@ pub struct StepRow {
     pub output: Option<String>,
     /// Last error envelope JSON.
     pub error: Option<String>,
+    /// The latest progress its attempt in flight reported (JSON), if any.
+    pub progress: Option<String>,
 }
 
 impl StepRow {

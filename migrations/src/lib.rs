@@ -63,6 +63,7 @@ mod m0019_secrets;
 mod m0020_history_folds;
 mod m0021_compensation_share;
 mod m0022_restarts;
+mod m0023_step_progress;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -107,6 +108,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0020_history_folds::Migration),
             Box::new(m0021_compensation_share::Migration),
             Box::new(m0022_restarts::Migration),
+            Box::new(m0023_step_progress::Migration),
         ]
     }
 

@@ -133,3 +133,90 @@ async fn next_state(f: &mut Follow) -> Option<RunState> {
         }
     }
 }
+
+/// The query of `GET /api/v1/runs/{id}/follow`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct FollowParams {
+    /// Resume after this position (an event's `id`); the `Last-Event-ID` header, which a
+    /// reconnecting `EventSource` sends, wins over it.
+    #[param(max_length = 40, pattern = r"^[0-9]{1,19}(\.[0-9]{1,10})?$")]
+    after: Option<String>,
+}
+
+/// Follows a run's history and progress
+///
+/// Server-sent events: `history` events (the run's history, durable, each with its position
+/// as the event `id`: reconnecting with `Last-Event-ID` resumes right after it), then each
+/// new one as it is written, and `progress` events (a step's latest reported progress, best
+/// effort, no `id`), until the run is `completed` or `compensated` and every event was
+/// sent. Each `data` is a `RunUpdate` in JSON. Changes made on other instances arrive
+/// within a second.
+#[utoipa::path(
+    get,
+    path = "/api/v1/runs/{id}/follow",
+    tag = "runs",
+    params(
+        ("id" = Uuid, Path, description = "The run's id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "The position to resume after (`<row>.<index>`), as sent by a reconnecting `EventSource`"),
+        FollowParams,
+    ),
+    responses(
+        (
+            status = 200,
+            description = "A stream of `history` and `progress` events whose `data` is a `RunUpdate`",
+            content_type = "text/event-stream",
+            body = String,
+            example = "event: history\nid: 41.0\ndata: {\"kind\":\"event\",\"position\":\"41.0\",\"event\":{…}}\n\nevent: progress\ndata: {\"kind\":\"progress\",\"step\":\"import\",\"progress\":{\"done\":40,\"of\":100}}\n\n",
+        ),
+        (status = 400, description = "`invalid_id`: not a UUID; `invalid_query`: a position that is not one", body = ErrorBody),
+        (status = 404, description = "`run_not_found`", body = ErrorBody),
+        (status = 429, description = "`too_many_requests`: this token follows as many streams as it may, or the server does", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `shutdown`: the engine could not answer", body = ErrorBody),
+    ),
+)]
+pub(super) async fn follow_run(
+    State(s): State<AdminState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+    query: Result<axum::extract::Query<FollowParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let id = run_id(&id)?;
+    let query = query.map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_query",
+            e.body_text(),
+        )
+    })?;
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or(query.0.after);
+    let place = s.throttle.stream_place(&caller.name)?;
+    let updates = s.engine.follow(id, after.as_deref()).await?;
+    let stream = futures_util::StreamExt::filter_map(updates, move |u| {
+        let _place = &place;
+        let event = match u {
+            Ok(u) => {
+                let data = serde_json::to_string(&u).unwrap_or_default();
+                Some(match &u {
+                    crate::RunUpdate::Event { position, .. } => Event::default()
+                        .event("history")
+                        .id(position.clone())
+                        .data(data),
+                    _ => Event::default().event("progress").data(data),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(run_id = %id, error = %e, "following a run failed");
+                None
+            }
+        };
+        std::future::ready(event.map(Ok))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

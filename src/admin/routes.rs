@@ -40,6 +40,7 @@ api_routes! {
     get "/api/v1/runs" => runs::list_runs,
     get "/api/v1/runs/{id}" => runs::run,
     get "/api/v1/runs/{id}/events" => events::run_events,
+    get "/api/v1/runs/{id}/follow" => events::follow_run,
     post "/api/v1/runs/{id}/actions/{action}" => actions::act,
     get "/api/v1/runs/{id}/actions/{action}/preview" => actions::preview,
     put "/api/v1/runs/{id}/input" => input::set_input,
@@ -84,6 +85,7 @@ api_routes! {
         runs::list_runs,
         runs::run,
         events::run_events,
+        events::follow_run,
         actions::act,
         actions::preview,
         input::set_input,
@@ -111,7 +113,7 @@ api_routes! {
         openapi::openapi_json,
         scrape::metrics,
     ),
-    components(schemas(ErrorBody, RunOrder, super::answers::RunStateEvent)),
+    components(schemas(ErrorBody, RunOrder, super::answers::RunStateEvent, crate::RunUpdate)),
     modifiers(&Security),
 )]
 pub(super) struct ApiDoc;

@@ -30,7 +30,7 @@ pub use priority::{PRIORITY_MAX, PRIORITY_MIN, RetryLane, check_priority};
 pub use registry::Registry;
 pub use schema::FieldError;
 pub(crate) use step::{AttemptHook, StepServices};
-pub use step::{StepAction, StepContext};
+pub use step::{PROGRESS_MAX_BYTES, PROGRESS_MIN_INTERVAL, StepAction, StepContext};
 
 use crate::Error;
 

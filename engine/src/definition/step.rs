@@ -48,6 +48,13 @@ where
     }
 }
 
+/// The largest progress report, in bytes of JSON ([`StepContext::progress`]).
+pub const PROGRESS_MAX_BYTES: usize = 4 * 1024;
+
+/// The shortest time between two progress reports of one attempt that are both written
+/// ([`StepContext::progress`]): reports closer together are skipped.
+pub const PROGRESS_MIN_INTERVAL: Duration = Duration::from_millis(200);
+
 /// Everything one attempt of a step (or compensation) may know.
 #[derive(Clone)]
 pub struct StepContext {
@@ -92,6 +99,10 @@ pub(crate) trait StepServices: Send + Sync {
     /// an unfinished one), recorded with `actor` and `reason`: `true` once nothing is left to
     /// undo, `false` while the child is being undone.
     async fn undo_child(&self, step_id: i64, actor: String, reason: String) -> crate::Result<bool>;
+
+    /// Records `progress` (JSON) on the step `step_id` while the attempt `attempt` holds it;
+    /// `false` when it no longer does.
+    async fn progress(&self, step_id: i64, attempt: i32, progress: &str) -> crate::Result<bool>;
 }
 
 /// What [`StepContext::callback_token`] and a child step's compensation need: the engine's
@@ -101,6 +112,8 @@ pub(crate) struct AttemptHook {
     pub(crate) step_id: i64,
     pub(crate) attempt: i32,
     pub(crate) issued: tokio::sync::Mutex<Option<String>>,
+    /// When this attempt last wrote its progress (reports closer together are skipped).
+    pub(crate) progressed: std::sync::Mutex<Option<Instant>>,
 }
 
 impl fmt::Debug for StepContext {
@@ -162,6 +175,64 @@ impl StepContext {
         self.wait = wait.map(Arc::new);
         self.hook = hook.map(Arc::new);
         self
+    }
+
+    /// Reports the attempt's progress (any JSON: `{"done": 40, "of": 100}`, a phase name…):
+    /// stored on the step row while this attempt holds the step, shown with the step (the
+    /// API's run, the console's run page, `sagaflow runs show`) and sent to whoever follows
+    /// the run ([`Engine::follow`](../../sagaflow/struct.Engine.html#method.follow), the API's
+    /// `GET /api/v1/runs/{id}/follow`, `sagaflow follow`). Best effort: the latest value
+    /// wins, a report less than [`PROGRESS_MIN_INTERVAL`] after this attempt's previous
+    /// written one is skipped, and a report that cannot be written does not fail the step.
+    /// Each written report is one guarded update of the step row; a step that never reports
+    /// costs nothing.
+    ///
+    /// Returns whether it was written: `false` when skipped, outside an engine, when the
+    /// attempt no longer holds the step, or when the database did not take it.
+    ///
+    /// # Errors
+    /// A terminal [`StepError`] when `progress` does not serialise, or its JSON is over
+    /// [`PROGRESS_MAX_BYTES`]: a bug of the step's code.
+    pub async fn progress<T: serde::Serialize + ?Sized>(
+        &self,
+        progress: &T,
+    ) -> Result<bool, StepError> {
+        let json = serde_json::to_string(progress)
+            .map_err(|e| StepError::terminal_unknown("invalid_progress", e.to_string()))?;
+        if json.len() > PROGRESS_MAX_BYTES {
+            return Err(StepError::terminal_unknown(
+                "invalid_progress",
+                format!(
+                    "a progress report is at most {PROGRESS_MAX_BYTES} bytes of JSON; this one is {}",
+                    json.len()
+                ),
+            ));
+        }
+        let Some(hook) = self.hook.as_ref() else {
+            return Ok(false);
+        };
+        {
+            let mut last = hook
+                .progressed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = Instant::now();
+            if last.is_some_and(|at| now.duration_since(at) < PROGRESS_MIN_INTERVAL) {
+                return Ok(false);
+            }
+            *last = Some(now);
+        }
+        match hook
+            .services
+            .progress(hook.step_id, hook.attempt, &json)
+            .await
+        {
+            Ok(written) => Ok(written),
+            Err(e) => {
+                tracing::debug!(run_id = %self.run_id, step = %self.step, error = %e, "progress not recorded");
+                Ok(false)
+            }
+        }
     }
 
     /// A callback token for this attempt: hand it to the remote, then end the attempt with

@@ -164,6 +164,9 @@ pub struct Step {
     pub output: Option<Value>,
     /// The error envelope of its last failure.
     pub error: Option<Value>,
+    /// The latest progress its attempt in flight reported (`StepContext::progress`): best
+    /// effort, the last value written, kept once the step settles.
+    pub progress: Option<Value>,
 }
 
 impl Step {

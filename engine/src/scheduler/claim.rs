@@ -381,6 +381,7 @@ fn request(
         step_id: c.id,
         attempt: c.attempt,
         issued: tokio::sync::Mutex::new(None),
+        progressed: std::sync::Mutex::new(None),
     };
     let input = match inputs
         .inputs

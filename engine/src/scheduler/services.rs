@@ -26,6 +26,10 @@ impl StepServices for Services {
         Ok(stored.then_some(token))
     }
 
+    async fn progress(&self, step_id: i64, attempt: i32, progress: &str) -> Result<bool> {
+        self.0.step_set_progress(step_id, attempt, progress).await
+    }
+
     async fn undo_child(&self, step_id: i64, actor: String, reason: String) -> Result<bool> {
         let audit = Audit::new(actor, reason);
         Ok(matches!(

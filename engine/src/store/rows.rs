@@ -138,11 +138,12 @@ from_row!(StepRow {
     idempotency_key,
     output,
     error,
+    progress,
 });
 
 pub(super) const STEP_COLS: &str = "id, run_id, name, state, locked_by, complete_by, available_at, attempt, \
      forward_attempts, compensation_attempts, failure_count, max_failures, interruptions, max_interruptions, maybe_applied, deadline_ms, \
-     idempotency_key, output, error";
+     idempotency_key, output, error, progress";
 
 impl StepRow {
     pub(super) fn decode(r: &Row) -> Result<Self> {

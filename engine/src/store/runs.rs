@@ -52,12 +52,26 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn run_history(&self, id: Uuid) -> Result<Vec<HistoryEvent>> {
+        self.run_history_after(id, 0, i64::MAX).await
+    }
+
+    /// The events of a run's history rows with an id above `after`, oldest first, from at
+    /// most `rows` rows (the events of one row share its id).
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_history_after(
+        &self,
+        id: Uuid,
+        after: i64,
+        rows: i64,
+    ) -> Result<Vec<HistoryEvent>> {
         let rows = self
             .exec
             .query_all(self.stmt(
                 "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at, then_states \
-                 FROM sagaflow_history WHERE run_id = $1 ORDER BY id",
-                vec![id.into()],
+                 FROM sagaflow_history WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                vec![id.into(), after.into(), rows.into()],
             ))
             .await?;
         let mut out = Vec::with_capacity(rows.len());
@@ -373,4 +387,28 @@ pub(super) async fn run_steps_on<C: Exec>(
         .collect::<Result<Vec<_>>>()?;
     steps.sort_unstable_by_key(|s| s.id);
     Ok(steps)
+}
+
+impl Store {
+    /// Records the progress an attempt reports on its step (JSON), only while that attempt
+    /// holds the step (`attempt` is its fencing token); `false` when it no longer does.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn step_set_progress(
+        &self,
+        step_id: i64,
+        attempt: i32,
+        progress: &str,
+    ) -> Result<bool> {
+        let changed = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_steps SET progress = $1 \
+                 WHERE id = $2 AND attempt = $3 AND state IN ('running', 'compensating')",
+                vec![progress.to_owned().into(), step_id.into(), attempt.into()],
+            ))
+            .await?;
+        Ok(changed == 1)
+    }
 }

@@ -50,6 +50,7 @@ impl StepRow {
         Ok(Step {
             output: json_opt(T, r.id, "output", r.output.as_deref())?,
             error: json_opt(T, r.id, "error", r.error.as_deref())?,
+            progress: json_opt(T, r.id, "progress", r.progress.as_deref())?,
             run_id: r.run_id,
             name: r.name,
             state: r.state,

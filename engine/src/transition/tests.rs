@@ -77,6 +77,7 @@ fn rows(states: &[(&str, StepState)]) -> Vec<StepRow> {
             idempotency_key: format!("k-{name}"),
             output: (*state == StepState::Completed).then(|| "1".to_string()),
             error: (*state == StepState::Failed).then(|| "{\"code\":\"x\"}".to_string()),
+            progress: None,
         })
         .collect()
 }

@@ -246,7 +246,7 @@ fn steps_table(steps: &[Step]) -> Markup {
             table #steps {
                 thead { tr {
                     th { "step" } th { "state" } th.num { "attempts" } th.num { "failures" }
-                    th { "deadline" } th { "maybe applied" } th { "output / error" }
+                    th { "deadline" } th { "maybe applied" } th { "progress" } th { "output / error" }
                 } }
                 tbody {
                     @for st in steps {
@@ -267,6 +267,9 @@ fn steps_table(steps: &[Step]) -> Markup {
                                 @else { (duration_ms(i64::try_from(st.deadline.as_millis()).unwrap_or(i64::MAX))) }
                             }
                             td { @if st.maybe_applied { span.badge.st-failed { "maybe applied" } } @else { "no" } }
+                            td.progress {
+                                @if let Some(p) = &st.progress { code { (view::json_short(p, 80)) } }
+                            }
                             td.payload {
                                 @if let Some(e) = &st.error {
                                     span.err { (view::json_short(&Value::String(view::error_text(e)), 160)) }

@@ -25,6 +25,7 @@ mod fixtures;
 mod flow;
 mod flow_control;
 mod flow_control_gates;
+mod follow;
 mod frozen;
 mod history_check;
 mod hostile;
