@@ -330,11 +330,18 @@ pub async fn restart(
         .await?
         .take(source_id)
         .map_err(|d| d.to_error())?;
+    // A finished run's history is written: it says which keys its rollbacks gave.
+    let keys = if run.state.is_final() {
+        decide_restart::rekeyed(&tx.run_history(source_id).await?)
+    } else {
+        std::collections::HashMap::new()
+    };
     tx.pause_point(Unit::Operator, Point::AfterReads).await;
     let source = decide_restart::Source {
         run: &run,
         restarted_as,
         steps: &steps,
+        keys: &keys,
     };
     let reused = decide_restart::restart(wf, source, from)?;
     let names: Vec<String> = reused.iter().map(|r| r.name.clone()).collect();
@@ -353,7 +360,7 @@ pub async fn restart(
         new_detail: new_detail.to_string(),
         resolution: audit.resolution("restart"),
     };
-    match tx.restart_write(&write).await? {
+    match tx.run_restart(&write).await? {
         crate::store::RunInsertOutcome::Inserted(_) => {}
         crate::store::RunInsertOutcome::Duplicate { existing, state } => {
             return Err(Error::DuplicateKey {

@@ -25,18 +25,20 @@
 //!   [`StoreTx::notify`], [`StoreTx::pause_point`]
 //! - runs: [`Store::run_insert`], [`Store::run_insert_batch`], [`Store::run_insert_many`],
 //!   [`Store::run_get`], [`Store::run_view`], [`Store::run_by_key`], [`Store::run_steps`],
-//!   [`Store::run_history`], [`Store::run_list`], [`Store::run_list_dirty`],
+//!   [`Store::run_history`], [`Store::run_history_after`], [`Store::run_list`], [`Store::run_list_dirty`],
 //!   [`Store::run_child_of_step`], [`Store::run_count_by_state`],
 //!   [`Store::run_unfinished_keys`], [`Store::runs_unfinished_page`],
 //!   [`Store::runs_compensating_among`], [`Store::run_count_finished`],
 //!   [`Store::run_purge_finished`], [`Store::run_fill_finished`]; in a unit of work
 //!   [`StoreTx::runs_lock`], [`StoreTx::run_lock_for_action`], [`StoreTx::run_state_locked`],
 //!   [`StoreTx::runs_mark_dirty`], [`StoreTx::run_set_aside`], [`StoreTx::run_set_input`],
-//!   [`StoreTx::runs_unfinished_of`], [`StoreTx::run_migrate`]
+//!   [`StoreTx::runs_unfinished_of`], [`StoreTx::run_migrate`], [`StoreTx::run_history`],
+//!   [`StoreTx::run_lock_for_restart`], [`StoreTx::run_restart`]
 //! - steps: [`Store::step_claim`], [`Store::step_claim_with_inputs`], [`Store::step_inputs`],
 //!   [`Store::steps_read`], [`Store::step_deadlines`], [`Store::step_list_owned`],
 //!   [`Store::step_list_rescuable`], [`Store::step_queue_depth`], [`Store::steps_waiting`],
-//!   [`Store::steps_waiting_count`], [`Store::step_age`], [`Store::step_age_plan`]; in a unit
+//!   [`Store::steps_waiting_count`], [`Store::step_age`], [`Store::step_age_plan`],
+//!   [`Store::step_set_progress`]; in a unit
 //!   of work [`StoreTx::steps_lock`], [`StoreTx::steps_park_of_paused`],
 //!   [`StoreTx::steps_wake_due`]
 //! - plans, attempts, fences, parks and waits (in a unit of work): [`StoreTx::plan_apply`],

@@ -67,7 +67,7 @@ impl StoreTx<'_> {
     /// # Errors
     /// [`Error::Db`]; [`Error::CorruptRow`] when the source was linked meanwhile (its lock
     /// is held: it cannot have been).
-    pub async fn restart_write(&mut self, w: &RestartWrite<'_>) -> Result<RunInsertOutcome> {
+    pub async fn run_restart(&mut self, w: &RestartWrite<'_>) -> Result<RunInsertOutcome> {
         let s = self.store;
         s_exec(
             self,

@@ -6,7 +6,7 @@ use super::row::Exec;
 use uuid::Uuid;
 
 use super::rows::{RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
-use super::{RunRow, RunView, StepRow, Store, placeholders};
+use super::{RunRow, RunView, StepRow, Store, StoreTx, placeholders};
 use crate::interleave::{Point, Unit};
 use crate::model::{HistoryEvent, HistoryKind, RunCounts};
 use crate::{Error, Result, RunState};
@@ -66,8 +66,18 @@ impl Store {
         after: i64,
         rows: i64,
     ) -> Result<Vec<HistoryEvent>> {
-        let rows = self
-            .exec
+        self.history_on(&self.exec, id, after, rows).await
+    }
+
+    /// [`Store::run_history_after`] on `conn`.
+    pub(super) async fn history_on<C: super::row::Exec>(
+        &self,
+        conn: &C,
+        id: Uuid,
+        after: i64,
+        rows: i64,
+    ) -> Result<Vec<HistoryEvent>> {
+        let rows = conn
             .query_all(self.stmt(
                 "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at, then_states \
                  FROM sagaflow_history WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
@@ -410,5 +420,15 @@ impl Store {
             ))
             .await?;
         Ok(changed == 1)
+    }
+}
+
+impl StoreTx<'_> {
+    /// A run's history, read in this unit of work.
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_history(&self, id: Uuid) -> Result<Vec<HistoryEvent>> {
+        self.store.history_on(&self.txn, id, 0, i64::MAX).await
     }
 }

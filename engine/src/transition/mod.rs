@@ -36,7 +36,7 @@ mod tests;
 
 pub use doc::{run_table, step_table};
 pub use preview::preview_undo;
-pub use run::plan;
+pub use run::{ROLLED_BACK_KEYS, plan};
 pub use run_rules::{
     OPERATOR_ACTIONS, PAUSED_ACTIONS, RUN_RULES, RunRule, RunTrigger, run_rule, set_aside_rule,
 };

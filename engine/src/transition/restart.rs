@@ -41,6 +41,31 @@ pub struct Source<'a> {
     pub restarted_as: Option<Uuid>,
     /// Its step rows: those of a run in `error` (a finished run's left the table).
     pub steps: &'a [StepRow],
+    /// For a finished run, the keys its steps were last given by a rollback (from its
+    /// history, [`rekeyed`]); the others kept `<run>:<step>`.
+    pub keys: &'a std::collections::HashMap<String, String>,
+}
+
+/// The idempotency keys a run's rollbacks gave its steps, the latest of each, from its
+/// history (the detail of each `rolled_back` transition).
+pub fn rekeyed(history: &[crate::HistoryEvent]) -> std::collections::HashMap<String, String> {
+    let mut keys = std::collections::HashMap::new();
+    for e in history {
+        let Some(given) = e
+            .detail
+            .as_ref()
+            .and_then(|d| d.get(super::ROLLED_BACK_KEYS))
+            .and_then(|k| k.as_object())
+        else {
+            continue;
+        };
+        for (step, key) in given {
+            if let Some(key) = key.as_str() {
+                keys.insert(step.clone(), key.to_owned());
+            }
+        }
+    }
+    keys
 }
 
 fn refuse(run: &RunRow, reason: impl Into<String>) -> Error {
@@ -117,7 +142,11 @@ pub fn restart(wf: &Workflow, source: Source<'_>, from: &str) -> Result<Vec<Reus
                 name: name.to_owned(),
                 output: outputs.get(name).map(ToString::to_string),
                 // A completed run's step rows are gone; its keys are the ones it was given.
-                idempotency_key: format!("{}:{name}", run.id),
+                idempotency_key: source
+                    .keys
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{}:{name}", run.id)),
             },
             (None, RunState::Compensated) => {
                 return Err(refuse(

@@ -30,6 +30,10 @@ use crate::definition::{OnFailure, StepKind, Workflow};
 use crate::rows::{RunRow, StepRow};
 use crate::{AlertKind, Error, Result, RunState, StepState};
 
+/// The member of the history detail of a run's `rolled_back` transition that holds the new
+/// idempotency key of each step it started afresh.
+pub const ROLLED_BACK_KEYS: &str = "keys";
+
 /// A step write through the table: `None` when the edge does not exist.
 pub(crate) fn step_write(row: &StepRow, on: Trigger) -> Option<StepWrite> {
     step_rule(row.state, on).map(|r| StepWrite {
@@ -501,9 +505,18 @@ impl<'a> Plan<'a> {
             .as_deref()
             .and_then(super::operator::rollback_target)
             .unwrap_or_default();
+        // The new keys, kept in the history: a finished run's step rows are gone, and a
+        // restart of it must reuse each step under the key its effect was applied with.
+        let keys: serde_json::Map<String, serde_json::Value> = self
+            .out
+            .steps
+            .iter()
+            .filter_map(|w| Some((w.name.clone(), w.key.clone()?.into())))
+            .collect();
         self.out.detail = Some(
             serde_json::json!({
-                "reason": format!("rolled back to `{to}`: going forward again from there")
+                "reason": format!("rolled back to `{to}`: going forward again from there"),
+                ROLLED_BACK_KEYS: keys,
             })
             .to_string(),
         );

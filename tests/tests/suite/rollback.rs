@@ -249,6 +249,41 @@ async fn rollback_undoes_the_steps_after_the_step_and_runs_them_again_with_a_new
                 .is_some_and(|r| r.contains("rolled back to `reserve_stock`"))
         });
         assert!(forward, "[{b}] the run went forward again: {history:?}");
+
+        // Restarted once finished, it reuses the charge under the key it was made with (the
+        // run's step rows are gone; its history kept the key the rollback gave): undoing the
+        // new run refunds that charge, once.
+        let over = json!(Order {
+            amount_cents: 9_999,
+            ..order.clone()
+        });
+        let op = rig
+            .engine
+            .operator()
+            .on_behalf_of("ops:ann", "approve again");
+        let restarted = op
+            .restart_from(id, "approve", Some(over))
+            .await
+            .expect("restart");
+        assert_eq!(restarted.reused, ["reserve_stock", "charge_card"], "[{b}]");
+        expect_state(&rig.engine, restarted.id, RunState::Error, b).await;
+        op.compensate(restarted.id).await.expect("compensate");
+        expect_state(&rig.engine, restarted.id, RunState::Compensated, b).await;
+        let charges = rig.effects(&order, Operation::Charge);
+        assert_eq!(charges.len(), 2, "[{b}] not charged again: {charges:?}");
+        let refunds = rig.effects(&order, Operation::Refund);
+        assert_eq!(refunds.len(), 2, "[{b}] {refunds:?}");
+        assert_eq!(
+            refunds[1].0,
+            format!("{}:compensate", charges[1].0),
+            "[{b}]"
+        );
+        assert_eq!(
+            refunds[1].1["charge_id"], charges[1].2["charge_id"],
+            "[{b}]"
+        );
+        let releases = rig.effects(&order, Operation::Release);
+        assert_eq!(releases.len(), 1, "[{b}] released once: {releases:?}");
         check_engine_history(&rig.engine).await;
         rig.stop().await;
     }
