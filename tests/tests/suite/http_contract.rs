@@ -1,0 +1,191 @@
+//! The exact HTTP contract (issue 31, item 6): schemathesis, a property-based fuzzer of
+//! OpenAPI documents, reads `GET /api/v1/openapi.json` from a real engine serving its API on
+//! loopback, and sends every operation examples made from the document (positive and
+//! negative, a fixed seed, a bounded count) with all its checks: every answer's status,
+//! content type, headers and body are documented, what the document allows is accepted and
+//! what it forbids is refused. Its configuration is `tests/contract/schemathesis.toml`.
+//!
+//! `bash scripts/test.sh` installs schemathesis (pinned) and names it in
+//! `SAGAFLOW_SCHEMATHESIS`; elsewhere the test looks for `schemathesis` in `PATH` and skips
+//! with a printed line when there is none, unless `SAGAFLOW_REQUIRE_SCHEMATHESIS=1` or
+//! `CI=true`, where it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use sagaflow::admin::{AdminConfig, AdminLimits, AdminToken, Role, RouteLimit};
+use sagaflow::{Engine, EventWait, Resource, RunState, StepContext, StepError, Workflow};
+use sagaflow_testkit::{TestDb, backends, expect_state, fast_builder};
+use serde_json::json;
+
+use crate::console::find_program;
+
+const OPS: &str = "contract-ops-secret-0123456789";
+const VIEW: &str = "contract-view-secret-0123456789";
+
+/// The seed of every run: a failure found once is found again.
+const SEED: &str = "1";
+/// Examples per operation and phase: enough to reach every documented bound, few enough to
+/// keep the run near half a minute on two cores.
+const MAX_EXAMPLES: &str = "10";
+/// How long one run of the fuzzer may take before the test fails.
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Whether a missing schemathesis fails the test instead of skipping it.
+fn schemathesis_required() -> bool {
+    std::env::var("SAGAFLOW_REQUIRE_SCHEMATHESIS").is_ok_and(|v| v == "1")
+        || std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The schemathesis binary: `SAGAFLOW_SCHEMATHESIS` when set (it must exist), else the one
+/// in `PATH`.
+fn schemathesis() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SAGAFLOW_SCHEMATHESIS") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "SAGAFLOW_SCHEMATHESIS names {} which is not a file",
+            path.display()
+        );
+        return Some(path);
+    }
+    find_program(&["schemathesis"])
+}
+
+/// `order@1`: takes `{"order_id": string}` and completes.
+fn order() -> Workflow {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Order {
+        #[allow(dead_code, reason = "read through the input schema")]
+        order_id: String,
+    }
+    Workflow::builder("order", 1)
+        .input::<Order>()
+        .step("reserve", |_: StepContext| async {
+            Ok::<_, StepError>("reserved")
+        })
+        .resource("warehouse")
+        .build()
+        .expect("valid")
+}
+
+/// `gate@1`: waits for the event `go`, so its run stays open for events and actions.
+fn gate() -> Workflow {
+    Workflow::builder("gate", 1)
+        .wait_for_event(
+            "go",
+            EventWait::named("go").within(Duration::from_secs(3600)),
+        )
+        .build()
+        .expect("valid")
+}
+
+/// An engine serving its API on 127.0.0.1, with limits no fuzzer reaches: a 429 would be an
+/// answer to the fuzzer's pace, not to what it sent.
+async fn serve(db: &TestDb) -> (Engine, String) {
+    let roomy = RouteLimit::new(256, 100_000, 100_000);
+    let limits = AdminLimits {
+        callbacks: roomy,
+        reads: roomy,
+        actions: roomy,
+        failures_per_client: 1_000_000,
+        ..AdminLimits::default()
+    };
+    let config = AdminConfig::new()
+        .with_token(AdminToken::new("ops", OPS, Role::Operator).expect("token"))
+        .with_token(AdminToken::new("viewer", VIEW, Role::ReadOnly).expect("token"))
+        .with_limits(limits)
+        .expect("valid limits");
+    let engine = fast_builder(db)
+        .with_workflow(order())
+        .with_workflow(gate())
+        .with_resource(Resource::new("warehouse").max_in_flight(4))
+        .with_admin("127.0.0.1:0".parse().expect("addr"), config)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] start: {e}", db.backend));
+    let addr = engine.admin_addr().expect("listening");
+    (engine, format!("http://{addr}"))
+}
+
+/// Runs schemathesis against `base`'s document with the operator's token; its exit status
+/// and its output (stdout then stderr).
+async fn fuzz(bin: &Path, base: &str) -> (std::process::ExitStatus, String) {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("contract/schemathesis.toml");
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("--config-file")
+        .arg(&config)
+        .arg("--no-color")
+        .arg("run")
+        .arg(format!("{base}/api/v1/openapi.json"))
+        .args(["--checks", "all"])
+        .args(["--seed", SEED])
+        .args(["--max-examples", MAX_EXAMPLES])
+        // One worker: with two, the examples' generator (hypothesis) was seen failing inside
+        // Python's parser (`AST constructor recursion depth mismatch`), a thread-safety bug.
+        .args(["--workers", "1"])
+        .args(["--generation-database", "none"])
+        .args(["--header", &format!("Authorization: Bearer {OPS}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+    let out = tokio::time::timeout(RUN_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("schemathesis did not finish within {RUN_TIMEOUT:?}"))
+        .expect("schemathesis output");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}
+
+/// schemathesis finds nothing: every operation of the document, every check, on both
+/// backends, against an engine holding a finished run and an open one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_contract_the_fuzzer_finds_nothing() {
+    let Some(bin) = schemathesis() else {
+        assert!(
+            !schemathesis_required(),
+            "the HTTP contract test needs schemathesis (bash scripts/test.sh installs it; or \
+             pip install schemathesis==4.32.5); CI=true or SAGAFLOW_REQUIRE_SCHEMATHESIS=1 \
+             makes this a failure"
+        );
+        println!(
+            "skipped: schemathesis not installed (set SAGAFLOW_SCHEMATHESIS or add it to PATH)"
+        );
+        return;
+    };
+    // `GET /metrics` answers what a process serving the API exports, as `sagaflow serve` does;
+    // without the recorder it answers 501 (documented), a server error by the fuzzer's checks.
+    sagaflow::metrics::install_prometheus().expect("the recorder");
+    for db in backends().await {
+        let b = db.backend;
+        let (engine, base) = serve(&db).await;
+        // Something to find: a finished run and one waiting for an event.
+        let done = engine
+            .start("order", &json!({"order_id": "o-1"}))
+            .await
+            .expect("start order");
+        expect_state(&engine, done, RunState::Completed, b).await;
+        engine.start("gate", &json!({})).await.expect("start gate");
+
+        let (status, output) = fuzz(&bin, &base).await;
+        assert!(
+            status.success(),
+            "[{b}] schemathesis found failures ({status}):\n{output}"
+        );
+        // A run that tested nothing would pass too: the summary names the operations.
+        assert!(
+            output.contains("API Operations"),
+            "[{b}] no summary of tested operations:\n{output}"
+        );
+        engine.shutdown().await;
+    }
+}
