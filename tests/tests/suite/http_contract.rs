@@ -113,8 +113,11 @@ async fn serve(db: &TestDb) -> (Engine, String) {
 /// and its output (stdout then stderr).
 async fn fuzz(bin: &Path, base: &str) -> (std::process::ExitStatus, String) {
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("contract/schemathesis.toml");
+    // schemathesis keeps a cache of crashes in its working directory: a temporary one.
+    let work = tempfile::tempdir().expect("a working directory");
     let mut cmd = tokio::process::Command::new(bin);
-    cmd.arg("--config-file")
+    cmd.current_dir(work.path())
+        .arg("--config-file")
         .arg(&config)
         .arg("--no-color")
         .arg("run")
