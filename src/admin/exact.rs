@@ -10,6 +10,7 @@
 //! - no text a request carries holds NUL (U+0000), which PostgreSQL cannot store or compare
 //!   in text: every string of a parameter or a request body (the caller's own data, any
 //!   JSON, aside) gets a pattern that excludes it, as the server refuses it;
+//! - `state=` empty on `GET /api/v1/deliveries`, taken as no filter;
 //! - the events of `GET /api/v1/runs/{id}/events`: each a `state` event whose `data` is
 //!   a `RunStateEvent` in JSON (OpenAPI 3.1 reads an event stream's `schema` as one event's).
 //!
@@ -32,7 +33,23 @@ pub(super) fn exact(doc: &mut Value) {
     start_exclusive(doc);
     callback_body(doc);
     event_stream(doc);
+    empty_delivery_state(doc);
     nul_free_requests(doc);
+}
+
+/// `GET /api/v1/deliveries?state=` (empty) lists every state, as leaving it out does.
+fn empty_delivery_state(doc: &mut Value) {
+    let Some(params) = doc
+        .pointer_mut("/paths/~1api~1v1~1deliveries/get/parameters")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for p in params.iter_mut().filter(|p| p["name"] == "state") {
+        if let Some(schema) = p.get_mut("schema") {
+            *schema = json!({"anyOf": [schema.take(), {"const": ""}]});
+        }
+    }
 }
 
 /// The pattern of a string without NUL.
@@ -211,6 +228,7 @@ fn callback_body(doc: &mut Value) {
                 "required": ["error"],
                 "properties": {"error": {
                     "type": "object",
+                    "description": "The step's error; other members are ignored",
                     "required": ["code", "message", "retryable"],
                     "properties": {
                         "code": {"type": "string", "description": "A short machine-readable code"},

@@ -28,7 +28,7 @@ const VIEW: &str = "contract-view-secret-0123456789";
 const SEED: &str = "1";
 /// Examples per operation and phase: enough to reach every documented bound, few enough to
 /// keep the run near half a minute on two cores.
-const MAX_EXAMPLES: &str = "10";
+const MAX_EXAMPLES: &str = "15";
 /// How long one run of the fuzzer may take before the test fails.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -188,6 +188,126 @@ async fn http_contract_the_fuzzer_finds_nothing() {
         assert!(
             output.contains("API Operations"),
             "[{b}] no summary of tested operations:\n{output}"
+        );
+        engine.shutdown().await;
+    }
+}
+
+/// A request's status and the code of its error envelope (`""` for another body).
+async fn refusal(r: reqwest::RequestBuilder) -> (reqwest::StatusCode, String) {
+    let (status, body) = crate::fixtures::answer(r).await;
+    let code = body["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    (status, code)
+}
+
+/// What the contract made the server refuse or accept, one request each, without the fuzzer:
+/// bodies that are not objects, resource limits' members given as arrays, NUL in a text, a
+/// path or a query, `by_seconds` out of bounds on any action; `2.0` read as the integer 2;
+/// members of a callback's error beyond those documented ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_contract_shapes_nul_and_whole_numbers() {
+    use reqwest::StatusCode;
+    for db in backends().await {
+        let b = db.backend;
+        let (engine, base) = serve(&db).await;
+        let http = reqwest::Client::new();
+        let url = |p: &str| format!("{base}{p}");
+        let open = engine.start("gate", &json!({})).await.expect("start gate");
+        let action = |a: &str| url(&format!("/api/v1/runs/{open}/actions/{a}"));
+
+        let refused = [
+            (
+                "a body that is not an object",
+                http.post(action("pause")).json(&json!(["why"])),
+                "invalid_body",
+            ),
+            (
+                "a rate given as an array",
+                http.put(url("/api/v1/resources/warehouse/limits"))
+                    .json(&json!({"limits": {"rate": [5, 1000]}, "reason": "r"})),
+                "invalid_body",
+            ),
+            (
+                "limits given as an array",
+                http.put(url("/api/v1/resources/warehouse/limits"))
+                    .json(&json!({"limits": [4], "reason": "r"})),
+                "invalid_body",
+            ),
+            (
+                "a reason holding NUL",
+                http.post(action("pause"))
+                    .json(&json!({"reason": "stop\u{0}now"})),
+                "invalid_body",
+            ),
+            (
+                "a query holding NUL",
+                http.get(url("/api/v1/runs?workflow=a%00b")),
+                "invalid_request",
+            ),
+            (
+                "a path holding NUL",
+                http.post(url(&format!("/api/v1/runs/{open}/events/a%00b")))
+                    .json(&json!({})),
+                "invalid_request",
+            ),
+            (
+                "by_seconds 0 on an action that ignores it",
+                http.post(action("pause"))
+                    .json(&json!({"reason": "r", "by_seconds": 0})),
+                "extension_required",
+            ),
+            (
+                "by_seconds past a day",
+                http.post(action("extend"))
+                    .json(&json!({"reason": "r", "by_seconds": 86_401})),
+                "extension_required",
+            ),
+        ];
+        for (what, request, code) in refused {
+            let (status, got) = refusal(request.bearer_auth(OPS)).await;
+            assert_eq!(
+                (status, got.as_str()),
+                (StatusCode::BAD_REQUEST, code),
+                "[{b}] {what}"
+            );
+        }
+
+        // `2.0` is the integer 2 where the document says integer; the input is kept as sent.
+        let (status, started) = crate::fixtures::answer(
+            http.post(url("/api/v1/workflows/gate/runs"))
+                .bearer_auth(OPS)
+                .json(
+                    &json!({"input": {"amount": 2.0}, "priority": 2.0, "start_after_ms": 60000.0}),
+                ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "[{b}] {started}");
+        let id: uuid::Uuid = started["id"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("an id");
+        let run = engine.run(id).await.expect("read").expect("the run");
+        assert_eq!(run.priority, 2, "[{b}]");
+        assert_eq!(run.input, json!({"amount": 2.0}), "[{b}] the input as sent");
+
+        // A callback's error: members beyond those documented are ignored, NUL and all; the
+        // forged token is then what is refused.
+        let (status, code) = refusal(
+            http.post(url("/api/v1/callbacks"))
+                .header("Sagaflow-Callback-Token", "forged")
+                .json(
+                    &json!({"error": {"code": "c", "message": "m", "retryable": false,
+                                        "extra": "\u{0}"}}),
+                ),
+        )
+        .await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::NOT_FOUND, "unknown_callback"),
+            "[{b}]"
         );
         engine.shutdown().await;
     }
