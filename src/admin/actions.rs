@@ -43,9 +43,8 @@ struct ActionBody {
     /// The step, for `retry` and `mark_compensated`.
     #[serde(default)]
     step: Option<String>,
-    /// Seconds to add to the deadlines in flight, for `extend` (the other actions ignore it).
+    /// Seconds to add to the deadlines in flight, for `extend`.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 86_400)]
     by_seconds: Option<u64>,
 }
 
@@ -152,7 +151,7 @@ impl Request {
     request_body = ActionBody,
     responses(
         (status = 200, description = "Taken; the run's state after it", body = ActionAnswer),
-        (status = 400, description = "`reason_required` (1 to 2,000 characters), `step_required`, `extension_required` (`extend` needs `by_seconds`; 1 to 86,400 for every action), `invalid_id`, `invalid_json` or `invalid_body`", body = ErrorBody),
+        (status = 400, description = "`reason_required` (1 to 2,000 characters), `step_required`, `extension_required` (`extend` needs `by_seconds`, 1 to 86,400), `invalid_id`, `invalid_json` or `invalid_body`", body = ErrorBody),
         (status = 403, description = "`forbidden`: a read-only token", body = ErrorBody),
         (status = 404, description = "`unknown_action` or `run_not_found`", body = ErrorBody),
         (status = 409, description = "`action_not_allowed`: the run's state does not allow it, and why", body = ErrorBody),

@@ -2,8 +2,11 @@
 //! JSON, so that the document states exactly what the server accepts and answers (issue 31,
 //! item 6; the fuzzer of `tests/tests/suite/http_contract.rs` holds it to that):
 //!
-//! - an unsigned integer's largest value (utoipa names the width in `format`, `uint32`,
-//!   `uint64`, but states no `maximum`): one more is refused, as the type cannot hold it;
+//! - an integer's bounds where its `format` is one JSON Schema tools do not know (utoipa
+//!   names an unsigned width `u-int32`, `u-int64`, respelled `uint32`, `uint64`, but states
+//!   no `maximum`): one more is refused, as the type cannot hold it;
+//! - an action's `by_seconds`, 1 to [`EXTEND_MAX`] whatever the action (the others ignore
+//!   it, but never one out of bounds);
 //! - `start_at` and `start_after_ms` of a start, mutually exclusive (`not` both given), and
 //!   the longest `start_after_ms` ([`START_AHEAD_MAX`]);
 //! - a callback's body: `{"ok": output}` or `{"error": {…}}`, one key, never `null`;
@@ -19,6 +22,8 @@
 
 use serde_json::{Value, json};
 
+use sagaflow_engine::transition::operator::EXTEND_MAX;
+
 use crate::START_AHEAD_MAX;
 
 /// The name of the callback body's schema in the document.
@@ -30,6 +35,7 @@ const CALLBACK_ROUTES: [&str; 2] = ["/api/v1/callbacks", "/api/v1/callbacks/{tok
 /// Adds to `doc` what the annotations cannot say (see the module's documentation).
 pub(super) fn exact(doc: &mut Value) {
     unsigned_bounds(doc);
+    extension_bounds(doc);
     start_exclusive(doc);
     callback_body(doc);
     event_stream(doc);
@@ -150,34 +156,62 @@ fn nul_free_requests(doc: &mut Value) {
     }
 }
 
-/// The largest value of each unsigned integer `format` utoipa writes.
-fn unsigned_max(format: &str) -> Option<u64> {
+/// The bounds of each integer `format` utoipa writes that JSON Schema tools do not know, and
+/// the name it is written as: utoipa spells an unsigned `u32` `u-int32`.
+fn integer_format(format: &str) -> Option<(&'static str, i128, i128)> {
+    let bounds = |name, min: i128, max: i128| Some((name, min, max));
     match format {
-        "uint8" => Some(u8::MAX.into()),
-        "uint16" => Some(u16::MAX.into()),
-        "uint32" => Some(u32::MAX.into()),
-        "uint64" => Some(u64::MAX),
+        "int8" => bounds("int8", i8::MIN.into(), i8::MAX.into()),
+        "int16" => bounds("int16", i16::MIN.into(), i16::MAX.into()),
+        "u-int8" | "uint8" => bounds("uint8", 0, u8::MAX.into()),
+        "u-int16" | "uint16" => bounds("uint16", 0, u16::MAX.into()),
+        "u-int32" | "uint32" => bounds("uint32", 0, u32::MAX.into()),
+        "u-int64" | "uint64" => bounds("uint64", 0, u64::MAX.into()),
         _ => None,
     }
 }
 
-/// Every unsigned integer schema without a `maximum` gets its type's (and a `minimum` of 0
-/// when it states none).
+/// Every integer schema of a width JSON Schema tools do not know states its bounds (those it
+/// states are kept), with the format spelled `uint32` rather than utoipa's `u-int32`.
 fn unsigned_bounds(v: &mut Value) {
     match v {
         Value::Object(map) => {
-            if let Some(max) = map
+            if let Some((name, min, max)) = map
                 .get("format")
                 .and_then(Value::as_str)
-                .and_then(unsigned_max)
+                .and_then(integer_format)
             {
-                map.entry("maximum").or_insert_with(|| json!(max));
-                map.entry("minimum").or_insert_with(|| json!(0));
+                map.insert("format".to_owned(), json!(name));
+                map.entry("maximum").or_insert_with(|| number(max));
+                map.entry("minimum").or_insert_with(|| number(min));
             }
             map.values_mut().for_each(unsigned_bounds);
         }
         Value::Array(items) => items.iter_mut().for_each(unsigned_bounds),
         _ => {}
+    }
+}
+
+/// `n` as a JSON number (every bound of [`integer_format`] fits an `i64` or a `u64`).
+fn number(n: i128) -> Value {
+    u64::try_from(n)
+        .map(Value::from)
+        .or_else(|_| i64::try_from(n).map(Value::from))
+        .unwrap_or(Value::Null)
+}
+
+/// An action's `by_seconds` is 1 to [`EXTEND_MAX`], for every action.
+fn extension_bounds(doc: &mut Value) {
+    if let Some(by) = doc
+        .pointer_mut("/components/schemas/ActionBody/properties/by_seconds")
+        .and_then(Value::as_object_mut)
+    {
+        by.insert("minimum".to_owned(), json!(1));
+        by.insert("maximum".to_owned(), json!(EXTEND_MAX.as_secs()));
+        by.insert(
+            "description".to_owned(),
+            json!("Seconds to add to the deadlines in flight, for `extend` (the other actions ignore it)"),
+        );
     }
 }
 
@@ -297,11 +331,12 @@ mod tests {
 
     #[test]
     fn unsigned_integers_get_their_bounds_and_keep_stated_ones() {
-        let mut v = json!({"a": {"type": "integer", "format": "uint32"},
+        let mut v = json!({"a": {"type": "integer", "format": "u-int32"},
                            "b": {"type": "integer", "format": "uint64", "minimum": 1, "maximum": 9},
                            "c": {"type": "integer", "format": "int32"}});
         unsigned_bounds(&mut v);
         assert_eq!(v["a"]["maximum"], json!(u32::MAX));
+        assert_eq!(v["a"]["format"], json!("uint32"));
         assert_eq!(v["a"]["minimum"], json!(0));
         assert_eq!(v["b"]["maximum"], json!(9));
         assert_eq!(v["b"]["minimum"], json!(1));

@@ -273,6 +273,26 @@ async fn http_contract_shapes_nul_and_whole_numbers() {
         let open = engine.start("gate", &json!({})).await.expect("start gate");
         let action = |a: &str| url(&format!("/api/v1/runs/{open}/actions/{a}"));
 
+        // The document states the bounds and exclusions the server keeps.
+        let (status, doc) =
+            crate::fixtures::answer(http.get(url("/api/v1/openapi.json")).bearer_auth(OPS)).await;
+        assert_eq!(status, StatusCode::OK, "[{b}]");
+        let schemas = &doc["components"]["schemas"];
+        let by = &schemas["ActionBody"]["properties"]["by_seconds"];
+        assert_eq!(
+            (&by["minimum"], &by["maximum"]),
+            (&json!(1), &json!(86_400)),
+            "[{b}] {by}"
+        );
+        assert_eq!(
+            schemas["StartBody"]["not"]["required"],
+            json!(["start_at", "start_after_ms"]),
+            "[{b}]"
+        );
+        let limit = &schemas["Rate"]["properties"]["limit"];
+        assert_eq!(limit["maximum"], json!(u32::MAX), "[{b}] {limit}");
+        assert!(schemas["CallbackBody"]["oneOf"].is_array(), "[{b}]");
+
         let refused = [
             (
                 "a body that is not an object",
