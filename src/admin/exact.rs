@@ -13,6 +13,7 @@
 //! - no text a request carries holds NUL (U+0000), which PostgreSQL cannot store or compare
 //!   in text: every string of a parameter or a request body (the caller's own data, any
 //!   JSON, aside) gets a pattern that excludes it, as the server refuses it;
+//! - the events of `GET /api/v1/runs/{id}/follow` and its `Last-Event-ID` header's positions;
 //! - `state=` empty on `GET /api/v1/deliveries`, taken as no filter;
 //! - the events of `GET /api/v1/runs/{id}/events`: each a `state` event whose `data` is
 //!   a `RunStateEvent` in JSON (OpenAPI 3.1 reads an event stream's `schema` as one event's).
@@ -39,6 +40,7 @@ pub(super) fn exact(doc: &mut Value) {
     start_exclusive(doc);
     callback_body(doc);
     event_stream(doc);
+    follow_stream(doc);
     empty_delivery_state(doc);
     nul_free_requests(doc);
 }
@@ -300,6 +302,53 @@ fn callback_body(doc: &mut Value) {
         );
         if let Some(s) = doc.pointer_mut(&pointer) {
             *s = reference.clone();
+        }
+    }
+}
+
+/// Each event of a run's history stream (`GET /api/v1/runs/{id}/follow`): `history`, with
+/// its position as `id`, or `progress`, each with a `RunUpdate` as its `data`; the
+/// `Last-Event-ID` header takes the positions the `after` parameter takes.
+fn follow_stream(doc: &mut Value) {
+    let Some(op) = doc.pointer_mut("/paths/~1api~1v1~1runs~1{id}~1follow/get") else {
+        return;
+    };
+    let update = json!({
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"$ref": "#/components/schemas/RunUpdate"},
+    });
+    if let Some(s) = op.pointer_mut("/responses/200/content/text~1event-stream/schema") {
+        *s = json!({
+            "description": "One event: `history` (with its position as `id`) or `progress`; \
+                            as `data` a `RunUpdate` in JSON",
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["event", "id", "data"],
+                    "properties": {"event": {"const": "history"}, "id": {"type": "string"}, "data": update},
+                },
+                {
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {"event": {"const": "progress"}, "data": update},
+                },
+            ],
+        });
+    }
+    let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let after = params
+        .iter()
+        .find(|p| p["name"] == "after" && p["in"] == "query")
+        .map(|p| p["schema"].clone());
+    if let Some(after) = after {
+        for p in params
+            .iter_mut()
+            .filter(|p| p["name"] == "Last-Event-ID" && p["in"] == "header")
+        {
+            p["schema"] = after.clone();
         }
     }
 }

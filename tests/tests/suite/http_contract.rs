@@ -133,12 +133,12 @@ resources = {{ values = ["warehouse"] }}
 
 [[operations]]
 include-path-regex = "^/api/v1/runs/\\{{id\\}}"
-exclude-name = "GET /api/v1/runs/{{id}}/events"
+exclude-path-regex = "/(events|follow)$"
 parameters = {{ "path.id" = {{ dictionary = "runs", probability = 0.5 }} }}
 
-# The stream of an open run lasts until the run ends: a finished one's ends at once.
+# The streams of an open run last until the run ends: a finished one's end at once.
 [[operations]]
-include-name = "GET /api/v1/runs/{{id}}/events"
+include-path-regex = "^/api/v1/runs/\\{{id\\}}/(events|follow)$"
 parameters = {{ "path.id" = {{ dictionary = "finished", probability = 0.5 }} }}
 
 [[operations]]
