@@ -15,6 +15,10 @@
 # `chromium` or `chromedriver` is missing it installs Debian's `chromium` and
 # `chromium-driver` packages when running as root, and otherwise says what to install.
 #
+# The HTTP contract test runs schemathesis, which it installs (pinned) from PyPI into a
+# virtual environment under the target directory, with Debian's `python3-venv` when python3
+# lacks its venv module and it runs as root.
+#
 # The tests see:
 #   SAGAFLOW_PG_URL=postgres://postgres@127.0.0.1:PORT/postgres
 #       superuser URL (trust auth); tests create their own databases through it.
@@ -22,6 +26,10 @@
 #       tests must FAIL, not skip, when PostgreSQL is unreachable.
 #   SAGAFLOW_REQUIRE_BROWSER=1
 #       the browser test must FAIL, not skip, when Chromium or chromedriver is missing.
+#   SAGAFLOW_SCHEMATHESIS=$target_dir/schemathesis-venv/bin/schemathesis
+#       the fuzzer of the HTTP contract test, installed here (pinned) from PyPI.
+#   SAGAFLOW_REQUIRE_SCHEMATHESIS=1
+#       the HTTP contract test must FAIL, not skip, when schemathesis is missing.
 #   SAGAFLOW_SCREENSHOTS (optional, yours to set)
 #       where the browser test saves its screenshots (default: target/console-screenshots).
 set -euo pipefail
@@ -102,6 +110,34 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     fi
 fi
 export SAGAFLOW_REQUIRE_BROWSER=1
+
+# schemathesis, pinned, for the HTTP contract test (tests/tests/suite/http_contract.rs): in a
+# virtual environment under the target directory, reused while it holds that version. It
+# comes from PyPI; python3's venv module is Debian's `python3-venv` package.
+schemathesis_version=4.32.5
+schemathesis_venv="$target_dir/schemathesis-venv"
+if ! "$schemathesis_venv/bin/schemathesis" --version 2>/dev/null | grep -qxF "schemathesis, version $schemathesis_version"; then
+    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        if [[ "$(id -u)" -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            banner "installing python3-venv (apt-get)"
+            if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv >/dev/null; then
+                DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv >/dev/null
+            fi
+        else
+            echo "test.sh: the HTTP contract test needs python3 with its venv module" >&2
+            echo "         (Debian: apt-get install python3-venv)" >&2
+            exit 1
+        fi
+    fi
+    banner "installing schemathesis $schemathesis_version into $schemathesis_venv (pip)"
+    rm -rf "$schemathesis_venv"
+    python3 -m venv "$schemathesis_venv"
+    "$schemathesis_venv/bin/pip" install -q --disable-pip-version-check \
+        "schemathesis==$schemathesis_version"
+fi
+export SAGAFLOW_SCHEMATHESIS="$schemathesis_venv/bin/schemathesis"
+export SAGAFLOW_REQUIRE_SCHEMATHESIS=1
 
 # Clippy lints the workspace's crates inside the build the tests run: cargo runs them through
 # scripts/clippy-rustc (clippy-driver, which is rustc with Clippy's lints, warnings denied) as

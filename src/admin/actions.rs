@@ -54,24 +54,33 @@ struct ActionBody {
 }
 
 /// The extension of an `extend` action from its `by_seconds`; `None` for the other actions.
+/// `by_seconds` is 1 to [`EXTEND_MAX`] whatever the action, as the document states it: the
+/// other actions ignore it, but never one out of bounds.
 pub(super) fn extension(
     action: OperatorAction,
     by_seconds: Option<u64>,
 ) -> Result<Option<Duration>, ApiError> {
-    match (action, by_seconds) {
-        (OperatorAction::Extend, Some(s)) if (1..=EXTEND_MAX.as_secs()).contains(&s) => {
-            Ok(Some(Duration::from_secs(s)))
-        }
-        (OperatorAction::Extend, _) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "extension_required",
-            format!(
-                "`extend` says by how much: {{\"by_seconds\": 1 to {}}}",
-                EXTEND_MAX.as_secs()
-            ),
-        )),
+    let by = match by_seconds {
+        Some(s) if (1..=EXTEND_MAX.as_secs()).contains(&s) => Some(Duration::from_secs(s)),
+        None => None,
+        Some(_) => return Err(extension_required(action)),
+    };
+    match (action, by) {
+        (OperatorAction::Extend, Some(by)) => Ok(Some(by)),
+        (OperatorAction::Extend, None) => Err(extension_required(action)),
         _ => Ok(None),
     }
+}
+
+/// 400 `extension_required`: `by_seconds` missing on `extend`, or out of bounds.
+fn extension_required(action: OperatorAction) -> ApiError {
+    let max = EXTEND_MAX.as_secs();
+    let message = if action == OperatorAction::Extend {
+        format!("`extend` says by how much: {{\"by_seconds\": 1 to {max}}}")
+    } else {
+        format!("`by_seconds` is 1 to {max}")
+    };
+    ApiError::new(StatusCode::BAD_REQUEST, "extension_required", message)
 }
 
 /// An action with its checked arguments, as the API received it.

@@ -144,17 +144,98 @@ fn body_error(r: &JsonRejection) -> ApiError {
 }
 
 /// A JSON body read as `T`: the JSON errors of [`body_error`], then 400 `invalid_body` naming
-/// the `expected` shape when it is JSON of another shape.
+/// the `expected` shape when it is JSON of another shape ([`parse_body_objects`] with no
+/// nested object).
 pub(super) fn parse_body<T: serde::de::DeserializeOwned>(
     body: Result<Json<Value>, JsonRejection>,
     expected: &str,
 ) -> Result<T, ApiError> {
-    let Json(body) = body.map_err(|r| body_error(&r))?;
-    serde_json::from_value(body).map_err(|e| {
+    parse_body_objects(body, expected, &[])
+}
+
+/// Where a body carries the caller's own data, passed on untouched: a run's input, an
+/// event's payload, a callback's output and its error's details.
+const OPAQUE: [&str; 4] = ["/input", "/payload", "/ok", "/error/details"];
+
+/// Past this magnitude a float no longer spells one integer exactly.
+const WHOLE_FLOAT_MAX: f64 = 9_007_199_254_740_992.0;
+
+/// [`parse_body`], read exactly as its JSON Schema in the OpenAPI document says:
+///
+/// - the body is an object, and so is each member at `objects` (JSON Pointers) when given and
+///   not `null`: serde would read a struct from an array of its fields in order, which the
+///   document does not allow;
+/// - a number with no fraction (`2.0`) is the integer it equals, as JSON Schema has it,
+///   outside the caller's own data ([`OPAQUE`]), which is passed on as sent.
+pub(super) fn parse_body_objects<T: serde::de::DeserializeOwned>(
+    body: Result<Json<Value>, JsonRejection>,
+    expected: &str,
+    objects: &[&str],
+) -> Result<T, ApiError> {
+    let Json(mut body) = body.map_err(|r| body_error(&r))?;
+    let invalid = |e: &dyn std::fmt::Display| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_body",
             format!("expected {expected}: {e}"),
         )
-    })
+    };
+    if !body.is_object() {
+        return Err(invalid(&"the body is not a JSON object"));
+    }
+    for pointer in objects {
+        if let Some(v) = body.pointer(pointer)
+            && !(v.is_object() || v.is_null())
+        {
+            return Err(invalid(&format!("`{pointer}` is not a JSON object")));
+        }
+    }
+    as_documented(&mut body, &mut String::new()).map_err(|at| {
+        invalid(&format!(
+            "`{at}` holds NUL (U+0000), which no text of the API may"
+        ))
+    })?;
+    serde_json::from_value(body).map_err(|e| invalid(&e))
+}
+
+/// Turns each number of `v` (at the JSON Pointer `at`) with no fraction into the integer it
+/// equals, outside [`OPAQUE`]; `Err` with the pointer of a string there that holds NUL,
+/// which PostgreSQL cannot store in text (the caller's own data is stored as JSON, where it
+/// is escaped).
+fn as_documented(v: &mut Value, at: &mut String) -> Result<(), String> {
+    if OPAQUE.contains(&at.as_str()) {
+        return Ok(());
+    }
+    match v {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|_| n.is_f64())
+                && f.fract() == 0.0
+                && f.abs() <= WHOLE_FLOAT_MAX
+            {
+                // Exact: a whole float within 2^53 is an integer an i64 holds.
+                *v = Value::from(f as i64);
+            }
+        }
+        Value::String(text) if text.contains('\0') => return Err(at.clone()),
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                let len = at.len();
+                at.push('/');
+                at.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                as_documented(v, at)?;
+                at.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter_mut().enumerate() {
+                let len = at.len();
+                at.push('/');
+                at.push_str(&i.to_string());
+                as_documented(v, at)?;
+                at.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }

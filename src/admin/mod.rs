@@ -41,6 +41,7 @@ mod definitions;
 mod deliveries;
 mod error;
 mod events;
+mod exact;
 mod health;
 mod input;
 mod instances;

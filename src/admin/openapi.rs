@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use axum::Json;
+use serde_json::Value;
 use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -21,8 +22,14 @@ use crate::OperatorAction;
 /// The name of the bearer scheme in the document.
 const BEARER: &str = "bearer";
 
-/// The document, generated once.
-static DOCUMENT: LazyLock<OpenApi> = LazyLock::new(<ApiDoc as utoipa::OpenApi>::openapi);
+/// The document, generated once, with what the annotations cannot say added
+/// ([`super::exact::exact`]).
+static DOCUMENT: LazyLock<Value> = LazyLock::new(|| {
+    let mut doc = serde_json::to_value(<ApiDoc as utoipa::OpenApi>::openapi())
+        .unwrap_or_else(|e| unreachable!("an OpenAPI document is JSON: {e}"));
+    super::exact::exact(&mut doc);
+    doc
+});
 
 /// The OpenAPI document of this API
 ///
@@ -35,7 +42,7 @@ static DOCUMENT: LazyLock<OpenApi> = LazyLock::new(<ApiDoc as utoipa::OpenApi>::
     operation_id = "openapi",
     responses((status = 200, description = "The OpenAPI document", body = Object)),
 )]
-pub(super) async fn openapi_json() -> Json<&'static OpenApi> {
+pub(super) async fn openapi_json() -> Json<&'static Value> {
     Json(&DOCUMENT)
 }
 

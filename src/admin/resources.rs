@@ -13,7 +13,7 @@ use super::AdminState;
 use super::actions::{REASON_MAX_CHARS, action_reason};
 use super::answers::{ErrorBody, LimitsAnswer, ResourcesAnswer, json};
 use super::auth::{Caller, Role};
-use super::error::{ApiError, parse_body};
+use super::error::{ApiError, parse_body, parse_body_objects};
 use crate::{Error, ResourceLimits};
 
 /// The body of `PUT /api/v1/resources/{name}/limits`.
@@ -58,6 +58,16 @@ pub(super) async fn resources(State(s): State<AdminState>) -> Result<Json<Value>
     Ok(json(&ResourcesAnswer { resources }))
 }
 
+/// The members of a limits body that are objects (serde would also read them from arrays).
+const LIMITS_OBJECTS: [&str; 6] = [
+    "/limits",
+    "/limits/rate",
+    "/limits/windows",
+    "/limits/batch",
+    "/limits/breaker",
+    "/limits/compensation_share",
+];
+
 /// Overrides a resource's limits
 ///
 /// Every instance of the fleet obeys the given limits instead of the code's from its next
@@ -87,9 +97,10 @@ pub(super) async fn set_limits(
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Operator)?;
-    let body: LimitsBody = parse_body(
+    let body: LimitsBody = parse_body_objects(
         body,
         r#"{"limits": {"max_in_flight"?: 8, "max_in_flight_per_key"?: 2, "rate"?: {"limit": 20, "period_ms": 1000, "burst"?: 1}, "windows"?: {"time_zone": "Europe/Moscow", "open": ["MON-FRI 00:00-06:00"]}, "batch"?: {"size": 50, "pause_ms": 30000}, "breaker"?: {"consecutive_failures"?: 5, "failure_percent"?: 50, "cool_down_ms": 30000}}, "reason": "…"}"#,
+        &LIMITS_OBJECTS,
     )?;
     let reason = reason(&body.reason)?;
     body.limits.check().map_err(|e| invalid_limits(&name, &e))?;

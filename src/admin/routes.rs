@@ -121,6 +121,7 @@ pub(super) struct ApiDoc;
 pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
     let api = api_routes()
         .fallback(not_found)
+        .layer(middleware::from_fn(refuse_nul))
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(health::healthz))
@@ -182,6 +183,23 @@ async fn json_refusals(res: Response) -> Response {
         }
     }
     out
+}
+
+/// A path or query holding NUL (`%00`) is refused with 400 `invalid_request` before a
+/// handler runs: no name or filter holds it, and PostgreSQL cannot store or compare it in
+/// text (the document's strings say so by their pattern; bodies: [`super::error`]).
+async fn refuse_nul(req: axum::extract::Request, next: middleware::Next) -> Response {
+    let uri = req.uri();
+    let nul = uri.path().contains("%00") || uri.query().is_some_and(|q| q.contains("%00"));
+    if nul {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the path or query holds NUL (%00), which no text of the API may",
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn not_found() -> ApiError {

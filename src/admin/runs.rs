@@ -31,8 +31,8 @@ struct StartBody {
     #[serde(default)]
     #[schema(value_type = Option<chrono::DateTime<chrono::Utc>>)]
     start_at: Option<Value>,
-    /// When the run's first steps become due: milliseconds after it is stored. Not with
-    /// `start_at`.
+    /// When the run's first steps become due: milliseconds after it is stored, at most 366
+    /// days (`START_AHEAD_MAX`, stated in the document by `exact`). Not with `start_at`.
     #[serde(default)]
     #[schema(value_type = Option<u64>)]
     start_after_ms: Option<Value>,

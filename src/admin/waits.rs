@@ -149,6 +149,16 @@ async fn deliver(
 /// The header that carries a callback token on `POST /api/v1/callbacks`.
 pub(super) const CALLBACK_TOKEN_HEADER: &str = "sagaflow-callback-token";
 
+/// The members of a callback's `error` the API reads (`CallbackBody` in the document).
+const CALLBACK_ERROR_MEMBERS: [&str; 6] = [
+    "code",
+    "message",
+    "retryable",
+    "outcome",
+    "details",
+    "retry_after_ms",
+];
+
 /// The body of a callback, as the remote is told to send it.
 const CALLBACK_SHAPE: &str =
     r#"{"ok": output} or {"error": {"code": "…", "message": "…", "retryable": false}}"#;
@@ -231,6 +241,14 @@ async fn complete(
     token: &str,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    // Members of `error` beyond those documented are ignored, as they always were: dropped
+    // before the body is read, so that nothing in them is checked or kept.
+    let body = body.map(|Json(mut v)| {
+        if let Some(error) = v.get_mut("error").and_then(Value::as_object_mut) {
+            error.retain(|k, _| CALLBACK_ERROR_MEMBERS.contains(&k.as_str()));
+        }
+        Json(v)
+    });
     let result: CallbackResult = parse_body(body, CALLBACK_SHAPE)?;
     let delivery = s
         .engine

@@ -31,6 +31,7 @@ mod history_check;
 mod hostile;
 mod hotplug;
 mod http_agent;
+mod http_contract;
 mod input_correction;
 mod interleave;
 mod interruption;
