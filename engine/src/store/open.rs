@@ -136,6 +136,14 @@ impl Store {
         opts.sqlx_logging(false)
             .connect_timeout(options.connect_timeout)
             .acquire_timeout(options.acquire_timeout)
+            // No idle reaping and no lifetime cap: either makes sqlx 0.9.0 run its pool
+            // maintenance task, whose sweep can read an underflowed idle count and spin on a
+            // core for good, hanging the process's shutdown (sqlx issue 3645, fixed upstream
+            // after 0.9.0; seen here once as a suite process stuck at 100% CPU in
+            // `CloseEvent::do_until` after its engines stopped). The pools are small and
+            // fixed, and a connection is checked before each use, so neither is needed.
+            .idle_timeout(None)
+            .max_lifetime(None)
             .max_connections(match backend {
                 Backend::Sqlite => 1,
                 // The wake-up listener holds one connection for good.
