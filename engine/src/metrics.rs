@@ -424,17 +424,31 @@ pub(crate) fn in_flight(delta: f64) {
 #[derive(Debug)]
 pub struct LeaderGauge(());
 
+/// The terms alive in this process. The gauge is set to it, never moved by a difference: a
+/// term begun before a recorder was installed (its increment lost) would otherwise take the
+/// gauge below what leads when it ends. The lock keeps a count and its write in one order.
+static LEADER_TERMS: std::sync::Mutex<i32> = std::sync::Mutex::new(0);
+
+/// Moves the count of live terms by `by` and sets the gauge to it.
+fn leader_terms(by: i32) {
+    let mut terms = LEADER_TERMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *terms += by;
+    gauge!(LEADER).set(f64::from(*terms));
+}
+
 impl LeaderGauge {
     /// Counts this instance as leader until the value is dropped.
     pub fn raise() -> Self {
-        gauge!(LEADER).increment(1.0);
+        leader_terms(1);
         Self(())
     }
 }
 
 impl Drop for LeaderGauge {
     fn drop(&mut self) {
-        gauge!(LEADER).decrement(1.0);
+        leader_terms(-1);
     }
 }
 
