@@ -177,8 +177,12 @@ pg__dump_log() {
 # SAGAFLOW_PG_DIR is set as soon as the temp dir exists, so an EXIT trap calling
 # pg_stop "${SAGAFLOW_PG_DIR:-}" cleans up even if pg_start fails halfway.
 # On failure pg_start cleans up after itself and returns 1.
+#
+# pg_start PORT makes the new cluster a streaming standby of the primary listening on
+# 127.0.0.1:PORT (pg_basebackup -R: a copy of its data, following its WAL) instead of an empty
+# one; pg_promote turns it into a primary.
 pg_start() {
-    local bindir dir port tries=0 deadline isready
+    local bindir dir port tries=0 deadline isready primary_port=${1:-}
     bindir=$(pg__ensure_bindir) || return 1
     pg__ensure_os_user || { pg__log "could not create the postgres OS user"; return 1; }
 
@@ -191,15 +195,28 @@ pg_start() {
         chown -R postgres: "$dir" || { pg_stop "$dir"; return 1; }
     fi
 
-    pg__log "initdb in $dir (binaries: $bindir)"
-    # cd into the temp dir: the caller's cwd may be unreadable for postgres.
-    if ! (cd "$dir" && pg__as_owner "$bindir/initdb" -D "$dir/data" -A trust -U postgres \
-        --no-sync --encoding=UTF8 --locale=C >"$dir/initdb.log" 2>&1); then
-        pg__log "initdb failed:"
-        cat "$dir/initdb.log" >&2 || true
-        pg_stop "$dir"
-        return 1
+    if [[ -n "$primary_port" ]]; then
+        pg__log "pg_basebackup of 127.0.0.1:$primary_port into $dir (binaries: $bindir)"
+        if ! (cd "$dir" && pg__as_owner "$bindir/pg_basebackup" -h 127.0.0.1 -p "$primary_port" \
+            -U postgres -D "$dir/data" -R -X stream -c fast --no-sync >"$dir/initdb.log" 2>&1); then
+            pg__log "pg_basebackup failed:"
+            cat "$dir/initdb.log" >&2 || true
+            pg_stop "$dir"
+            return 1
+        fi
+    else
+        pg__log "initdb in $dir (binaries: $bindir)"
+        # cd into the temp dir: the caller's cwd may be unreadable for postgres.
+        if ! (cd "$dir" && pg__as_owner "$bindir/initdb" -D "$dir/data" -A trust -U postgres \
+            --no-sync --encoding=UTF8 --locale=C >"$dir/initdb.log" 2>&1); then
+            pg__log "initdb failed:"
+            cat "$dir/initdb.log" >&2 || true
+            pg_stop "$dir"
+            return 1
+        fi
     fi
+    # A standby's copied configuration names the primary's socket directory; the settings
+    # appended now come last and win.
     pg__write_conf "$dir"
 
     port=${SAGAFLOW_PG_PORT0:-54329}
@@ -258,6 +275,37 @@ pg_start() {
     export SAGAFLOW_PG_PORT SAGAFLOW_PG_URL SAGAFLOW_PG_BIN
     pg__log "PostgreSQL ($("$bindir/postgres" --version 2>/dev/null || echo '?')) ready at $SAGAFLOW_PG_URL (dir $dir)"
     return 0
+}
+
+# The pids whose parent is $1 (from /proc: procps may be missing).
+pg__children() {
+    local stat f
+    for stat in /proc/[0-9]*/stat; do
+        read -r -a f <"$stat" 2>/dev/null || continue
+        [[ "${f[3]}" == "$1" ]] && printf '%s\n' "${f[0]}"
+    done
+    return 0
+}
+
+# pg_kill DIR: SIGKILL the server of DIR and every process it started, at once (a host
+# that dies: no shutdown, no last WAL sent to standbys). The directory stays; pg_stop
+# removes it.
+pg_kill() {
+    local dir=${1:-} pid
+    [[ -f "$dir/data/postmaster.pid" ]] || { pg__log "no server running in $dir"; return 1; }
+    pid=$(head -n 1 "$dir/data/postmaster.pid")
+    [[ "$pid" =~ ^[0-9]+$ ]] || { pg__log "no postmaster pid in $dir"; return 1; }
+    # shellcheck disable=SC2046 # one word per pid
+    kill -KILL "$pid" $(pg__children "$pid") 2>/dev/null
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+}
+
+# pg_promote DIR: promote the standby of DIR to a primary and wait until it accepts writes.
+pg_promote() {
+    local dir=${1:-} bindir
+    bindir=${SAGAFLOW_PG_BIN:-}
+    [[ -n "$bindir" && -x "$bindir/pg_ctl" ]] || bindir=$(pg__find_bindir) || return 1
+    (cd "$dir" && pg__as_owner "$bindir/pg_ctl" -D "$dir/data" -w -t 30 promote >&2)
 }
 
 # pg_stop DIR: stop the cluster in DIR (pg_ctl stop -m immediate) and delete DIR.

@@ -64,13 +64,88 @@ impl PgCluster {
     /// # Errors
     /// [`ClusterError`] when `bash` cannot run or `pg_start` fails.
     pub fn start(script: &Path) -> Result<Self, ClusterError> {
+        Self::start_from(script, None)
+    }
+
+    /// Starts a streaming standby of this cluster (`pg_start PORT`: a `pg_basebackup` of it,
+    /// following its WAL) with the same script.
+    ///
+    /// # Errors
+    /// As [`PgCluster::start`].
+    pub fn start_standby(&self) -> Result<Self, ClusterError> {
+        Self::start_from(&self.script, Some(self.port()))
+    }
+
+    /// The TCP port the server listens on (127.0.0.1).
+    ///
+    /// # Panics
+    /// When the URL `pg_start` printed has no port (it always has).
+    pub fn port(&self) -> u16 {
+        let authority = self.url.rsplit_once('@').map_or(&*self.url, |(_, a)| a);
+        let hostport = authority.split_once('/').map_or(authority, |(h, _)| h);
+        hostport
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .expect("pg_start prints a URL with a port")
+    }
+
+    /// `host:port` of the server, for a URL that lists several servers.
+    pub fn host_port(&self) -> String {
+        format!("127.0.0.1:{}", self.port())
+    }
+
+    /// SIGKILLs the server and every process it started at once, as a host that dies would
+    /// (`pg_kill`). Blocking.
+    ///
+    /// # Errors
+    /// [`ClusterError::Failed`] when no server was running.
+    pub fn kill(&self) -> Result<(), ClusterError> {
+        self.script_fn("pg_kill")
+    }
+
+    /// Promotes this standby to a primary and waits until it accepts writes (`pg_promote`).
+    /// Blocking.
+    ///
+    /// # Errors
+    /// [`ClusterError::Failed`] when `pg_ctl promote` fails.
+    pub fn promote(&self) -> Result<(), ClusterError> {
+        self.script_fn("pg_promote")
+    }
+
+    fn script_fn(&self, function: &'static str) -> Result<(), ClusterError> {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!(r#"source "$1" && {function} "$2""#))
+            .arg("bash")
+            .arg(&self.script)
+            .arg(&self.dir)
+            .env("SAGAFLOW_PG_BIN", &self.bin)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| ClusterError::Spawn {
+                program: format!("bash {}", self.script.display()),
+                source,
+            })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(ClusterError::Failed {
+                command: function,
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            })
+        }
+    }
+
+    fn start_from(script: &Path, primary_port: Option<u16>) -> Result<Self, ClusterError> {
         let out = Command::new("bash")
             .arg("-c")
             .arg(
-                r#"source "$1" && pg_start && printf '%s\n%s\n%s\n' "$SAGAFLOW_PG_URL" "$SAGAFLOW_PG_DIR" "$SAGAFLOW_PG_BIN""#,
+                r#"source "$1" && pg_start $2 && printf '%s\n%s\n%s\n' "$SAGAFLOW_PG_URL" "$SAGAFLOW_PG_DIR" "$SAGAFLOW_PG_BIN""#,
             )
             .arg("bash")
             .arg(script)
+            .arg(primary_port.map(|p| p.to_string()).unwrap_or_default())
             .stdin(Stdio::null())
             .output()
             .map_err(|source| ClusterError::Spawn {

@@ -69,7 +69,8 @@
 //!
 //! Files: one per noun (`runs.rs`, `intake.rs` and `list.rs` for runs; `steps.rs`,
 //! `attempts.rs`, `aging.rs`, `waits.rs`, `rewrite.rs` for migrations, …); `sql.rs` builds
-//! statements; `options.rs`, `open.rs` and `file.rs` configure, open and watch the database;
+//! statements; `options.rs`, `open.rs`, `primary.rs` and `file.rs` configure, open and watch
+//! the database (`primary.rs` follows the primary among several PostgreSQL servers);
 //! `tx.rs` is the unit of work; `rows.rs` decodes rows.
 
 mod aging;
@@ -90,6 +91,7 @@ mod options;
 mod outbox;
 mod plans;
 mod postgres;
+mod primary;
 mod resources;
 mod restart;
 mod rewrite;
@@ -124,7 +126,8 @@ pub use list::{RUN_PAGE_DEFAULT, RUN_PAGE_MAX, RunOrder, RunPage, RunQuery, RunS
 pub use lite::{LiteDb, LiteTx};
 pub use options::{
     ACQUIRE_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
-    LOCK_TIMEOUT_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, SqliteSync, StoreOptions, redact_url,
+    LOCK_TIMEOUT_DEFAULT, PRIMARY_CHECK_INTERVAL_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, SqliteSync,
+    StoreOptions, redact_url,
 };
 pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
@@ -205,6 +208,8 @@ pub struct Store {
     pauses: Option<Arc<crate::interleave::PauseHook>>,
     /// The key that signs callback tokens, read (or created) once.
     callback_key: Arc<tokio::sync::OnceCell<crate::wait::CallbackKey>>,
+    /// The watcher following the primary when the URL names standbys too.
+    primary: Option<primary::Watcher>,
 }
 
 impl std::fmt::Debug for Store {
@@ -261,6 +266,7 @@ impl Store {
             clock: None,
             pauses: None,
             callback_key: Arc::default(),
+            primary: None,
         })
     }
 

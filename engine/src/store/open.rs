@@ -15,6 +15,7 @@ use super::conn::Db;
 use super::file::FileIdentity;
 use super::lite::LiteDb;
 use super::options::{StoreOptions, redact_url};
+use super::primary::{self, Primary};
 use super::row::Exec;
 use super::{Backend, SqliteSync, Store, pg_pool_default};
 use crate::{Error, Result};
@@ -41,6 +42,27 @@ fn millis(d: Duration) -> String {
 
 fn sqlx_err(e: sqlx::Error) -> DbErr {
     DbErr::Conn(RuntimeErr::SqlxError(Arc::new(e)))
+}
+
+/// Connects once to `o` within `timeout`, to report the driver's cause when it fails.
+async fn check_reachable(o: &PgConnectOptions, target: &str, timeout: Duration) -> Result<()> {
+    match tokio::time::timeout(timeout, PgConnection::connect_with(o)).await {
+        Ok(Ok(c)) => {
+            let _ = c.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(Error::Connect {
+            target: target.to_owned(),
+            source: sqlx_err(e).into(),
+        }),
+        Err(_) => Err(Error::Connect {
+            target: target.to_owned(),
+            source: DbErr::Conn(RuntimeErr::Internal(format!(
+                "no connection within the connect timeout of {timeout:?}"
+            )))
+            .into(),
+        }),
+    }
 }
 
 impl Store {
@@ -89,41 +111,36 @@ impl Store {
         let malformed = |e: sqlx::Error| {
             Error::Config(format!("malformed database URL `{}`: {e}", redact_url(url)))
         };
+        let mut primary = None;
         let (target, file) = match backend {
             Backend::Postgres => {
-                let o = PgConnectOptions::from_str(url).map_err(malformed)?;
+                let servers = primary::servers(url)?;
+                let o = PgConnectOptions::from_str(&servers.single).map_err(malformed)?;
+                let hosts = if servers.hosts.len() > 1 {
+                    servers.list()
+                } else {
+                    format!("{}:{}", o.get_host(), o.get_port())
+                };
                 let target = format!(
-                    "postgres://{}@{}:{}/{}",
+                    "postgres://{}@{hosts}/{}",
                     o.get_username(),
-                    o.get_host(),
-                    o.get_port(),
                     o.get_database().unwrap_or(o.get_username())
                 );
-                // One direct connection first: a pool retries a failing connect until its
-                // acquire timeout and then reports only "pool timed out"; this attempt
-                // reports the driver's cause (refused, unknown host, authentication, TLS).
-                match tokio::time::timeout(options.connect_timeout, PgConnection::connect_with(&o))
-                    .await
-                {
-                    Ok(Ok(c)) => {
-                        let _ = c.close().await;
-                    }
-                    Ok(Err(e)) => {
-                        return Err(Error::Connect {
-                            target,
-                            source: sqlx_err(e).into(),
-                        });
-                    }
-                    Err(_) => {
-                        return Err(Error::Connect {
-                            target,
-                            source: DbErr::Conn(RuntimeErr::Internal(format!(
-                                "no connection within the connect timeout of {:?}",
-                                options.connect_timeout
-                            )))
-                            .into(),
-                        });
-                    }
+                if servers.hosts.len() > 1 {
+                    // The servers in order, keeping the first that is the primary and its
+                    // connection (the watcher's probe, once the pool exists).
+                    let finder = Primary::new(servers, o, options.connect_timeout);
+                    let (i, probe) = finder
+                        .locate()
+                        .await
+                        .map_err(|causes| primary::connect_error(&target, causes))?;
+                    primary = Some((finder, i, probe));
+                } else {
+                    // One direct connection first: a pool retries a failing connect until
+                    // its acquire timeout and then reports only "pool timed out"; this
+                    // attempt reports the driver's cause (refused, unknown host,
+                    // authentication, TLS).
+                    check_reachable(&o, &target, options.connect_timeout).await?;
                 }
                 (target, None)
             }
@@ -132,7 +149,11 @@ impl Store {
                 (redact_url(url), Some(o.get_filename().to_owned()))
             }
         };
-        let mut opts = ConnectOptions::new(url.to_owned());
+        let single = match &primary {
+            Some((finder, ..)) => finder.single_url().to_owned(),
+            None => url.to_owned(),
+        };
+        let mut opts = ConnectOptions::new(single);
         opts.sqlx_logging(false)
             .connect_timeout(options.connect_timeout)
             .acquire_timeout(options.acquire_timeout)
@@ -179,7 +200,12 @@ impl Store {
                     millis(options.idle_in_transaction_timeout),
                 ),
             ];
+            let at = primary.as_ref().map(|(finder, i, _)| finder.host(*i));
             opts.map_sqlx_postgres_opts(move |o| {
+                let o = match &at {
+                    Some((host, port)) => o.host(host).port(*port),
+                    None => o,
+                };
                 o.application_name("sagaflow")
                     .options([
                         ("enable_seqscan", "off"),
@@ -189,6 +215,11 @@ impl Store {
                     ])
                     .options(limits.clone())
             });
+            if primary.is_some() {
+                opts.map_sqlx_postgres_pool_opts(|p| {
+                    p.after_connect(|conn, _| Box::pin(primary::refuse_standby(conn)))
+                });
+            }
         }
         let db = Database::connect(opts)
             .await
@@ -197,6 +228,12 @@ impl Store {
                 source: source.into(),
             })?;
         let mut store = Self::from_connection(db)?;
+        if let Some((finder, i, probe)) = primary {
+            let pool = store.db.get_postgres_connection_pool().clone();
+            let finder = finder.with_base((*pool.connect_options()).clone());
+            let guard = finder.watch(pool, i, probe, options.primary_check_interval);
+            store.primary = Some(primary::Watcher(Arc::new(guard)));
+        }
         store.target = Arc::from(target.as_str());
         store.file = file.as_deref().and_then(FileIdentity::of).map(Arc::new);
         store.clock.clone_from(&options.test_clock);

@@ -19,6 +19,10 @@ pub const LOCK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default PostgreSQL `idle_in_transaction_session_timeout` of the engine's sessions.
 pub const IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
+/// Default interval at which a store given several PostgreSQL servers asks whether its
+/// server is still the primary.
+pub const PRIMARY_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+
 /// When an SQLite commit is on disk (SQLite's `synchronous` setting, in WAL mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -59,6 +63,11 @@ pub struct StoreOptions {
     pub idle_in_transaction_timeout: Duration,
     /// SQLite's `synchronous` setting.
     pub sqlite_sync: SqliteSync,
+    /// With a PostgreSQL URL naming a primary and its standbys
+    /// (`postgres://user@host1:5432,host2:5432/db`): how often the store asks whether its
+    /// server is still the primary. A promoted standby is followed within this interval plus
+    /// one connect timeout per server that does not answer. Unused with one server.
+    pub primary_check_interval: Duration,
     /// Whether opening applies the schema migrations the database lacks (the default), under
     /// the engines' migration lock. Off, opening changes no schema: it fails with
     /// [`Error::SchemaOutOfDate`] unless the schema is exactly this release's.
@@ -78,6 +87,7 @@ impl Default for StoreOptions {
             lock_timeout: LOCK_TIMEOUT_DEFAULT,
             idle_in_transaction_timeout: IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
             sqlite_sync: SqliteSync::Full,
+            primary_check_interval: PRIMARY_CHECK_INTERVAL_DEFAULT,
             migrate: true,
             test_clock: None,
         }
@@ -99,6 +109,7 @@ impl StoreOptions {
                 "idle_in_transaction_timeout",
                 self.idle_in_transaction_timeout,
             ),
+            ("primary_check_interval", self.primary_check_interval),
         ] {
             if d < Duration::from_millis(1) {
                 return Err(Error::Config(format!("{name} must be at least 1 ms")));
@@ -112,6 +123,22 @@ impl StoreOptions {
 /// `***`, fit for logs and `Debug`. A string that does not parse as a URL is masked whole
 /// after its scheme, since it cannot be told what part of it is secret.
 pub fn redact_url(url: &str) -> String {
+    // A primary with its standbys (`host1:5432,host2:5432`) is not a URL to the `url` crate:
+    // the first server's URL is redacted, then given the whole list back.
+    if let Ok(servers) = super::primary::servers(url)
+        && servers.hosts.len() > 1
+    {
+        let shown = redact_url(&servers.single);
+        let (scheme, rest) = shown.split_once("://").unwrap_or(("", &shown));
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let at = rest[..end].rfind('@').map_or(0, |i| i + 1);
+        return format!(
+            "{scheme}://{}{}{}",
+            &rest[..at],
+            servers.list(),
+            &rest[end..]
+        );
+    }
     match url::Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
@@ -166,6 +193,10 @@ mod tests {
                 "sqlite://./data/app.db?mode=rwc",
             ),
             ("postgres://app:hunter2@[::1/orders", "postgres:***"),
+            (
+                "postgres://app:hunter2@a:5432,b:5433/orders?password=hunter2",
+                "postgres://app:***@a:5432,b:5433/orders?password=***",
+            ),
         ] {
             let shown = redact_url(url);
             assert_eq!(shown, want, "{url}");

@@ -260,6 +260,58 @@ async fn bad_input_unreachable_postgres() {
     }
 }
 
+/// A URL naming a primary and its standbys: a server that does not answer is passed over for
+/// the next; when none is the primary, the error says what each one answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_no_listed_server_is_the_primary() {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port()
+    };
+    let (a, b) = (free(), free());
+    let url = format!("postgres://sagaflow:hunter2@127.0.0.1:{a},127.0.0.1:{b}/nowhere");
+    let e = start_fails(url, "no primary").await;
+    let text = e.to_string();
+    assert!(matches!(e, Error::Connect { .. }), "{text}");
+    assert!(e.is_connection_lost(), "{text}");
+    for port in [a, b] {
+        assert!(
+            text.contains(&format!("127.0.0.1:{port}: ")),
+            "says what 127.0.0.1:{port} answered: {text}"
+        );
+    }
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(!text.contains("hunter2"), "the password leaked: {text}");
+    // The live primary listed after a dead server is found.
+    if let Some(db) = sagaflow_testkit::postgres_db().await {
+        let (head, tail) = db.url.split_once('@').expect("user part");
+        let url = format!("{head}@127.0.0.1:{a},{tail}");
+        let engine = Engine::builder()
+            .with_database_url(url)
+            .with_workflow(
+                Workflow::builder("w", 1)
+                    .step("a", noop())
+                    .build()
+                    .expect("wf"),
+            )
+            .start()
+            .await
+            .expect("the second server is the primary");
+        let run = engine.start("w", &()).await.expect("start");
+        assert_eq!(
+            engine
+                .wait(run, Duration::from_secs(20))
+                .await
+                .expect("wait")
+                .state,
+            RunState::Completed
+        );
+        engine.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_read_only_sqlite() {
     let db = sqlite_db();

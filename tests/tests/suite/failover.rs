@@ -39,19 +39,24 @@ const LEASE_RENEW: Duration = Duration::from_millis(300);
 /// How long a takeover may take after the leader dies: the TTL plus a margin.
 const TAKEOVER_MAX: Duration = Duration::from_secs(5);
 
-fn lease_name() -> String {
+pub(crate) fn lease_name() -> String {
     SupervisorConfig::new("-").lease_name
 }
 
 /// A child engine process and everything it printed.
-struct ChildEngine {
+pub(crate) struct ChildEngine {
     id: String,
     proc: ChildTest,
 }
 
 impl ChildEngine {
     /// Starts a child engine and waits until it has started.
-    async fn spawn(db_url: &str, services_url: &str, id: &str, deadline_ms: u64) -> Self {
+    pub(crate) async fn spawn(
+        db_url: &str,
+        services_url: &str,
+        id: &str,
+        deadline_ms: u64,
+    ) -> Self {
         let proc = ChildTest::spawn(
             "failover::child_engine",
             &[
@@ -80,7 +85,7 @@ impl ChildEngine {
     }
 
     /// What the child last said about its own leadership: `Some(term)` while it leads.
-    fn last_status(&self) -> Option<Option<i64>> {
+    pub(crate) fn last_status(&self) -> Option<Option<i64>> {
         let lines = self.proc.lines();
         let line = lines.iter().rev().find(|l| l.starts_with("STATUS "))?;
         let term = line.rsplit_once("term=")?.1;
@@ -122,7 +127,7 @@ impl ChildEngine {
     }
 }
 
-async fn leader(store: &Store) -> Option<LeaderFence> {
+pub(crate) async fn leader(store: &Store) -> Option<LeaderFence> {
     store.leader_current(&lease_name()).await.ok().flatten()
 }
 
@@ -146,7 +151,7 @@ async fn await_leader(store: &Store, holder: &str, timeout: Duration) -> (Leader
 
 /// Waits until every run is `Completed`, tolerating database errors while polling (the
 /// database may be going away under the test). Fails at once on another terminal state.
-async fn await_completed(store: &Store, ids: &[Uuid], timeout: Duration, what: &str) {
+pub(crate) async fn await_completed(store: &Store, ids: &[Uuid], timeout: Duration, what: &str) {
     let start = Instant::now();
     let mut pending: Vec<Uuid> = ids.to_vec();
     while !pending.is_empty() {
@@ -222,7 +227,9 @@ async fn assert_completed_once(store: &Store, ids: &[Uuid]) {
     }
 }
 
-async fn serve_services(services: &Services) -> (sagaflow_testkit::services::ServerHandle, String) {
+pub(crate) async fn serve_services(
+    services: &Services,
+) -> (sagaflow_testkit::services::ServerHandle, String) {
     let server = serve(services.clone(), "127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("serve");
@@ -467,7 +474,7 @@ async fn unfinished_runs(store: &Store) -> Option<u64> {
 }
 
 /// No step attempt panicked (a panic becomes a retryable `panic` failure in the history).
-async fn assert_no_panics(store: &Store, ids: &[Uuid]) {
+pub(crate) async fn assert_no_panics(store: &Store, ids: &[Uuid]) {
     for &id in ids {
         for h in store.run_history(id).await.expect("history") {
             assert!(
@@ -567,14 +574,7 @@ async fn killed_database_connections_mid_run_are_survived() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_postgres_restarted_mid_run() {
     const ORDERS: usize = 50;
-    if std::env::var("SAGAFLOW_PG_URL").is_err() {
-        let required = std::env::var("SAGAFLOW_REQUIRE_PG").is_ok_and(|v| v == "1")
-            || std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(
-            !required,
-            "PostgreSQL is required but SAGAFLOW_PG_URL is not set"
-        );
-        eprintln!("note: SAGAFLOW_PG_URL not set; skipping the PostgreSQL restart scenario");
+    if !crate::fixtures::postgres_wanted("the PostgreSQL restart scenario") {
         return;
     }
     let pg = tokio::task::spawn_blocking(PgCluster::start_private)

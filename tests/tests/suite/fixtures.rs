@@ -389,3 +389,20 @@ pub(crate) async fn parked(engine: &Engine, id: Uuid) {
     })
     .await;
 }
+
+/// Whether a scenario that makes its own PostgreSQL clusters can run: PostgreSQL is
+/// installed (`SAGAFLOW_PG_URL` is set). Fails under CI or `SAGAFLOW_REQUIRE_PG=1` when
+/// it is missing; otherwise says what is skipped.
+pub(crate) fn postgres_wanted(what: &str) -> bool {
+    if std::env::var("SAGAFLOW_PG_URL").is_ok() {
+        return true;
+    }
+    let required = std::env::var("SAGAFLOW_REQUIRE_PG").is_ok_and(|v| v == "1")
+        || std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    assert!(
+        !required,
+        "PostgreSQL is required but SAGAFLOW_PG_URL is not set"
+    );
+    eprintln!("note: SAGAFLOW_PG_URL not set; skipping {what}");
+    false
+}

@@ -41,6 +41,7 @@ mod migrate;
 mod openapi;
 mod operator;
 mod pause;
+mod primary_failover;
 mod priority;
 mod published;
 mod resource_limits;
