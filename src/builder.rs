@@ -22,6 +22,8 @@ pub const MAX_INPUT_DEFAULT: usize = 256 * 1024;
 pub struct EngineBuilder {
     url: Option<String>,
     store_options: StoreOptions,
+    /// A read replica for display reads ([`EngineBuilder::with_read_replica`]).
+    replica_url: Option<String>,
     registry: Registry,
     errors: Vec<Error>,
     sinks: Vec<Arc<dyn NoticeSink>>,
@@ -56,6 +58,7 @@ impl Default for EngineBuilder {
         Self {
             url: None,
             store_options: StoreOptions::default(),
+            replica_url: None,
             registry: Registry::new(),
             errors: Vec::new(),
             sinks: vec![Arc::new(LogSink)],
@@ -109,6 +112,21 @@ impl EngineBuilder {
     /// its documentation). No effect on PostgreSQL.
     pub fn with_sqlite_sync(mut self, sync: SqliteSync) -> Self {
         self.store_options.sqlite_sync = sync;
+        self
+    }
+
+    /// Serves display reads from a PostgreSQL read replica (a streaming standby, or a load
+    /// balancer in front of several): the console, the HTTP API's reads and event streams,
+    /// [`Engine::follow`], and the listing and counting reads of Rust code
+    /// ([`Engine::list_runs`], [`Engine::run_counts`], [`Engine::stats`] and the other
+    /// overviews). These may lag the primary by [`Engine::replica_lag`]; the console shows by
+    /// how much. Writes, the decisions they rest on, and the reads of one run by Rust code
+    /// ([`Engine::run`], [`Engine::steps`], [`Engine::history`], [`Engine::wait`]) stay on
+    /// the primary, so a run just started is always found there. `start` fails with
+    /// [`Error::Config`] for an SQLite URL or a list of servers, and as a database start
+    /// does when the replica cannot be reached or its schema is not this release's.
+    pub fn with_read_replica(mut self, url: impl Into<String>) -> Self {
+        self.replica_url = Some(url.into());
         self
     }
 
@@ -543,6 +561,10 @@ impl EngineBuilder {
                 return Err(Error::Config("no database: call with_database_url".into()));
             }
         };
+        let replica = match self.replica_url.take() {
+            Some(url) => Some(Store::open_replica(&url, &self.store_options).await?),
+            None => None,
+        };
         // What this engine runs, published for consoles and HTTP clients; alerts about a
         // changed graph under an unchanged version are delivered once the engine is up.
         let descriptions: Vec<_> = self.registry.workflows().map(|w| w.describe()).collect();
@@ -570,6 +592,9 @@ impl EngineBuilder {
             stale_after,
         )?;
         let _ = engine.inner.migrations.set(self.migrations);
+        if let Some(replica) = replica {
+            let _ = engine.inner.replica.set(replica);
+        }
         if self.run_supervisor && self.workers {
             engine.spawn_automatic_migrations(timer_interval);
         }

@@ -111,6 +111,16 @@ pub(crate) struct Inner {
     pub(crate) registration: tokio::sync::Mutex<()>,
     /// How long an instance may stay silent before it counts as dead.
     pub(crate) stale_after: Duration,
+    /// The read replica display reads go to ([`EngineBuilder::with_read_replica`]).
+    pub(crate) replica: std::sync::OnceLock<Store>,
+}
+
+/// What a run's page shows ([`Engine::run_page`]).
+pub(crate) struct RunPageData {
+    pub(crate) run: Run,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) history: Vec<HistoryEvent>,
+    pub(crate) alerts: Vec<Alert>,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -215,6 +225,7 @@ impl Engine {
                 declared_resources,
                 registration: tokio::sync::Mutex::new(()),
                 stale_after,
+                replica: std::sync::OnceLock::new(),
             }),
         };
         if let Some(s) = &engine.inner.supervisor {
@@ -230,7 +241,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn stats(&self) -> Result<Stats> {
-        self.inner.store.stats().await
+        self.reads().stats().await
     }
 
     /// The remote resources declared by the fleet's engines: their limits (the code's
@@ -240,7 +251,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn resources(&self) -> Result<Vec<crate::ResourceView>> {
-        self.inner.store.resource_list().await
+        self.reads().resource_list().await
     }
 
     /// The queue per workflow: for each workflow with steps due, scheduled or in flight (all
@@ -251,7 +262,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn queue_by_workflow(&self) -> Result<Vec<WorkflowQueue>> {
-        self.inner.store.queue_by_workflow().await
+        self.reads().queue_by_workflow().await
     }
 
     /// Reads the queue per workflow from the database and sets the metrics' queue gauges
@@ -287,7 +298,7 @@ impl Engine {
     /// # Errors
     /// [`Error::InvalidQuery`] for a cursor the list did not give out; [`Error::Db`].
     pub async fn list_runs(&self, query: &RunQuery) -> Result<RunPage> {
-        self.inner.store.run_list(query).await
+        self.reads().run_list(query).await
     }
 
     /// Hands an alert raised outside the engine's loops to its sinks and subscribers.
@@ -303,7 +314,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn definitions(&self) -> Result<Vec<PublishedDefinition>> {
-        self.inner.store.definition_list().await
+        self.reads().definition_list().await
     }
 
     /// Whether this instance is running, was shut down, or stopped on a fatal error.
@@ -436,7 +447,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn open_alerts(&self) -> Result<Vec<Alert>> {
-        self.inner.store.alert_list(None, true).await
+        self.reads().alert_list(None, true).await
     }
 
     /// Deliveries of the outbox's notices to the sinks, most recently changed first: all of
@@ -450,7 +461,7 @@ impl Engine {
         state: Option<sagaflow_engine::DeliveryState>,
         limit: u32,
     ) -> Result<Vec<sagaflow_engine::Delivery>> {
-        self.inner.store.delivery_list(state, limit).await
+        self.reads().delivery_list(state, limit).await
     }
 
     /// How the outbox's notices stand with the sink named `sink`: how many it delivered,
@@ -586,7 +597,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_counts(&self) -> Result<RunCounts> {
-        self.inner.store.run_count_by_state().await
+        self.reads().run_count_by_state().await
     }
 
     /// Steps waiting to run (`ready` and `compensation_ready`), across every instance: the
@@ -618,6 +629,73 @@ impl Engine {
         self.inner.signals.wake_evaluator();
         if let Some(s) = &self.inner.supervisor {
             s.request_sweep();
+        }
+    }
+
+    /// The store display reads go to: the read replica when one is configured
+    /// ([`EngineBuilder::with_read_replica`]), else the primary.
+    pub(crate) fn reads(&self) -> &Store {
+        self.inner.replica.get().unwrap_or(&self.inner.store)
+    }
+
+    /// How far the read replica is behind the primary: zero once it has replayed all the
+    /// primary had written when asked, else the time since the last transaction it replayed
+    /// committed (by the two servers' clocks; an upper bound, since the primary may have been
+    /// idle meanwhile); `None` without a replica.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn replica_lag(&self) -> Result<Option<Duration>> {
+        match self.inner.replica.get() {
+            Some(r) => {
+                let lsn = self.inner.store.wal_position().await?;
+                r.replica_lag(&lsn).await
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// A run as a console or API page shows it: the run, its steps, its history and its
+    /// alerts, all read where display reads go (a replica may lag), or all from the primary
+    /// while the replica has not yet received the run.
+    pub(crate) async fn run_page(&self, id: Uuid) -> Result<Option<RunPageData>> {
+        let mut reads = self.reads();
+        let run = match reads.run_view(id).await? {
+            Some(run) => run,
+            None if reads.is_replica() => {
+                reads = &self.inner.store;
+                match reads.run_view(id).await? {
+                    Some(run) => run,
+                    None => return Ok(None),
+                }
+            }
+            None => return Ok(None),
+        };
+        let run = run.into_run()?;
+        let steps = reads
+            .run_steps(id)
+            .await?
+            .into_iter()
+            .map(StepRow::into_step)
+            .collect::<Result<Vec<_>>>()?;
+        let history = reads.run_history(id).await?;
+        let alerts = reads.alert_list(Some(id), false).await?;
+        Ok(Some(RunPageData {
+            run,
+            steps,
+            history,
+            alerts,
+        }))
+    }
+
+    /// A run read where display reads go, or from the primary while the replica has not yet
+    /// received it.
+    pub(crate) async fn run_shown(&self, id: Uuid) -> Result<Option<Run>> {
+        let reads = self.reads();
+        match reads.run_view(id).await? {
+            Some(run) => run.into_run().map(Some),
+            None if reads.is_replica() => self.run(id).await,
+            None => Ok(None),
         }
     }
 

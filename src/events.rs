@@ -119,7 +119,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`].
     pub async fn waiting_steps(&self, run: Option<Uuid>, limit: u32) -> Result<Vec<WaitingStep>> {
-        self.inner.store.steps_waiting(run, limit).await
+        self.reads().steps_waiting(run, limit).await
     }
 
     async fn event_run(&self, target: EventTarget) -> Result<Uuid> {

@@ -95,14 +95,26 @@ struct Follower {
 impl Follower {
     /// Reads what is new; `true` when the run is finished and everything was read.
     async fn read(&mut self) -> Result<bool> {
-        let store = &self.engine.inner.store;
-        // The run's state first: a run seen finished has written its last rows.
-        let finished = store
-            .run_get(self.run_id)
-            .await?
-            .ok_or(Error::RunNotFound(self.run_id))?
-            .state
-            .is_final();
+        // Where display reads go: a read replica, when one is configured.
+        let store = self.engine.reads();
+        // The run's state first, from the same server as its history: a run seen finished
+        // has written its last rows there.
+        let finished = match store.run_get(self.run_id).await? {
+            Some(run) => run.state.is_final(),
+            // A replica that has not yet received a run the primary has: nothing to read yet.
+            None if store.is_replica()
+                && self
+                    .engine
+                    .inner
+                    .store
+                    .run_get(self.run_id)
+                    .await?
+                    .is_some() =>
+            {
+                return Ok(false);
+            }
+            None => return Err(Error::RunNotFound(self.run_id)),
+        };
         let from = if self.after.index == usize::MAX {
             self.after.row
         } else {

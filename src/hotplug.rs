@@ -181,7 +181,7 @@ impl Engine {
     /// [`Error::Db`].
     pub async fn instances(&self) -> Result<Vec<InstanceInfo>> {
         let stale = i64::try_from(self.inner.stale_after.as_millis()).unwrap_or(i64::MAX);
-        let rows = self.inner.store.instance_list().await?;
+        let rows = self.reads().instance_list().await?;
         Ok(rows
             .into_iter()
             .map(|r| InstanceInfo {

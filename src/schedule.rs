@@ -79,7 +79,7 @@ impl Engine {
     /// # Errors
     /// [`Error::Db`]; [`Error::CorruptRow`].
     pub async fn schedules(&self) -> Result<Vec<ScheduleView>> {
-        self.inner.store.schedule_list().await
+        self.reads().schedule_list().await
     }
 }
 

@@ -106,7 +106,7 @@ async fn next_state(f: &mut Follow) -> Option<RunState> {
     }
     loop {
         // The stored state: at the start, after missed events, and on every poll.
-        match f.engine.run(f.id).await {
+        match f.engine.run_shown(f.id).await {
             Ok(Some(run)) if Some(run.state) != f.last => return Some(run.state),
             Ok(Some(_)) => {}
             // Purged meanwhile: nothing more will happen to it.

@@ -332,12 +332,15 @@ pub(super) async fn run(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = run_id(&id)?;
-    let Some(run) = s.engine.run(id).await? else {
+    let Some(crate::engine::RunPageData {
+        run,
+        steps,
+        history,
+        alerts,
+    }) = s.engine.run_page(id).await?
+    else {
         return Err(Error::RunNotFound(id).into());
     };
-    let steps = s.engine.steps(id).await?;
-    let history = s.engine.history(id).await?;
-    let alerts = s.engine.run_alerts(id).await?;
     Ok(json(&RunAnswer {
         run,
         steps,

@@ -17,7 +17,9 @@
 //! [`ScheduleTick`]). A test (`engine/tests/layers.rs`) keeps this list whole and the names
 //! noun-first.
 //!
-//! - connection and units of work: [`Store::open`], [`Store::connect`],
+//! - connection and units of work: [`Store::open`], [`Store::open_replica`],
+//!   [`Store::replica_lag`], [`Store::is_replica`], [`Store::wal_position`],
+//!   [`Store::connect`],
 //!   [`Store::from_connection`], [`Store::schema_migrate`], [`Store::connection`],
 //!   [`Store::executor`], [`Store::backend`], [`Store::target`], [`Store::has_file`],
 //!   [`Store::check_file`], [`Store::lost_or`], [`Store::now_ms`], [`Store::with_pause_hook`],
@@ -210,6 +212,8 @@ pub struct Store {
     callback_key: Arc<tokio::sync::OnceCell<crate::wait::CallbackKey>>,
     /// The watcher following the primary when the URL names standbys too.
     primary: Option<primary::Watcher>,
+    /// Opened on a read replica ([`Store::open_replica`]): reads only, which may lag.
+    replica: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -267,6 +271,7 @@ impl Store {
             pauses: None,
             callback_key: Arc::default(),
             primary: None,
+            replica: false,
         })
     }
 
@@ -327,6 +332,62 @@ impl Store {
     /// [`Error::Db`].
     pub async fn now_ms(&self) -> Result<i64> {
         self.now_ms_in(&self.exec).await
+    }
+
+    /// The primary's current WAL position (`pg_current_wal_lsn()`), which a replica that has
+    /// replayed up to it has caught up with ([`Store::replica_lag`]).
+    ///
+    /// # Errors
+    /// [`Error::Db`]; [`Error::Config`] on SQLite, which has no WAL positions.
+    pub async fn wal_position(&self) -> Result<String> {
+        if self.backend != Backend::Postgres {
+            return Err(Error::Config(
+                "SQLite has no WAL position to replicate".into(),
+            ));
+        }
+        let row = self
+            .exec
+            .query_one(self.stmt("SELECT pg_current_wal_lsn()::text AS lsn", vec![]))
+            .await?;
+        row.map(|r| r.try_get::<String>("", "lsn"))
+            .transpose()?
+            .ok_or_else(|| Error::corrupt("wal", "lsn", "no row"))
+    }
+
+    /// How far a store opened on a read replica ([`Store::open_replica`]) is behind the
+    /// primary whose WAL position was `primary_lsn` ([`Store::wal_position`]) a moment ago:
+    /// zero once it has replayed that far, else the time since the last transaction it
+    /// replayed committed (by the two servers' clocks): an upper bound, since the primary
+    /// may have been idle since. `None` on a store that is not a replica's.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn replica_lag(&self, primary_lsn: &str) -> Result<Option<std::time::Duration>> {
+        if !self.replica {
+            return Ok(None);
+        }
+        let row = self
+            .exec
+            .query_one(self.stmt(
+                "SELECT CASE \
+                   WHEN NOT pg_is_in_recovery() OR pg_last_wal_replay_lsn() >= CAST($1 AS pg_lsn) THEN 0 \
+                   ELSE COALESCE((EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()) \
+                         * 1000)::BIGINT, 0) END AS lag",
+                vec![primary_lsn.into()],
+            ))
+            .await?;
+        let ms = row
+            .map(|r| r.try_get::<i64>("", "lag"))
+            .transpose()?
+            .ok_or_else(|| Error::corrupt("replica", "lag", "no row"))?;
+        Ok(Some(std::time::Duration::from_millis(
+            u64::try_from(ms).unwrap_or(0),
+        )))
+    }
+
+    /// Whether this store reads a replica ([`Store::open_replica`]).
+    pub fn is_replica(&self) -> bool {
+        self.replica
     }
 
     /// The database's clock, read through `conn` (in a transaction, for example).

@@ -97,6 +97,43 @@ impl Store {
     /// [`Error::SchemaOutOfDate`] when migrations are off and the schema is not this
     /// release's.
     pub async fn open(url: &str, options: &StoreOptions) -> Result<Self> {
+        Self::open_as(url, options, false).await
+    }
+
+    /// Connects to a PostgreSQL standby (or a load balancer in front of several) to serve
+    /// reads that may lag: lists, counts, run pages, event streams. Nothing is written: no
+    /// migration, no probe; the schema must be this release's.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an SQLite URL or one naming several servers; [`Error::Connect`]
+    /// as [`Store::open`]; [`Error::SchemaOutOfDate`] when the replica's schema is not this
+    /// release's.
+    pub async fn open_replica(url: &str, options: &StoreOptions) -> Result<Self> {
+        if !url.starts_with("postgres:") && !url.starts_with("postgresql:") {
+            return Err(Error::Config(format!(
+                "a read replica is a PostgreSQL server, not `{}`",
+                redact_url(url)
+            )));
+        }
+        if primary::servers(url)?.hosts.len() > 1 {
+            return Err(Error::Config(format!(
+                "a read replica URL names one server (or a load balancer in front of several), \
+                 not `{}`",
+                redact_url(url)
+            )));
+        }
+        Self::open_as(
+            url,
+            &StoreOptions {
+                migrate: false,
+                ..options.clone()
+            },
+            true,
+        )
+        .await
+    }
+
+    async fn open_as(url: &str, options: &StoreOptions, replica: bool) -> Result<Self> {
         options.validate()?;
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -238,6 +275,18 @@ impl Store {
         store.file = file.as_deref().and_then(FileIdentity::of).map(Arc::new);
         store.clock.clone_from(&options.test_clock);
         let identity = store.file.clone();
+        if replica {
+            store.replica = true;
+            let status = sagaflow_migrations::status(&store.db).await?;
+            if !status.is_current() {
+                return Err(Error::SchemaOutOfDate {
+                    target,
+                    pending: status.pending,
+                    unknown: status.unknown,
+                });
+            }
+            return Ok(store);
+        }
         store
             .prepare(url, target, file, backend, options)
             .await

@@ -67,9 +67,10 @@ impl Overview {
 /// A summary of run `id` that differs whenever something its page shows changed.
 async fn fingerprint(engine: &Engine, id: Uuid) -> Option<String> {
     let mut fp = String::new();
-    let r = engine.run(id).await.ok()??;
+    let page = engine.run_page(id).await.ok()??;
+    let r = &page.run;
     let _ = write!(fp, "{}|{}|", r.state, r.updated_at.timestamp_millis());
-    for s in engine.steps(id).await.ok()? {
+    for s in &page.steps {
         let a = s.attempts;
         let _ = write!(
             fp,
@@ -77,9 +78,8 @@ async fn fingerprint(engine: &Engine, id: Uuid) -> Option<String> {
             s.name, s.state, a.forward, a.compensation, a.failures
         );
     }
-    let history = engine.history(id).await.ok()?;
-    let _ = write!(fp, "|h{}", history.last().map_or(0, |h| h.id));
-    for a in engine.run_alerts(id).await.ok()? {
+    let _ = write!(fp, "|h{}", page.history.last().map_or(0, |h| h.id));
+    for a in &page.alerts {
         let _ = write!(fp, "|a{}:{}", a.id, a.resolved_at.is_some());
     }
     Some(fp)

@@ -28,6 +28,7 @@ mod view;
 mod waits;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{FromRequestParts, Request, State};
@@ -168,10 +169,17 @@ impl FromRequestParts<Console> for PageSession {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, c: &Console) -> Result<Self, Response> {
-        c.sessions
+        let mut session = c
+            .sessions
             .find(&parts.headers)
-            .map(PageSession)
-            .ok_or_else(|| Redirect::to("/console/login").into_response())
+            .ok_or_else(|| Redirect::to("/console/login").into_response())?;
+        // The page says how far behind the replica it reads is; a replica that cannot say
+        // is shown as such rather than failing the page.
+        session.replica_lag = match c.admin.engine.replica_lag().await {
+            Ok(lag) => lag,
+            Err(_) => Some(Duration::MAX),
+        };
+        Ok(PageSession(session))
     }
 }
 

@@ -115,12 +115,15 @@ fn step_states(steps: &[Step], history: &[HistoryEvent]) -> HashMap<String, Step
 }
 
 async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, Error> {
-    let Some(run) = engine.run(id).await? else {
+    let Some(crate::engine::RunPageData {
+        run,
+        steps,
+        history,
+        alerts,
+    }) = engine.run_page(id).await?
+    else {
         return Ok(None);
     };
-    let steps = engine.steps(id).await?;
-    let history = engine.history(id).await?;
-    let alerts = engine.run_alerts(id).await?;
     let waiting = engine.waiting_steps(Some(id), 50).await?;
     let key = format!("{}@{}", run.workflow, run.version);
     let description = engine

@@ -36,6 +36,9 @@ pub(crate) struct Session {
     pub(crate) role: Role,
     /// The CSRF token every state-changing form of this session carries.
     pub(crate) csrf: String,
+    /// How far the read replica the page was read from is behind (set per page request;
+    /// `None` without a replica).
+    pub(crate) replica_lag: Option<Duration>,
 }
 
 impl std::fmt::Debug for Session {
@@ -100,6 +103,7 @@ impl Sessions {
             name,
             role,
             csrf: random_token(),
+            replica_lag: None,
         };
         let now = Instant::now();
         let mut map = self.lock();

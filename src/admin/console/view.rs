@@ -77,11 +77,30 @@ impl Page<'_> {
                             }
                         }
                     }
+                    @if let Some(lag) = s.replica_lag {
+                        p.replica-note role="status" {
+                            @if lag == std::time::Duration::MAX {
+                                "Read from a replica whose lag is unknown: what this page shows may be behind."
+                            } @else {
+                                "Read from a replica " (lag_text(lag))
+                                " behind the primary."
+                            }
+                        }
+                    }
                     main { (body) }
                 }
             }
         };
         Html(page.into_string())
+    }
+}
+
+/// A replica's lag as a page says it: `120 ms`, `4.2 s`.
+pub(super) fn lag_text(lag: std::time::Duration) -> String {
+    if lag < std::time::Duration::from_secs(1) {
+        format!("{} ms", lag.as_millis())
+    } else {
+        format!("{:.1} s", lag.as_secs_f64())
     }
 }
 

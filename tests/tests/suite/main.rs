@@ -44,6 +44,7 @@ mod pause;
 mod primary_failover;
 mod priority;
 mod published;
+mod read_replica;
 mod resource_limits;
 mod restart;
 mod rollback;

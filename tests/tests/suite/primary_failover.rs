@@ -42,13 +42,21 @@ async fn sql(url: &str, statements: &[&str]) {
 }
 
 /// A primary and its streaming standby; `url` names both, primary first.
-struct Pair {
-    primary: PgCluster,
-    standby: PgCluster,
-    url: String,
+pub(crate) struct Pair {
+    pub(crate) primary: PgCluster,
+    pub(crate) standby: PgCluster,
+    pub(crate) url: String,
 }
 
-async fn pair(synchronous: bool) -> Pair {
+impl Pair {
+    /// The URL of the test's database on one server of the pair.
+    pub(crate) fn db_url(cluster: &PgCluster) -> String {
+        let (base, _) = cluster.url.rsplit_once('/').expect("url");
+        format!("{base}/sagaflow_failover")
+    }
+}
+
+pub(crate) async fn pair(synchronous: bool) -> Pair {
     let primary = tokio::task::spawn_blocking(PgCluster::start_private)
         .await
         .expect("task")
@@ -122,7 +130,7 @@ async fn pair(synchronous: bool) -> Pair {
 }
 
 /// The pid of the primary's WAL sender (to its one standby).
-async fn wal_sender(primary_url: &str) -> Pid {
+pub(crate) async fn wal_sender(primary_url: &str) -> Pid {
     let db = Database::connect(primary_url).await.expect("primary");
     let row = db
         .query_one_raw(Statement::from_string(
