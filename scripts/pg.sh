@@ -359,6 +359,22 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
                 exit 1
             fi
             ;;
+        standby)
+            # A streaming standby of the cluster listening on 127.0.0.1:$2.
+            if [[ -z "${2:-}" ]]; then
+                echo "usage: $0 standby PRIMARY_PORT" >&2
+                exit 2
+            fi
+            trap 'pg_stop "${SAGAFLOW_PG_DIR:-}"; exit 130' INT TERM HUP
+            if pg_start "$2"; then
+                trap - INT TERM HUP
+                printf 'export SAGAFLOW_REPLICA_URL=%q\n' "$SAGAFLOW_PG_URL"
+                printf 'export SAGAFLOW_REPLICA_DIR=%q\n' "$SAGAFLOW_PG_DIR"
+                printf '# stop with: bash scripts/pg.sh stop %q\n' "$SAGAFLOW_PG_DIR"
+            else
+                exit 1
+            fi
+            ;;
         stop)
             if [[ -z "${2:-}" ]]; then
                 echo "usage: $0 stop DIR" >&2
@@ -370,6 +386,8 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
             cat >&2 <<EOF
 usage: bash $0 start        start a throwaway cluster; prints export lines
                             (use: eval "\$(bash $0 start)")
+       bash $0 standby PORT start a streaming standby of the cluster on 127.0.0.1:PORT;
+                            prints export lines (SAGAFLOW_REPLICA_URL, SAGAFLOW_REPLICA_DIR)
        bash $0 stop DIR     stop the cluster in DIR and delete DIR
 EOF
             exit 2

@@ -41,6 +41,14 @@ async fn main() -> Result<(), Error> {
             "sqlite://.sagaflow/bench.db?mode=rwc".to_owned()
         }
     };
+    if let Some(replica) = &args.read_replica {
+        let prefill = if args.prefill_finished == 0 {
+            100_000
+        } else {
+            args.prefill_finished
+        };
+        return bench::replica::run(&url, replica, prefill, args.console_secs).await;
+    }
     if let Some(clients) = args.hostile {
         return bench::hostile::run(&url, args.latency_runs, clients).await;
     }

@@ -75,4 +75,12 @@ pub(crate) struct Args {
     /// Internal: run as a worker process until killed.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,
+    /// Measures what a console left open costs the primary, reading it and then reading this
+    /// PostgreSQL replica of `--database-url` (with `--prefill-finished` runs, 100,000 if
+    /// not given).
+    #[arg(long, value_name = "URL")]
+    pub(crate) read_replica: Option<String>,
+    /// How long each phase of `--read-replica` lasts, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) console_secs: u64,
 }

@@ -8,5 +8,6 @@ pub(crate) mod figures;
 pub(crate) mod fleet;
 pub(crate) mod hostile;
 pub(crate) mod parked;
+pub(crate) mod replica;
 pub(crate) mod workload;
 pub(crate) mod writes;
