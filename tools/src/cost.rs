@@ -63,6 +63,17 @@ pub fn project(
     })
 }
 
+/// Sagas a second a machine of `cores` cores carries when the engine and PostgreSQL share
+/// it and CPU is the only limit: every core fully used, each saga costing `server_ms` +
+/// `engine_ms` CPU milliseconds. The benchmark sets it beside the rate it measured, as a check
+/// of the model on the machine it ran on. `None` for no cores or a cost that is not a
+/// positive finite number.
+pub fn shared_machine(cores: u32, server_ms: f64, engine_ms: f64) -> Option<f64> {
+    let per_saga = server_ms + engine_ms;
+    (cores > 0 && server_ms >= 0.0 && engine_ms >= 0.0 && per_saga.is_finite() && per_saga > 0.0)
+        .then(|| f64::from(cores) * 1000.0 / per_saga)
+}
+
 /// Jain's fairness index of the shares `x`: (Σx)² / (n·Σx²), 1 when all are equal, 1/n when
 /// one took everything. `None` for no shares, a negative or non-finite one, or all zero.
 pub fn jain(x: &[f64]) -> Option<f64> {
@@ -79,7 +90,7 @@ pub fn jain(x: &[f64]) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{jain, project};
+    use super::{jain, project, shared_machine};
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * b.abs().max(1.0)
@@ -108,6 +119,15 @@ mod tests {
         assert!(project(0.5, 1.0, 8, 0, 0.7).is_none());
         assert!(project(0.5, 1.0, 8, 4, 1.5).is_none());
         assert!(project(0.5, 1.0, 8, 4, 0.0).is_none());
+    }
+
+    #[test]
+    fn a_shared_machine_carries_its_cores_over_the_sum_of_both_costs() {
+        let r = shared_machine(2, 0.34, 0.16).unwrap_or_else(|| unreachable!());
+        assert!(close(r, 4_000.0), "{r}");
+        assert_eq!(shared_machine(0, 0.34, 0.16), None);
+        assert_eq!(shared_machine(2, 0.0, 0.0), None);
+        assert_eq!(shared_machine(2, f64::INFINITY, 0.16), None);
     }
 
     #[test]

@@ -210,7 +210,7 @@ async fn main() -> Result<(), Error> {
     if let (Some(before), Some(after)) = (writes_before, bench::writes::now(&engine).await) {
         bench::writes::print(&before, &after, args.runs);
     }
-    bench::cpu::print(&cpu_before, &cpu_after, args.runs, &server);
+    bench::cpu::print(&cpu_before, &cpu_after, args.runs, total, &server);
 
     // Latency at moderate load: one run at a time.
     let mut start_lat = Vec::with_capacity(args.latency_runs);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sagaflow::sea_orm::{ConnectionTrait, Statement};
 use sagaflow::{Backend, Engine};
-use sagaflow_tools::cost::{NODE_CORES, SERVER_CORES, UTILISATION, project};
+use sagaflow_tools::cost::{NODE_CORES, SERVER_CORES, UTILISATION, project, shared_machine};
 use sagaflow_tools::cpu;
 
 /// Where the database's CPU can be read from.
@@ -90,7 +90,7 @@ fn line(what: &str, d: Duration, runs: usize, note: &str) {
 
 /// Prints the CPU the throughput phase of `runs` sagas cost between `a` and `b`, and the
 /// projection it gives when PostgreSQL's share is known.
-pub(crate) fn print(a: &Mark, b: &Mark, runs: usize, server: &Server) {
+pub(crate) fn print(a: &Mark, b: &Mark, runs: usize, took: Duration, server: &Server) {
     println!(
         "\ncpu · over the throughput phase (CPU-seconds: what these processes used, whatever else ran)"
     );
@@ -166,7 +166,18 @@ pub(crate) fn print(a: &Mark, b: &Mark, runs: usize, server: &Server) {
         );
     }
     if let Some(server_cpu) = server_cpu {
-        print_projection(per_saga(server_cpu, runs), per_saga(engine, runs));
+        let (server_ms, engine_ms) = (per_saga(server_cpu, runs), per_saga(engine, runs));
+        let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+        if let Some(bound) = shared_machine(u32::try_from(cores).unwrap_or(0), server_ms, engine_ms)
+        {
+            let measured = runs as f64 / took.as_secs_f64();
+            println!(
+                "  this machine       {cores} cores shared by the engine and PostgreSQL carry \
+                 {bound:.0} sagas/s if CPU is the limit; measured {measured:.0} ({:.0}%)",
+                measured * 100.0 / bound
+            );
+        }
+        print_projection(server_ms, engine_ms);
     }
 }
 

@@ -211,6 +211,7 @@ pub(crate) async fn multi_process(
             )));
         }
     }
+    let writes_before = super::writes::now(engine).await;
     let server = super::cpu::Server::of(engine).await;
     let pids: Vec<Option<u32>> = workers.iter().map(tokio::process::Child::id).collect();
     let cpu_before = super::cpu::mark(&server, &pids);
@@ -283,6 +284,9 @@ pub(crate) async fn multi_process(
             (id, n)
         })
         .collect();
+    if let (Some(before), Some(after)) = (writes_before, super::writes::now(engine).await) {
+        super::writes::print(&before, &after, args.runs);
+    }
     print_shares("process", &per_process, secs);
     if let Some(hosts) = args.netns_hosts.map(usize::from) {
         let per_host: Vec<(String, i64)> = (1..=hosts)
@@ -298,7 +302,7 @@ pub(crate) async fn multi_process(
             .collect();
         print_shares("host", &per_host, secs);
     }
-    super::cpu::print(&cpu_before, &cpu_after, args.runs, &server);
+    super::cpu::print(&cpu_before, &cpu_after, args.runs, total, &server);
     engine.shutdown().await;
     Ok(())
 }
