@@ -6,8 +6,11 @@
 //!   under faults, SIGKILLs and a database restart, then invariant checks.
 //!
 //! This library holds what both share: the [`Error`] of both commands, the chaos run's typed
-//! verdict ([`invariants::InvariantReport`]), latency figures and the machine description.
+//! verdict ([`invariants::InvariantReport`]), latency figures, the machine description, CPU
+//! times read from `/proc` and the cost model's arithmetic.
 
+pub mod cost;
+pub mod cpu;
 mod error;
 pub mod invariants;
 pub mod machine;

@@ -4,8 +4,11 @@
 //! starts. Prints workflows/s and steps/s for N runs, start latency (submit → first step
 //! begins) and end-to-end latency at moderate load (runs one at a time), peak RSS, and the
 //! machine and durability settings it ran on, and what the runs wrote per saga (rows and WAL
-//! bytes on PostgreSQL, bytes written on SQLite). With a prefilled history it also times the
-//! console's reads over it. A measurement, not a test: nothing is asserted.
+//! bytes on PostgreSQL, bytes written on SQLite), the CPU each saga cost the engine and
+//! PostgreSQL and the projection to larger servers it gives (issue 32). With a prefilled
+//! history it also times the console's reads over it. With `--netns-hosts N` the worker
+//! processes run in network namespaces and it prints how evenly those hosts shared the
+//! steps. A measurement, not a test: nothing is asserted.
 
 mod bench;
 
@@ -49,6 +52,8 @@ async fn main() -> Result<(), Error> {
         };
         return bench::replica::run(&url, replica, prefill, args.console_secs).await;
     }
+    let worker_urls = bench::fleet::worker_urls(&args, &url)?;
+    let fleet = args.processes > 1 || args.netns_hosts.is_some();
     if let Some(clients) = args.hostile {
         return bench::hostile::run(&url, args.latency_runs, clients).await;
     }
@@ -69,7 +74,7 @@ async fn main() -> Result<(), Error> {
             sagaflow::SqliteSync::Full
         })
         .with_retention(None)
-        .with_workers(args.processes <= 1);
+        .with_workers(!fleet);
     if let Some(r) = bench::workload::resource(args.resource_limit) {
         builder = builder.with_resource(r);
     }
@@ -129,14 +134,16 @@ async fn main() -> Result<(), Error> {
         ceiling::print(&c, ceiling_for);
         c
     };
-    if args.processes > 1 {
-        return multi_process(&args, &url, &engine, &ceilings).await;
+    if fleet {
+        return multi_process(&args, &worker_urls, &engine, &ceilings).await;
     }
 
     // Throughput: N runs submitted by concurrent submitters; time to the last completion.
     let writes_before = bench::writes::now(&engine).await;
+    let server = bench::cpu::Server::of(&engine).await;
     let mut events = engine.subscribe();
     let submitted: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
+    let cpu_before = bench::cpu::mark(&server, &[]);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for s in 0..args.submitters {
@@ -197,6 +204,7 @@ async fn main() -> Result<(), Error> {
         t.await.map_err(Error::task("submitter"))??;
     }
     let total = t0.elapsed();
+    let cpu_after = bench::cpu::mark(&server, &[]);
     println!("\nthroughput · {} runs × 3 steps", args.runs);
     print_throughput(
         args.runs,
@@ -210,6 +218,7 @@ async fn main() -> Result<(), Error> {
     if let (Some(before), Some(after)) = (writes_before, bench::writes::now(&engine).await) {
         bench::writes::print(&before, &after, args.runs);
     }
+    bench::cpu::print(&cpu_before, &cpu_after, args.runs, total, &server);
 
     // Latency at moderate load: one run at a time.
     let mut start_lat = Vec::with_capacity(args.latency_runs);

@@ -72,6 +72,12 @@ pub(crate) struct Args {
     /// How long each idle measurement of `--parked` lasts, in seconds.
     #[arg(long, default_value_t = 30)]
     pub(crate) idle_secs: u64,
+    /// Run the worker processes of `--processes` in this many network namespaces
+    /// `sfhost1..N` (made by `scripts/netns.sh up N`), worker p in host p mod N + 1, each
+    /// reaching PostgreSQL at its host's root-side address 10.231.K.1; then print each host's
+    /// share of the steps and Jain's fairness index. Needs root and a PostgreSQL URL.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub(crate) netns_hosts: Option<u8>,
     /// Internal: run as a worker process until killed.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,

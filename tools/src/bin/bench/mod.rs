@@ -4,6 +4,7 @@
 pub(crate) mod ceiling;
 pub(crate) mod cli;
 pub(crate) mod console;
+pub(crate) mod cpu;
 pub(crate) mod figures;
 pub(crate) mod fleet;
 pub(crate) mod hostile;

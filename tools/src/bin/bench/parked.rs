@@ -33,23 +33,16 @@ fn rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// The process's CPU time so far (user + system).
-fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces) start at the last ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after ')'.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // Linux reports in clock ticks of 1/100 s (USER_HZ) on every architecture we run.
-    Some(Duration::from_millis(ticks * 10))
-}
-
 /// CPU used over `window` of idling, as a share of one core.
 async fn idle_cpu(window: Duration) -> f64 {
-    let (c0, t0) = (cpu_time().unwrap_or_default(), Instant::now());
+    let (c0, t0) = (
+        sagaflow_tools::cpu::this_process().unwrap_or_default(),
+        Instant::now(),
+    );
     tokio::time::sleep(window).await;
-    let used = cpu_time().unwrap_or_default().saturating_sub(c0);
+    let used = sagaflow_tools::cpu::this_process()
+        .unwrap_or_default()
+        .saturating_sub(c0);
     used.as_secs_f64() / t0.elapsed().as_secs_f64()
 }
 

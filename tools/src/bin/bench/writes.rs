@@ -1,9 +1,10 @@
 //! What the sagas of the throughput phase cost the database in writes, per saga: on
 //! PostgreSQL the rows each table inserted, updated (and how many of those updates were HOT)
-//! and deleted, and the WAL bytes, from `pg_stat_user_tables` and `pg_stat_wal`; on SQLite
-//! the bytes this process handed to `write` (the database file, its WAL and the odd line of
-//! output), from `/proc/self/io`, and what that is in the database's pages. Figures that repeat where a time does not: a change to the
-//! rows a saga writes shows in them on a noisy machine.
+//! and deleted, the WAL bytes and the transactions committed, from `pg_stat_user_tables`,
+//! `pg_stat_wal` and `pg_stat_database`; on SQLite the bytes this process handed to `write`
+//! (the database file, its WAL and the odd line of output), from `/proc/self/io`, and what
+//! that is in the database's pages. Figures that repeat where a time does not: a change to
+//! the rows a saga writes shows in them on a noisy machine.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -31,6 +32,7 @@ pub(crate) enum Writes {
     Postgres {
         tables: BTreeMap<String, Rows>,
         wal_bytes: i64,
+        commits: i64,
     },
     Sqlite {
         written: u64,
@@ -82,7 +84,8 @@ async fn postgres(engine: &Engine) -> Option<Writes> {
     let conn = engine.connection();
     let sql = format!(
         "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, \
-           (SELECT wal_bytes FROM pg_stat_wal)::bigint AS wal_bytes \
+           (SELECT wal_bytes FROM pg_stat_wal)::bigint AS wal_bytes, \
+           (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) \
          FROM pg_stat_user_tables WHERE relname IN ({SAGA_TABLES})"
     );
     let rows = conn
@@ -90,7 +93,7 @@ async fn postgres(engine: &Engine) -> Option<Writes> {
         .await
         .ok()?;
     let mut tables = BTreeMap::new();
-    let mut wal_bytes = 0;
+    let (mut wal_bytes, mut commits) = (0, 0);
     for r in rows {
         let name: String = r.try_get_by_index(0).ok()?;
         let counters = Rows {
@@ -100,9 +103,14 @@ async fn postgres(engine: &Engine) -> Option<Writes> {
             deleted: r.try_get_by_index(4).ok()?,
         };
         wal_bytes = r.try_get_by_index(5).ok()?;
+        commits = r.try_get_by_index(6).ok()?;
         tables.insert(name.trim_start_matches("sagaflow_").to_owned(), counters);
     }
-    Some(Writes::Postgres { tables, wal_bytes })
+    Some(Writes::Postgres {
+        tables,
+        wal_bytes,
+        commits,
+    })
 }
 
 /// Prints what happened between `before` and `after`, per saga of `runs`.
@@ -113,10 +121,12 @@ pub(crate) fn print(before: &Writes, after: &Writes, runs: usize) {
             Writes::Postgres {
                 tables: t0,
                 wal_bytes: w0,
+                commits: c0,
             },
             Writes::Postgres {
                 tables: t1,
                 wal_bytes: w1,
+                commits: c1,
             },
         ) => {
             println!("  writes/saga    table      inserted  updated (HOT)   deleted");
@@ -132,6 +142,11 @@ pub(crate) fn print(before: &Writes, after: &Writes, runs: usize) {
             println!(
                 "  WAL/saga       {:.0} bytes (the cluster's, over the phase)",
                 per(w1 - w0)
+            );
+            println!(
+                "  commits/saga   {:.2} (this database's transactions, every session's: the \
+                 engines' and the submitters')",
+                per(c1 - c0)
             );
         }
         (
