@@ -24,6 +24,10 @@ use crate::{Error, Result};
 /// fails (the sqlx driver's default, which the pool keeps).
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long opening a read replica waits for it to replay the migrations its primary has
+/// (an engine started beside a fresh schema opens the replica a moment after migrating).
+const REPLICA_SCHEMA_WAIT: Duration = Duration::from_secs(30);
+
 /// Whether an SQLite URL opens its file read-only (`mode=ro`, or `immutable`).
 fn sqlite_read_only(url: &str) -> bool {
     let Some((_, query)) = url.split_once('?') else {
@@ -107,7 +111,8 @@ impl Store {
     /// # Errors
     /// [`Error::Config`] for an SQLite URL or one naming several servers; [`Error::Connect`]
     /// as [`Store::open`]; [`Error::SchemaOutOfDate`] when the replica's schema is not this
-    /// release's.
+    /// release's within 30 s (it may still be replaying the migrations of its primary), or
+    /// at once when it has migrations this release does not know.
     pub async fn open_replica(url: &str, options: &StoreOptions) -> Result<Self> {
         if !url.starts_with("postgres:") && !url.starts_with("postgresql:") {
             return Err(Error::Config(format!(
@@ -277,15 +282,23 @@ impl Store {
         let identity = store.file.clone();
         if replica {
             store.replica = true;
-            let status = sagaflow_migrations::status(&store.db).await?;
-            if !status.is_current() {
-                return Err(Error::SchemaOutOfDate {
-                    target,
-                    pending: status.pending,
-                    unknown: status.unknown,
-                });
+            // A replica replays the migrations a primary just applied a little later: wait
+            // for it (bounded) rather than refuse an engine started beside a fresh schema.
+            let until = tokio::time::Instant::now() + REPLICA_SCHEMA_WAIT;
+            loop {
+                let status = sagaflow_migrations::status(&store.db).await?;
+                if status.is_current() {
+                    return Ok(store);
+                }
+                if !status.unknown.is_empty() || tokio::time::Instant::now() >= until {
+                    return Err(Error::SchemaOutOfDate {
+                        target,
+                        pending: status.pending,
+                        unknown: status.unknown,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            return Ok(store);
         }
         store
             .prepare(url, target, file, backend, options)
