@@ -67,8 +67,8 @@ async fn neighbours_finish(db: &TestDb, check: impl AsyncFnOnce(&Neighbours)) {
     n.stop().await;
 }
 
-/// Starts an engine (one trivial workflow) on `url` and returns why it could not start.
-async fn start_fails(url: impl Into<String>, why: &str) -> Error {
+/// Starts an engine with one trivial workflow, `w`, on `url`.
+async fn start_trivial(url: impl Into<String>) -> Result<Engine, Error> {
     Engine::builder()
         .with_database_url(url)
         .with_workflow(
@@ -79,7 +79,11 @@ async fn start_fails(url: impl Into<String>, why: &str) -> Error {
         )
         .start()
         .await
-        .expect_err(why)
+}
+
+/// Starts an engine (one trivial workflow) on `url` and returns why it could not start.
+async fn start_fails(url: impl Into<String>, why: &str) -> Error {
+    start_trivial(url).await.expect_err(why)
 }
 
 fn noop()
@@ -288,15 +292,7 @@ async fn bad_input_no_listed_server_is_the_primary() {
     if let Some(db) = sagaflow_testkit::postgres_db().await {
         let (head, tail) = db.url.split_once('@').expect("user part");
         let url = format!("{head}@127.0.0.1:{a},{tail}");
-        let engine = Engine::builder()
-            .with_database_url(url)
-            .with_workflow(
-                Workflow::builder("w", 1)
-                    .step("a", noop())
-                    .build()
-                    .expect("wf"),
-            )
-            .start()
+        let engine = start_trivial(url)
             .await
             .expect("the second server is the primary");
         let run = engine.start("w", &()).await.expect("start");
