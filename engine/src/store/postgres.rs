@@ -71,9 +71,12 @@ fn rows_from(first: usize, cols: &[(&str, &str)]) -> String {
     )
 }
 
-fn numbered_rows(n: u64) -> String {
+fn numbered_rows(n: u64, newest_ago: i64, step: i64) -> String {
+    // A UUIDv7's layout: 48 bits of epoch milliseconds, the version nibble, then random bits.
     format!(
-        "SELECT gen_random_uuid() AS id, {{now}} - g AS t, g AS i FROM generate_series(1, {n}) AS g"
+        "SELECT (lpad(to_hex(t), 12, '0') || '7' || substr(md5(random()::text), 1, 19))::uuid AS id, \
+         t, g AS i FROM (SELECT {{now}} - {newest_ago} - g * {step} AS t, g \
+         FROM generate_series(1, {n}) AS g) AS s"
     )
 }
 

@@ -219,12 +219,16 @@ impl Store {
     /// measurements ("throughput with a million finished runs in history", AT-5, and the
     /// console's list over them). Every run has a business key (`order-<i>`); one in a
     /// hundred is compensated rather than completed, and one in fifty had failed attempts
-    /// (1 to 7). Not for production use.
+    /// (1 to 7). The runs started and finished between `ages.start` and `ages.end`
+    /// milliseconds ago (DB clock), evenly apart, newest first; on PostgreSQL their ids carry
+    /// that time as UUIDv7s do, so they land in the history partitions of that time. Not for
+    /// production use.
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn run_fill_finished(&self, n: u64) -> Result<()> {
-        let rows = (self.dialect().numbered_rows)(n);
+    pub async fn run_fill_finished(&self, n: u64, ages: std::ops::Range<i64>) -> Result<()> {
+        let step = ((ages.end - ages.start) / i64::try_from(n.max(1)).unwrap_or(i64::MAX)).max(1);
+        let rows = (self.dialect().numbered_rows)(n, ages.start, step);
         let txn = self.exec.begin().await?;
         txn.execute(self.stmt(
             &format!(
@@ -251,8 +255,9 @@ impl Store {
             txn.execute(self.stmt(
                 &format!(
                     "INSERT INTO sagaflow_history (run_id, step, event, actor, at) \
-                     SELECT id, 'only', '{event}', 'fill', created_at FROM sagaflow_runs \
-                     WHERE workflow IN ('archive', 'archive_b')"
+                     SELECT id, 'only', '{event}', 'fill', created_at FROM sagaflow_runs AS r \
+                     WHERE workflow IN ('archive', 'archive_b') AND NOT EXISTS (SELECT 1 \
+                     FROM sagaflow_history AS h WHERE h.run_id = r.id AND h.event = '{event}')"
                 ),
                 vec![],
             ))

@@ -34,7 +34,7 @@ pub(super) struct Dialect {
     /// The `FROM` source named `v` over the JSON parameter `first` with typed columns.
     pub(super) rows_from: fn(usize, &[(&str, &str)]) -> String,
     /// A source of `n` numbered rows `(id, t, i)`: fresh ids, `{now} - i` and `i`.
-    pub(super) numbered_rows: fn(u64) -> String,
+    pub(super) numbered_rows: fn(u64, i64, i64) -> String,
     /// The statement that locks the runs matching `cond` (and `only`) for a unit of work
     /// and returns their columns and `dirty`, clearing `dirty` where the lock is the file's.
     pub(super) lock_runs: fn(&str, &str) -> String,

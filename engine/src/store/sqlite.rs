@@ -101,10 +101,10 @@ fn rows_from(first: usize, cols: &[(&str, &str)]) -> String {
     )
 }
 
-fn numbered_rows(n: u64) -> String {
+fn numbered_rows(n: u64, newest_ago: i64, step: i64) -> String {
     format!(
         "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {n}) \
-         SELECT randomblob(16) AS id, {{now}} - i AS t, i FROM g"
+         SELECT randomblob(16) AS id, {{now}} - {newest_ago} - i * {step} AS t, i FROM g"
     )
 }
 

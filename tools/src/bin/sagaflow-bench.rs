@@ -8,7 +8,8 @@
 //! PostgreSQL and the projection to larger servers it gives (issue 32). With a prefilled
 //! history it also times the console's reads over it. With `--netns-hosts N` the worker
 //! processes run in network namespaces and it prints how evenly those hosts shared the
-//! steps. A measurement, not a test: nothing is asserted.
+//! steps. With `--retention N` it measures the retention pass over N finished runs instead.
+//! A measurement, not a test: nothing is asserted.
 
 mod bench;
 
@@ -51,6 +52,9 @@ async fn main() -> Result<(), Error> {
             args.prefill_finished
         };
         return bench::replica::run(&url, replica, prefill, args.console_secs).await;
+    }
+    if let Some(runs) = args.retention {
+        return bench::retention::run(&url, runs, args.load_secs, args.submitters).await;
     }
     let worker_urls = bench::fleet::worker_urls(&args, &url)?;
     let fleet = args.processes > 1 || args.netns_hosts.is_some();
@@ -110,7 +114,10 @@ async fn main() -> Result<(), Error> {
         let t = Instant::now();
         engine
             .store()
-            .run_fill_finished(args.prefill_finished)
+            .run_fill_finished(
+                args.prefill_finished,
+                0..i64::try_from(args.prefill_finished).unwrap_or(i64::MAX),
+            )
             .await?;
         println!(
             "  prefilled {} finished runs with history in {:.1} s",

@@ -89,4 +89,13 @@ pub(crate) struct Args {
     /// How long each phase of `--read-replica` lasts, in seconds.
     #[arg(long, default_value_t = 20)]
     pub(crate) console_secs: u64,
+    /// Measures the retention pass over this many finished runs: alone (time, WAL, the
+    /// vacuum after it), then under the saga load (`--submitters` runs in flight) against
+    /// the same load with nothing due.
+    #[arg(long, value_name = "RUNS")]
+    pub(crate) retention: Option<u64>,
+    /// How long the quiet window of `--retention` lasts (and at least the busy one), in
+    /// seconds.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) load_secs: u64,
 }

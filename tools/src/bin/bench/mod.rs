@@ -10,5 +10,6 @@ pub(crate) mod fleet;
 pub(crate) mod hostile;
 pub(crate) mod parked;
 pub(crate) mod replica;
+pub(crate) mod retention;
 pub(crate) mod workload;
 pub(crate) mod writes;

@@ -172,7 +172,11 @@ pub(crate) async fn run(url: &str, replica: &str, prefill: u64, secs: u64) -> Re
     let have = primary.store().run_count_finished(0).await?;
     if have < prefill {
         let t = Instant::now();
-        primary.store().run_fill_finished(prefill - have).await?;
+        let n = prefill - have;
+        primary
+            .store()
+            .run_fill_finished(n, 0..i64::try_from(n).unwrap_or(i64::MAX))
+            .await?;
         println!(
             "  prefilled {} finished runs with history in {:.1} s",
             prefill - have,
