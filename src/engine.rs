@@ -518,7 +518,10 @@ impl Engine {
     /// Deletes the runs that finished more than `older_than` ago (database clock), with
     /// their history and alerts, as the supervisor's retention sweep does (see
     /// [`EngineBuilder::with_retention`](crate::EngineBuilder::with_retention)), in bounded
-    /// batches until none is left. Returns how many runs were deleted.
+    /// batches until none is left. On PostgreSQL their history goes with the partition of
+    /// the day they started, dropped here once no kept run of that day needs it (a purged
+    /// run's history is unreadable from the moment its run is deleted). Returns how many
+    /// runs were deleted.
     ///
     /// # Errors
     /// [`Error::Db`] (the batches deleted before it stay deleted).
@@ -531,9 +534,11 @@ impl Engine {
             let n = self.inner.store.run_purge_finished(age, BATCH).await?;
             total += n;
             if n < u64::from(BATCH) {
-                return Ok(total);
+                break;
             }
         }
+        self.inner.store.history_partitions_maintain(age).await?;
+        Ok(total)
     }
 
     /// Alerts of one run, open or resolved.

@@ -64,6 +64,8 @@ mod m0020_history_folds;
 mod m0021_compensation_share;
 mod m0022_restarts;
 mod m0023_step_progress;
+mod m0024_history_partitions;
+pub mod partitions;
 
 /// Name of the table that records applied sagaflow migrations.
 pub const MIGRATION_TABLE: &str = "sagaflow_migrations";
@@ -109,6 +111,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0021_compensation_share::Migration),
             Box::new(m0022_restarts::Migration),
             Box::new(m0023_step_progress::Migration),
+            Box::new(m0024_history_partitions::Migration),
         ]
     }
 

@@ -48,7 +48,8 @@
 //!   [`StoreTx::wait_deliver`]
 //! - callbacks: [`Store::callback_register`], [`Store::callback_live_now`]; in a unit of work
 //!   [`StoreTx::callback_live`]
-//! - history: [`Store::history_event_counts`]; in a unit of work [`StoreTx::history_push`]
+//! - history: [`Store::history_event_counts`], [`Store::history_partitions_maintain`]; in a
+//!   unit of work [`StoreTx::history_push`]
 //! - alerts: [`Store::alert_insert`], [`Store::alert_list`], [`Store::alert_open_keys`],
 //!   [`Store::alert_resolve`], [`Store::alert_resolve_key`]
 //! - notices to deliver: [`Store::outbox_pending`], [`Store::outbox_done`],
@@ -73,6 +74,7 @@
 //! `attempts.rs`, `aging.rs`, `waits.rs`, `rewrite.rs` for migrations, …); `sql.rs` builds
 //! statements; `options.rs`, `open.rs`, `primary.rs` and `file.rs` configure, open and watch
 //! the database (`primary.rs` follows the primary among several PostgreSQL servers);
+//! `partitions.rs` makes and drops the history's day partitions on PostgreSQL;
 //! `tx.rs` is the unit of work; `rows.rs` decodes rows.
 
 mod aging;
@@ -91,6 +93,7 @@ mod lite;
 mod open;
 mod options;
 mod outbox;
+mod partitions;
 mod plans;
 mod postgres;
 mod primary;
@@ -132,6 +135,7 @@ pub use options::{
     StoreOptions, redact_url,
 };
 pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
+pub use partitions::PartitionPass;
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;
 pub use resources::{ResourceAsk, ResourceClaim, ResourceOutcomes};

@@ -9,7 +9,8 @@ use super::rows::{RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
 use super::{RunRow, RunView, StepRow, Store, StoreTx, placeholders};
 use crate::interleave::{Point, Unit};
 use crate::model::{HistoryEvent, HistoryKind, RunCounts};
-use crate::{Error, Result, RunState};
+use crate::{Backend, Error, Result, RunState};
+use sagaflow_migrations::partitions::HISTORY_DEFAULT_PARTITION;
 
 impl Store {
     /// A run by id.
@@ -80,7 +81,8 @@ impl Store {
         let rows = conn
             .query_all(self.stmt(
                 "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at, then_states \
-                 FROM sagaflow_history WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                 FROM sagaflow_history WHERE run_id = $1 AND id > $2 \
+                 AND EXISTS (SELECT 1 FROM sagaflow_runs WHERE id = $1) ORDER BY id LIMIT $3",
                 vec![id.into(), after.into(), rows.into()],
             ))
             .await?;
@@ -229,6 +231,9 @@ impl Store {
     pub async fn run_fill_finished(&self, n: u64, ages: std::ops::Range<i64>) -> Result<()> {
         let step = ((ages.end - ages.start) / i64::try_from(n.max(1)).unwrap_or(i64::MAX)).max(1);
         let rows = (self.dialect().numbered_rows)(n, ages.start, step);
+        let now = self.now_ms().await?;
+        self.history_partitions_back_to(now - ages.end, now - ages.start)
+            .await;
         let txn = self.exec.begin().await?;
         txn.execute(self.stmt(
             &format!(
@@ -275,9 +280,10 @@ impl Store {
     pub async fn history_event_counts(&self) -> Result<Vec<(String, i64)>> {
         // The `state` changes folded into other rows count as the events they read back as.
         let sql = format!(
-            "SELECT event, COUNT(*) AS n FROM sagaflow_history GROUP BY event \
+            "SELECT event, COUNT(*) AS n FROM sagaflow_history WHERE {kept} GROUP BY event \
              UNION ALL SELECT '{state}', SUM({folded}) FROM sagaflow_history \
-             WHERE then_states IS NOT NULL",
+             WHERE then_states IS NOT NULL AND {kept}",
+            kept = "EXISTS (SELECT 1 FROM sagaflow_runs AS r WHERE r.id = sagaflow_history.run_id)",
             state = HistoryKind::State.as_ref(),
             folded = self.dialect().folded_count,
         );
@@ -361,8 +367,15 @@ impl Store {
             *gone.entry(key).or_default() -= 1;
         }
         // Steps too: a completed child run keeps its steps for its parent's compensation.
+        // On PostgreSQL a run's history goes with its day's partition
+        // (`Store::history_partitions_maintain`), unless it was moved to the default one.
+        let history = if self.backend == Backend::Postgres {
+            HISTORY_DEFAULT_PARTITION
+        } else {
+            "sagaflow_history"
+        };
         for table in [
-            "sagaflow_history",
+            history,
             "sagaflow_alerts",
             "sagaflow_steps",
             "sagaflow_events",

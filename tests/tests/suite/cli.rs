@@ -615,12 +615,16 @@ async fn only_migrate_changes_the_schema_and_dry_run_shows_its_sql() {
         let plan = json(url, &["migrate", "--dry-run"]).await;
         let pending = plan["pending"].as_array().expect("pending");
         assert_eq!(pending[0]["name"], "m0001_initial", "[{b}] {plan}");
-        assert!(
-            pending
-                .iter()
-                .all(|m| !m["statements"].as_array().expect("sql").is_empty()),
-            "[{b}] every migration executes something on an empty database"
-        );
+        for m in pending {
+            // The history partitions (m0024) are PostgreSQL's alone.
+            let nothing = m["statements"].as_array().expect("sql").is_empty();
+            let pg_only = m["name"] == "m0024_history_partitions";
+            assert_eq!(
+                nothing,
+                b == "sqlite" && pg_only,
+                "[{b}] every migration executes something on an empty database: {m}"
+            );
+        }
         assert_eq!(
             tables(&db.url).await,
             Vec::<String>::new(),

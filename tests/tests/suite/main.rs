@@ -40,6 +40,7 @@ mod metrics;
 mod migrate;
 mod openapi;
 mod operator;
+mod partitions;
 mod pause;
 mod primary_failover;
 mod priority;

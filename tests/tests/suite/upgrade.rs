@@ -2,7 +2,9 @@
 //! database written before it, holding runs in every state a run rests in (pending, running
 //! with a step parked on an event, paused, stopped in error, completed, compensated) and
 //! their history one row per transition, is upgraded by the next start; every history reads
-//! as it did, and every unfinished run is then finished.
+//! as it did, and every unfinished run is then finished. On PostgreSQL the same start also
+//! applies the history partitioning (m0024): the rows written before become its first
+//! partition.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -177,6 +179,19 @@ async fn folded_rows(engine: &Engine) -> i64 {
     row.try_get("", "n").expect("n")
 }
 
+async fn rows_in(engine: &Engine, table: &str) -> i64 {
+    let conn = engine.connection();
+    let row = conn
+        .query_one_raw(Statement::from_string(
+            conn.get_database_backend(),
+            format!("SELECT COUNT(*) AS n FROM {table}"),
+        ))
+        .await
+        .expect("count")
+        .expect("a row");
+    row.try_get("", "n").expect("n")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_over_the_history_migration_keeps_every_run_and_its_history() {
     for db in backends().await {
@@ -237,6 +252,19 @@ async fn an_upgrade_over_the_history_migration_keeps_every_run_and_its_history()
         let services = Services::default();
         let engine = start(&db, &services).await;
         assert_eq!(folded_rows(&engine).await, 0, "[{b}] nothing folded yet");
+        if b == "postgres" {
+            // m0024 made the table partitioned, the old rows its first partition.
+            let kept = rows_in(&engine, "sagaflow_history_before").await;
+            assert!(
+                kept > 0,
+                "[{b}] the old rows are in the partition of before"
+            );
+            assert_eq!(
+                kept,
+                rows_in(&engine, "sagaflow_history").await,
+                "[{b}] all of them, and nothing new yet"
+            );
+        }
         for (id, (state, history)) in &before {
             let run = engine.run(*id).await.expect("run").expect("exists");
             assert_eq!(run.state, *state, "[{b}] {id}");

@@ -127,7 +127,8 @@ async fn fill(engine: &Engine, runs: u64) -> Result<(), Error> {
 }
 
 /// What the retention service does in one pass: deletes due runs a batch at a time until
-/// none is left. Returns how many went.
+/// none is left, then drops the history partitions no kept run needs. Returns how many runs
+/// went.
 async fn purge(engine: &Engine) -> Result<u64, Error> {
     let store = engine.store();
     let mut total = 0;
@@ -135,9 +136,17 @@ async fn purge(engine: &Engine) -> Result<u64, Error> {
         let n = store.run_purge_finished(AGE_MS, BATCH).await?;
         total += n;
         if n < u64::from(BATCH) {
-            return Ok(total);
+            break;
         }
     }
+    let pass = store.history_partitions_maintain(AGE_MS).await?;
+    if pass != sagaflow::internals::store::PartitionPass::default() {
+        println!(
+            "  history partitions: {} dropped, {} made, {} runs moved, {} busy",
+            pass.dropped, pass.created, pass.moved_runs, pass.busy
+        );
+    }
+    Ok(total)
 }
 
 /// The statements that clean up after the pass.
