@@ -36,9 +36,9 @@ pub struct PartitionPass {
     pub created: u64,
     /// Partitions dropped with the history they held.
     pub dropped: u64,
-    /// Runs still kept whose history was moved to the default partition before their
+    /// History rows of runs still kept, moved to the default partition before their
     /// partition was dropped.
-    pub moved_runs: u64,
+    pub moved_rows: u64,
     /// Partitions due to go that were left for the next pass: their lock was busy.
     pub busy: u64,
 }
@@ -91,13 +91,13 @@ impl Store {
         // Behind.
         for part in parts.iter().filter(|p| p.hi <= now - DROP_MARGIN_MS) {
             let stragglers_go = part.hi <= now - retention_ms - HISTORY_PARTITION_SPAN_MS;
-            if !stragglers_go && self.runs_in(&self.exec, part).await? > 0 {
+            if !stragglers_go && self.runs_in(&self.exec, part).await? {
                 continue;
             }
             match self.history_partition_drop(part, stragglers_go).await {
                 Ok(Some(moved)) => {
                     pass.dropped += 1;
-                    pass.moved_runs += moved;
+                    pass.moved_rows += moved;
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -112,7 +112,7 @@ impl Store {
     /// Drops `part` under the history table's lock, after checking again that none of its
     /// runs is kept or, with `stragglers_go`, moving the history of those that are to the
     /// default partition. `None` when a run is kept and may not be moved yet; else how many
-    /// runs' history moved.
+    /// history rows moved.
     async fn history_partition_drop(
         &self,
         part: &Partition,
@@ -125,33 +125,32 @@ impl Store {
         // committed (and its run is seen below) before this one goes on.
         txn.execute_unprepared("LOCK TABLE sagaflow_history IN ACCESS EXCLUSIVE MODE")
             .await?;
-        let kept = self.runs_in(&txn, part).await?;
-        if kept > 0 {
+        let mut moved = 0;
+        if self.runs_in(&txn, part).await? {
             if !stragglers_go {
                 txn.rollback().await?;
                 return Ok(None);
             }
-            let (range, _) = range_of(part);
-            for sql in [
-                format!(
-                    "ALTER TABLE sagaflow_history DETACH PARTITION {}",
-                    part.name
-                ),
-                // No partition covers the range now: the rows land in the default one, as
-                // will any history these runs write from here on.
-                format!(
+            txn.execute_unprepared(&format!(
+                "ALTER TABLE sagaflow_history DETACH PARTITION {}",
+                part.name
+            ))
+            .await?;
+            // No partition covers the range now: the rows land in the default one, as will
+            // any history these runs write from here on.
+            moved = txn
+                .execute_unprepared(&format!(
                     "INSERT INTO sagaflow_history ({HISTORY_COLUMNS}) SELECT {HISTORY_COLUMNS} \
-                     FROM {} WHERE run_id IN (SELECT id FROM sagaflow_runs WHERE {range})",
-                    part.name
-                ),
-            ] {
-                txn.execute_unprepared(&sql).await?;
-            }
+                     FROM {} WHERE run_id IN (SELECT id FROM sagaflow_runs WHERE {})",
+                    part.name,
+                    range_of(part)
+                ))
+                .await?;
         }
         txn.execute_unprepared(&format!("DROP TABLE {}", part.name))
             .await?;
         txn.commit().await?;
-        Ok(Some(kept))
+        Ok(Some(moved))
     }
 
     /// Makes the partitions of the days between `from_ms` and `to_ms` (database clock) where
@@ -187,20 +186,18 @@ impl Store {
         })
     }
 
-    /// How many runs the partition's range of ids holds.
-    async fn runs_in<C: Exec>(&self, conn: &C, part: &Partition) -> Result<u64> {
-        let (range, _) = range_of(part);
-        let row = conn
-            .query_one(self.stmt(
-                &format!("SELECT COUNT(*) AS n FROM sagaflow_runs WHERE {range}"),
-                vec![],
-            ))
-            .await?;
-        let n: i64 = match row {
-            Some(r) => r.try_get("", "n")?,
-            None => 0,
-        };
-        Ok(u64::try_from(n).unwrap_or(0))
+    /// Whether a run of the partition's range of ids is kept: one probe of the runs' primary
+    /// key, however many there are.
+    async fn runs_in<C: Exec>(&self, conn: &C, part: &Partition) -> Result<bool> {
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM sagaflow_runs WHERE {}) AS kept",
+            range_of(part)
+        );
+        let row = conn.query_one(self.stmt(&sql, vec![])).await?;
+        Ok(match row {
+            Some(r) => r.try_get("", "kept")?,
+            None => false,
+        })
     }
 
     /// The history table's partitions but the default one, from the catalog.
@@ -233,14 +230,13 @@ impl Store {
     }
 }
 
-/// The condition on `sagaflow_runs.id` for the partition's range, and its upper bound.
-fn range_of(part: &Partition) -> (String, String) {
+/// The condition on `sagaflow_runs.id` for the partition's range.
+fn range_of(part: &Partition) -> String {
     let hi = uuid_floor(part.hi);
-    let cond = match part.lo {
+    match part.lo {
         Some(lo) => format!("id >= '{}' AND id < '{hi}'", uuid_floor(lo)),
         None => format!("id < '{hi}'"),
-    };
-    (cond, hi)
+    }
 }
 
 /// `FOR VALUES FROM ('…') TO ('…')`, or `FROM (MINVALUE) TO ('…')`, as milliseconds.

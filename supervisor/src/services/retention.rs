@@ -76,7 +76,7 @@ impl MaintenanceService for Retention {
             .with("instances_purged", instances)
             .with("history_partitions_created", partitions.created)
             .with("history_partitions_dropped", partitions.dropped)
-            .with("history_runs_moved", partitions.moved_runs)
+            .with("history_rows_moved", partitions.moved_rows)
             .with("history_partitions_busy", partitions.busy))
     }
 }

@@ -142,8 +142,8 @@ async fn purge(engine: &Engine) -> Result<u64, Error> {
     let pass = store.history_partitions_maintain(AGE_MS).await?;
     if pass != sagaflow::internals::store::PartitionPass::default() {
         println!(
-            "  history partitions: {} dropped, {} made, {} runs moved, {} busy",
-            pass.dropped, pass.created, pass.moved_runs, pass.busy
+            "  history partitions: {} dropped, {} made, {} rows moved, {} busy",
+            pass.dropped, pass.created, pass.moved_rows, pass.busy
         );
     }
     Ok(total)
