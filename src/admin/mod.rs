@@ -68,6 +68,7 @@ pub use auth::{AdminToken, Role, WeakToken};
 pub use events::EVENTS_POLL;
 #[cfg(feature = "internals")]
 pub(crate) use routes::API_ROUTES;
+pub use routes::REPLICA_LAG_HEADER;
 pub use serve::stop_signal;
 pub use throttle::{AdminLimits, RouteLimit};
 pub use token_file::{ADMIN_TOKEN_FILE_ENV, TOKEN_SECRET_MIN_CHARS, TokenFileError};

@@ -121,6 +121,10 @@ pub(super) struct ApiDoc;
 pub(super) fn router(state: AdminState, body_limit: usize) -> Router {
     let api = api_routes()
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            replica_lag_header,
+        ))
         .layer(middleware::from_fn(refuse_nul))
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -183,6 +187,37 @@ async fn json_refusals(res: Response) -> Response {
         }
     }
     out
+}
+
+/// The header that tells a client how far behind the primary the read replica that served
+/// its `GET` was, in milliseconds ([`Engine::replica_lag`](crate::Engine::replica_lag): `0`
+/// once caught up, else an upper bound). Sent only by an engine that reads from a replica
+/// ([`EngineBuilder::with_read_replica`](crate::EngineBuilder::with_read_replica)).
+pub const REPLICA_LAG_HEADER: &str = "sagaflow-replica-lag-ms";
+
+/// Adds [`REPLICA_LAG_HEADER`] to the answer of a `GET` while reads go to a replica.
+async fn replica_lag_header(
+    axum::extract::State(state): axum::extract::State<AdminState>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let read = req.method() == axum::http::Method::GET;
+    let mut res = next.run(req).await;
+    if !read || !state.engine.reads().is_replica() {
+        return res;
+    }
+    match state.engine.replica_lag().await {
+        Ok(Some(lag)) => {
+            let ms = u64::try_from(lag.as_millis()).unwrap_or(u64::MAX);
+            res.headers_mut().insert(
+                axum::http::HeaderName::from_static(REPLICA_LAG_HEADER),
+                axum::http::HeaderValue::from(ms),
+            );
+        }
+        Ok(None) => {}
+        Err(e) => tracing::debug!(error = %e, "the replica's lag could not be read"),
+    }
+    res
 }
 
 /// A path or query holding NUL (`%00`) is refused with 400 `invalid_request` before a

@@ -118,7 +118,20 @@ async fn without_a_valid_token_only_health_answers() {
         .await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "[{b}] {body}");
 
-        // A read-only token reads but does not start.
+        // A read-only token reads but does not start. Reads from the primary carry no lag.
+        let plain = http
+            .get(url("/api/v1/definitions"))
+            .bearer_auth(VIEW)
+            .send()
+            .await
+            .expect("get");
+        assert!(
+            plain
+                .headers()
+                .get(sagaflow::admin::REPLICA_LAG_HEADER)
+                .is_none(),
+            "[{b}] no replica, no lag header"
+        );
         let (status, body) = answer(http.get(url("/api/v1/definitions")).bearer_auth(VIEW)).await;
         assert_eq!(status, StatusCode::OK, "[{b}] {body}");
         let order = body["definitions"]

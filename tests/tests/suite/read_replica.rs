@@ -111,6 +111,26 @@ async fn display_reads_come_from_the_replica_and_decisions_never_wait_for_it() {
     assert_eq!(counts.get(RunState::Completed), 1, "{counts:?}");
     let lag = engine.replica_lag().await.expect("lag").expect("a replica");
     assert!(lag > Duration::ZERO, "the replica is behind, lag {lag:?}");
+    // The API's reads say so too.
+    let listed_by_api = http
+        .get(format!("http://{addr}/api/v1/runs"))
+        .bearer_auth(VIEW)
+        .send()
+        .await
+        .expect("get");
+    let header = listed_by_api
+        .headers()
+        .get(sagaflow::admin::REPLICA_LAG_HEADER)
+        .map(|v| {
+            v.to_str()
+                .expect("ascii")
+                .parse::<u64>()
+                .expect("milliseconds")
+        });
+    assert!(
+        header.is_some_and(|ms| ms > 0),
+        "the list's answer carries the lag: {header:?}"
+    );
     let (status, page) = get("/console/runs".into()).await;
     assert!(status.is_success(), "{status}");
     assert!(page.contains("Read from a replica"), "the lag is shown");
