@@ -11,6 +11,8 @@ use crate::exit::Failure;
 
 /// Environment variable holding the database URL.
 pub(crate) const DATABASE_URL_ENV: &str = "SAGAFLOW_DATABASE_URL";
+/// Environment variable holding the read replica the reading commands and `serve` read from.
+pub(crate) const READ_REPLICA_ENV: &str = "SAGAFLOW_READ_REPLICA_URL";
 /// Environment variable read for the database URL when [`DATABASE_URL_ENV`] is not set.
 pub(crate) const DATABASE_URL_FALLBACK_ENV: &str = "DATABASE_URL";
 
@@ -70,16 +72,18 @@ pub(crate) fn url(flag: Option<&str>) -> Result<String, Failure> {
 
 /// A client-only engine over the database: it runs no step, registers as no instance,
 /// publishes nothing, and applies no migration (a schema that is not this release's is
-/// refused with [`crate::exit::SCHEMA`]).
-pub(crate) async fn client(url: &str) -> Result<Engine, Failure> {
-    Engine::builder()
+/// refused with [`crate::exit::SCHEMA`]). Given a read replica, its lists, counts and
+/// overviews are read there.
+pub(crate) async fn client(url: &str, read_replica: Option<&str>) -> Result<Engine, Failure> {
+    let mut builder = Engine::builder()
         .with_database_url(url)
         .with_published_workflows()
         .with_schema_migrations(false)
-        .with_connect_timeouts(CONNECT_TIMEOUT, CONNECT_TIMEOUT)
-        .start()
-        .await
-        .map_err(Failure::from)
+        .with_connect_timeouts(CONNECT_TIMEOUT, CONNECT_TIMEOUT);
+    if let Some(replica) = read_replica.filter(|r| !r.is_empty()) {
+        builder = builder.with_read_replica(replica);
+    }
+    builder.start().await.map_err(Failure::from)
 }
 
 /// A plain connection, for the migrations.

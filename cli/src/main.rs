@@ -67,6 +67,19 @@ struct Cli {
     )]
     database_url: Option<String>,
 
+    /// A PostgreSQL read replica of the database (a streaming standby, or a load balancer in
+    /// front of several) to read lists, counts and overviews from: `serve`'s console and API
+    /// reads, and the reading commands. They may lag; writes and operator actions go to the
+    /// database.
+    #[arg(
+        long,
+        global = true,
+        env = db::READ_REPLICA_ENV,
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    read_replica: Option<String>,
+
     /// Machine output: one JSON document on standard output (shapes in docs/cli.md).
     #[arg(long, global = true)]
     json: bool,
@@ -273,7 +286,7 @@ fn main() -> ExitCode {
         Err(e) => return Failure::failed(format!("cannot start the runtime: {e}")).report(),
     };
     if let Command::Serve(args) = cli.command {
-        return runtime.block_on(serve::serve(args, cli.database_url));
+        return runtime.block_on(serve::serve(args, cli.database_url, cli.read_replica));
     }
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::from(exit::OK),
@@ -288,7 +301,7 @@ async fn run(cli: Cli) -> Outcome {
     if let Command::Migrate { dry_run } = cli.command {
         return schema::migrate(&url, dry_run, json).await;
     }
-    let engine = db::client(&url).await?;
+    let engine = db::client(&url, cli.read_replica.as_deref()).await?;
     let outcome = command(&engine, cli.command, json).await;
     engine.shutdown().await;
     outcome

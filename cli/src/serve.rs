@@ -12,8 +12,6 @@ use crate::exit::USAGE;
 
 /// Environment variable holding the address `sagaflow serve` listens on.
 const LISTEN_ENV: &str = "SAGAFLOW_LISTEN";
-/// Environment variable holding the read replica `sagaflow serve` reads from.
-const READ_REPLICA_ENV: &str = "SAGAFLOW_READ_REPLICA_URL";
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
@@ -25,12 +23,6 @@ pub(crate) struct ServeArgs {
     /// SAGAFLOW_ADMIN_TOKEN (named `admin`) is used.
     #[arg(long, env = ADMIN_TOKEN_FILE_ENV, value_name = "FILE")]
     token_file: Option<PathBuf>,
-
-    /// A PostgreSQL read replica (a streaming standby, or a load balancer in front of
-    /// several) to serve the console's and the API's reads from; they may lag, and the
-    /// console says by how much. Writes and operator actions go to the database.
-    #[arg(long, env = READ_REPLICA_ENV, value_name = "URL")]
-    read_replica: Option<String>,
 }
 
 /// Prints `sagaflow: …` and gives the failure exit code.
@@ -66,7 +58,11 @@ fn tokens(args: &ServeArgs) -> Result<AdminConfig, String> {
     }
 }
 
-pub(crate) async fn serve(args: ServeArgs, database: Option<String>) -> ExitCode {
+pub(crate) async fn serve(
+    args: ServeArgs,
+    database: Option<String>,
+    read_replica: Option<String>,
+) -> ExitCode {
     let config = match tokens(&args) {
         Ok(c) => c,
         Err(e) => return usage(e),
@@ -91,7 +87,7 @@ pub(crate) async fn serve(args: ServeArgs, database: Option<String>) -> ExitCode
         .with_database_url(url.clone())
         .with_published_workflows()
         .with_admin(args.listen, config);
-    if let Some(replica) = args.read_replica.filter(|r| !r.is_empty()) {
+    if let Some(replica) = read_replica.filter(|r| !r.is_empty()) {
         builder = builder.with_read_replica(replica);
     }
     let engine = match builder.start().await {

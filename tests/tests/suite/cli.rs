@@ -35,6 +35,7 @@ async fn sagaflow_logging(db: &str, args: &[&str], level: &str) -> Output {
         .arg(db)
         .env_remove("SAGAFLOW_DATABASE_URL")
         .env_remove("DATABASE_URL")
+        .env_remove("SAGAFLOW_READ_REPLICA_URL")
         .env_remove("SAGAFLOW_OPERATOR")
         .env("RUST_LOG", level)
         .timeout(Duration::from_secs(60));

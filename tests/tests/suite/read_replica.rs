@@ -131,6 +131,32 @@ async fn display_reads_come_from_the_replica_and_decisions_never_wait_for_it() {
         header.is_some_and(|ms| ms > 0),
         "the list's answer carries the lag: {header:?}"
     );
+    // So are the command line's, given the replica; without it, they read the primary.
+    let (primary_url, standby_url) = (Pair::db_url(&pair.primary), Pair::db_url(&pair.standby));
+    let replica_args = [
+        "runs",
+        "list",
+        "--json",
+        "--read-replica",
+        standby_url.as_str(),
+    ];
+    let from_replica = crate::cli::sagaflow(&primary_url, &replica_args).await;
+    let out = crate::cli::stdout(&from_replica);
+    assert!(
+        from_replica.status.success(),
+        "{}",
+        crate::cli::stderr(&from_replica)
+    );
+    assert!(
+        out.contains(&first.to_string()) && !out.contains(&second.to_string()),
+        "{out}"
+    );
+    let from_primary = crate::cli::sagaflow(&primary_url, &["runs", "list", "--json"]).await;
+    assert!(
+        crate::cli::stdout(&from_primary).contains(&second.to_string()),
+        "{}",
+        crate::cli::stderr(&from_primary)
+    );
     let (status, page) = get("/console/runs".into()).await;
     assert!(status.is_success(), "{status}");
     assert!(page.contains("Read from a replica"), "the lag is shown");
