@@ -185,6 +185,17 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
     writer.commit().await.expect("commit");
     let gone = pass.await.expect("task").expect("the pass");
     assert_eq!(gone, 300, "every filled run was due");
+    // On a machine slow enough that the commit came after the drop's 500 ms wait, the pass
+    // left the day for the next one: that one takes it, and nothing may be lost either way.
+    if partitions(&conn)
+        .await
+        .contains(&history_partition_name(first_day))
+    {
+        engine
+            .purge_finished(RETENTION)
+            .await
+            .expect("the next pass");
+    }
 
     let after = partitions(&conn).await;
     assert!(
