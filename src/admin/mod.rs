@@ -181,6 +181,51 @@ pub(crate) struct AdminState {
     pub(crate) engine: Engine,
     pub(crate) tokens: Arc<[AdminToken]>,
     pub(crate) throttle: Arc<throttle::Throttle>,
+    /// How far behind the read replica is, shared by every page and API read.
+    lag: Arc<Recent<Option<std::time::Duration>>>,
+}
+
+impl AdminState {
+    /// How far behind the read replica is (`None` without one, `Some(Duration::MAX)` when it
+    /// cannot say), read at most once per [`EVENTS_POLL`] however many pages and API reads
+    /// show it: each reading asks the primary for its WAL position, which the replica is
+    /// there to spare it.
+    pub(crate) async fn replica_lag(&self) -> Option<std::time::Duration> {
+        self.lag
+            .get_or(EVENTS_POLL, || async {
+                self.engine
+                    .replica_lag()
+                    .await
+                    .unwrap_or(Some(std::time::Duration::MAX))
+            })
+            .await
+    }
+}
+
+/// A value read at most once per period, however many callers ask for it: the callers that
+/// ask while it is read wait and take the same answer.
+#[derive(Default)]
+pub(crate) struct Recent<T> {
+    last: tokio::sync::Mutex<Option<(std::time::Instant, T)>>,
+}
+
+impl<T: Clone> Recent<T> {
+    /// The value read less than `period` ago, or `read`'s.
+    pub(crate) async fn get_or<F, Fut>(&self, period: std::time::Duration, read: F) -> T
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let mut last = self.last.lock().await;
+        if let Some((at, value)) = last.as_ref()
+            && at.elapsed() < period
+        {
+            return value.clone();
+        }
+        let value = read().await;
+        *last = Some((std::time::Instant::now(), value.clone()));
+        value
+    }
 }
 
 impl Engine {
@@ -203,6 +248,7 @@ impl Engine {
             engine: self.clone(),
             tokens: config.tokens.into(),
             throttle: Arc::new(throttle::Throttle::new(&config.limits)),
+            lag: Arc::default(),
         };
         routes::router(state, config.body_limit)
     }

@@ -191,7 +191,8 @@ async fn json_refusals(res: Response) -> Response {
 
 /// The header that tells a client how far behind the primary the read replica that served
 /// its `GET` was, in milliseconds ([`Engine::replica_lag`](crate::Engine::replica_lag): `0`
-/// once caught up, else an upper bound). Sent only by an engine that reads from a replica
+/// once caught up, else an upper bound; read at most once a second for all callers, as the
+/// console's figure is). Sent only by an engine that reads from a replica
 /// ([`EngineBuilder::with_read_replica`](crate::EngineBuilder::with_read_replica)).
 pub const REPLICA_LAG_HEADER: &str = "sagaflow-replica-lag-ms";
 
@@ -206,16 +207,17 @@ async fn replica_lag_header(
     if !read || !state.engine.reads().is_replica() {
         return res;
     }
-    match state.engine.replica_lag().await {
-        Ok(Some(lag)) => {
-            let ms = u64::try_from(lag.as_millis()).unwrap_or(u64::MAX);
-            res.headers_mut().insert(
-                axum::http::HeaderName::from_static(REPLICA_LAG_HEADER),
-                axum::http::HeaderValue::from(ms),
-            );
-        }
-        Ok(None) => {}
-        Err(e) => tracing::debug!(error = %e, "the replica's lag could not be read"),
+    // A lag the replica cannot tell is left out rather than sent as a figure.
+    if let Some(lag) = state
+        .replica_lag()
+        .await
+        .filter(|l| *l != std::time::Duration::MAX)
+    {
+        let ms = u64::try_from(lag.as_millis()).unwrap_or(u64::MAX);
+        res.headers_mut().insert(
+            axum::http::HeaderName::from_static(REPLICA_LAG_HEADER),
+            axum::http::HeaderValue::from(ms),
+        );
     }
     res
 }

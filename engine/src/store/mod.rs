@@ -396,9 +396,18 @@ impl Store {
 
     /// The database's clock, read through `conn` (in a transaction, for example).
     pub(crate) async fn now_ms_in<C: Exec>(&self, conn: &C) -> Result<i64> {
-        let row = conn
-            .query_one(self.stmt("SELECT {now} AS now", vec![]))
-            .await?;
+        self.clock_ms(conn, "SELECT {now} AS now").await
+    }
+
+    /// The database's clock without a test clock's offset (`{wall_now}`): what judges
+    /// whether a process is alive, and the time run ids are minted in.
+    pub(crate) async fn wall_now_ms(&self) -> Result<i64> {
+        self.clock_ms(&self.exec, "SELECT {wall_now} AS now").await
+    }
+
+    /// The column `now` of the one row `sql` reads.
+    async fn clock_ms<C: Exec>(&self, conn: &C, sql: &str) -> Result<i64> {
+        let row = conn.query_one(self.stmt(sql, vec![])).await?;
         row.map(|r| r.try_get::<i64>("", "now"))
             .transpose()?
             .ok_or_else(|| Error::corrupt("clock", "now", "no row"))

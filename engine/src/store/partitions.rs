@@ -90,7 +90,11 @@ impl Store {
         }
         // Behind.
         for part in parts.iter().filter(|p| p.hi <= now - DROP_MARGIN_MS) {
-            let stragglers_go = part.hi <= now - retention_ms - HISTORY_PARTITION_SPAN_MS;
+            // Saturating: a retention of "forever" is `i64::MAX` milliseconds.
+            let stragglers_go = part.hi
+                <= now
+                    .saturating_sub(retention_ms)
+                    .saturating_sub(HISTORY_PARTITION_SPAN_MS);
             if !stragglers_go && self.runs_in(&self.exec, part).await? {
                 continue;
             }
@@ -171,19 +175,6 @@ impl Store {
             }
             day += HISTORY_PARTITION_SPAN_MS;
         }
-    }
-
-    /// The database's clock without a test clock's offset: run ids are minted on the
-    /// engines' clocks, which a test clock does not move.
-    async fn wall_now_ms(&self) -> Result<i64> {
-        let row = self
-            .exec
-            .query_one(self.stmt("SELECT {wall_now} AS now", vec![]))
-            .await?;
-        Ok(match row {
-            Some(r) => r.try_get("", "now")?,
-            None => 0,
-        })
     }
 
     /// Whether a run of the partition's range of ids is kept: one probe of the runs' primary

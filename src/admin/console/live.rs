@@ -9,7 +9,6 @@
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -22,7 +21,7 @@ use uuid::Uuid;
 
 use super::{Console, LiveSession};
 use crate::Engine;
-use crate::admin::EVENTS_POLL;
+use crate::admin::{EVENTS_POLL, Recent};
 
 /// What a stream follows.
 #[derive(Debug, Default, Deserialize)]
@@ -45,22 +44,13 @@ struct Watch {
 /// read at most once per [`EVENTS_POLL`] however many pages follow it: without it each open
 /// tab ran the statistics query every second.
 #[derive(Default)]
-pub(super) struct Overview {
-    last: tokio::sync::Mutex<Option<(Instant, Option<String>)>>,
-}
+pub(super) struct Overview(Recent<Option<String>>);
 
 impl Overview {
     async fn get(&self, engine: &Engine) -> Option<String> {
-        // Held while it reads: the pages that ask meanwhile wait and take the same answer.
-        let mut last = self.last.lock().await;
-        if let Some((at, fp)) = last.as_ref()
-            && at.elapsed() < EVENTS_POLL
-        {
-            return fp.clone();
-        }
-        let fp = overview_fingerprint(engine).await;
-        *last = Some((Instant::now(), fp.clone()));
-        fp
+        self.0
+            .get_or(EVENTS_POLL, || overview_fingerprint(engine))
+            .await
     }
 }
 
