@@ -529,14 +529,7 @@ impl Engine {
         /// Runs deleted per statement, as the retention sweep does.
         const BATCH: u32 = 1000;
         let age = millis(older_than);
-        let mut total = 0;
-        loop {
-            let n = self.inner.store.run_purge_finished(age, BATCH).await?;
-            total += n;
-            if n < u64::from(BATCH) {
-                break;
-            }
-        }
+        let total = self.inner.store.run_purge_due(age, BATCH).await?;
         self.inner.store.history_partitions_maintain(age).await?;
         Ok(total)
     }

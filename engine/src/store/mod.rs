@@ -31,7 +31,8 @@
 //!   [`Store::run_child_of_step`], [`Store::run_count_by_state`],
 //!   [`Store::run_unfinished_keys`], [`Store::runs_unfinished_page`],
 //!   [`Store::runs_compensating_among`], [`Store::run_count_finished`],
-//!   [`Store::run_purge_finished`], [`Store::run_fill_finished`]; in a unit of work
+//!   [`Store::run_purge_finished`], [`Store::run_purge_due`], [`Store::run_fill_finished`];
+//!   in a unit of work
 //!   [`StoreTx::runs_lock`], [`StoreTx::run_lock_for_action`], [`StoreTx::run_state_locked`],
 //!   [`StoreTx::runs_mark_dirty`], [`StoreTx::run_set_aside`], [`StoreTx::run_set_input`],
 //!   [`StoreTx::runs_unfinished_of`], [`StoreTx::run_migrate`], [`StoreTx::run_history`],

@@ -400,6 +400,26 @@ impl Store {
     }
 }
 
+impl Store {
+    /// [`Store::run_purge_finished`], `batch` runs a transaction, until none is due: the
+    /// whole retention pass over the runs. Returns how many runs went; the batches deleted
+    /// before an error stay deleted.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn run_purge_due(&self, older_than_ms: i64, batch: u32) -> Result<u64> {
+        let batch = batch.max(1);
+        let mut total = 0;
+        loop {
+            let n = self.run_purge_finished(older_than_ms, batch).await?;
+            total += n;
+            if n < u64::from(batch) {
+                return Ok(total);
+            }
+        }
+    }
+}
+
 pub(super) async fn run_steps_on<C: Exec>(
     store: &Store,
     conn: &C,

@@ -52,17 +52,10 @@ impl MaintenanceService for Retention {
         };
         // Every due run, a batch per statement: a pass that took one batch would fall
         // behind any load above a batch per interval.
-        let mut runs = 0;
-        loop {
-            let n = ctx
-                .store
-                .run_purge_finished(self.age_ms, RETENTION_BATCH)
-                .await?;
-            runs += n;
-            if n < u64::from(RETENTION_BATCH) {
-                break;
-            }
-        }
+        let runs = ctx
+            .store
+            .run_purge_due(self.age_ms, RETENTION_BATCH)
+            .await?;
         // On PostgreSQL the history of the runs gone goes with its day's partition.
         let partitions = match ctx.store.history_partitions_maintain(self.age_ms).await {
             Ok(p) => p,

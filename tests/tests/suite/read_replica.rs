@@ -215,12 +215,9 @@ async fn display_reads_come_from_the_replica_and_decisions_never_wait_for_it() {
     eventually(
         Duration::from_secs(20),
         "the console says caught up",
-        || {
-            let get = get.clone();
-            async move {
-                let (_, page) = get("/console/runs".into()).await;
-                page.contains("Read from a replica 0 ms behind")
-            }
+        || async move {
+            let (_, page) = get("/console/runs".into()).await;
+            page.contains("Read from a replica 0 ms behind")
         },
     )
     .await;

@@ -27,8 +27,6 @@ use super::workload::workflow;
 
 /// The retention window of the measurement: the engine's default.
 const AGE_MS: i64 = 7 * 24 * 3_600_000;
-/// Runs deleted per statement, as the retention service does.
-const BATCH: u32 = 1000;
 
 /// Runs both phases over `runs` finished runs.
 ///
@@ -126,27 +124,12 @@ async fn fill(engine: &Engine, runs: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// What the retention service does in one pass: deletes due runs a batch at a time until
-/// none is left, then drops the history partitions no kept run needs. Returns how many runs
+/// What the retention service does in one pass ([`Engine::purge_finished`]): every due run
+/// deleted, then the history partitions no kept run needs dropped. Returns how many runs
 /// went.
 async fn purge(engine: &Engine) -> Result<u64, Error> {
-    let store = engine.store();
-    let mut total = 0;
-    loop {
-        let n = store.run_purge_finished(AGE_MS, BATCH).await?;
-        total += n;
-        if n < u64::from(BATCH) {
-            break;
-        }
-    }
-    let pass = store.history_partitions_maintain(AGE_MS).await?;
-    if pass != sagaflow::internals::store::PartitionPass::default() {
-        println!(
-            "  history partitions: {} dropped, {} made, {} rows moved, {} busy",
-            pass.dropped, pass.created, pass.moved_rows, pass.busy
-        );
-    }
-    Ok(total)
+    let age = Duration::from_millis(u64::try_from(AGE_MS).unwrap_or(0));
+    Ok(engine.purge_finished(age).await?)
 }
 
 /// The statements that clean up after the pass.
