@@ -295,6 +295,8 @@ pg_kill() {
     [[ -f "$dir/data/postmaster.pid" ]] || { pg__log "no server running in $dir"; return 1; }
     pid=$(head -n 1 "$dir/data/postmaster.pid")
     [[ "$pid" =~ ^[0-9]+$ ]] || { pg__log "no postmaster pid in $dir"; return 1; }
+    # Frozen first, so that no backend it forks while its children are listed escapes.
+    kill -STOP "$pid" 2>/dev/null
     # shellcheck disable=SC2046 # one word per pid
     kill -KILL "$pid" $(pg__children "$pid") 2>/dev/null
     while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done

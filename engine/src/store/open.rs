@@ -171,9 +171,13 @@ impl Store {
                 if servers.hosts.len() > 1 {
                     // The servers in order, keeping the first that is the primary and its
                     // connection (the watcher's probe, once the pool exists).
-                    let finder = Primary::new(servers, o, options.connect_timeout);
-                    let (i, probe) = finder
+                    let mut finder = Primary::new(servers, o, options.connect_timeout);
+                    let (i, mut probe) = finder
                         .locate()
+                        .await
+                        .map_err(|causes| primary::connect_error(&target, causes))?;
+                    finder
+                        .pin_cluster(&mut probe)
                         .await
                         .map_err(|causes| primary::connect_error(&target, causes))?;
                     primary = Some((finder, i, probe));
@@ -257,9 +261,12 @@ impl Store {
                     ])
                     .options(limits.clone())
             });
-            if primary.is_some() {
-                opts.map_sqlx_postgres_pool_opts(|p| {
-                    p.after_connect(|conn, _| Box::pin(primary::refuse_standby(conn)))
+            if let Some((finder, ..)) = &primary {
+                let cluster = finder.cluster();
+                opts.map_sqlx_postgres_pool_opts(move |p| {
+                    p.after_connect(move |conn, _| {
+                        Box::pin(primary::refuse_unless_primary(conn, cluster))
+                    })
                 });
             }
         }

@@ -10,6 +10,12 @@
 //!   whether its server is the primary. When the probe fails or the answer is no, it tries the
 //!   servers in order again and points the pool's new connections at the one it finds.
 //!
+//! - the store pins the cluster it opened on (PostgreSQL's system identifier, which a
+//!   standby shares with its primary and keeps when promoted): a server of another cluster
+//!   answering at a listed address (an old primary's address taken by a fresh server, or a
+//!   URL listing independent databases) is never taken for the primary, and the watcher's
+//!   warning names it.
+//!
 //! A promotion is thus followed within one check interval plus one connect timeout per server
 //! that does not answer. A URL with one server (or a proxy in front of the servers) keeps the
 //! pool's ordinary reconnection, with no watcher and no check per connection.
@@ -134,7 +140,7 @@ pub(super) fn servers(url: &str) -> Result<Servers> {
     Ok(Servers { hosts, single })
 }
 
-/// Whether the server behind `options` is the primary: `Ok(true)` when it is not in recovery.
+/// Whether the server behind `conn` is the primary: `Ok(true)` when it is not in recovery.
 async fn ask(conn: &mut PgConnection) -> std::result::Result<bool, sqlx::Error> {
     let row = sqlx::query("SELECT pg_is_in_recovery() AS r")
         .fetch_one(conn)
@@ -142,17 +148,55 @@ async fn ask(conn: &mut PgConnection) -> std::result::Result<bool, sqlx::Error> 
     Ok(!row.try_get::<bool, _>("r")?)
 }
 
-/// A check for the pool's new connections: a session on a standby is refused, so the pool
-/// retries (and meanwhile the watcher finds the new primary).
-pub(super) async fn refuse_standby(
+/// The system identifier of the cluster the server behind `conn` belongs to: made by
+/// `initdb`, copied to every standby by `pg_basebackup`, kept by a promotion. `None` when
+/// the role may not read it (a managed service may revoke `pg_control_system()`).
+async fn cluster_of(conn: &mut PgConnection) -> std::result::Result<Option<i64>, sqlx::Error> {
+    match sqlx::query("SELECT system_identifier AS s FROM pg_control_system()")
+        .fetch_one(conn)
+        .await
+    {
+        Ok(row) => Ok(Some(row.try_get::<i64, _>("s")?)),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Why the server behind `conn` is not this store's primary, if it is not: a standby, or a
+/// server of another cluster than `cluster` (the one the store opened on). A server of
+/// another cluster answering at a listed address is an old primary's address reused by a
+/// fresh server, or a URL that lists independent databases; writing there would split the
+/// runs between two databases that never meet.
+async fn disqualify(
     conn: &mut PgConnection,
+    cluster: Option<i64>,
+) -> std::result::Result<Option<String>, sqlx::Error> {
+    if !ask(conn).await? {
+        return Ok(Some("a standby (in recovery)".into()));
+    }
+    let Some(ours) = cluster else {
+        return Ok(None);
+    };
+    Ok(match cluster_of(conn).await? {
+        Some(theirs) if theirs != ours => Some(format!(
+            "a primary of another cluster (system identifier {theirs}, not {ours}): refused"
+        )),
+        _ => None,
+    })
+}
+
+/// A check for the pool's new connections: a session on a standby, or on a server of
+/// another cluster than `cluster`, is refused, so the pool retries (and meanwhile the
+/// watcher finds the new primary).
+pub(super) async fn refuse_unless_primary(
+    conn: &mut PgConnection,
+    cluster: Option<i64>,
 ) -> std::result::Result<(), sqlx::Error> {
-    if ask(conn).await? {
-        Ok(())
-    } else {
-        Err(sqlx::Error::Configuration(
-            "the server is a standby (in recovery); the engine writes to the primary only".into(),
-        ))
+    match disqualify(conn, cluster).await? {
+        None => Ok(()),
+        Some(why) => Err(sqlx::Error::Configuration(
+            format!("the server is {why}; the engine writes to its primary only").into(),
+        )),
     }
 }
 
@@ -163,6 +207,9 @@ pub(super) struct Primary {
     /// Every session option of the store's connections; only host and port vary.
     base: PgConnectOptions,
     connect_timeout: Duration,
+    /// The system identifier of the cluster of the primary the store opened on; `None`
+    /// before that, or when the role may not read it.
+    cluster: Option<i64>,
 }
 
 impl Primary {
@@ -171,7 +218,29 @@ impl Primary {
             servers,
             base,
             connect_timeout,
+            cluster: None,
         }
+    }
+
+    /// Pins the cluster of the primary found at open (its probe connection `probe`):
+    /// from now on a server of another cluster is never taken for the primary.
+    ///
+    /// # Errors
+    /// When the probe does not answer.
+    pub(super) async fn pin_cluster(
+        &mut self,
+        probe: &mut PgConnection,
+    ) -> std::result::Result<(), String> {
+        self.cluster = tokio::time::timeout(self.connect_timeout, cluster_of(probe))
+            .await
+            .map_err(|_| "no answer within the connect timeout".to_owned())?
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// The cluster pinned by [`Primary::pin_cluster`].
+    pub(super) fn cluster(&self) -> Option<i64> {
+        self.cluster
     }
 
     /// The same servers, their sessions set up as `base` (the pool's options).
@@ -219,9 +288,14 @@ impl Primary {
         for i in 0..self.servers.hosts.len() {
             let name = host_port(&self.servers.hosts[i].0, self.servers.hosts[i].1);
             match self.connect(i).await {
-                Ok(mut c) => match tokio::time::timeout(self.connect_timeout, ask(&mut c)).await {
-                    Ok(Ok(true)) => return Ok((i, c)),
-                    Ok(Ok(false)) => causes.push(format!("{name}: a standby (in recovery)")),
+                Ok(mut c) => match tokio::time::timeout(
+                    self.connect_timeout,
+                    disqualify(&mut c, self.cluster),
+                )
+                .await
+                {
+                    Ok(Ok(None)) => return Ok((i, c)),
+                    Ok(Ok(Some(why))) => causes.push(format!("{name}: {why}")),
                     Ok(Err(e)) => causes.push(format!("{name}: {e}")),
                     Err(_) => causes.push(format!("{name}: no answer within the connect timeout")),
                 },

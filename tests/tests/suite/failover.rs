@@ -79,6 +79,17 @@ impl ChildEngine {
         me
     }
 
+    /// The last `n` lines it printed but its status lines, and its last status, for a
+    /// failure's message.
+    pub(crate) fn tail(&self, n: usize) -> String {
+        let lines = self.proc.lines();
+        let said: Vec<&String> = lines.iter().filter(|l| !l.starts_with("STATUS ")).collect();
+        let from = said.len().saturating_sub(n);
+        let status = lines.iter().rev().find(|l| l.starts_with("STATUS "));
+        let said: Vec<&str> = said[from..].iter().map(|l| l.as_str()).collect();
+        format!("{}\nlast: {status:?}", said.join("\n"))
+    }
+
     fn log_line(&self, needle: &str) -> Option<String> {
         let lines = self.proc.lines();
         lines.iter().find(|l| l.contains(needle)).cloned()

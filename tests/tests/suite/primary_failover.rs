@@ -190,8 +190,9 @@ async fn load(engine: Engine, from: usize, acks: Arc<Mutex<Acks>>, stop: Arc<tok
     }
 }
 
-/// Waits until every run in `ids` that exists is final; tolerates errors while polling.
-async fn await_final(store: &Store, ids: &[Uuid], timeout: Duration) {
+/// Waits until every run in `ids` that exists is final; tolerates errors while polling. On
+/// timeout, panics with the children's last words and the server that answered.
+async fn await_final(store: &Store, ids: &[Uuid], timeout: Duration, children: [&ChildEngine; 2]) {
     let start = Instant::now();
     let mut pending: Vec<Uuid> = ids.to_vec();
     while !pending.is_empty() {
@@ -204,17 +205,25 @@ async fn await_final(store: &Store, ids: &[Uuid], timeout: Duration) {
             }
         }
         pending = still;
-        assert!(
-            pending.is_empty() || start.elapsed() < timeout,
-            "{} runs not final after {timeout:?}, e.g. {:?}",
-            pending.len(),
-            store
-                .run_get(pending[0])
+        if !pending.is_empty() && start.elapsed() >= timeout {
+            let server = store
+                .connection()
+                .query_one_raw(Statement::from_string(
+                    DbBackend::Postgres,
+                    "SELECT inet_server_port()::text || ' in recovery ' || \
+                     pg_is_in_recovery()::text AS s",
+                ))
                 .await
-                .ok()
-                .flatten()
-                .map(|r| r.state)
-        );
+                .map(|r| r.and_then(|r| r.try_get::<String>("", "s").ok()));
+            panic!(
+                "{} runs not final after {timeout:?}, e.g. {:?}; answered by {server:?}\n\
+                 child a:\n{}\nchild b:\n{}",
+                pending.len(),
+                store.run_get(pending[0]).await.ok().flatten(),
+                children[0].tail(60),
+                children[1].tail(60),
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -327,7 +336,7 @@ async fn failover(synchronous: bool) -> Outcome {
     loader.await.expect("load task");
     let acks = std::mem::take(&mut *acks.lock().expect("acks"));
     let ids: Vec<Uuid> = acks.starts.iter().map(|(_, id, _)| *id).collect();
-    await_final(&store, &ids, Duration::from_secs(90)).await;
+    await_final(&store, &ids, Duration::from_secs(90), [&a, &b]).await;
 
     eprintln!("[failover {mode}] all final after {:?}", began.elapsed());
     // What the new primary knows of what was acknowledged.
@@ -364,6 +373,29 @@ async fn failover(synchronous: bool) -> Outcome {
                 "[{mode}] cancelled order {k} completed"
             );
         } else {
+            if run.state != RunState::Completed {
+                let server = store
+                    .connection()
+                    .query_one_raw(Statement::from_string(
+                        DbBackend::Postgres,
+                        "SELECT inet_server_port()::text || ' pid ' || pg_backend_pid()::text \
+                         || ' started ' || pg_postmaster_start_time()::text || ' recovery ' \
+                         || pg_is_in_recovery()::text AS s",
+                    ))
+                    .await
+                    .map(|r| r.and_then(|r| r.try_get::<String>("", "s").ok()));
+                let acked = acks.starts.iter().find(|s| s.0 == k).map(|s| s.2);
+                eprintln!(
+                    "[{mode}] order {k} not completed: run {run:?}; server {server:?}; acked {:?} before \
+                     the kill; frozen {:?} before the kill; steps {:?}",
+                    acked.map(|a| killed_at.saturating_duration_since(a)),
+                    sender.map(|(_, at)| killed_at.saturating_duration_since(at)),
+                    store.run_steps(id).await.ok().map(|s| s
+                        .iter()
+                        .map(|s| (s.name.clone(), s.state, s.attempt))
+                        .collect::<Vec<_>>()),
+                );
+            }
             assert_eq!(
                 run.state,
                 RunState::Completed,
@@ -510,4 +542,123 @@ async fn a_promoted_asynchronous_standby_loses_at_most_the_last_moments() {
         "resumed only after {:?}",
         o.resumed_after
     );
+}
+
+/// How many sessions a database of `cluster` has seen (`pg_stat_database.sessions`).
+async fn sessions(cluster: &PgCluster, db: &str) -> i64 {
+    let admin = Database::connect(cluster.url.as_str())
+        .await
+        .expect("admin");
+    let row = admin
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("SELECT sessions FROM pg_stat_database WHERE datname = '{db}'"),
+        ))
+        .await
+        .expect("pg_stat_database")
+        .expect("the database");
+    let _ = admin.close().await;
+    row.try_get::<i64>("", "sessions").expect("sessions")
+}
+
+/// The address of a dead primary taken over by a fresh server of another cluster (on one
+/// machine, the next cluster started gets the freed port; in production, a replaced host or a
+/// URL that lists independent databases): writable, not in recovery, and never taken for the
+/// primary, since runs written there would never meet the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() {
+    if !postgres_wanted("the foreign-cluster scenario") {
+        return;
+    }
+    let start = || async {
+        let c = tokio::task::spawn_blocking(PgCluster::start_private)
+            .await
+            .expect("task")
+            .expect("cluster");
+        sql(&c.url, &["CREATE DATABASE sagaflow_failover"]).await;
+        c
+    };
+    let (ours, foreign) = (start().await, start().await);
+    let workflow = || {
+        sagaflow::Workflow::builder("w", 1)
+            .step("a", |_| {
+                std::future::ready(Ok::<(), sagaflow::StepError>(()))
+            })
+            .build()
+            .expect("wf")
+    };
+    // The foreign database has the schema, so an engine that moved there would work.
+    let setup = Engine::builder()
+        .with_database_url(Pair::db_url(&foreign))
+        .with_workflow(workflow())
+        .with_workers(false)
+        .start()
+        .await
+        .expect("schema on the foreign cluster");
+    setup.shutdown().await;
+    let url = format!(
+        "postgres://postgres@{},{}/sagaflow_failover",
+        ours.host_port(),
+        foreign.host_port()
+    );
+    let engine = Engine::builder()
+        .with_database_url(url)
+        .with_instance_id("pinned")
+        .with_workflow(workflow())
+        .start()
+        .await
+        .expect("engine on the first server");
+    let run = engine.start("w", &()).await.expect("start");
+    engine
+        .wait(run, Duration::from_secs(20))
+        .await
+        .expect("wait");
+    tokio::task::block_in_place(|| ours.kill()).expect("SIGKILL the primary");
+    // The watcher looks at the foreign server again and again (a session each time) and
+    // refuses it; meanwhile starts fail rather than land there.
+    let seen = sessions(&foreign, "sagaflow_failover").await;
+    let mut refused = 0;
+    let began = Instant::now();
+    while sessions(&foreign, "sagaflow_failover").await < seen + 3 {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the watcher did not look at the foreign server"
+        );
+        if tokio::time::timeout(Duration::from_secs(2), engine.start("w", &()))
+            .await
+            .is_ok_and(|r| r.is_err())
+        {
+            refused += 1;
+        }
+    }
+    let foreign_db = Database::connect(Pair::db_url(&foreign))
+        .await
+        .expect("foreign");
+    let count = |sql: &'static str| {
+        let foreign_db = &foreign_db;
+        async move {
+            foreign_db
+                .query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
+                .await
+                .expect(sql)
+                .expect("a row")
+                .try_get::<i64>("", "n")
+                .expect("n")
+        }
+    };
+    assert_eq!(
+        count("SELECT count(*) AS n FROM sagaflow_runs").await,
+        0,
+        "runs written to the foreign cluster ({refused} starts refused)"
+    );
+    assert_eq!(
+        count("SELECT count(*) AS n FROM sagaflow_instances WHERE id = 'pinned'").await,
+        0,
+        "the engine registered on the foreign cluster"
+    );
+    let _ = foreign_db.close().await;
+    tokio::time::timeout(Duration::from_secs(20), engine.shutdown())
+        .await
+        .expect("shuts down");
+    drop((ours, foreign));
 }
