@@ -171,13 +171,9 @@ impl Store {
                 if servers.hosts.len() > 1 {
                     // The servers in order, keeping the first that is the primary and its
                     // connection (the watcher's probe, once the pool exists).
-                    let mut finder = Primary::new(servers, o, options.connect_timeout);
-                    let (i, mut probe) = finder
-                        .locate()
-                        .await
-                        .map_err(|causes| primary::connect_error(&target, causes))?;
-                    finder
-                        .pin_cluster(&mut probe)
+                    let finder = Primary::new(servers, o, options.connect_timeout);
+                    let (i, probe, _) = finder
+                        .locate(None)
                         .await
                         .map_err(|causes| primary::connect_error(&target, causes))?;
                     primary = Some((finder, i, probe));
@@ -262,10 +258,19 @@ impl Store {
                     .options(limits.clone())
             });
             if let Some((finder, ..)) = &primary {
-                let cluster = finder.cluster();
+                // A new connection must reach the primary; an idle one opened before the
+                // watcher moved the pool (to a promoted standby while the old primary still
+                // runs) is discarded rather than handed out.
+                let pin = finder.pin();
                 opts.map_sqlx_postgres_pool_opts(move |p| {
+                    let (at_connect, at_acquire) = (pin.clone(), pin.clone());
                     p.after_connect(move |conn, _| {
-                        Box::pin(primary::refuse_unless_primary(conn, cluster))
+                        let pin = at_connect.clone();
+                        Box::pin(async move { primary::refuse_unless_primary(conn, &pin).await })
+                    })
+                    .before_acquire(move |_, meta| {
+                        let fresh = !at_acquire.predates_move(meta.age);
+                        Box::pin(std::future::ready(Ok(fresh)))
                     })
                 });
             }

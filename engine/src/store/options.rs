@@ -65,8 +65,10 @@ pub struct StoreOptions {
     pub sqlite_sync: SqliteSync,
     /// With a PostgreSQL URL naming a primary and its standbys
     /// (`postgres://user@host1:5432,host2:5432/db`): how often the store asks whether its
-    /// server is still the primary. A promoted standby is followed within this interval plus
-    /// one connect timeout per server that does not answer. Unused with one server.
+    /// server is still the primary; every tenth check asks all the servers, to leave a former
+    /// primary that still accepts writes for the standby promoted in its place (a split
+    /// brain). A promoted standby is followed within this interval plus one connect timeout,
+    /// a split brain within ten intervals. Unused with one server.
     pub primary_check_interval: Duration,
     /// Whether opening applies the schema migrations the database lacks (the default), under
     /// the engines' migration lock. Off, opening changes no schema: it fails with

@@ -2,23 +2,25 @@
 //! `postgres://user@host1:5432,host2:5432/db`; the store writes to whichever of them is the
 //! primary (the one not in recovery) and follows it when a standby is promoted:
 //!
-//! - opening tries the servers in the order given and keeps the first that accepts writes;
-//! - every new pooled connection checks that its server is still the primary, so the pool
-//!   never hands out a session on a standby (a demoted primary is restarted as one);
+//! - opening asks every server at once and keeps the primary (the server not in recovery);
+//! - the store pins the cluster it opened on and the newest timeline it has seen
+//!   (PostgreSQL's system identifier, which a standby shares with its primary and keeps when
+//!   promoted, and the timeline, which each promotion raises). A server of another cluster at
+//!   a listed address (an old primary's address taken by a fresh server) is never taken for
+//!   the primary, nor is a former primary still writable on an older timeline (a split
+//!   brain); a URL listing primaries of two clusters fails at open;
+//! - every new pooled connection checks that its server is that primary, so the pool never
+//!   hands out a session on a standby (a demoted primary is restarted as one) or a stranger;
 //! - a watcher keeps one probe connection and asks it, every
 //!   [`StoreOptions::primary_check_interval`](super::StoreOptions::primary_check_interval),
-//!   whether its server is the primary. When the probe fails or the answer is no, it tries the
-//!   servers in order again and points the pool's new connections at the one it finds.
+//!   whether its server is the primary. When the probe fails or the answer is no, and on
+//!   every tenth check anyway, it asks all the servers again and points the pool at the
+//!   primary on the newest timeline; idle connections opened before a move are discarded.
 //!
-//! - the store pins the cluster it opened on (PostgreSQL's system identifier, which a
-//!   standby shares with its primary and keeps when promoted): a server of another cluster
-//!   answering at a listed address (an old primary's address taken by a fresh server, or a
-//!   URL listing independent databases) is never taken for the primary, and the watcher's
-//!   warning names it.
-//!
-//! A promotion is thus followed within one check interval plus one connect timeout per server
-//! that does not answer. A URL with one server (or a proxy in front of the servers) keeps the
-//! pool's ordinary reconnection, with no watcher and no check per connection.
+//! A promotion is thus followed within one check interval plus one connect timeout, and a
+//! split brain within ten check intervals. A URL with one server (or a proxy in front of the
+//! servers) keeps the pool's ordinary reconnection, with no watcher and no check per
+//! connection.
 //!
 //! sqlx parses one host per URL, and its pool connects to one target; no crate of the stack
 //! follows a primary, hence this module. It decides nothing about runs: it only picks the
@@ -148,57 +150,130 @@ async fn ask(conn: &mut PgConnection) -> std::result::Result<bool, sqlx::Error> 
     Ok(!row.try_get::<bool, _>("r")?)
 }
 
-/// The system identifier of the cluster the server behind `conn` belongs to: made by
-/// `initdb`, copied to every standby by `pg_basebackup`, kept by a promotion. `None` when
-/// the role may not read it (a managed service may revoke `pg_control_system()`).
-async fn cluster_of(conn: &mut PgConnection) -> std::result::Result<Option<i64>, sqlx::Error> {
-    match sqlx::query("SELECT system_identifier AS s FROM pg_control_system()")
-        .fetch_one(conn)
-        .await
-    {
-        Ok(row) => Ok(Some(row.try_get::<i64, _>("s")?)),
+/// How often, in checks of the probe, the watcher also asks every listed server whether it
+/// is a primary of the cluster on a newer timeline: a standby promoted while the old primary
+/// still runs (a split brain), or a healthy primary found at open after a stale one.
+const SCAN_EVERY: u32 = 10;
+
+/// Who a primary is: the cluster (its system identifier, made by `initdb`, copied to every
+/// standby by `pg_basebackup`, kept by a promotion) and the timeline it writes (one more with
+/// each promotion).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Identity {
+    cluster: i64,
+    timeline: i64,
+}
+
+/// The identity of the primary behind `conn`; `None` when the role may not read it (a
+/// managed service may revoke `pg_control_system()`).
+async fn identify(conn: &mut PgConnection) -> std::result::Result<Option<Identity>, sqlx::Error> {
+    // The timeline is the first eight hex digits of the current WAL file's name.
+    let sql = "SELECT s.system_identifier AS c, \
+                 ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int::bigint AS t \
+               FROM pg_control_system() s";
+    match sqlx::query(sql).fetch_one(conn).await {
+        Ok(row) => Ok(Some(Identity {
+            cluster: row.try_get("c")?,
+            timeline: row.try_get("t")?,
+        })),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => Ok(None),
         Err(e) => Err(e),
     }
 }
 
-/// Why the server behind `conn` is not this store's primary, if it is not: a standby, or a
-/// server of another cluster than `cluster` (the one the store opened on). A server of
-/// another cluster answering at a listed address is an old primary's address reused by a
-/// fresh server, or a URL that lists independent databases; writing there would split the
-/// runs between two databases that never meet.
-async fn disqualify(
-    conn: &mut PgConnection,
+/// What the store knows of the cluster it writes to, shared by its watcher and its pool's
+/// connection checks.
+#[derive(Debug, Default)]
+pub(super) struct Pin(std::sync::Mutex<Pinned>);
+
+#[derive(Debug, Default)]
+struct Pinned {
+    /// The cluster of the primary the store opened on (`None`: not known or not readable).
     cluster: Option<i64>,
-) -> std::result::Result<Option<String>, sqlx::Error> {
-    if !ask(conn).await? {
-        return Ok(Some("a standby (in recovery)".into()));
+    /// The newest timeline seen on a primary of it.
+    timeline: i64,
+    /// When the pool was last pointed at another server.
+    moved: Option<std::time::Instant>,
+}
+
+impl Pin {
+    fn get(&self) -> std::sync::MutexGuard<'_, Pinned> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    let Some(ours) = cluster else {
-        return Ok(None);
-    };
-    Ok(match cluster_of(conn).await? {
-        Some(theirs) if theirs != ours => Some(format!(
-            "a primary of another cluster (system identifier {theirs}, not {ours}): refused"
-        )),
-        _ => None,
+
+    /// Notes the primary the store now writes to.
+    fn note(&self, id: Option<Identity>) {
+        if let Some(id) = id {
+            let mut p = self.get();
+            p.cluster.get_or_insert(id.cluster);
+            p.timeline = p.timeline.max(id.timeline);
+        }
+    }
+
+    /// Why a primary of identity `id` is not the store's, if it is not.
+    fn refuses(&self, id: Option<Identity>) -> Option<String> {
+        let id = id?;
+        let p = self.get();
+        match p.cluster {
+            Some(ours) if ours != id.cluster => Some(format!(
+                "a primary of another cluster (system identifier {}, not {ours}): refused",
+                id.cluster
+            )),
+            _ if id.timeline < p.timeline => Some(format!(
+                "a former primary, still writable on timeline {} while the cluster is on {} \
+                 (a split brain): refused",
+                id.timeline, p.timeline
+            )),
+            _ => None,
+        }
+    }
+
+    /// Whether a pooled connection `age` old was opened before the pool last moved.
+    pub(super) fn predates_move(&self, age: Duration) -> bool {
+        self.get().moved.is_some_and(|at| age > at.elapsed())
+    }
+}
+
+/// What a server is to the store: its primary (with its identity when readable), or not, and
+/// why.
+async fn judge(
+    conn: &mut PgConnection,
+    pin: &Pin,
+) -> std::result::Result<Result<Option<Identity>, String>, sqlx::Error> {
+    if !ask(conn).await? {
+        return Ok(Err("a standby (in recovery)".into()));
+    }
+    let id = identify(conn).await?;
+    Ok(match pin.refuses(id) {
+        Some(why) => Err(why),
+        None => Ok(id),
     })
 }
 
-/// A check for the pool's new connections: a session on a standby, or on a server of
-/// another cluster than `cluster`, is refused, so the pool retries (and meanwhile the
-/// watcher finds the new primary).
+/// A check for the pool's new connections: a session on a standby, on a server of another
+/// cluster, or on a former primary left behind by a promotion, is refused, so the pool
+/// retries (and meanwhile the watcher finds the primary).
 pub(super) async fn refuse_unless_primary(
     conn: &mut PgConnection,
-    cluster: Option<i64>,
+    pin: &Pin,
 ) -> std::result::Result<(), sqlx::Error> {
-    match disqualify(conn, cluster).await? {
-        None => Ok(()),
-        Some(why) => Err(sqlx::Error::Configuration(
+    match judge(conn, pin).await? {
+        Ok(_) => Ok(()),
+        Err(why) => Err(sqlx::Error::Configuration(
             format!("the server is {why}; the engine writes to its primary only").into(),
         )),
     }
 }
+
+/// A primary found by [`Primary::locate`]: its index in the URL, an open connection to it,
+/// and its identity.
+pub(super) type Found = (usize, PgConnection, Option<Identity>);
+
+/// What a visit to a server found: a connection to the primary and its identity, or why it
+/// is not the primary.
+type Visit = Result<(PgConnection, Option<Identity>), String>;
 
 /// Finds and follows the primary among the servers of a URL.
 #[derive(Debug, Clone)]
@@ -207,9 +282,7 @@ pub(super) struct Primary {
     /// Every session option of the store's connections; only host and port vary.
     base: PgConnectOptions,
     connect_timeout: Duration,
-    /// The system identifier of the cluster of the primary the store opened on; `None`
-    /// before that, or when the role may not read it.
-    cluster: Option<i64>,
+    pin: Arc<Pin>,
 }
 
 impl Primary {
@@ -218,29 +291,13 @@ impl Primary {
             servers,
             base,
             connect_timeout,
-            cluster: None,
+            pin: Arc::default(),
         }
     }
 
-    /// Pins the cluster of the primary found at open (its probe connection `probe`):
-    /// from now on a server of another cluster is never taken for the primary.
-    ///
-    /// # Errors
-    /// When the probe does not answer.
-    pub(super) async fn pin_cluster(
-        &mut self,
-        probe: &mut PgConnection,
-    ) -> std::result::Result<(), String> {
-        self.cluster = tokio::time::timeout(self.connect_timeout, cluster_of(probe))
-            .await
-            .map_err(|_| "no answer within the connect timeout".to_owned())?
-            .map_err(|e| e.to_string())?;
-        Ok(())
-    }
-
-    /// The cluster pinned by [`Primary::pin_cluster`].
-    pub(super) fn cluster(&self) -> Option<i64> {
-        self.cluster
+    /// What the store knows of its cluster, for the pool's connection checks.
+    pub(super) fn pin(&self) -> Arc<Pin> {
+        self.pin.clone()
     }
 
     /// The same servers, their sessions set up as `base` (the pool's options).
@@ -258,51 +315,103 @@ impl Primary {
         self.servers.hosts[i].clone()
     }
 
+    fn name(&self, i: usize) -> String {
+        host_port(&self.servers.hosts[i].0, self.servers.hosts[i].1)
+    }
+
     /// The connection options for server `i`.
     pub(super) fn options(&self, i: usize) -> PgConnectOptions {
         let (host, port) = &self.servers.hosts[i];
         self.base.clone().host(host).port(*port)
     }
 
-    /// Connects to server `i` within the connect timeout.
-    async fn connect(&self, i: usize) -> std::result::Result<PgConnection, String> {
-        match tokio::time::timeout(
+    /// Connects to server `i` and judges it, within the connect timeout for each.
+    async fn visit(&self, i: usize) -> Visit {
+        let mut c = match tokio::time::timeout(
             self.connect_timeout,
             PgConnection::connect_with(&self.options(i)),
         )
         .await
         {
-            Ok(Ok(c)) => Ok(c),
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "no connection within the connect timeout of {:?}",
+                    self.connect_timeout
+                ));
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout, judge(&mut c, &self.pin)).await {
+            Ok(Ok(Ok(id))) => Ok((c, id)),
+            Ok(Ok(Err(why))) => Err(why),
             Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!(
-                "no connection within the connect timeout of {:?}",
-                self.connect_timeout
-            )),
+            Err(_) => Err("no answer within the connect timeout".into()),
         }
     }
 
-    /// The first server, in the URL's order, that is the primary, with an open connection to
-    /// it; else what each server answered.
-    pub(super) async fn locate(&self) -> std::result::Result<(usize, PgConnection), String> {
-        let mut causes = Vec::new();
+    /// The primary among the servers, all asked at once (so that a server that does not
+    /// answer costs one connect timeout, whatever its place): the one on the newest
+    /// timeline, `current` or else the first in the URL's order among equals. Before the
+    /// store has a cluster, the first primary in the URL's order gives it, and a primary of
+    /// another cluster is an error. Else what each server answered.
+    pub(super) async fn locate(
+        &self,
+        current: Option<usize>,
+    ) -> std::result::Result<Found, String> {
+        let mut visits = tokio::task::JoinSet::new();
         for i in 0..self.servers.hosts.len() {
-            let name = host_port(&self.servers.hosts[i].0, self.servers.hosts[i].1);
-            match self.connect(i).await {
-                Ok(mut c) => match tokio::time::timeout(
-                    self.connect_timeout,
-                    disqualify(&mut c, self.cluster),
-                )
-                .await
-                {
-                    Ok(Ok(None)) => return Ok((i, c)),
-                    Ok(Ok(Some(why))) => causes.push(format!("{name}: {why}")),
-                    Ok(Err(e)) => causes.push(format!("{name}: {e}")),
-                    Err(_) => causes.push(format!("{name}: no answer within the connect timeout")),
-                },
-                Err(e) => causes.push(format!("{name}: {e}")),
+            let me = self.clone();
+            visits.spawn(async move { (i, me.visit(i).await) });
+        }
+        let mut answers: Vec<(usize, Visit)> = visits.join_all().await;
+        answers.sort_by_key(|(i, _)| *i);
+        let unpinned = self.pin.get().cluster.is_none();
+        if unpinned {
+            // Two primaries of different clusters in one URL: which one holds the runs is
+            // not for the engine to guess.
+            let clusters: Vec<(usize, i64)> = answers
+                .iter()
+                .filter_map(|(i, a)| Some((*i, a.as_ref().ok()?.1?.cluster)))
+                .collect();
+            if let Some(&(j, other)) = clusters.iter().find(|(_, c)| *c != clusters[0].1) {
+                return Err(format!(
+                    "the URL lists primaries of different clusters: {} (system identifier {}) \
+                     and {} ({other}); list one primary and its standbys",
+                    self.name(clusters[0].0),
+                    clusters[0].1,
+                    self.name(j)
+                ));
             }
         }
-        Err(causes.join("; "))
+        let best = answers
+            .iter()
+            .filter_map(|(i, a)| {
+                let id = a.as_ref().ok()?.1;
+                Some((
+                    id.map_or(0, |id| id.timeline),
+                    Some(*i) == current,
+                    std::cmp::Reverse(*i),
+                ))
+            })
+            .max()
+            .map(|(_, _, std::cmp::Reverse(i))| i);
+        let mut causes = Vec::new();
+        let mut found = None;
+        for (i, a) in answers {
+            match a {
+                Ok((c, id)) if Some(i) == best => found = Some((i, c, id)),
+                Ok(_) => {}
+                Err(e) => causes.push(format!("{}: {e}", self.name(i))),
+            }
+        }
+        match found {
+            Some(f) => {
+                self.pin.note(f.2);
+                Ok(f)
+            }
+            None => Err(causes.join("; ")),
+        }
     }
 
     /// Starts the watcher that follows the primary for `pool`, which connects to server
@@ -319,6 +428,7 @@ impl Primary {
         tokio::spawn(async move {
             let mut current = current;
             let mut probe = Some(probe);
+            let mut checks: u32 = 0;
             loop {
                 tokio::select! {
                     () = stop.cancelled() => break,
@@ -331,31 +441,57 @@ impl Primary {
                     ),
                     None => false,
                 };
-                if healthy {
+                // The first check after open scans too: an engine that opened on a stale
+                // primary listed first leaves it at once.
+                let scan = checks.is_multiple_of(SCAN_EVERY);
+                checks = checks.wrapping_add(1);
+                if healthy && !scan {
                     continue;
                 }
-                if let Some(c) = probe.take() {
-                    // Dead or demoted: its close may never be answered.
-                    drop(tokio::time::timeout(self.connect_timeout, c.close()).await);
-                }
-                match self.locate().await {
-                    Ok((i, c)) => {
-                        if i != current {
-                            pool.set_connect_options(self.options(i));
+                match self.locate(Some(current)).await {
+                    Ok((i, c, id)) if i != current => {
+                        if let Some(old) = probe.take() {
+                            // Dead or demoted: its close may never be answered.
+                            drop(tokio::time::timeout(self.connect_timeout, old.close()).await);
+                        }
+                        pool.set_connect_options(self.options(i));
+                        self.pin.get().moved = Some(std::time::Instant::now());
+                        if healthy {
+                            tracing::error!(
+                                left = %self.name(current),
+                                now = %self.name(i),
+                                timeline = id.map_or(0, |id| id.timeline),
+                                "two primaries of one cluster: the one left still accepts \
+                                 writes on an older timeline; following the newer one (fence \
+                                 the old primary: what it commits now is on no other server)"
+                            );
+                        } else {
                             tracing::warn!(
-                                from = %host_port(&self.servers.hosts[current].0, self.servers.hosts[current].1),
-                                to = %host_port(&self.servers.hosts[i].0, self.servers.hosts[i].1),
+                                from = %self.name(current),
+                                to = %self.name(i),
                                 "the primary moved; new connections go to the new primary"
                             );
-                            current = i;
                         }
+                        current = i;
                         probe = Some(c);
                     }
-                    Err(causes) => tracing::warn!(
-                        servers = %self.servers.list(),
-                        %causes,
-                        "no primary among the database servers; checking again"
-                    ),
+                    Ok((_, c, _)) => {
+                        if !healthy {
+                            probe = Some(c);
+                        }
+                    }
+                    Err(causes) => {
+                        if !healthy {
+                            if let Some(old) = probe.take() {
+                                drop(tokio::time::timeout(self.connect_timeout, old.close()).await);
+                            }
+                            tracing::warn!(
+                                servers = %self.servers.list(),
+                                %causes,
+                                "no primary among the database servers; checking again"
+                            );
+                        }
+                    }
                 }
             }
         });

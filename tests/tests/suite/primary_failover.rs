@@ -544,6 +544,16 @@ async fn a_promoted_asynchronous_standby_loses_at_most_the_last_moments() {
     );
 }
 
+/// A workflow of one step that succeeds.
+fn one_step() -> sagaflow::Workflow {
+    sagaflow::Workflow::builder("w", 1)
+        .step("a", |_| {
+            std::future::ready(Ok::<(), sagaflow::StepError>(()))
+        })
+        .build()
+        .expect("wf")
+}
+
 /// How many sessions a database of `cluster` has seen (`pg_stat_database.sessions`).
 async fn sessions(cluster: &PgCluster, db: &str) -> i64 {
     let admin = Database::connect(cluster.url.as_str())
@@ -561,10 +571,10 @@ async fn sessions(cluster: &PgCluster, db: &str) -> i64 {
     row.try_get::<i64>("", "sessions").expect("sessions")
 }
 
-/// The address of a dead primary taken over by a fresh server of another cluster (on one
-/// machine, the next cluster started gets the freed port; in production, a replaced host or a
-/// URL that lists independent databases): writable, not in recovery, and never taken for the
-/// primary, since runs written there would never meet the others.
+/// A listed address answered by a server of another cluster once the engine's primary is
+/// gone (on one machine, the next cluster started takes the freed port; in production, a
+/// replaced host): writable, not in recovery, and never taken for the primary, since runs
+/// written there would never meet the others. Both up at open fails the open, naming both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() {
     if !postgres_wanted("the foreign-cluster scenario") {
@@ -579,18 +589,10 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         c
     };
     let (ours, foreign) = (start().await, start().await);
-    let workflow = || {
-        sagaflow::Workflow::builder("w", 1)
-            .step("a", |_| {
-                std::future::ready(Ok::<(), sagaflow::StepError>(()))
-            })
-            .build()
-            .expect("wf")
-    };
     // The foreign database has the schema, so an engine that moved there would work.
     let setup = Engine::builder()
         .with_database_url(Pair::db_url(&foreign))
-        .with_workflow(workflow())
+        .with_workflow(one_step())
         .with_workers(false)
         .start()
         .await
@@ -601,10 +603,28 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         ours.host_port(),
         foreign.host_port()
     );
+    // Both up at open: which one holds the runs is not for the engine to guess.
+    let e = Engine::builder()
+        .with_database_url(url.clone())
+        .with_workflow(one_step())
+        .start()
+        .await
+        .expect_err("a URL of two clusters");
+    let text = e.to_string();
+    assert!(matches!(e, sagaflow::Error::Connect { .. }), "{text}");
+    assert!(
+        text.contains("primaries of different clusters")
+            && text.contains(&ours.host_port())
+            && text.contains(&foreign.host_port()),
+        "names both: {text}"
+    );
+    // Down while the engine opens (so that the URL is one primary and a dead server), up
+    // again once the engine's primary is gone.
+    tokio::task::block_in_place(|| foreign.kill()).expect("stop the foreign cluster");
     let engine = Engine::builder()
         .with_database_url(url)
         .with_instance_id("pinned")
-        .with_workflow(workflow())
+        .with_workflow(one_step())
         .start()
         .await
         .expect("engine on the first server");
@@ -614,6 +634,7 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         .await
         .expect("wait");
     tokio::task::block_in_place(|| ours.kill()).expect("SIGKILL the primary");
+    tokio::task::block_in_place(|| foreign.restart()).expect("the foreign cluster back");
     // The watcher looks at the foreign server again and again (a session each time) and
     // refuses it; meanwhile starts fail rather than land there.
     let seen = sessions(&foreign, "sagaflow_failover").await;
@@ -661,4 +682,105 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         .await
         .expect("shuts down");
     drop((ours, foreign));
+}
+
+/// Whether run `id` is in the database at `url`.
+async fn has_run(db: &sagaflow::sea_orm::DatabaseConnection, id: Uuid) -> bool {
+    db.query_one_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT 1 AS one FROM sagaflow_runs WHERE id = $1",
+        [id.into()],
+    ))
+    .await
+    .expect("look up a run")
+    .is_some()
+}
+
+/// A standby promoted while its primary still runs (a network partition; a promotion by
+/// hand): two primaries of one cluster, the promoted one on a newer timeline. The engine
+/// leaves the old one for it within ten checks, and writes nothing more there; an engine
+/// opened afterwards with the old primary listed first starts on the promoted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_brain_is_left_for_the_newer_timeline() {
+    if !postgres_wanted("the split-brain scenario") {
+        return;
+    }
+    let pair = pair(false).await;
+    let engine_on = |id: &'static str| {
+        Engine::builder()
+            .with_database_url(pair.url.clone())
+            .with_instance_id(id)
+            .with_store_options(sagaflow::StoreOptions {
+                primary_check_interval: Duration::from_millis(100),
+                ..sagaflow::StoreOptions::default()
+            })
+            .with_workflow(one_step())
+            .start()
+    };
+    let engine = engine_on("first").await.expect("engine");
+    let old = Database::connect(Pair::db_url(&pair.primary))
+        .await
+        .expect("old primary");
+    let run = engine.start("w", &()).await.expect("start");
+    engine
+        .wait(run, Duration::from_secs(20))
+        .await
+        .expect("wait");
+    assert!(has_run(&old, run).await);
+    tokio::task::block_in_place(|| pair.standby.promote()).expect("promote the standby");
+    let new = Database::connect(Pair::db_url(&pair.standby))
+        .await
+        .expect("promoted standby");
+    // Both accept writes now. The engine's starts move to the newer timeline.
+    let began = Instant::now();
+    loop {
+        let run = engine.start("w", &()).await.expect("start");
+        if has_run(&new, run).await {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "still writing to the old primary after {:?}",
+            began.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "[split brain] left the old primary {:?} after the promotion",
+        began.elapsed()
+    );
+    for _ in 0..20 {
+        let run = engine.start("w", &()).await.expect("start");
+        let done = engine
+            .wait(run, Duration::from_secs(20))
+            .await
+            .expect("wait");
+        assert_eq!(done.state, RunState::Completed);
+        assert!(
+            has_run(&new, run).await,
+            "run {run} not on the promoted standby"
+        );
+        assert!(
+            !has_run(&old, run).await,
+            "run {run} written to the old primary"
+        );
+    }
+    // A fresh engine, the old primary still listed first, starts on the promoted one.
+    let second = engine_on("second").await.expect("second engine");
+    let run = second.start("w", &()).await.expect("start");
+    assert!(
+        has_run(&new, run).await,
+        "the second engine's run is not on the new primary"
+    );
+    assert!(
+        !has_run(&old, run).await,
+        "the second engine wrote to the old primary"
+    );
+    for e in [engine, second] {
+        tokio::time::timeout(Duration::from_secs(20), e.shutdown())
+            .await
+            .expect("shuts down");
+    }
+    let _ = (old.close().await, new.close().await);
+    drop(pair);
 }
