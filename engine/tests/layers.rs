@@ -349,6 +349,7 @@ const CONNECTION: &[&str] = &[
     "open",
     "open_replica",
     "pause_point",
+    "primary_moves",
     "rollback",
     "target",
     "with_pause_hook",

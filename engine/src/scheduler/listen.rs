@@ -21,8 +21,11 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
         return;
     }
     let pool = s.store.connection().get_postgres_connection_pool().clone();
+    // A listener keeps its connection: when the store follows a promoted standby, it must
+    // listen there too (an old primary still running would keep it, hearing nothing).
+    let mut moves = s.store.primary_moves();
     let mut failures = 0u64;
-    loop {
+    'connect: loop {
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(l) => l,
             Err(e) => {
@@ -78,6 +81,12 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
                         break;
                     }
                 },
+                () = moved(moves.as_mut()) => {
+                    tracing::info!("the primary moved; listening for wake-ups there");
+                    // Back to the pool, which discards a connection older than the move.
+                    drop(listener);
+                    continue 'connect;
+                }
                 () = cancel.cancelled() => return,
             }
         }
@@ -85,4 +94,14 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
             return;
         }
     }
+}
+
+/// Resolves when the store's pool has moved to another server; never without a watcher.
+async fn moved(moves: Option<&mut tokio::sync::watch::Receiver<u64>>) {
+    if let Some(m) = moves
+        && m.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }

@@ -19,6 +19,7 @@
 //!
 //! - connection and units of work: [`Store::open`], [`Store::open_replica`],
 //!   [`Store::replica_lag`], [`Store::is_replica`], [`Store::wal_position`],
+//!   [`Store::primary_moves`],
 //!   [`Store::connect`],
 //!   [`Store::from_connection`], [`Store::schema_migrate`], [`Store::connection`],
 //!   [`Store::executor`], [`Store::backend`], [`Store::target`], [`Store::has_file`],
@@ -337,6 +338,13 @@ impl Store {
     /// [`Error::Db`].
     pub async fn now_ms(&self) -> Result<i64> {
         self.now_ms_in(&self.exec).await
+    }
+
+    /// With a URL naming a primary and its standbys: a count that goes up each time the
+    /// store's pool moves to another server (a promoted standby), for a holder of a long-lived
+    /// connection to reconnect; `None` with one server.
+    pub fn primary_moves(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.primary.as_ref().map(|w| w.moves.clone())
     }
 
     /// The primary's current WAL position (`pg_current_wal_lsn()`), which a replica that has

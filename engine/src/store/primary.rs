@@ -182,9 +182,10 @@ async fn identify(conn: &mut PgConnection) -> std::result::Result<Option<Identit
 }
 
 /// What the store knows of the cluster it writes to, shared by its watcher and its pool's
-/// connection checks.
-#[derive(Debug, Default)]
-pub(super) struct Pin(std::sync::Mutex<Pinned>);
+/// connection checks; and the count of the pool's moves, for those who hold a connection of
+/// their own (the wake-up listener).
+#[derive(Debug)]
+pub(super) struct Pin(std::sync::Mutex<Pinned>, tokio::sync::watch::Sender<u64>);
 
 #[derive(Debug, Default)]
 struct Pinned {
@@ -197,6 +198,19 @@ struct Pinned {
 }
 
 impl Pin {
+    fn new() -> Self {
+        Self(
+            std::sync::Mutex::default(),
+            tokio::sync::watch::Sender::new(0),
+        )
+    }
+
+    /// Notes that the pool now connects to another server.
+    fn moved(&self) {
+        self.get().moved = Some(std::time::Instant::now());
+        self.1.send_modify(|n| *n += 1);
+    }
+
     fn get(&self) -> std::sync::MutexGuard<'_, Pinned> {
         self.0
             .lock()
@@ -291,7 +305,7 @@ impl Primary {
             servers,
             base,
             connect_timeout,
-            pin: Arc::default(),
+            pin: Arc::new(Pin::new()),
         }
     }
 
@@ -455,7 +469,7 @@ impl Primary {
                             drop(tokio::time::timeout(self.connect_timeout, old.close()).await);
                         }
                         pool.set_connect_options(self.options(i));
-                        self.pin.get().moved = Some(std::time::Instant::now());
+                        self.pin.moved();
                         if healthy {
                             tracing::error!(
                                 left = %self.name(current),
@@ -499,9 +513,22 @@ impl Primary {
     }
 }
 
-/// The watcher of a store, stopped when the last clone of the store is dropped.
+/// The watcher of a store, stopped when the last clone of the store is dropped; and the
+/// count of its moves.
 #[derive(Debug, Clone)]
-pub(super) struct Watcher(#[allow(dead_code)] pub(super) Arc<DropGuard>);
+pub(super) struct Watcher {
+    _stop: Arc<DropGuard>,
+    pub(super) moves: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Watcher {
+    pub(super) fn new(stop: DropGuard, pin: &Pin) -> Self {
+        Self {
+            _stop: Arc::new(stop),
+            moves: pin.1.subscribe(),
+        }
+    }
+}
 
 pub(super) fn connect_error(target: &str, causes: String) -> Error {
     Error::Connect {

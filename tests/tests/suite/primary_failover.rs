@@ -765,6 +765,28 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
             "run {run} written to the old primary"
         );
     }
+    // The wake-up listener, which keeps a connection of its own, moved too.
+    let listening = |db: &'static str| {
+        let conn = if db == "new" { &new } else { &old };
+        async move {
+            conn.query_one_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'sagaflow' \
+                 AND datname = current_database() AND query LIKE 'LISTEN%'",
+            ))
+            .await
+            .expect("pg_stat_activity")
+            .expect("a row")
+            .try_get::<i64>("", "n")
+            .expect("n")
+        }
+    };
+    sagaflow_testkit::eventually(
+        Duration::from_secs(20),
+        "the listener on the promoted standby only",
+        || async { listening("new").await == 1 && listening("old").await == 0 },
+    )
+    .await;
     // A fresh engine, the old primary still listed first, starts on the promoted one.
     let second = engine_on("second").await.expect("second engine");
     let run = second.start("w", &()).await.expect("start");
