@@ -806,3 +806,61 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
     let _ = (old.close().await, new.close().await);
     drop(pair);
 }
+
+/// A role that may not read the cluster's identity (a managed service may revoke
+/// `pg_control_system()`): no cluster or timeline check, and still the primary found behind
+/// a standby listed first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_the_cluster_identity_still_finds_the_primary() {
+    if !postgres_wanted("the unprivileged-role scenario") {
+        return;
+    }
+    let pair = pair(false).await;
+    // A function's privileges are the database's own.
+    sql(
+        &Pair::db_url(&pair.primary),
+        &[
+            "REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC",
+            "CREATE ROLE app LOGIN",
+            "ALTER DATABASE sagaflow_failover OWNER TO app",
+        ],
+    )
+    .await;
+    let url = format!(
+        "postgres://app@{},{}/sagaflow_failover",
+        pair.standby.host_port(),
+        pair.primary.host_port()
+    );
+    // The revocation holds for the role (and has reached the standby).
+    let direct = Database::connect(format!(
+        "postgres://app@{}/sagaflow_failover",
+        pair.primary.host_port()
+    ))
+    .await
+    .expect("app on the primary");
+    let denied = direct
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT system_identifier FROM pg_control_system()",
+        ))
+        .await
+        .expect_err("pg_control_system() revoked");
+    assert!(denied.to_string().contains("permission denied"), "{denied}");
+    let _ = direct.close().await;
+    let engine = Engine::builder()
+        .with_database_url(url)
+        .with_workflow(one_step())
+        .start()
+        .await
+        .expect("the primary, listed second, is found");
+    let run = engine.start("w", &()).await.expect("start");
+    let done = engine
+        .wait(run, Duration::from_secs(20))
+        .await
+        .expect("wait");
+    assert_eq!(done.state, RunState::Completed);
+    tokio::time::timeout(Duration::from_secs(20), engine.shutdown())
+        .await
+        .expect("shuts down");
+    drop(pair);
+}
