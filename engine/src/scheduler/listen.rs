@@ -26,6 +26,10 @@ pub(super) async fn run(s: Arc<Scheduler>, cancel: CancellationToken) {
     let mut moves = s.store.primary_moves();
     let mut failures = 0u64;
     'connect: loop {
+        if let Some(m) = moves.as_mut() {
+            // Moves before this connection are behind it.
+            m.borrow_and_update();
+        }
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(l) => l,
             Err(e) => {

@@ -169,8 +169,8 @@ impl Store {
                     o.get_database().unwrap_or(o.get_username())
                 );
                 if servers.hosts.len() > 1 {
-                    // The servers in order, keeping the first that is the primary and its
-                    // connection (the watcher's probe, once the pool exists).
+                    // Every server at once, keeping the primary and its connection (the
+                    // watcher's probe, once the pool exists).
                     let finder = Primary::new(servers, o, options.connect_timeout);
                     let (i, probe, _) = finder
                         .locate(None)
@@ -268,9 +268,15 @@ impl Store {
                         let pin = at_connect.clone();
                         Box::pin(async move { primary::refuse_unless_primary(conn, &pin).await })
                     })
-                    .before_acquire(move |_, meta| {
-                        let fresh = !at_acquire.predates_move(meta.age);
-                        Box::pin(std::future::ready(Ok(fresh)))
+                    // The pool's own liveness ping runs here, after the age check: a
+                    // connection to a former primary that hangs is dropped at once rather
+                    // than pinged until the acquire times out.
+                    .test_before_acquire(false)
+                    .before_acquire(move |conn, meta| {
+                        let stale = at_acquire.predates_move(meta.age);
+                        Box::pin(
+                            async move { Ok(!stale && sqlx::Connection::ping(conn).await.is_ok()) },
+                        )
                     })
                 });
             }

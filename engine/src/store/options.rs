@@ -67,8 +67,9 @@ pub struct StoreOptions {
     /// (`postgres://user@host1:5432,host2:5432/db`): how often the store asks whether its
     /// server is still the primary; every tenth check asks all the servers, to leave a former
     /// primary that still accepts writes for the standby promoted in its place (a split
-    /// brain). A promoted standby is followed within this interval plus one connect timeout,
-    /// a split brain within ten intervals. Unused with one server.
+    /// brain). A promoted standby is followed within this interval plus one connect timeout
+    /// (three when the old primary's host hangs rather than refuses), a split brain within
+    /// ten intervals plus as much. Unused with one server.
     pub primary_check_interval: Duration,
     /// Whether opening applies the schema migrations the database lacks (the default), under
     /// the engines' migration lock. Off, opening changes no schema: it fails with

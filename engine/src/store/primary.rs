@@ -17,8 +17,10 @@
 //!   every tenth check anyway, it asks all the servers again and points the pool at the
 //!   primary on the newest timeline; idle connections opened before a move are discarded.
 //!
-//! A promotion is thus followed within one check interval plus one connect timeout, and a
-//! split brain within ten check intervals. A URL with one server (or a proxy in front of the
+//! A promotion is thus followed within one check interval and one connect timeout when the
+//! old primary's host refuses connections, and up to three connect timeouts when it hangs
+//! (the probe's question, then a visit's connect and question); a split brain within ten
+//! check intervals and as much. A URL with one server (or a proxy in front of the
 //! servers) keeps the pool's ordinary reconnection, with no watcher and no check per
 //! connection.
 //!
@@ -164,9 +166,16 @@ pub(super) struct Identity {
     timeline: i64,
 }
 
-/// The identity of the primary behind `conn`; `None` when the role may not read it (a
-/// managed service may revoke `pg_control_system()`).
-async fn identify(conn: &mut PgConnection) -> std::result::Result<Option<Identity>, sqlx::Error> {
+/// The identity of the primary behind `conn`; `None` when the server will not tell: the role
+/// may not read it (a managed service may revoke `pg_control_system()`; then it is not asked
+/// again), or the server refuses the question otherwise.
+async fn identify(
+    conn: &mut PgConnection,
+    pin: &Pin,
+) -> std::result::Result<Option<Identity>, sqlx::Error> {
+    if pin.get().denied {
+        return Ok(None);
+    }
     // The timeline is the first eight hex digits of the current WAL file's name.
     let sql = "SELECT s.system_identifier AS c, \
                  ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int::bigint AS t \
@@ -176,7 +185,13 @@ async fn identify(conn: &mut PgConnection) -> std::result::Result<Option<Identit
             cluster: row.try_get("c")?,
             timeline: row.try_get("t")?,
         })),
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => Ok(None),
+        Err(sqlx::Error::Database(e)) => {
+            if e.code().as_deref() == Some("42501") {
+                pin.get().denied = true;
+            }
+            tracing::debug!(error = %e, "the server does not tell its cluster and timeline");
+            Ok(None)
+        }
         Err(e) => Err(e),
     }
 }
@@ -195,6 +210,8 @@ struct Pinned {
     timeline: i64,
     /// When the pool was last pointed at another server.
     moved: Option<std::time::Instant>,
+    /// The role may not read the identity: it is not asked for again.
+    denied: bool,
 }
 
 impl Pin {
@@ -259,7 +276,7 @@ async fn judge(
     if !ask(conn).await? {
         return Ok(Err("a standby (in recovery)".into()));
     }
-    let id = identify(conn).await?;
+    let id = identify(conn, pin).await?;
     Ok(match pin.refuses(id) {
         Some(why) => Err(why),
         None => Ok(id),
@@ -364,31 +381,51 @@ impl Primary {
         }
     }
 
+    /// Closes `c` in the background: a dead or hung server may never answer its close.
+    fn close_later(&self, c: PgConnection) {
+        let within = self.connect_timeout;
+        tokio::spawn(async move { drop(tokio::time::timeout(within, c.close()).await) });
+    }
+
     /// The primary among the servers, all asked at once (so that a server that does not
     /// answer costs one connect timeout, whatever its place): the one on the newest
-    /// timeline, `current` or else the first in the URL's order among equals. Before the
-    /// store has a cluster, the first primary in the URL's order gives it, and a primary of
-    /// another cluster is an error. Else what each server answered.
+    /// timeline when every primary tells its identity, else, and among equals, `current` or
+    /// the first in the URL's order. The store takes the cluster of the one chosen when it
+    /// has none yet; primaries of two clusters then are an error. More than one primary of
+    /// the cluster is a split brain, logged as an error. Else what each server answered.
     pub(super) async fn locate(
         &self,
         current: Option<usize>,
     ) -> std::result::Result<Found, String> {
+        let n = self.servers.hosts.len();
         let mut visits = tokio::task::JoinSet::new();
-        for i in 0..self.servers.hosts.len() {
+        for i in 0..n {
             let me = self.clone();
             visits.spawn(async move { (i, me.visit(i).await) });
         }
-        let mut answers: Vec<(usize, Visit)> = visits.join_all().await;
-        answers.sort_by_key(|(i, _)| *i);
-        let unpinned = self.pin.get().cluster.is_none();
-        if unpinned {
+        let mut answers: Vec<Visit> = (0..n).map(|_| Err("not asked".to_owned())).collect();
+        while let Some(joined) = visits.join_next().await {
+            // A visit cancelled (the runtime shutting down) stays "not asked".
+            if let Ok((i, visit)) = joined {
+                answers[i] = visit;
+            }
+        }
+        let primaries: Vec<(usize, Option<Identity>)> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((i, a.as_ref().ok()?.1)))
+            .collect();
+        if self.pin.get().cluster.is_none() {
             // Two primaries of different clusters in one URL: which one holds the runs is
             // not for the engine to guess.
-            let clusters: Vec<(usize, i64)> = answers
+            let clusters: Vec<(usize, i64)> = primaries
                 .iter()
-                .filter_map(|(i, a)| Some((*i, a.as_ref().ok()?.1?.cluster)))
+                .filter_map(|(i, id)| Some((*i, id.as_ref()?.cluster)))
                 .collect();
             if let Some(&(j, other)) = clusters.iter().find(|(_, c)| *c != clusters[0].1) {
+                for (c, _) in answers.into_iter().flatten() {
+                    self.close_later(c);
+                }
                 return Err(format!(
                     "the URL lists primaries of different clusters: {} (system identifier {}) \
                      and {} ({other}); list one primary and its standbys",
@@ -398,24 +435,43 @@ impl Primary {
                 ));
             }
         }
-        let best = answers
+        // Timelines are compared only when every primary tells its own: a server that does
+        // not must not lose to one that does (nor win).
+        let told = primaries.iter().all(|(_, id)| id.is_some());
+        let best = primaries
             .iter()
-            .filter_map(|(i, a)| {
-                let id = a.as_ref().ok()?.1;
-                Some((
-                    id.map_or(0, |id| id.timeline),
-                    Some(*i) == current,
-                    std::cmp::Reverse(*i),
-                ))
+            .map(|(i, id)| {
+                let timeline = if told {
+                    id.map_or(0, |id| id.timeline)
+                } else {
+                    0
+                };
+                (timeline, Some(*i) == current, std::cmp::Reverse(*i))
             })
             .max()
             .map(|(_, _, std::cmp::Reverse(i))| i);
+        if primaries.len() > 1 {
+            let all: Vec<String> = primaries
+                .iter()
+                .map(|(i, id)| match id {
+                    Some(id) => format!("{} (timeline {})", self.name(*i), id.timeline),
+                    None => self.name(*i),
+                })
+                .collect();
+            tracing::error!(
+                primaries = %all.join(", "),
+                following = %best.map(|i| self.name(i)).unwrap_or_default(),
+                "more than one primary of the cluster accepts writes (a split brain); \
+                 following the newest timeline: fence the others, since what they commit now \
+                 is on no other server"
+            );
+        }
         let mut causes = Vec::new();
         let mut found = None;
-        for (i, a) in answers {
+        for (i, a) in answers.into_iter().enumerate() {
             match a {
                 Ok((c, id)) if Some(i) == best => found = Some((i, c, id)),
-                Ok(_) => {}
+                Ok((c, _)) => self.close_later(c),
                 Err(e) => causes.push(format!("{}: {e}", self.name(i))),
             }
         }
@@ -463,41 +519,31 @@ impl Primary {
                     continue;
                 }
                 match self.locate(Some(current)).await {
-                    Ok((i, c, id)) if i != current => {
-                        if let Some(old) = probe.take() {
-                            // Dead or demoted: its close may never be answered.
-                            drop(tokio::time::timeout(self.connect_timeout, old.close()).await);
-                        }
+                    Ok((i, c, _)) if i != current => {
+                        // The pool first (a move waits for nothing), then the old probe.
                         pool.set_connect_options(self.options(i));
                         self.pin.moved();
-                        if healthy {
-                            tracing::error!(
-                                left = %self.name(current),
-                                now = %self.name(i),
-                                timeline = id.map_or(0, |id| id.timeline),
-                                "two primaries of one cluster: the one left still accepts \
-                                 writes on an older timeline; following the newer one (fence \
-                                 the old primary: what it commits now is on no other server)"
-                            );
-                        } else {
-                            tracing::warn!(
-                                from = %self.name(current),
-                                to = %self.name(i),
-                                "the primary moved; new connections go to the new primary"
-                            );
+                        tracing::warn!(
+                            from = %self.name(current),
+                            to = %self.name(i),
+                            "the primary moved; new connections go to the new primary"
+                        );
+                        if let Some(old) = probe.replace(c) {
+                            self.close_later(old);
                         }
                         current = i;
-                        probe = Some(c);
                     }
                     Ok((_, c, _)) => {
-                        if !healthy {
-                            probe = Some(c);
+                        if healthy {
+                            self.close_later(c);
+                        } else if let Some(old) = probe.replace(c) {
+                            self.close_later(old);
                         }
                     }
                     Err(causes) => {
                         if !healthy {
                             if let Some(old) = probe.take() {
-                                drop(tokio::time::timeout(self.connect_timeout, old.close()).await);
+                                self.close_later(old);
                             }
                             tracing::warn!(
                                 servers = %self.servers.list(),

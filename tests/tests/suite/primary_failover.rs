@@ -589,15 +589,6 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         c
     };
     let (ours, foreign) = (start().await, start().await);
-    // The foreign database has the schema, so an engine that moved there would work.
-    let setup = Engine::builder()
-        .with_database_url(Pair::db_url(&foreign))
-        .with_workflow(one_step())
-        .with_workers(false)
-        .start()
-        .await
-        .expect("schema on the foreign cluster");
-    setup.shutdown().await;
     let url = format!(
         "postgres://postgres@{},{}/sagaflow_failover",
         ours.host_port(),
@@ -618,9 +609,14 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
             && text.contains(&foreign.host_port()),
         "names both: {text}"
     );
-    // Down while the engine opens (so that the URL is one primary and a dead server), up
-    // again once the engine's primary is gone.
-    tokio::task::block_in_place(|| foreign.kill()).expect("stop the foreign cluster");
+    // Without the database, the foreign server is no server of the URL's while the engine
+    // opens (a visit that fails; stopping it would free its port for another test's
+    // cluster). It gets the database, with the schema, once the engine's primary is gone.
+    sql(
+        &foreign.url,
+        &["DROP DATABASE sagaflow_failover WITH (FORCE)"],
+    )
+    .await;
     let engine = Engine::builder()
         .with_database_url(url)
         .with_instance_id("pinned")
@@ -634,7 +630,16 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         .await
         .expect("wait");
     tokio::task::block_in_place(|| ours.kill()).expect("SIGKILL the primary");
-    tokio::task::block_in_place(|| foreign.restart()).expect("the foreign cluster back");
+    sql(&foreign.url, &["CREATE DATABASE sagaflow_failover"]).await;
+    // The foreign database has the schema, so an engine that moved there would work.
+    let setup = Engine::builder()
+        .with_database_url(Pair::db_url(&foreign))
+        .with_workflow(one_step())
+        .with_workers(false)
+        .start()
+        .await
+        .expect("schema on the foreign cluster");
+    setup.shutdown().await;
     // The watcher looks at the foreign server again and again (a session each time) and
     // refuses it; meanwhile starts fail rather than land there.
     let seen = sessions(&foreign, "sagaflow_failover").await;
