@@ -394,6 +394,7 @@ fn alert_kind(kind: &AlertKind) -> &'static str {
         AlertKind::BacklogGrowing => "backlog_growing",
         AlertKind::BreakerOpen => "breaker_open",
         AlertKind::NoInstanceForWorkflow => "no_instance_for_workflow",
+        AlertKind::SplitBrain => "split_brain",
         AlertKind::DeliveryDeadLettered => "delivery_dead_lettered",
         AlertKind::Other(_) => "other",
     }

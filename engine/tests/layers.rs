@@ -350,6 +350,7 @@ const CONNECTION: &[&str] = &[
     "open_replica",
     "pause_point",
     "primary_moves",
+    "primary_split_brain",
     "rollback",
     "target",
     "with_pause_hook",

@@ -50,6 +50,10 @@ pub enum AlertKind {
     /// Steps of a workflow version are due and no live engine instance runs it (none has it
     /// registered): they wait, and its runs with them, until one registers it.
     NoInstanceForWorkflow,
+    /// More than one server of the database's cluster accepts writes (a standby promoted
+    /// while its primary still runs): the engines follow the newest timeline, and what the
+    /// others accept is on no other server until they are fenced.
+    SplitBrain,
     /// A kind this version does not know (raised by a newer one).
     #[strum(default)]
     Other(String),

@@ -19,7 +19,7 @@
 //!
 //! - connection and units of work: [`Store::open`], [`Store::open_replica`],
 //!   [`Store::replica_lag`], [`Store::is_replica`], [`Store::wal_position`],
-//!   [`Store::primary_moves`],
+//!   [`Store::primary_moves`], [`Store::primary_split_brain`],
 //!   [`Store::connect`],
 //!   [`Store::from_connection`], [`Store::schema_migrate`], [`Store::connection`],
 //!   [`Store::executor`], [`Store::backend`], [`Store::target`], [`Store::has_file`],
@@ -345,6 +345,13 @@ impl Store {
     /// connection to reconnect; `None` with one server.
     pub fn primary_moves(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.primary.as_ref().map(|w| w.moves.clone())
+    }
+
+    /// With a URL naming a primary and its standbys: the primaries the store's last look at
+    /// every server found, when it found more than one of its cluster (a split brain);
+    /// `None` otherwise, and with one server.
+    pub fn primary_split_brain(&self) -> Option<String> {
+        self.primary.as_ref().and_then(|w| w.pin.split_brain())
     }
 
     /// The primary's current WAL position (`pg_current_wal_lsn()`), which a replica that has

@@ -293,7 +293,7 @@ impl Store {
             let finder = finder.with_base((*pool.connect_options()).clone());
             let pin = finder.pin();
             let guard = finder.watch(pool, i, probe, options.primary_check_interval);
-            store.primary = Some(primary::Watcher::new(guard, &pin));
+            store.primary = Some(primary::Watcher::new(guard, pin));
         }
         store.target = Arc::from(target.as_str());
         store.file = file.as_deref().and_then(FileIdentity::of).map(Arc::new);

@@ -212,6 +212,8 @@ struct Pinned {
     moved: Option<std::time::Instant>,
     /// The role may not read the identity: it is not asked for again.
     denied: bool,
+    /// The primaries the last look found, when it found more than one (a split brain).
+    split: Option<String>,
 }
 
 impl Pin {
@@ -259,6 +261,11 @@ impl Pin {
             )),
             _ => None,
         }
+    }
+
+    /// The primaries the last look at every server found, when it found more than one.
+    pub(super) fn split_brain(&self) -> Option<String> {
+        self.get().split.clone()
     }
 
     /// Whether a pooled connection `age` old was opened before the pool last moved.
@@ -450,16 +457,19 @@ impl Primary {
             })
             .max()
             .map(|(_, _, std::cmp::Reverse(i))| i);
-        if primaries.len() > 1 {
-            let all: Vec<String> = primaries
+        self.pin.get().split = (primaries.len() > 1).then(|| {
+            primaries
                 .iter()
                 .map(|(i, id)| match id {
                     Some(id) => format!("{} (timeline {})", self.name(*i), id.timeline),
                     None => self.name(*i),
                 })
-                .collect();
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        if let Some(all) = self.pin.split_brain() {
             tracing::error!(
-                primaries = %all.join(", "),
+                primaries = %all,
                 following = %best.map(|i| self.name(i)).unwrap_or_default(),
                 "more than one primary of the cluster accepts writes (a split brain); \
                  following the newest timeline: fence the others, since what they commit now \
@@ -565,13 +575,15 @@ impl Primary {
 pub(super) struct Watcher {
     _stop: Arc<DropGuard>,
     pub(super) moves: tokio::sync::watch::Receiver<u64>,
+    pub(super) pin: Arc<Pin>,
 }
 
 impl Watcher {
-    pub(super) fn new(stop: DropGuard, pin: &Pin) -> Self {
+    pub(super) fn new(stop: DropGuard, pin: Arc<Pin>) -> Self {
         Self {
             _stop: Arc::new(stop),
             moves: pin.1.subscribe(),
+            pin,
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::service::MaintenanceService;
 pub(crate) mod aging;
 pub(crate) mod coverage;
 pub(crate) mod delivery;
+pub(crate) mod primaries;
 pub(crate) mod queue;
 pub(crate) mod rescue;
 pub(crate) mod retention;
@@ -35,5 +36,6 @@ pub(crate) fn maintenance_services(
     services.push(Arc::new(timers::Timers));
     services.push(Arc::new(schedules::Schedules::new(starter.clone())));
     services.push(Arc::new(coverage::Coverage));
+    services.push(Arc::new(primaries::Primaries));
     services
 }

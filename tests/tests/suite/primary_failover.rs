@@ -719,8 +719,20 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
                 primary_check_interval: Duration::from_millis(100),
                 ..sagaflow::StoreOptions::default()
             })
+            .with_backlog_interval(Duration::from_millis(200))
             .with_workflow(one_step())
             .start()
+    };
+    let split_alerts = |e: &Engine| {
+        let e = e.clone();
+        async move {
+            e.open_alerts()
+                .await
+                .expect("alerts")
+                .into_iter()
+                .filter(|a| a.kind == sagaflow::AlertKind::SplitBrain)
+                .collect::<Vec<_>>()
+        }
     };
     let engine = engine_on("first").await.expect("engine");
     let old = Database::connect(Pair::db_url(&pair.primary))
@@ -803,6 +815,30 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
         !has_run(&old, run).await,
         "the second engine wrote to the old primary"
     );
+    // The operator is called, on the primary the engines follow: one open alert naming both
+    // servers, until the old primary is gone.
+    sagaflow_testkit::eventually(Duration::from_secs(20), "a split_brain alert", || async {
+        split_alerts(&engine).await.len() == 1
+    })
+    .await;
+    let alert = split_alerts(&engine).await.remove(0);
+    assert!(
+        alert
+            .reason
+            .contains(&format!("{} (timeline 1)", pair.primary.host_port()))
+            && alert
+                .reason
+                .contains(&format!("{} (timeline 2)", pair.standby.host_port())),
+        "{}",
+        alert.reason
+    );
+    tokio::task::block_in_place(|| pair.primary.kill()).expect("fence the old primary");
+    sagaflow_testkit::eventually(
+        Duration::from_secs(20),
+        "the split_brain alert resolved",
+        || async { split_alerts(&engine).await.is_empty() },
+    )
+    .await;
     for e in [engine, second] {
         tokio::time::timeout(Duration::from_secs(20), e.shutdown())
             .await

@@ -1,0 +1,82 @@
+//! The primaries service: while the leader's store sees more than one primary of the
+//! database's cluster accept writes (a standby promoted while its primary still runs), one
+//! open `split_brain` alert, raised on the primary the engines follow; resolved once one
+//! primary answers again. The store notices (it asks every listed server every tenth check of
+//! its primary, see `sagaflow_engine::store`); this service only tells the operator. With a
+//! one-server URL there is nothing to see, and a pass reads nothing.
+
+use std::time::Duration;
+
+use sagaflow_engine::store::NewAlert;
+use sagaflow_engine::{AlertKind, Result};
+
+use crate::config::SupervisorConfig;
+use crate::service::{LeaderContext, MaintenanceService, ServiceReport};
+
+/// The open key of the one split-brain alert.
+const KEY: &str = "split_brain";
+
+/// Tells the operator of a split brain the store has seen.
+#[derive(Debug, Default)]
+pub(crate) struct Primaries;
+
+#[async_trait::async_trait]
+impl MaintenanceService for Primaries {
+    fn name(&self) -> &'static str {
+        "primaries"
+    }
+
+    fn interval(&self, config: &SupervisorConfig) -> Duration {
+        config.backlog_interval
+    }
+
+    async fn run_once(&self, ctx: &LeaderContext) -> Result<ServiceReport> {
+        if ctx.store.primary_moves().is_none() {
+            return Ok(ServiceReport::default());
+        }
+        let (mut raised, mut resolved) = (0, 0);
+        match ctx.store.primary_split_brain() {
+            Some(seen) => {
+                let alert = NewAlert {
+                    run_id: None,
+                    step: None,
+                    kind: AlertKind::SplitBrain,
+                    reason: format!(
+                        "more than one primary of the database's cluster accepts writes: \
+                         {seen}; the engines follow the newest timeline, and what the others \
+                         accept is on no other server"
+                    ),
+                    attempts: 0,
+                    actions: vec![
+                        "fence the former primary: stop it, or make it a standby of the new one (pg_rewind)".into(),
+                        "check it for writes accepted after the promotion (an engine that could reach only it)".into(),
+                        "the alert resolves itself once one primary answers".into(),
+                    ],
+                    open_key: Some(KEY.to_owned()),
+                };
+                if let Some(a) = ctx.store.alert_insert(&alert).await? {
+                    ctx.signals.alert(&a);
+                    raised += 1;
+                }
+            }
+            None => {
+                if ctx
+                    .store
+                    .alert_open_keys(&AlertKind::SplitBrain)
+                    .await?
+                    .iter()
+                    .any(|k| k == KEY)
+                    && ctx
+                        .store
+                        .alert_resolve_key(KEY, "one primary of the cluster answers again")
+                        .await?
+                {
+                    resolved += 1;
+                }
+            }
+        }
+        Ok(ServiceReport::default()
+            .with("alerts_raised", raised)
+            .with("alerts_resolved", resolved))
+    }
+}
