@@ -154,7 +154,7 @@ async fn ask(conn: &mut PgConnection) -> std::result::Result<bool, sqlx::Error> 
 
 /// How often, in checks of the probe, the watcher also asks every listed server whether it
 /// is a primary of the cluster on a newer timeline: a standby promoted while the old primary
-/// still runs (a split brain), or a healthy primary found at open after a stale one.
+/// still runs (a split brain).
 const SCAN_EVERY: u32 = 10;
 
 /// Who a primary is: the cluster (its system identifier, made by `initdb`, copied to every
@@ -521,8 +521,7 @@ impl Primary {
                     ),
                     None => false,
                 };
-                // The first check after open scans too: an engine that opened on a stale
-                // primary listed first leaves it at once.
+                // The first check looks at every server too (a promotion during the open).
                 let scan = checks.is_multiple_of(SCAN_EVERY);
                 checks = checks.wrapping_add(1);
                 if healthy && !scan {
