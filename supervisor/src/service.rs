@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sagaflow_engine::scheduler::ErrorStreak;
-use sagaflow_engine::store::LeaderFence;
+use sagaflow_engine::store::{LeaderFence, NewAlert};
 use sagaflow_engine::{Error, Result, Signals, Store};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -124,6 +124,23 @@ impl LeaderContext {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .elapsed()
+    }
+
+    /// Stores `alert` unless one is open under its key, and delivers it if stored: 1 when
+    /// raised, 0 when it was already open.
+    pub(crate) async fn alert_raise(&self, alert: &NewAlert) -> Result<u64> {
+        Ok(match self.store.alert_insert(alert).await? {
+            Some(a) => {
+                self.signals.alert(&a);
+                1
+            }
+            None => 0,
+        })
+    }
+
+    /// Resolves the open alert under `key`, saying why: 1 when one was open, else 0.
+    pub(crate) async fn alert_resolve(&self, key: &str, why: &str) -> Result<u64> {
+        Ok(u64::from(self.store.alert_resolve_key(key, why).await?))
     }
 }
 

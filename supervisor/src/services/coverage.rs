@@ -60,10 +60,7 @@ impl MaintenanceService for Coverage {
                 ],
                 open_key: Some(key.clone()),
             };
-            if let Some(a) = ctx.store.alert_insert(&alert).await? {
-                ctx.signals.alert(&a);
-                raised += 1;
-            }
+            raised += ctx.alert_raise(&alert).await?;
             waiting.insert(key);
         }
         for key in ctx
@@ -71,16 +68,13 @@ impl MaintenanceService for Coverage {
             .alert_open_keys(&AlertKind::NoInstanceForWorkflow)
             .await?
         {
-            if !waiting.contains(&key)
-                && ctx
-                    .store
-                    .alert_resolve_key(
+            if !waiting.contains(&key) {
+                resolved += ctx
+                    .alert_resolve(
                         &key,
                         "an instance runs the workflow, or none of its steps is due any more",
                     )
-                    .await?
-            {
-                resolved += 1;
+                    .await?;
             }
         }
         Ok(ServiceReport::default()

@@ -34,8 +34,7 @@ impl MaintenanceService for Primaries {
         if ctx.store.primary_moves().is_none() {
             return Ok(ServiceReport::default());
         }
-        let (mut raised, mut resolved) = (0, 0);
-        match ctx.store.primary_split_brain() {
+        let (raised, resolved) = match ctx.store.primary_split_brain() {
             Some(seen) => {
                 let alert = NewAlert {
                     run_id: None,
@@ -54,27 +53,14 @@ impl MaintenanceService for Primaries {
                     ],
                     open_key: Some(KEY.to_owned()),
                 };
-                if let Some(a) = ctx.store.alert_insert(&alert).await? {
-                    ctx.signals.alert(&a);
-                    raised += 1;
-                }
+                (ctx.alert_raise(&alert).await?, 0)
             }
-            None => {
-                if ctx
-                    .store
-                    .alert_open_keys(&AlertKind::SplitBrain)
-                    .await?
-                    .iter()
-                    .any(|k| k == KEY)
-                    && ctx
-                        .store
-                        .alert_resolve_key(KEY, "one primary of the cluster answers again")
-                        .await?
-                {
-                    resolved += 1;
-                }
-            }
-        }
+            None => (
+                0,
+                ctx.alert_resolve(KEY, "one primary of the cluster answers again")
+                    .await?,
+            ),
+        };
         Ok(ServiceReport::default()
             .with("alerts_raised", raised)
             .with("alerts_resolved", resolved))

@@ -76,19 +76,12 @@ impl MaintenanceService for QueueWatch {
                         ],
                         open_key: Some(key),
                     };
-                    if let Some(a) = ctx.store.alert_insert(&alert).await? {
-                        ctx.signals.alert(&a);
-                        raised += 1;
-                    }
+                    raised += ctx.alert_raise(&alert).await?;
                 }
                 None => {
-                    if ctx
-                        .store
-                        .alert_resolve_key(&key, "the queue fell back under its thresholds")
-                        .await?
-                    {
-                        resolved += 1;
-                    }
+                    resolved += ctx
+                        .alert_resolve(&key, "the queue fell back under its thresholds")
+                        .await?;
                 }
             }
         }
@@ -144,17 +137,11 @@ async fn breaker_alerts(ctx: &LeaderContext, resources: &[ResourceView]) -> Resu
                     ],
                     open_key: Some(key),
                 };
-            if let Some(a) = ctx.store.alert_insert(&alert).await? {
-                ctx.signals.alert(&a);
-                raised += 1;
-            }
-        } else if closed
-            && ctx
-                .store
-                .alert_resolve_key(&key, "the circuit breaker closed")
-                .await?
-        {
-            resolved += 1;
+            raised += ctx.alert_raise(&alert).await?;
+        } else if closed {
+            resolved += ctx
+                .alert_resolve(&key, "the circuit breaker closed")
+                .await?;
         }
     }
     Ok((raised, resolved))

@@ -544,6 +544,17 @@ async fn a_promoted_asynchronous_standby_loses_at_most_the_last_moments() {
     );
 }
 
+/// Starts a run of [`one_step`] and waits until it completed; returns its id.
+async fn completed_run(engine: &Engine) -> Uuid {
+    let run = engine.start("w", &()).await.expect("start");
+    let done = engine
+        .wait(run, Duration::from_secs(20))
+        .await
+        .expect("wait");
+    assert_eq!(done.state, RunState::Completed);
+    run
+}
+
 /// A workflow of one step that succeeds.
 fn one_step() -> sagaflow::Workflow {
     sagaflow::Workflow::builder("w", 1)
@@ -624,11 +635,7 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         .start()
         .await
         .expect("engine on the first server");
-    let run = engine.start("w", &()).await.expect("start");
-    engine
-        .wait(run, Duration::from_secs(20))
-        .await
-        .expect("wait");
+    completed_run(&engine).await;
     tokio::task::block_in_place(|| ours.kill()).expect("SIGKILL the primary");
     sql(&foreign.url, &["CREATE DATABASE sagaflow_failover"]).await;
     // The foreign database has the schema, so an engine that moved there would work.
@@ -738,11 +745,7 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
     let old = Database::connect(Pair::db_url(&pair.primary))
         .await
         .expect("old primary");
-    let run = engine.start("w", &()).await.expect("start");
-    engine
-        .wait(run, Duration::from_secs(20))
-        .await
-        .expect("wait");
+    let run = completed_run(&engine).await;
     assert!(has_run(&old, run).await);
     tokio::task::block_in_place(|| pair.standby.promote()).expect("promote the standby");
     let new = Database::connect(Pair::db_url(&pair.standby))
@@ -767,12 +770,7 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
         began.elapsed()
     );
     for _ in 0..20 {
-        let run = engine.start("w", &()).await.expect("start");
-        let done = engine
-            .wait(run, Duration::from_secs(20))
-            .await
-            .expect("wait");
-        assert_eq!(done.state, RunState::Completed);
+        let run = completed_run(&engine).await;
         assert!(
             has_run(&new, run).await,
             "run {run} not on the promoted standby"
@@ -894,12 +892,7 @@ async fn a_role_without_the_cluster_identity_still_finds_the_primary() {
         .start()
         .await
         .expect("the primary, listed second, is found");
-    let run = engine.start("w", &()).await.expect("start");
-    let done = engine
-        .wait(run, Duration::from_secs(20))
-        .await
-        .expect("wait");
-    assert_eq!(done.state, RunState::Completed);
+    completed_run(&engine).await;
     tokio::time::timeout(Duration::from_secs(20), engine.shutdown())
         .await
         .expect("shuts down");
