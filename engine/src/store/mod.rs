@@ -136,7 +136,7 @@ pub use options::{
     LOCK_TIMEOUT_DEFAULT, PRIMARY_CHECK_INTERVAL_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, SqliteSync,
     StoreOptions, redact_url,
 };
-pub use outbox::{DeliveryRecord, DeliveryResult, PendingNotice, PendingPage};
+pub use outbox::{DeliveryRecord, DeliveryResult, DeliveryTry, PendingNotice, PendingPage};
 pub use partitions::PartitionPass;
 pub use plans::{EvalApplied, PlanWrite, StepWrite};
 pub use postgres::READY_CHANNEL;

@@ -64,6 +64,22 @@ pub enum DeliveryResult {
     },
 }
 
+/// One try of one sink at one notice, to record ([`Store::delivery_record`]).
+#[derive(Debug, Clone)]
+pub struct DeliveryTry<'a> {
+    /// The notice's id.
+    pub notice: i64,
+    /// The sink's name.
+    pub sink: &'a str,
+    /// Which try this was (1 for the first).
+    pub attempt: i32,
+    /// What it came to.
+    pub result: DeliveryResult,
+    /// The names of the engine's other sinks that take the notice's topic: once each of them
+    /// has delivered it or given up on it, a final result of this one finishes the notice.
+    pub others: &'a [&'a str],
+}
+
 /// Writes a notice in the caller's transaction.
 pub(super) async fn insert_notice<C: Exec>(
     store: &Store,
@@ -235,45 +251,71 @@ impl Store {
         Ok(PendingPage { notices, now_ms })
     }
 
-    /// Records one try of `sink` at notice `id` (its `attempts`-th). A delivery already
-    /// `delivered` or `dead` is not changed (a leader that lost its term and still finished a
-    /// try cannot undo what its successor recorded).
+    /// Records one try of a sink at a notice. A delivery already `delivered` or `dead` is not
+    /// changed (a leader that lost its term and still finished a try cannot undo what its
+    /// successor recorded). A final result of the notice's last sink marks the notice done in
+    /// the same transaction, so that no stop between the two leaves a delivered notice open.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn delivery_record(
-        &self,
-        id: i64,
-        sink: &str,
-        attempts: i32,
-        result: &DeliveryResult,
-    ) -> Result<()> {
-        let (state, error, delay) = match result {
+    pub async fn delivery_record(&self, done: &DeliveryTry<'_>) -> Result<()> {
+        let (state, error, delay) = match &done.result {
             DeliveryResult::Delivered => (DeliveryState::Delivered, None, 0),
             DeliveryResult::Retry { error, retry_in_ms } => {
                 (DeliveryState::Pending, Some(error.clone()), *retry_in_ms)
             }
             DeliveryResult::Dead { error } => (DeliveryState::Dead, Some(error.clone()), 0),
         };
-        self.exec
-            .execute(self.stmt(
-                "INSERT INTO sagaflow_deliveries (outbox_id, sink, state, attempts, next_at, last_error, updated_at) \
-                 VALUES ($1, $2, $3, $4, {now} + $5, $6, {now}) \
-                 ON CONFLICT (outbox_id, sink) DO UPDATE SET state = excluded.state, \
-                   attempts = excluded.attempts, next_at = excluded.next_at, \
-                   last_error = COALESCE(excluded.last_error, sagaflow_deliveries.last_error), \
-                   updated_at = excluded.updated_at \
-                 WHERE sagaflow_deliveries.state = 'pending'",
-                vec![
-                    id.into(),
-                    sink.to_owned().into(),
-                    state.as_ref().to_owned().into(),
-                    attempts.into(),
-                    delay.into(),
-                    error.into(),
-                ],
-            ))
-            .await?;
+        let record = self.stmt(
+            "INSERT INTO sagaflow_deliveries (outbox_id, sink, state, attempts, next_at, last_error, updated_at) \
+             VALUES ($1, $2, $3, $4, {now} + $5, $6, {now}) \
+             ON CONFLICT (outbox_id, sink) DO UPDATE SET state = excluded.state, \
+               attempts = excluded.attempts, next_at = excluded.next_at, \
+               last_error = COALESCE(excluded.last_error, sagaflow_deliveries.last_error), \
+               updated_at = excluded.updated_at \
+             WHERE sagaflow_deliveries.state = 'pending'",
+            vec![
+                done.notice.into(),
+                done.sink.to_owned().into(),
+                state.as_ref().to_owned().into(),
+                done.attempt.into(),
+                delay.into(),
+                error.into(),
+            ],
+        );
+        if state == DeliveryState::Pending {
+            self.exec.execute(record).await?;
+            return Ok(());
+        }
+        // The last of the sinks to finish a notice finishes it. The notice's row is locked
+        // before the others' deliveries are counted, so that of two sinks finishing at once
+        // the second counts the first (a statement after the lock sees what the holder
+        // committed); on SQLite the delivery's write already serialises the two.
+        let txn = self.exec.begin().await?;
+        txn.execute(record).await?;
+        txn.execute(self.stmt(
+            &format!(
+                "SELECT id FROM sagaflow_outbox WHERE id = $1{lock}",
+                lock = self.dialect().row_lock
+            ),
+            vec![done.notice.into()],
+        ))
+        .await?;
+        let mut finish = String::from(
+            "UPDATE sagaflow_outbox SET done_at = {now} WHERE id = $1 AND done_at IS NULL",
+        );
+        let mut values = vec![done.notice.into()];
+        if !done.others.is_empty() {
+            let (cond, names) = self.in_list("sink", 3, done.others)?;
+            finish.push_str(&format!(
+                " AND (SELECT COUNT(*) FROM sagaflow_deliveries WHERE outbox_id = $1 \
+                 AND state <> 'pending' AND {cond}) = $2"
+            ));
+            values.push(i64::try_from(done.others.len()).unwrap_or(i64::MAX).into());
+            values.extend(names);
+        }
+        txn.execute(self.stmt(&finish, values)).await?;
+        txn.commit().await?;
         Ok(())
     }
 

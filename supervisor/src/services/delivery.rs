@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use sagaflow_engine::store::{DeliveryResult, NewAlert, PendingNotice};
+use sagaflow_engine::store::{DeliveryResult, DeliveryTry, NewAlert, PendingNotice};
 use sagaflow_engine::{AlertKind, DeliveryState, NoticeSink, Result, Signals};
 use tokio::sync::Notify;
 
@@ -90,7 +90,7 @@ impl MaintenanceService for Delivery {
         let passes = join_all(
             sinks
                 .iter()
-                .map(|sink| deliver_to(ctx, sink, &page.notices, page.now_ms)),
+                .map(|sink| deliver_to(ctx, sink, sinks, &page.notices, page.now_ms)),
         )
         .await;
         let mut report = SinkPass::default();
@@ -128,6 +128,7 @@ impl MaintenanceService for Delivery {
 async fn deliver_to(
     ctx: &LeaderContext,
     sink: &Arc<dyn NoticeSink>,
+    sinks: &[Arc<dyn NoticeSink>],
     notices: &[PendingNotice],
     now_ms: i64,
 ) -> Result<(SinkPass, HashSet<i64>)> {
@@ -150,6 +151,19 @@ async fn deliver_to(
             }
         }
         let attempt = record.map_or(0, |r| r.attempts) + 1;
+        // The sinks besides this one that must finish the notice before it is done.
+        let others: Vec<&str> = sinks
+            .iter()
+            .filter(|s| s.name() != name && s.accepts(p.notice.topic))
+            .map(|s| s.name())
+            .collect();
+        let try_of = |result| DeliveryTry {
+            notice: p.notice.id,
+            sink: name,
+            attempt,
+            result,
+            others: &others,
+        };
         let tried = tokio::time::timeout(policy.timeout, sink.deliver(&p.notice)).await;
         let failure = match tried {
             Ok(Ok(())) => None,
@@ -161,7 +175,7 @@ async fn deliver_to(
         };
         let Some(e) = failure else {
             ctx.store
-                .delivery_record(p.notice.id, name, attempt, &DeliveryResult::Delivered)
+                .delivery_record(&try_of(DeliveryResult::Delivered))
                 .await?;
             pass.delivered += 1;
             finished.insert(p.notice.id);
@@ -175,14 +189,9 @@ async fn deliver_to(
                 format!("gave up after {attempt} tries: {}", e.message)
             };
             ctx.store
-                .delivery_record(
-                    p.notice.id,
-                    name,
-                    attempt,
-                    &DeliveryResult::Dead {
-                        error: error.clone(),
-                    },
-                )
+                .delivery_record(&try_of(DeliveryResult::Dead {
+                    error: error.clone(),
+                }))
                 .await?;
             tracing::warn!(sink = name, notice = p.notice.id, %error, "notice dead-lettered");
             dead_letter_alert(ctx, name, p.notice.id, &error).await;
@@ -195,15 +204,10 @@ async fn deliver_to(
             .unwrap_or_else(|| policy.delay_after(u32::try_from(attempt).unwrap_or(u32::MAX)));
         tracing::debug!(sink = name, notice = p.notice.id, attempt, error = %e, "delivery failed; will try again");
         ctx.store
-            .delivery_record(
-                p.notice.id,
-                name,
-                attempt,
-                &DeliveryResult::Retry {
-                    error: e.message.clone(),
-                    retry_in_ms: millis(delay),
-                },
-            )
+            .delivery_record(&try_of(DeliveryResult::Retry {
+                error: e.message.clone(),
+                retry_in_ms: millis(delay),
+            }))
             .await?;
         pass.failed += 1;
         // The receiver is failing: the rest waits for the next pass.

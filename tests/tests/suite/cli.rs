@@ -359,14 +359,15 @@ async fn alerts_queue_definitions_purge_and_completions() {
         )
         .await;
         eng.store()
-            .delivery_record(
+            .delivery_record(&sagaflow::internals::store::DeliveryTry {
                 notice,
-                "gone-hook",
-                2,
-                &sagaflow::internals::store::DeliveryResult::Dead {
+                sink: "gone-hook",
+                attempt: 2,
+                result: sagaflow::internals::store::DeliveryResult::Dead {
                     error: "refused".into(),
                 },
-            )
+                others: &[],
+            })
             .await
             .expect("record");
         eng.shutdown().await;

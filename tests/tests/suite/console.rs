@@ -629,14 +629,15 @@ async fn sessions_cookies_csrf_roles_and_escaping() {
         .await;
         s.engine
             .store()
-            .delivery_record(
+            .delivery_record(&sagaflow::internals::store::DeliveryTry {
                 notice,
-                "gone-sink",
-                3,
-                &sagaflow::internals::store::DeliveryResult::Dead {
+                sink: "gone-sink",
+                attempt: 3,
+                result: sagaflow::internals::store::DeliveryResult::Dead {
                     error: "<b>refused</b>".into(),
                 },
-            )
+                others: &[],
+            })
             .await
             .expect("record");
         let redeliver = format!("/console/deliveries/{notice}/redeliver");

@@ -632,3 +632,100 @@ async fn a_webhook_secret_in_the_path_leaks_nowhere_and_redirects_are_not_follow
         engine.shutdown().await;
     }
 }
+
+/// A sink that takes the first notice it is given and then hangs on every other one, telling
+/// the test when it has started hanging.
+#[derive(Default)]
+struct Hang {
+    first: std::sync::Mutex<Option<i64>>,
+    hanging: tokio::sync::Notify,
+}
+
+struct FirstThenHang(Arc<Hang>);
+
+#[sagaflow::async_trait]
+impl sagaflow::NoticeSink for FirstThenHang {
+    fn name(&self) -> &str {
+        "first-then-hang"
+    }
+
+    fn policy(&self) -> DeliveryPolicy {
+        DeliveryPolicy::default().with_timeout(Duration::from_secs(600))
+    }
+
+    async fn deliver(&self, notice: &sagaflow::Notice) -> Result<(), sagaflow::DeliveryError> {
+        let first = *self.0.first.lock().expect("lock").get_or_insert(notice.id);
+        if first == notice.id {
+            return Ok(());
+        }
+        self.0.hanging.notify_one();
+        std::future::pending().await
+    }
+}
+
+/// A notice its only sink delivered is done in the same write, not at the end of the pass: a
+/// pass stopped after it (here it hangs on the next notice, and the engine is then shut down
+/// in the middle of it) leaves no delivered notice open, and the undelivered one stays
+/// pending for the next leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivered_notice_is_done_even_when_its_pass_never_ends() {
+    use sagaflow::internals::store::{NewAlert, Store};
+    for db in backends().await {
+        let b = db.backend;
+        // Two notices in the outbox before any engine runs, so one pass reads both.
+        let store = Store::connect(&db.url, Some(2)).await.expect("connect");
+        for n in 1..=2 {
+            let alert = NewAlert {
+                run_id: None,
+                step: None,
+                kind: AlertKind::RunError,
+                reason: format!("notice {n}"),
+                attempts: 0,
+                actions: vec!["resolve_alert".into()],
+                open_key: None,
+            };
+            store.alert_insert(&alert).await.expect("alert");
+        }
+        let hang = Arc::new(Hang::default());
+        let engine = fast_builder(&db)
+            .with_workflow(notifying())
+            .with_notice_sink(FirstThenHang(hang.clone()))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        tokio::time::timeout(Duration::from_secs(20), hang.hanging.notified())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the sink was never given the second notice"));
+        let first = hang.first.lock().expect("lock").expect("the first notice");
+        // The pass hangs from now on: only the write that recorded the delivery (this sink's
+        // or the log sink's, whichever finished last) can have finished the notice.
+        eventually(
+            Duration::from_secs(10),
+            &format!("[{b}] the delivered notice to be done while its pass hangs"),
+            || async {
+                let page = store.outbox_pending(10).await.expect("pending");
+                page.notices.iter().all(|p| p.notice.id != first)
+            },
+        )
+        .await;
+        engine.shutdown().await;
+        let counts = store
+            .delivery_counts("first-then-hang", |_| true)
+            .await
+            .expect("counts");
+        let pending: Vec<i64> = store
+            .outbox_pending(10)
+            .await
+            .expect("pending")
+            .notices
+            .iter()
+            .map(|p| p.notice.id)
+            .collect();
+        assert_eq!(counts.delivered, 1, "[{b}] {counts:?}");
+        assert!(
+            counts.pending >= 1 && !pending.is_empty() && !pending.contains(&first),
+            "[{b}] the undelivered notice is left for the next leader, the delivered one is not: \
+             {counts:?}, pending {pending:?}"
+        );
+    }
+}
