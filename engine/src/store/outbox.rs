@@ -319,15 +319,30 @@ impl Store {
         Ok(())
     }
 
-    /// Marks notices done: every sink delivered them or gave up.
+    /// Marks notices done that every sink delivered or gave up on, as a delivery pass found
+    /// them. A notice with a delivery pending again since (sent again by an operator while
+    /// the pass ran) stays open: the rows are locked first, so that the check sees what such
+    /// an operator committed.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn outbox_done(&self, ids: &[i64]) -> Result<()> {
         for chunk in ids.chunks(super::tx::CHUNK) {
+            let txn = self.exec.begin().await?;
             let (cond, values) = self.in_list("id", 1, chunk)?;
-            let sql = format!("UPDATE sagaflow_outbox SET done_at = {{now}} WHERE {cond}");
-            self.exec.execute(self.stmt(&sql, values)).await?;
+            let lock = self.dialect().row_lock;
+            txn.execute(self.stmt(
+                &format!("SELECT id FROM sagaflow_outbox WHERE {cond}{lock}"),
+                values.clone(),
+            ))
+            .await?;
+            let sql = format!(
+                "UPDATE sagaflow_outbox SET done_at = {{now}} WHERE {cond} AND done_at IS NULL \
+                 AND NOT EXISTS (SELECT 1 FROM sagaflow_deliveries d \
+                   WHERE d.outbox_id = sagaflow_outbox.id AND d.state = 'pending')"
+            );
+            txn.execute(self.stmt(&sql, values)).await?;
+            txn.commit().await?;
         }
         Ok(())
     }
@@ -427,23 +442,26 @@ impl Store {
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn delivery_redeliver(&self, notice_id: i64) -> Result<bool> {
-        // The notice first: should the process stop between the two statements, the leader
-        // finds it pending with nothing left to try and marks it done again.
-        self.exec
-            .execute(self.stmt(
-                "UPDATE sagaflow_outbox SET done_at = NULL WHERE id = $1 AND EXISTS \
-                 (SELECT 1 FROM sagaflow_deliveries WHERE outbox_id = $1 AND state = 'dead')",
-                vec![notice_id.into()],
-            ))
-            .await?;
-        let n = self
-            .exec
+        // One transaction, the deliveries before the notice (the order in which a delivery's
+        // outcome is recorded, so the two never wait on each other): a delivery pass that
+        // decided the notice done before this commits cannot leave it done with deliveries
+        // pending (`Store::outbox_done`, `Store::delivery_record` look again under lock).
+        let txn = self.exec.begin().await?;
+        let n = txn
             .execute(self.stmt(
                 "UPDATE sagaflow_deliveries SET state = 'pending', attempts = 0, next_at = {now}, \
                  updated_at = {now} WHERE outbox_id = $1 AND state = 'dead'",
                 vec![notice_id.into()],
             ))
             .await?;
+        if n > 0 {
+            txn.execute(self.stmt(
+                "UPDATE sagaflow_outbox SET done_at = NULL WHERE id = $1",
+                vec![notice_id.into()],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
         Ok(n > 0)
     }
 

@@ -729,3 +729,121 @@ async fn a_delivered_notice_is_done_even_when_its_pass_never_ends() {
         );
     }
 }
+
+/// A sink that refuses for good while `refusing` is set, and records what it accepted.
+#[derive(Default)]
+struct Refuser {
+    refusing: std::sync::atomic::AtomicBool,
+    accepted: std::sync::Mutex<Vec<i64>>,
+}
+
+struct Refusing(Arc<Refuser>);
+
+#[sagaflow::async_trait]
+impl sagaflow::NoticeSink for Refusing {
+    fn name(&self) -> &str {
+        "refuser"
+    }
+
+    async fn deliver(&self, notice: &sagaflow::Notice) -> Result<(), sagaflow::DeliveryError> {
+        if self.0.refusing.load(Ordering::SeqCst) {
+            return Err(sagaflow::DeliveryError::permanent("not now"));
+        }
+        self.0.accepted.lock().expect("lock").push(notice.id);
+        Ok(())
+    }
+}
+
+/// A sink that holds its first delivery until the test lets it go, then takes everything.
+#[derive(Default)]
+struct Gate {
+    holding: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+struct Gated(Arc<Gate>);
+
+#[sagaflow::async_trait]
+impl sagaflow::NoticeSink for Gated {
+    fn name(&self) -> &str {
+        "gate"
+    }
+
+    fn policy(&self) -> DeliveryPolicy {
+        DeliveryPolicy::default().with_timeout(Duration::from_secs(600))
+    }
+
+    async fn deliver(&self, _: &sagaflow::Notice) -> Result<(), sagaflow::DeliveryError> {
+        if self.0.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.0.holding.notify_one();
+            self.0.release.notified().await;
+        }
+        Ok(())
+    }
+}
+
+/// An operator sends a dead-lettered notice again while the delivery pass that dead-lettered
+/// it is still running (another sink holds it). The pass, ending with every sink finished as
+/// it saw them, must not mark the notice done over the operator's redelivery: the notice
+/// reaches the sink that refused it, once that sink takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_during_the_pass_that_dead_lettered_the_notice_is_not_lost() {
+    use sagaflow::internals::store::{NewAlert, Store};
+    for db in backends().await {
+        let b = db.backend;
+        let store = Store::connect(&db.url, Some(2)).await.expect("connect");
+        let alert = NewAlert {
+            run_id: None,
+            step: None,
+            kind: AlertKind::RunError,
+            reason: "a notice to send again".into(),
+            attempts: 0,
+            actions: vec!["resolve_alert".into()],
+            open_key: None,
+        };
+        store.alert_insert(&alert).await.expect("alert");
+        let refuser = Arc::new(Refuser::default());
+        refuser.refusing.store(true, Ordering::SeqCst);
+        let gate = Arc::new(Gate::default());
+        let engine = fast_builder(&db)
+            .with_workflow(notifying())
+            .without_log_sink()
+            .with_notice_sink(Refusing(refuser.clone()))
+            .with_notice_sink(Gated(gate.clone()))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        tokio::time::timeout(Duration::from_secs(20), gate.holding.notified())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the gate was never given the notice"));
+        let dead = eventually_dead(&store).await;
+        // The operator sends it again, and the refusing receiver is fixed; then the pass,
+        // held until now, ends.
+        assert!(
+            store
+                .delivery_redeliver(dead.notice_id)
+                .await
+                .expect("redeliver"),
+            "[{b}] nothing was dead"
+        );
+        refuser.refusing.store(false, Ordering::SeqCst);
+        gate.release.notify_one();
+        eventually(
+            Duration::from_secs(15),
+            &format!(
+                "[{b}] the notice {} sent again to reach the fixed receiver",
+                dead.notice_id
+            ),
+            || async {
+                refuser
+                    .accepted
+                    .lock()
+                    .expect("lock")
+                    .contains(&dead.notice_id)
+            },
+        )
+        .await;
+        engine.shutdown().await;
+    }
+}
