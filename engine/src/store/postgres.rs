@@ -17,6 +17,7 @@ pub(super) const DIALECT: Dialect = Dialect {
     now: NOW,
     claim_lock: CLAIM_LOCK,
     row_lock: " FOR UPDATE",
+    share_lock: " FOR SHARE",
     explain: ("EXPLAIN", "QUERY PLAN"),
     folded_count: "json_array_length(then_states::json)",
     rows_as_objects: true,

@@ -241,6 +241,20 @@ impl StoreTx<'_> {
         actor: &str,
     ) -> Result<bool> {
         let s = self.store;
+        // Whether the run is paused decides when the step is due. On PostgreSQL the run's row
+        // is locked first: an operator's pause or resume that holds it then commits before
+        // the wake reads it (a subquery of the wake alone would read the run as it was when
+        // the statement began, even after waiting for the step's lock, and a resume that
+        // committed meanwhile would leave the step ready but never due).
+        let lock = s.dialect().share_lock;
+        if !lock.is_empty() {
+            self.txn
+                .execute(s.stmt(
+                    &format!("SELECT id FROM sagaflow_runs WHERE id = $1{lock}"),
+                    vec![run.into()],
+                ))
+                .await?;
+        }
         let values = vec![step_id.into(), wait.to_json().into()];
         let n = self.txn.execute(s.stmt(&wake_sql(), values)).await?;
         if n == 0 {

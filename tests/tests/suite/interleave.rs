@@ -1195,3 +1195,54 @@ async fn interleave_a_restart_and_another_action_on_its_source_never_both_win() 
         r.shutdown().await;
     }
 }
+
+/// A child run ends while an operator resumes its paused parent: the child's unit of work
+/// wakes the parent's step that waited for it, and must not decide when that step is due
+/// from the parent as it was before the resume. Held after the resume's reads and before its
+/// commit, the resume keeps the parent's rows; the child's end waits for them and then finds
+/// the parent running, so the woken step is due. (Read as paused, the step was ready but
+/// never due in a running run, which nothing claims, evaluates or resumes: a silent hang.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_child_ending_during_its_parents_resume_leaves_the_woken_step_due() {
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        for point in [Point::AfterReads, Point::BeforeCommit] {
+            let run = r.run().await;
+            let child = r.child_of_b(run).await;
+            r.peer.operator().pause(run).await.expect("pause");
+            let held = r.hook.hold(Unit::Operator, point);
+            let op = r.engine.operator();
+            let resume = op.resume(run);
+            let child_end = async {
+                tokio::time::timeout(LIMIT, held.reached())
+                    .await
+                    .unwrap_or_else(|_| panic!("[{b}] the resume reached its point"));
+                let ending = r.evaluate(&r.plain, child);
+                tokio::pin!(ending);
+                if tokio::time::timeout(BLOCKED_AFTER, &mut ending)
+                    .await
+                    .is_err()
+                {
+                    held.release();
+                    ending.await;
+                }
+                held.release();
+            };
+            let (resumed, ()) =
+                tokio::time::timeout(LIMIT, async { tokio::join!(resume, child_end) })
+                    .await
+                    .unwrap_or_else(|_| panic!("[{b}] deadlocked"));
+            resumed.unwrap_or_else(|e| panic!("[{b}] resume: {e}"));
+            let (state, steps) = r.rows(run).await;
+            assert_eq!(state.as_deref(), Some("running"), "[{b}] {steps:?}");
+            let woken = steps.iter().find(|s| s.0 == "b").expect("b");
+            assert!(
+                woken.1 == "ready" && woken.3.is_some(),
+                "[{b}] at {}: the woken step must be ready and due: {woken:?}",
+                point.as_str()
+            );
+        }
+        r.shutdown().await;
+    }
+}
