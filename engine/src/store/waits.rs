@@ -354,13 +354,15 @@ fn woken_detail(wait: &WaitState) -> String {
 
 impl Store {
     /// Whether the callback token with `hash` of run `run_id` is live ([`LIVE_CALLBACK`]),
-    /// read on `conn`: the pool before any write, the unit of work under the run's lock.
+    /// read on `conn` with `lock` (a lock clause, or empty): the pool before any write, the
+    /// unit of work under the run's lock and the step's.
     async fn callback_live<C: Exec>(
         &self,
         conn: &C,
         hash: &str,
         run_id: Uuid,
         name: &str,
+        lock: &str,
     ) -> Result<bool> {
         let values: Vec<Value> = vec![
             hash.to_owned().into(),
@@ -368,7 +370,7 @@ impl Store {
             name.to_owned().into(),
         ];
         Ok(conn
-            .query_one(self.stmt(LIVE_CALLBACK, values))
+            .query_one(self.stmt(&format!("{LIVE_CALLBACK}{lock}"), values))
             .await?
             .is_some())
     }
@@ -429,7 +431,7 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn callback_live_now(&self, hash: &str, run_id: Uuid, name: &str) -> Result<bool> {
-        self.callback_live(&self.exec, hash, run_id, name).await
+        self.callback_live(&self.exec, hash, run_id, name, "").await
     }
 
     /// The waiting steps of a run (all runs when `run` is `None`), due soonest first, at most
@@ -513,13 +515,17 @@ impl StoreTx<'_> {
     }
 
     /// Whether the callback token with `hash` of run `run_id` is live, read in this unit of
-    /// work (under the run's lock).
+    /// work (under the run's lock). The step that holds the token is locked too: the timer
+    /// pass, which does not lock runs, then passes over it (or, having woken it first, leaves
+    /// the token spent), so a wait's timeout and its callback never both win (the callback
+    /// kept for a step its timeout already woke, the remote told it was accepted).
     ///
     /// # Errors
     /// [`Error::Db`].
     pub async fn callback_live(&self, hash: &str, run_id: Uuid, name: &str) -> Result<bool> {
+        let lock = self.store.dialect().row_lock;
         self.store
-            .callback_live(&self.txn, hash, run_id, name)
+            .callback_live(&self.txn, hash, run_id, name, lock)
             .await
     }
 

@@ -983,3 +983,73 @@ async fn child_completed_long_ago_outlives_retention_while_its_parent_may_compen
         server.shutdown().await.expect("stop");
     }
 }
+
+/// A callback arrives as its wait times out. The callback's unit of work, held after it found
+/// the token live, and the timer pass, run meanwhile on the due wait: one of the two wins.
+/// Either the callback wakes the step with its result and the timeout finds nothing, or the
+/// timeout wakes it and the callback is refused as spent. Never both: a callback kept (the
+/// remote told it was accepted) for a step its timeout already woke is a result lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn event_a_callback_meeting_its_waits_timeout_never_both_win() {
+    use sagaflow::internals::deliver::{complete_callback, wake_due_steps};
+    use sagaflow::internals::interleave::{PauseHook, Point, Unit};
+    use sagaflow::internals::store::Store;
+    use sagaflow::sea_orm::ConnectionTrait;
+    for db in backends().await {
+        let b = db.backend;
+        let server = effects().await;
+        let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let hook = Arc::new(PauseHook::new());
+        // No supervisor: the only timer pass is the test's.
+        let engine = sagaflow_testkit::fast_builder(&db)
+            .with_workflow(payment(&server, tokens.clone()))
+            .with_supervisor(false)
+            .with_pause_hook(hook.clone())
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        let run = engine.start("payment", &()).await.expect("start");
+        let token = sagaflow_testkit::eventually_some(WAIT, "the token handed out", || async {
+            tokens.lock().expect("tokens").first().cloned()
+        })
+        .await;
+        parked(&engine, run).await;
+        let plain = Store::connect(&db.url, Some(2)).await.expect("store");
+        // The wait's time has come.
+        let conn = plain.connection();
+        conn.execute_raw(sagaflow::sea_orm::Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            "UPDATE sagaflow_steps SET available_at = 1 WHERE run_id = $1 AND state = 'waiting'",
+            [sagaflow::sea_orm::Value::from(run)],
+        ))
+        .await
+        .expect("due");
+        let held = hook.hold(Unit::Deliver, Point::AfterReads);
+        let ok = CallbackResult::Ok(json!({ "paid": true }));
+        let callback = complete_callback(engine.store(), &token, &ok, "remote");
+        let timeout = async {
+            tokio::time::timeout(WAIT, held.reached())
+                .await
+                .unwrap_or_else(|_| panic!("[{b}] the callback reached its point"));
+            let pass = wake_due_steps(&plain, 16, "test");
+            tokio::pin!(pass);
+            let woken = match tokio::time::timeout(Duration::from_millis(300), &mut pass).await {
+                Ok(w) => w,
+                Err(_) => {
+                    held.release();
+                    pass.await
+                }
+            };
+            held.release();
+            woken.expect("timer pass")
+        };
+        let (called, woken) = tokio::join!(callback, timeout);
+        match (&called, woken) {
+            (Ok(EventDelivery::Delivered { .. }), 0) => {}
+            (Err(sagaflow::Error::UnknownCallback), 1) => {}
+            _ => panic!("[{b}] callback {called:?}, timer pass woke {woken}: both won or neither"),
+        }
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
