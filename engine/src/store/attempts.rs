@@ -94,10 +94,13 @@ impl StoreTx<'_> {
             }
         }
         // One history row per applied write, even if a batch carried the same attempt twice.
+        // A write is its step's and its attempt's: a batch may also carry a stale answer of an
+        // earlier attempt of the same step (its instance fenced, then claiming the step
+        // again), whose write missed and which must count as missed.
         let mut recorded = std::collections::HashSet::with_capacity(items.len());
         let mut failed_runs = Vec::new();
         for it in items {
-            if !done.contains(&it.id) || !recorded.insert(it.id) {
+            if !done.contains(&(it.id, it.attempt)) || !recorded.insert((it.id, it.attempt)) {
                 continue;
             }
             if it.change.on.ends_attempt_unsuccessfully() {
@@ -120,7 +123,10 @@ impl StoreTx<'_> {
             self.happened.attempt(it);
         }
         self.count_failed_attempts(&failed_runs).await?;
-        Ok(items.iter().map(|it| done.contains(&it.id)).collect())
+        Ok(items
+            .iter()
+            .map(|it| done.contains(&(it.id, it.attempt)))
+            .collect())
     }
 
     /// Adds one to a run's failed-attempt count per appearance in `runs` (the applied attempt
@@ -148,14 +154,14 @@ impl StoreTx<'_> {
         Ok(())
     }
 
-    /// One fenced write of attempt ends sharing a deadline guard; returns the ids whose
-    /// fence held.
+    /// One fenced write of attempt ends sharing a deadline guard; returns the (id, attempt)
+    /// of the writes whose fence held.
     async fn write_chunk(
         &self,
         chunk: &[&StepFinish],
         guard: DeadlineGuard,
         fence: Option<&LeaderFence>,
-    ) -> Result<Vec<i64>> {
+    ) -> Result<Vec<(i64, i32)>> {
         const COLS: [(&str, &str); 14] = [
             ("vid", "bigint"),
             ("from_state", "text"),
@@ -223,12 +229,25 @@ impl StoreTx<'_> {
              FROM {source} \
              WHERE s.id = v.vid AND s.state = v.from_state AND s.attempt = v.attempt \
                AND s.locked_by = v.owner{deadline}{lease} \
-             RETURNING id",
+             RETURNING {returning}",
             deadline = guard.sql(),
+            // PostgreSQL reads `attempt` of the source too; SQLite's `RETURNING` sees the
+            // updated table only, and under its own name.
+            returning = if s.backend == super::Backend::Postgres {
+                "s.id, s.attempt"
+            } else {
+                "id, attempt"
+            },
         );
         let rows = self.txn.query_all(s.stmt(&sql, values)).await?;
+        // The write leaves `attempt` as it was, so the row's is the answer's.
         rows.iter()
-            .map(|r| r.try_get::<i64>("", "id").map_err(Into::into))
+            .map(|r| {
+                Ok((
+                    r.try_get::<i64>("", "id")?,
+                    r.try_get::<i32>("", "attempt")?,
+                ))
+            })
             .collect()
     }
 }

@@ -1246,3 +1246,52 @@ async fn interleave_a_child_ending_during_its_parents_resume_leaves_the_woken_st
         r.shutdown().await;
     }
 }
+
+/// One completion batch carries two answers for one step: a stale one of attempt 1 (its
+/// instance was fenced and claimed the step again before its writers drained) and the live
+/// one of attempt 2. Only attempt 2's fenced write applies, and the batch must say so: the
+/// stale answer is not applied, and the history records attempt 2's end, not attempt 1's.
+/// (Counted by step alone, the batch recorded the stale answer's end, an attempt that the
+/// rescue had already ended, and reported it applied to what follows a write.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleave_a_stale_answer_in_the_batch_of_the_next_attempt_is_not_recorded() {
+    use sagaflow::{EntityState, HistoryKind};
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let run = r.run().await;
+        r.claim_b(run, FAR).await;
+        let stale = r.b_succeeded(run).await;
+        // The rescue ends attempt 1 (as the supervisor writes it), then `b` is claimed again.
+        let n = r
+            .sql(
+                "UPDATE sagaflow_steps SET state = 'ready', locked_by = NULL, complete_by = NULL \
+                 WHERE run_id = $1 AND name = 'b' AND state = 'running'",
+                run,
+            )
+            .await;
+        assert_eq!(n, 1, "[{b}] setup rescue");
+        r.claim_b(run, FAR).await;
+        let live = r.b_succeeded(run).await;
+        assert_eq!((stale.attempt, live.attempt), (1, 2), "[{b}]");
+        let outcome = finish_batch(&r.plain, &r.registry, &[stale, live], "test")
+            .await
+            .expect("completion batch");
+        assert_eq!(outcome.applied, vec![false, true], "[{b}]");
+        let ends: Vec<Option<i32>> = r
+            .plain
+            .run_history(run)
+            .await
+            .expect("history")
+            .into_iter()
+            .filter(|e| {
+                e.step.as_deref() == Some("b")
+                    && e.kind != HistoryKind::State
+                    && e.to == Some(EntityState::Step(StepState::Completed))
+            })
+            .map(|e| e.attempt)
+            .collect();
+        assert_eq!(ends, vec![Some(2)], "[{b}] the ends of `b` recorded");
+        r.shutdown().await;
+    }
+}
