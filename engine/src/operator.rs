@@ -67,15 +67,45 @@ async fn act<F>(store: &Store, run_id: Uuid, audit: &Audit, plan: F) -> Result<E
 where
     F: FnOnce(&RunRow, &[StepRow]) -> Result<PlanWrite>,
 {
-    act_with_input(store, run_id, audit, None, plan).await
+    act_with_input(store, run_id, audit, None, None, plan).await
 }
 
-/// [`act`], writing `input` as the run's new input in the same unit of work when given.
+/// The version of its workflow an action on a run was prepared for (its definition read, its
+/// input checked), before the unit of work locked the run.
+#[derive(Debug, Clone, Copy)]
+pub struct PreparedFor {
+    /// The action, as an error names it.
+    pub action: &'static str,
+    /// The run's version when it was read.
+    pub version: i32,
+}
+
+/// Refuses, under the run's lock, an action prepared for another version than the run has
+/// now (a migration moved it meanwhile): its plan and input check would be the old
+/// version's.
+fn check_prepared(run: &RunRow, prepared: Option<PreparedFor>) -> Result<()> {
+    match prepared {
+        Some(p) if p.version != run.version => Err(Error::ActionNotAllowed {
+            action: p.action,
+            run_id: run.id,
+            reason: format!(
+                "the run moved to version {} of its workflow while the action was prepared for \
+                 version {}; nothing was changed: act again",
+                run.version, p.version
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// [`act`], writing `input` as the run's new input in the same unit of work when given, and
+/// refused when the run is no longer at the version the action was `prepared` for.
 async fn act_with_input<F>(
     store: &Store,
     run_id: Uuid,
     audit: &Audit,
     input: Option<&str>,
+    prepared: Option<PreparedFor>,
     plan: F,
 ) -> Result<EvalApplied>
 where
@@ -86,6 +116,7 @@ where
         .run_lock_for_action(run_id)
         .await?
         .ok_or(Error::RunNotFound(run_id))?;
+    check_prepared(&run, prepared)?;
     // A damaged step row is reported to the operator, who repairs it first.
     let steps = tx
         .steps_lock(&[run_id])
@@ -277,11 +308,17 @@ pub async fn replace_input(
     store: &Store,
     run_id: Uuid,
     input: &str,
+    prepared: PreparedFor,
     audit: &Audit,
 ) -> Result<EvalApplied> {
-    act_with_input(store, run_id, audit, Some(input), |run, steps| {
-        decide::replace_input(run, steps, input)
-    })
+    act_with_input(
+        store,
+        run_id,
+        audit,
+        Some(input),
+        Some(prepared),
+        |run, steps| decide::replace_input(run, steps, input),
+    )
     .await
 }
 
@@ -325,6 +362,13 @@ pub async fn restart(
         .run_lock_for_restart(source_id)
         .await?
         .ok_or(Error::RunNotFound(source_id))?;
+    check_prepared(
+        &run,
+        Some(PreparedFor {
+            action: decide_restart::RESTART,
+            version: wf.version,
+        }),
+    )?;
     let steps = tx
         .steps_lock(&[source_id])
         .await?
@@ -398,7 +442,11 @@ pub async fn rollback(
     audit: &Audit,
 ) -> Result<EvalApplied> {
     let reason = audit.reason.clone();
-    act_with_input(store, run_id, audit, input, |run, steps| {
+    let prepared = PreparedFor {
+        action: crate::OperatorAction::Rollback.as_str(),
+        version: wf.version,
+    };
+    act_with_input(store, run_id, audit, input, Some(prepared), |run, steps| {
         decide::rollback(wf, run, steps, to, reason.as_deref())
     })
     .await

@@ -1295,3 +1295,65 @@ async fn interleave_a_stale_answer_in_the_batch_of_the_next_attempt_is_not_recor
         r.shutdown().await;
     }
 }
+
+/// An action prepared for the version a run had when it was read (its definition looked up,
+/// its input checked against that version's schema) while a migration moved the run to the
+/// next version before the action locked it: under the lock the action is refused, nothing
+/// changed, rather than planned on the old version's steps or writing an input the new
+/// version never checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleave_an_action_prepared_for_the_version_a_migration_left_is_refused() {
+    use sagaflow::internals::operator::{self, Audit, PreparedFor};
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let run = r.run().await;
+        // `a` done (a rollback's target); `b` and `c` not started.
+        r.sql(
+            "UPDATE sagaflow_steps SET state = 'completed', output = 'null', available_at = NULL \
+             WHERE run_id = $1 AND name = 'a'",
+            run,
+        )
+        .await;
+        r.peer
+            .operator()
+            .migrate("pair", 1, 2)
+            .await
+            .expect("migrate");
+        let before = r.rows(run).await;
+        let audit = Audit::default();
+        let refused = |what: &str, e: sagaflow::Result<_>| match e {
+            Err(sagaflow::Error::ActionNotAllowed { reason, .. })
+                if reason.contains("moved to version 2") && reason.contains("version 1") => {}
+            other => panic!("[{b}] {what}: {:?}", other.map(|_| ())),
+        };
+        refused(
+            "rollback",
+            operator::rollback(&r.plain, run, &pair(1), "a", Some("{\"n\":1}"), &audit).await,
+        );
+        refused(
+            "replace input",
+            operator::replace_input(
+                &r.plain,
+                run,
+                "{\"n\":2}",
+                PreparedFor {
+                    action: "replace the input of",
+                    version: 1,
+                },
+                &audit,
+            )
+            .await,
+        );
+        assert_eq!(r.rows(run).await, before, "[{b}] nothing changed");
+        let input: String = r
+            .plain
+            .run_get(run)
+            .await
+            .expect("read")
+            .expect("run")
+            .input;
+        assert_eq!(input, "null", "[{b}] the input is the run's own");
+        r.shutdown().await;
+    }
+}
