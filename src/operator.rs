@@ -75,6 +75,13 @@ impl Operator<'_> {
         self
     }
 
+    /// The same actions, taken only on a run still in `state` when it is locked: for runs
+    /// chosen from a list read before (a bulk action), which may have moved on since.
+    pub(crate) fn if_still(mut self, state: RunState) -> Self {
+        self.audit.listed_as = Some(state);
+        self
+    }
+
     /// Takes `action` on the run, with what it needs in `args`: the one entry point of the
     /// HTTP API, the console and the command line, which take any action by its name.
     ///

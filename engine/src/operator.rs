@@ -18,6 +18,10 @@ pub struct Audit {
     pub actor: String,
     /// Why, in the operator's words.
     pub reason: Option<String>,
+    /// The state the run was listed in, when the action was chosen from a list (a bulk
+    /// action's filter): under the run's lock, a run found in another state is left as it
+    /// is. `None`: whatever state the action allows.
+    pub listed_as: Option<crate::RunState>,
 }
 
 impl Default for Audit {
@@ -25,6 +29,7 @@ impl Default for Audit {
         Self {
             actor: "operator".into(),
             reason: None,
+            listed_as: None,
         }
     }
 }
@@ -35,6 +40,7 @@ impl Audit {
         Self {
             actor: actor.into(),
             reason: Some(reason.into()),
+            listed_as: None,
         }
     }
 
@@ -125,6 +131,20 @@ where
         .map_err(|d| d.to_error())?;
     tx.pause_point(Unit::Operator, Point::AfterReads).await;
     let mut write = plan(&run, &steps)?;
+    if let Some(listed) = audit.listed_as
+        && listed != run.state
+    {
+        // Chosen from a list read before the lock: the run changed since (another operator
+        // resumed it, it finished…) and is no longer what the action was meant for.
+        return Err(Error::ActionNotAllowed {
+            action: write.event.strip_prefix("operator_").unwrap_or(write.event),
+            run_id,
+            reason: format!(
+                "the run was {listed} when it was listed and is {} now: left as it is",
+                run.state
+            ),
+        });
+    }
     if let Some(newer) = restarted_as {
         // What the run did is the newer run's now: acting here could undo what it reuses.
         return Err(Error::ActionNotAllowed {

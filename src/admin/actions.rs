@@ -144,11 +144,20 @@ impl Request {
         })
     }
 
-    async fn perform(&self, s: &AdminState, caller: &Caller, id: Uuid) -> Result<RunState, Error> {
-        let op = s
+    async fn perform(
+        &self,
+        s: &AdminState,
+        caller: &Caller,
+        id: Uuid,
+        listed: Option<RunState>,
+    ) -> Result<RunState, Error> {
+        let mut op = s
             .engine
             .operator()
             .on_behalf_of(format!("api:{}", caller.name), self.reason.clone());
+        if let Some(state) = listed {
+            op = op.if_still(state);
+        }
         op.perform(self.action, id, &self.args).await
     }
 }
@@ -187,7 +196,7 @@ pub(super) async fn act(
     caller.require(Role::Operator)?;
     let id = run_id(&id)?;
     let request = Request::parse(&action, body)?;
-    let state = request.perform(&s, &caller, id).await?;
+    let state = request.perform(&s, &caller, id, None).await?;
     Ok(json(&ActionAnswer {
         id,
         action: request.action,
@@ -247,9 +256,10 @@ pub(super) const BULK_DEFAULT: u32 = 100;
 ///
 /// The action on each run the filters select (one page of the list: `limit`, default 100, at
 /// most 500; `next` pages on), each through the same rules and audit as a single action;
-/// answered with a result per run, a refusal of one run not stopping the others. At least one
-/// filter is required, so that no action applies to every run by accident. Needs an operator
-/// token.
+/// answered with a result per run, a refusal of one run not stopping the others. A run that
+/// left the state it was listed in before the action reached it (another operator resumed
+/// it, it finished) is refused (`action_not_allowed`) and left as it is. At least one filter
+/// is required, so that no action applies to every run by accident. Needs an operator token.
 #[utoipa::path(
     post,
     path = "/api/v1/runs/actions/{action}",
@@ -292,7 +302,8 @@ pub(super) async fn act_many(
     let mut results = Vec::with_capacity(page.runs.len());
     let (mut done, mut refused) = (0, 0);
     for run in &page.runs {
-        match request.perform(&s, &caller, run.id).await {
+        // Each run is acted on only while it is as it was listed.
+        match request.perform(&s, &caller, run.id, Some(run.state)).await {
             Ok(state) => {
                 done += 1;
                 results.push(BulkResult {

@@ -1357,3 +1357,47 @@ async fn interleave_an_action_prepared_for_the_version_a_migration_left_is_refus
         r.shutdown().await;
     }
 }
+
+/// A bulk action chooses its runs from a list read before it locks each one. A run listed in
+/// `error` that a colleague resumed meanwhile is left running: the bulk `compensate` is
+/// refused for it under its lock, rather than undoing a run that no longer matches the
+/// filter it was chosen by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleave_a_bulk_action_leaves_a_run_that_left_its_listed_state() {
+    use sagaflow::RunState;
+    use sagaflow::internals::operator::{self, Audit};
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let run = r.run().await;
+        r.sql(
+            "UPDATE sagaflow_steps SET state = 'failed', failure_count = max_failures \
+             WHERE run_id = $1 AND name = 'b'",
+            run,
+        )
+        .await;
+        r.sql(
+            "UPDATE sagaflow_runs SET state = 'error' WHERE id = $1",
+            run,
+        )
+        .await;
+        // Listed in `error` by the bulk action; resumed by a colleague before it acts.
+        assert_eq!(
+            r.peer.operator().resume(run).await.expect("resume"),
+            RunState::Running,
+            "[{b}]"
+        );
+        let audit = Audit {
+            listed_as: Some(RunState::Error),
+            ..Audit::new("api:bulk", "undo the failed orders")
+        };
+        match operator::compensate(&r.plain, run, &audit).await {
+            Err(sagaflow::Error::ActionNotAllowed { reason, .. })
+                if reason.contains("was error when it was listed") => {}
+            other => panic!("[{b}] {:?}", other.map(|_| ())),
+        }
+        let (state, _) = r.rows(run).await;
+        assert_eq!(state.as_deref(), Some("running"), "[{b}]");
+        r.shutdown().await;
+    }
+}
