@@ -107,7 +107,7 @@ impl Operator<'_> {
     async fn set_paused(&self, name: &str, paused: bool) -> Result<ScheduleView> {
         let store = &self.engine.inner.store;
         let reason = self.audit.reason.as_deref().unwrap_or("");
-        let stored = store
+        let mut stored = store
             .schedule_get(name)
             .await?
             .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))?;
@@ -123,11 +123,23 @@ impl Operator<'_> {
                 name: name.to_owned(),
                 reason,
             };
-            let spec = sagaflow_engine::cron::CronSpec::parse(&stored.expression, &stored.zone)
-                .map_err(invalid)?;
-            let now = store.now_ms().await?;
-            let resume_at = spec.next_after(now).map_err(invalid)?;
-            store.schedule_resume(name, resume_at).await?
+            loop {
+                let spec = sagaflow_engine::cron::CronSpec::parse(&stored.expression, &stored.zone)
+                    .map_err(invalid)?;
+                let now = store.now_ms().await?;
+                let resume_at = spec.next_after(now).map_err(invalid)?;
+                if store.schedule_resume(&stored, resume_at).await? {
+                    break true;
+                }
+                // Changed since the read: resumed by another operator (whose first tick
+                // may have fired since, and must not be set due again) or published with
+                // another expression. Decide again from what it is now.
+                match store.schedule_get(name).await? {
+                    Some(now) if now.paused => stored = now,
+                    Some(now) => return Ok(now),
+                    None => break false,
+                }
+            }
         };
         if !found {
             return Err(Error::ScheduleNotFound(name.to_owned()));

@@ -301,19 +301,28 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Resumes schedule `name`, due at `resume_at` (the caller's first tick after now), so
-    /// that the ticks that passed while it was paused are not fired. Returns whether the
-    /// schedule exists.
+    /// Resumes the schedule `read`, due at `resume_at` (the caller's first tick after now,
+    /// by the expression it read), so that the ticks that passed while it was paused are not
+    /// fired; only while it is still paused with that expression and zone. Returns whether it
+    /// resumed: `false` when it is gone or another writer changed it since the read (resumed
+    /// it, and its next tick may have fired since; or published another expression), and the
+    /// caller reads it again.
     ///
     /// # Errors
     /// [`Error::Db`].
-    pub async fn schedule_resume(&self, name: &str, resume_at: i64) -> Result<bool> {
+    pub async fn schedule_resume(&self, read: &ScheduleView, resume_at: i64) -> Result<bool> {
         let n = self
             .exec
             .execute(self.stmt(
                 "UPDATE sagaflow_schedules SET paused = FALSE, paused_by = NULL, \
-                   paused_reason = NULL, next_tick_at = $2, updated_at = {now} WHERE name = $1",
-                vec![name.to_owned().into(), resume_at.into()],
+                   paused_reason = NULL, next_tick_at = $2, updated_at = {now} \
+                 WHERE name = $1 AND paused AND expression = $3 AND zone = $4",
+                vec![
+                    read.name.clone().into(),
+                    resume_at.into(),
+                    read.expression.clone().into(),
+                    read.zone.clone().into(),
+                ],
             ))
             .await?;
         Ok(n == 1)

@@ -459,3 +459,46 @@ async fn timer_cron_pause_and_resume_through_the_api_and_the_cli() {
         engine.shutdown().await;
     }
 }
+
+/// Two operators resume one paused schedule at once: each read it paused and chose its first
+/// tick after "now". The one that writes second must not set the schedule due again at the
+/// tick it chose, which the first one's resume may already have fired (a second run of the
+/// tick under key policies that allow one): its write is conditioned on the schedule being
+/// still paused with the expression it read, and misses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_cron_a_resume_decided_from_a_stale_read_changes_nothing() {
+    for db in backends().await {
+        let b = db.backend;
+        // Hourly: no tick fires while the test runs.
+        let s = every("hourly", "0 0 * * * *", MissedTicks::FireOnce);
+        let engine = builder(&db, "cron-resume", std::slice::from_ref(&s))
+            .start()
+            .await
+            .expect("engine");
+        let op = engine.operator().on_behalf_of("ops:ann", "maintenance");
+        op.pause_schedule("hourly").await.expect("pause");
+        let store = engine.store();
+        let stale = store
+            .schedule_get("hourly")
+            .await
+            .expect("read")
+            .expect("stored");
+        assert!(stale.paused, "[{b}]");
+        let resumed = op.resume_schedule("hourly").await.expect("resume");
+        // The other operator's resume, decided from its read while the schedule was paused,
+        // at a tick of its own (an hour earlier than the first resume's).
+        let earlier = resumed.next_tick_at.timestamp_millis() - 3_600_000;
+        let applied = store
+            .schedule_resume(&stale, earlier)
+            .await
+            .expect("resume");
+        assert!(!applied, "[{b}] the stale resume applied");
+        let now = schedule(&engine, "hourly").await;
+        assert_eq!(now.next_tick_at, resumed.next_tick_at, "[{b}]");
+        assert!(!now.paused, "[{b}]");
+        // Resuming a resumed schedule is answered with it as it is.
+        let again = op.resume_schedule("hourly").await.expect("resume again");
+        assert_eq!(again.next_tick_at, resumed.next_tick_at, "[{b}]");
+        engine.shutdown().await;
+    }
+}
