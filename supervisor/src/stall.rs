@@ -52,7 +52,12 @@ impl Supervisor {
                 }
             }
         } else if watch.raised_at.is_some() {
-            match self.store.alert_resolve_key(&key, SWEEPS_RESUMED).await {
+            let lease = &self.config.lease_name;
+            let resolved = self
+                .store
+                .alert_resolve_stall(&key, lease, millis(limit), SWEEPS_RESUMED)
+                .await;
+            match resolved {
                 Ok(resolved) => {
                     watch.raised_at = None;
                     if resolved {
@@ -74,11 +79,17 @@ impl LeaderContext {
     pub(crate) async fn record_sweep(&self) {
         match self.store.leader_record_sweep(&self.fence).await {
             Ok(true) if !self.sweep_recorded.swap(true, Ordering::Relaxed) => {
-                match self
+                let limit = millis(self.config.stall_alert_after());
+                let resolved = self
                     .store
-                    .alert_resolve_key(&stalled_key(&self.fence.name), SWEEPS_RESUMED)
-                    .await
-                {
+                    .alert_resolve_stall(
+                        &stalled_key(&self.fence.name),
+                        &self.fence.name,
+                        limit,
+                        SWEEPS_RESUMED,
+                    )
+                    .await;
+                match resolved {
                     Ok(true) => tracing::info!(
                         term = self.fence.term,
                         "supervisor sweeps resumed; resolved the supervisor_stalled alert"

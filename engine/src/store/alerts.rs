@@ -147,6 +147,39 @@ impl Store {
         Ok(res == 1)
     }
 
+    /// Resolves the open alert under `open_key` that says lease `lease` has no sweeping
+    /// leader, only while the lease row shows a sweep completed within `within_ms` (what the
+    /// caller decided from, read again in the write): a stall another instance saw and
+    /// raised after the caller's read stays open. Returns whether one was resolved.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn alert_resolve_stall(
+        &self,
+        open_key: &str,
+        lease: &str,
+        within_ms: i64,
+        resolution: &str,
+    ) -> Result<bool> {
+        let res = self
+            .exec
+            .execute(self.stmt(
+                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL, resolved_by = $2, \
+                 resolution = $3 WHERE open_key = $1 AND resolved_at IS NULL \
+                 AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $4 \
+                   AND last_sweep_at IS NOT NULL AND {wall_now} - last_sweep_at <= $5)",
+                vec![
+                    open_key.to_owned().into(),
+                    RESOLVED_BY_ENGINE.to_owned().into(),
+                    bounded(Some(resolution)).into(),
+                    lease.to_owned().into(),
+                    within_ms.into(),
+                ],
+            ))
+            .await?;
+        Ok(res == 1)
+    }
+
     /// Resolves the open alerts of a run, in the caller's transaction (an operator's action on
     /// the run: `by` is its actor, `resolution` the action and its reason).
     pub(super) async fn alert_resolve_run<C: Exec>(

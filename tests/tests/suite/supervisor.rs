@@ -574,3 +574,80 @@ async fn the_retention_pass_runs_at_its_configured_interval() {
         engine.shutdown().await;
     }
 }
+
+/// A follower that saw sweeps resume resolves the `supervisor_stalled` alert only while the
+/// lease still shows a recent sweep: when the leader stalled again and another follower
+/// raised a new alert after the first follower's read, that alert stays open. The resolve
+/// reads the lease again in its own write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_alert_raised_after_a_followers_read_is_not_resolved_by_it() {
+    use sagaflow::sea_orm::{ConnectionTrait, Statement, Value};
+    for db in backends().await {
+        let b = db.backend;
+        let store = Store::connect(&db.url, Some(2)).await.expect("connect");
+        let lease = "stall-probe";
+        let key = format!("supervisor_stalled:{lease}");
+        let conn = store.connection();
+        let sweep_at = |ago_ms: i64| {
+            Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "INSERT INTO sagaflow_leases (name, holder, term, expires_at, last_sweep_at) \
+                 VALUES ($1, NULL, 1, 0, $2) \
+                 ON CONFLICT (name) DO UPDATE SET last_sweep_at = excluded.last_sweep_at",
+                [
+                    Value::from(lease),
+                    Value::from(
+                        i64::try_from(
+                            std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .expect("clock")
+                                .as_millis(),
+                        )
+                        .expect("ms")
+                            - ago_ms,
+                    ),
+                ],
+            )
+        };
+        // The leader stalled (its last sweep a minute ago) and a follower raised the alert.
+        conn.execute_raw(sweep_at(60_000)).await.expect("lease");
+        let alert = store::NewAlert {
+            run_id: None,
+            step: None,
+            kind: AlertKind::SupervisorStalled,
+            reason: "no supervisor sweep has completed for 60 s".into(),
+            attempts: 0,
+            actions: vec![],
+            open_key: Some(key.clone()),
+        };
+        store.alert_insert(&alert).await.expect("alert");
+        // Another follower, whose read saw sweeps completing, resolves now: refused.
+        let resolved = store
+            .alert_resolve_stall(
+                &key,
+                lease,
+                10_000,
+                "supervisor sweeps are completing again",
+            )
+            .await
+            .expect("resolve");
+        assert!(
+            !resolved,
+            "[{b}] resolved while the lease shows no recent sweep"
+        );
+        let open = store.alert_list(None, true).await.expect("alerts");
+        assert_eq!(stalled_alerts(&open).len(), 1, "[{b}]");
+        // Sweeps really resume: resolved.
+        conn.execute_raw(sweep_at(0)).await.expect("lease");
+        let resolved = store
+            .alert_resolve_stall(
+                &key,
+                lease,
+                10_000,
+                "supervisor sweeps are completing again",
+            )
+            .await
+            .expect("resolve");
+        assert!(resolved, "[{b}] not resolved after a recent sweep");
+    }
+}
