@@ -28,11 +28,7 @@ impl Operator<'_> {
         let store = &self.engine.inner.store;
         let (run, wf) = self.engine.run_and_workflow(run_id).await?;
         let json = self.checked_input(&run, &wf, &input)?;
-        let prepared = operator::PreparedFor {
-            action: "replace the input of",
-            version: wf.version(),
-        };
-        let a = operator::replace_input(store, run_id, &json, prepared, &self.audit).await?;
+        let a = operator::replace_input(store, run_id, &wf, &json, &self.audit).await?;
         tracing::info!(%run_id, by = %self.audit.actor, "run input replaced");
         Ok(self.after(a))
     }

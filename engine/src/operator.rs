@@ -79,11 +79,11 @@ where
 /// The version of its workflow an action on a run was prepared for (its definition read, its
 /// input checked), before the unit of work locked the run.
 #[derive(Debug, Clone, Copy)]
-pub struct PreparedFor {
+struct PreparedFor {
     /// The action, as an error names it.
-    pub action: &'static str,
+    action: &'static str,
     /// The run's version when it was read.
-    pub version: i32,
+    version: i32,
 }
 
 /// Refuses, under the run's lock, an action prepared for another version than the run has
@@ -317,20 +317,25 @@ pub async fn child_undo(store: &Store, parent_step: i64, audit: &Audit) -> Resul
 }
 
 /// Replaces the input of a run that is `Paused` or in `Error` (set aside or not) with `input`
-/// (JSON text the caller checked against the run's workflow version) and resumes it: the
-/// failed steps of the phase it stopped in are retried, its parked steps are due again. The
-/// history event keeps the old input and the new one.
+/// (JSON text the caller checked against `wf`, the run's workflow version when it read it)
+/// and resumes it: the failed steps of the phase it stopped in are retried, its parked steps
+/// are due again. The history event keeps the old input and the new one.
 ///
 /// # Errors
-/// [`Error::ActionNotAllowed`] for a run in any other state; [`Error::CorruptRow`] while a
+/// [`Error::ActionNotAllowed`] for a run in any other state, or moved to another version
+/// than `wf` since it was read; [`Error::CorruptRow`] while a
 /// step row is damaged; [`Error::RunNotFound`]; [`Error::Db`].
 pub async fn replace_input(
     store: &Store,
     run_id: Uuid,
+    wf: &crate::definition::Workflow,
     input: &str,
-    prepared: PreparedFor,
     audit: &Audit,
 ) -> Result<EvalApplied> {
+    let prepared = PreparedFor {
+        action: decide::REPLACE_INPUT_ACTION,
+        version: wf.version,
+    };
     act_with_input(
         store,
         run_id,

@@ -258,8 +258,8 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::Db`].
-    pub async fn delivery_record(&self, done: &DeliveryTry<'_>) -> Result<()> {
-        let (state, error, delay) = match &done.result {
+    pub async fn delivery_record(&self, tried: &DeliveryTry<'_>) -> Result<()> {
+        let (state, error, delay) = match &tried.result {
             DeliveryResult::Delivered => (DeliveryState::Delivered, None, 0),
             DeliveryResult::Retry { error, retry_in_ms } => {
                 (DeliveryState::Pending, Some(error.clone()), *retry_in_ms)
@@ -275,10 +275,10 @@ impl Store {
                updated_at = excluded.updated_at \
              WHERE sagaflow_deliveries.state = 'pending'",
             vec![
-                done.notice.into(),
-                done.sink.to_owned().into(),
+                tried.notice.into(),
+                tried.sink.to_owned().into(),
                 state.as_ref().to_owned().into(),
-                done.attempt.into(),
+                tried.attempt.into(),
                 delay.into(),
                 error.into(),
             ],
@@ -298,20 +298,20 @@ impl Store {
                 "SELECT id FROM sagaflow_outbox WHERE id = $1{lock}",
                 lock = self.dialect().row_lock
             ),
-            vec![done.notice.into()],
+            vec![tried.notice.into()],
         ))
         .await?;
         let mut finish = String::from(
             "UPDATE sagaflow_outbox SET done_at = {now} WHERE id = $1 AND done_at IS NULL",
         );
-        let mut values = vec![done.notice.into()];
-        if !done.others.is_empty() {
-            let (cond, names) = self.in_list("sink", 3, done.others)?;
+        let mut values = vec![tried.notice.into()];
+        if !tried.others.is_empty() {
+            let (cond, names) = self.in_list("sink", 3, tried.others)?;
             finish.push_str(&format!(
                 " AND (SELECT COUNT(*) FROM sagaflow_deliveries WHERE outbox_id = $1 \
                  AND state <> 'pending' AND {cond}) = $2"
             ));
-            values.push(i64::try_from(done.others.len()).unwrap_or(i64::MAX).into());
+            values.push(i64::try_from(tried.others.len()).unwrap_or(i64::MAX).into());
             values.extend(names);
         }
         txn.execute(self.stmt(&finish, values)).await?;

@@ -396,6 +396,9 @@ pub const CORRUPT_ROW: &str = "corrupt_row";
 /// The history event of an operator's corrected input.
 pub const REPLACE_INPUT: &str = "operator_replace_input";
 
+/// The action's name in refusals of [`replace_input`].
+pub const REPLACE_INPUT_ACTION: &str = "replace the input of";
+
 /// Replaces the input of a run parked for an operator (`Paused`, or `Error`, set aside or
 /// not) and resumes it as [`resume`] or [`release`] would: the failed steps of the phase it
 /// stopped in are retried, its parked steps are due again. The history event keeps the old
@@ -405,7 +408,7 @@ pub const REPLACE_INPUT: &str = "operator_replace_input";
 /// # Errors
 /// [`Error::ActionNotAllowed`] unless the run is `Paused` or in `Error`.
 pub fn replace_input(run: &RunRow, steps: &[StepRow], new: &str) -> Result<PlanWrite> {
-    const ACTION: &str = "replace the input of";
+    const ACTION: &str = REPLACE_INPUT_ACTION;
     let mut plan = match run.state {
         RunState::Paused => resume(run, steps)?,
         RunState::Error if is_set_aside(run) => release(run, steps)?,

@@ -216,8 +216,7 @@ async fn deliver_to(
     if pass.delivered > 0 {
         // A sink that delivers again clears its dead-letter alert.
         let resolved = ctx
-            .store
-            .alert_resolve_key(&dead_letter_key(name), "the sink delivers again")
+            .alert_resolve(&dead_letter_key(name), "the sink delivers again")
             .await;
         if let Err(e) = resolved {
             tracing::debug!(error = %e, "could not resolve a dead-letter alert");
@@ -250,9 +249,7 @@ async fn dead_letter_alert(ctx: &LeaderContext, sink: &str, notice: i64, error: 
         ],
         open_key: Some(dead_letter_key(sink)),
     };
-    match ctx.store.alert_insert(&alert).await {
-        Ok(Some(a)) => ctx.signals.alert(&a),
-        Ok(None) => {}
-        Err(e) => tracing::error!(error = %e, reason = %alert.reason, "could not store an alert"),
+    if let Err(e) = ctx.alert_raise(&alert).await {
+        tracing::error!(error = %e, reason = %alert.reason, "could not store an alert");
     }
 }

@@ -1303,7 +1303,7 @@ async fn interleave_a_stale_answer_in_the_batch_of_the_next_attempt_is_not_recor
 /// version never checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleave_an_action_prepared_for_the_version_a_migration_left_is_refused() {
-    use sagaflow::internals::operator::{self, Audit, PreparedFor};
+    use sagaflow::internals::operator::{self, Audit};
     for db in backends().await {
         let r = rig(db).await;
         let b = r.db.backend;
@@ -1333,17 +1333,7 @@ async fn interleave_an_action_prepared_for_the_version_a_migration_left_is_refus
         );
         refused(
             "replace input",
-            operator::replace_input(
-                &r.plain,
-                run,
-                "{\"n\":2}",
-                PreparedFor {
-                    action: "replace the input of",
-                    version: 1,
-                },
-                &audit,
-            )
-            .await,
+            operator::replace_input(&r.plain, run, &pair(1), "{\"n\":2}", &audit).await,
         );
         assert_eq!(r.rows(run).await, before, "[{b}] nothing changed");
         let input: String = r

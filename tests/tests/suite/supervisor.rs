@@ -621,16 +621,19 @@ async fn a_stall_alert_raised_after_a_followers_read_is_not_resolved_by_it() {
             open_key: Some(key.clone()),
         };
         store.alert_insert(&alert).await.expect("alert");
+        let resolve = || async {
+            store
+                .alert_resolve_stall(
+                    &key,
+                    lease,
+                    10_000,
+                    "supervisor sweeps are completing again",
+                )
+                .await
+                .expect("resolve")
+        };
         // Another follower, whose read saw sweeps completing, resolves now: refused.
-        let resolved = store
-            .alert_resolve_stall(
-                &key,
-                lease,
-                10_000,
-                "supervisor sweeps are completing again",
-            )
-            .await
-            .expect("resolve");
+        let resolved = resolve().await;
         assert!(
             !resolved,
             "[{b}] resolved while the lease shows no recent sweep"
@@ -639,15 +642,7 @@ async fn a_stall_alert_raised_after_a_followers_read_is_not_resolved_by_it() {
         assert_eq!(stalled_alerts(&open).len(), 1, "[{b}]");
         // Sweeps really resume: resolved.
         conn.execute_raw(sweep_at(0)).await.expect("lease");
-        let resolved = store
-            .alert_resolve_stall(
-                &key,
-                lease,
-                10_000,
-                "supervisor sweeps are completing again",
-            )
-            .await
-            .expect("resolve");
+        let resolved = resolve().await;
         assert!(resolved, "[{b}] not resolved after a recent sweep");
     }
 }
