@@ -16,6 +16,7 @@ pub(super) const DIALECT: Dialect = Dialect {
     db: DbBackend::Postgres,
     now: NOW,
     claim_lock: CLAIM_LOCK,
+    wake_lock: "FOR UPDATE OF s SKIP LOCKED FOR SHARE OF r SKIP LOCKED",
     row_lock: " FOR UPDATE",
     share_lock: " FOR SHARE",
     explain: ("EXPLAIN", "QUERY PLAN"),

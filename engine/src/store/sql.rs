@@ -21,6 +21,10 @@ pub(super) struct Dialect {
     pub(super) now: &'static str,
     /// The lock clause of a claim's inner `SELECT`: rows another claimer holds are skipped.
     pub(super) claim_lock: &'static str,
+    /// The lock clause of the timer pass's inner `SELECT` over steps `s` joined to their runs
+    /// `r`: steps another unit of work holds are skipped, and so are steps whose run another
+    /// holds; a run taken is held shared, so that no pause commits under the wake.
+    pub(super) wake_lock: &'static str,
     /// The lock clause of a read whose rows the unit of work decides from (` FOR UPDATE`).
     pub(super) row_lock: &'static str,
     /// The lock clause of a read of a row that must not change until the unit of work ends,

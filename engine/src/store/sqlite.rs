@@ -14,6 +14,7 @@ pub(super) const DIALECT: Dialect = Dialect {
     db: DbBackend::Sqlite,
     now: NOW,
     claim_lock: CLAIM_LOCK,
+    wake_lock: CLAIM_LOCK,
     // A unit of work holds the file's write lock already.
     row_lock: "",
     share_lock: "",

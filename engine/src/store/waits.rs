@@ -542,16 +542,21 @@ impl StoreTx<'_> {
         let sql = format!(
             "UPDATE sagaflow_steps SET state = '{to}', available_at = {{now}}, aging_from = {{now}}, \
                updated_at = {{now}}, wait_key = NULL \
-             WHERE state = 'waiting' AND id IN (SELECT id FROM sagaflow_steps \
-               WHERE wait IS NOT NULL AND available_at <= {{now}} AND state = 'waiting' \
-               AND NOT EXISTS (SELECT 1 FROM sagaflow_runs r \
-                 WHERE r.id = sagaflow_steps.run_id AND r.state = 'paused') \
-               ORDER BY available_at LIMIT $1 {lock}) \
+             WHERE state = 'waiting' AND id IN (SELECT s.id FROM sagaflow_steps s \
+               JOIN sagaflow_runs r ON r.id = s.run_id \
+               WHERE s.wait IS NOT NULL AND s.available_at <= {{now}} AND s.state = 'waiting' \
+               AND r.state <> 'paused' \
+               ORDER BY s.available_at LIMIT $1 {lock}) \
              RETURNING run_id, name, wait",
-            // A step whose run is being planned is locked by that unit of work: skipped
-            // (woken at the next pass), never waited for, so that the pass holds no lock
-            // while it waits for another (a lock-order cycle with a batch evaluation).
-            lock = s.claim_lock(),
+            // A step whose run is being planned is locked by that unit of work, or its run
+            // is: skipped (woken at the next pass), never waited for, so that the pass holds
+            // no lock while it waits for another (a lock-order cycle with a batch
+            // evaluation). The run is held shared until the commit, and its state read again
+            // when it was taken: a pause that commits between this statement's snapshot and
+            // its lock is seen, and one that comes after waits for the wake and then parks
+            // the woken step. (Read from the snapshot alone, a pause committing meanwhile
+            // left the woken step due in a paused run, for any claim to start.)
+            lock = s.dialect().wake_lock,
         );
         let rows = self
             .txn

@@ -118,10 +118,12 @@ enum Writer {
     /// queued), then two evaluations: the steps after `a` are undone or dropped, and start
     /// afresh when nothing is left to undo.
     Rollback,
+    /// An operator's pause of the run.
+    Pause,
 }
 
 impl Writer {
-    const ALL: [Writer; 11] = [
+    const ALL: [Writer; 12] = [
         Self::Claim,
         Self::Rescue,
         Self::Evaluate,
@@ -133,6 +135,7 @@ impl Writer {
         Self::Wake,
         Self::ChildEnd,
         Self::Rollback,
+        Self::Pause,
     ];
 }
 
@@ -606,6 +609,11 @@ impl Rig {
                 }
                 Vec::new()
             }
+            Writer::Pause => {
+                // Refused when the run finished meanwhile: that is an answer.
+                let _ = self.peer.operator().pause(run).await;
+                Vec::new()
+            }
         }
     }
 
@@ -765,12 +773,14 @@ impl Rig {
             );
         }
         for (name, s, _, due) in &steps {
-            // A queued step the writers left must be due, or parked in a paused run.
-            if (s == "ready" || s == "compensation_ready") && due.is_none() {
+            // A queued step the writers left must be due, or parked in a paused run; a
+            // paused run's queued steps are all parked (a due one starts a new attempt in a
+            // run the operator stopped).
+            if s == "ready" || s == "compensation_ready" {
                 assert_eq!(
-                    state.as_deref(),
-                    Some("paused"),
-                    "{what}: step `{name}` is {s} with no due time: nothing will ever take it"
+                    state.as_deref() == Some("paused"),
+                    due.is_none(),
+                    "{what}: step `{name}` is {s} with due time {due:?} in a run that is {state:?}"
                 );
             }
         }
@@ -1243,6 +1253,63 @@ async fn interleave_a_child_ending_during_its_parents_resume_leaves_the_woken_st
                 point.as_str()
             );
         }
+        r.shutdown().await;
+    }
+}
+
+/// The timer pass meets an operator's pause of the run whose step it wakes: the pause has
+/// locked the run and its steps and parked its queued steps, and is held before its commit.
+/// The pass must not wake the step (the pause, which read it waiting, would commit over it
+/// and leave it due in a paused run, for any claim to start an attempt the operator
+/// stopped); it passes over the run, and the step waits for the resume. (The matrix's pause
+/// writer meets the held timer pass, the other order. The window inside one statement, a
+/// pause committing between the pass's snapshot and its locks, is closed by the pass
+/// locking the run and reading its state again; no pause point reaches inside a statement.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_the_timer_pass_during_a_pause_wakes_nothing_in_the_paused_run() {
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let run = r.run().await;
+        r.park_b(run, false).await;
+        let held = r.hook.hold(Unit::Operator, Point::BeforeCommit);
+        let op = r.engine.operator();
+        let pause = op.pause(run);
+        let pass = async {
+            tokio::time::timeout(LIMIT, held.reached())
+                .await
+                .unwrap_or_else(|_| panic!("[{b}] the pause reached its point"));
+            let wake = wake_due_steps(&r.plain, 16, "test");
+            tokio::pin!(wake);
+            let woken = match tokio::time::timeout(BLOCKED_AFTER, &mut wake).await {
+                Ok(woken) => woken,
+                Err(_) => {
+                    // SQLite: the pass waits for the pause's write lock, then reads it.
+                    held.release();
+                    wake.await
+                }
+            };
+            held.release();
+            woken.unwrap_or_else(|e| panic!("[{b}] timer pass: {e}"))
+        };
+        let (paused, woken) = tokio::time::timeout(LIMIT, async { tokio::join!(pause, pass) })
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] deadlocked"));
+        paused.unwrap_or_else(|e| panic!("[{b}] pause: {e}"));
+        let (state, steps) = r.rows(run).await;
+        assert_eq!(state.as_deref(), Some("paused"), "[{b}] {steps:?}");
+        let step = steps.iter().find(|s| s.0 == "b").expect("b");
+        assert_eq!(
+            (woken, step.1.as_str()),
+            (0, "waiting"),
+            "[{b}] the timer pass woke `b` under the pause: {step:?}"
+        );
+        // Resumed, the run's timer fires at the next pass.
+        r.peer.operator().resume(run).await.expect("resume");
+        let woken = wake_due_steps(&r.plain, 16, "test")
+            .await
+            .expect("timer pass");
+        assert_eq!(woken, 1, "[{b}] the resumed run's timer fires");
         r.shutdown().await;
     }
 }
