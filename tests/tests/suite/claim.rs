@@ -70,11 +70,17 @@ async fn claim_until_empty(store: &Store, workers: usize, tag: &str) -> Vec<Vec<
                 // Like the engine's claim loop, a claim that failed is paused and asked
                 // again. On PostgreSQL, SKIP LOCKED does not skip the wait for a newer
                 // version of a row that another claimer is writing, and on a loaded machine
-                // a hundred claimers can queue behind each other past `lock_timeout`: a
-                // transient error, bounded here, that claims nothing.
+                // a hundred claimers can queue behind each other past `lock_timeout`; on
+                // SQLite, where claimers in several processes take the file's write lock in
+                // turn, past the busy timeout (`SQLITE_BUSY`). A transient error, bounded
+                // here, that claims nothing.
                 let batch = match store.step_claim(&owner, &keys, 25).await {
                     Ok(batch) => batch,
-                    Err(e) if timeouts < 10 && e.sqlstate().as_deref() == Some("55P03") => {
+                    Err(e)
+                        if timeouts < 10
+                            && (e.sqlstate().as_deref() == Some("55P03")
+                                || e.sqlite_code().is_some_and(|c| c & 0xff == 5)) =>
+                    {
                         timeouts += 1;
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
