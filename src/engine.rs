@@ -654,35 +654,27 @@ impl Engine {
     }
 
     /// A run as a console or API page shows it: the run, its steps, its history and its
-    /// alerts, all read where display reads go (a replica may lag), or all from the primary
-    /// while the replica has not yet received the run.
+    /// alerts, read in one snapshot where display reads go (a replica may lag), or from the
+    /// primary while the replica has not yet received the run.
     pub(crate) async fn run_page(&self, id: Uuid) -> Result<Option<RunPageData>> {
-        let mut reads = self.reads();
-        let run = match reads.run_view(id).await? {
-            Some(run) => run,
-            None if reads.is_replica() => {
-                reads = &self.inner.store;
-                match reads.run_view(id).await? {
-                    Some(run) => run,
-                    None => return Ok(None),
-                }
-            }
+        let reads = self.reads();
+        let detail = match reads.run_page(id).await? {
+            Some(d) => d,
+            None if reads.is_replica() => match self.inner.store.run_page(id).await? {
+                Some(d) => d,
+                None => return Ok(None),
+            },
             None => return Ok(None),
         };
-        let run = run.into_run()?;
-        let steps = reads
-            .run_steps(id)
-            .await?
-            .into_iter()
-            .map(StepRow::into_step)
-            .collect::<Result<Vec<_>>>()?;
-        let history = reads.run_history(id).await?;
-        let alerts = reads.alert_list(Some(id), false).await?;
         Ok(Some(RunPageData {
-            run,
-            steps,
-            history,
-            alerts,
+            run: detail.run.into_run()?,
+            steps: detail
+                .steps
+                .into_iter()
+                .map(StepRow::into_step)
+                .collect::<Result<Vec<_>>>()?,
+            history: detail.history,
+            alerts: detail.alerts,
         }))
     }
 

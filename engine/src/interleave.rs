@@ -39,10 +39,15 @@ pub enum Unit {
     /// The claim of a remote resource's steps, within the resource's limits: one
     /// transaction holding the resource's row. One statement reads and claims the steps.
     Claim,
+    /// The read of a run's page (the console's and the HTTP API's run): it writes nothing,
+    /// so it is not in [`Unit::ALL`]. Its one point, [`Point::AfterReads`], holds it after
+    /// the run's row and before its steps, history and alerts, which must be read as of the
+    /// same moment.
+    Page,
 }
 
 impl Unit {
-    /// Every unit with pause points, in the order the interleaving matrix lists them.
+    /// Every unit that writes, in the order the interleaving matrix lists them.
     pub const ALL: [Unit; 9] = [
         Self::Evaluate,
         Self::Operator,
@@ -61,6 +66,7 @@ impl Unit {
     pub const fn points(self) -> &'static [Point] {
         match self {
             Self::Wake | Self::Claim => &[Point::BeforeCommit],
+            Self::Page => &[Point::AfterReads],
             _ => &Point::ALL,
         }
     }
@@ -77,6 +83,7 @@ impl Unit {
             Self::Deliver => "deliver",
             Self::Wake => "wake",
             Self::Claim => "claim",
+            Self::Page => "page",
         }
     }
 }

@@ -18,6 +18,27 @@ const ALERT_COLS: &str = "id, run_id, step, kind, reason, attempts, actions, cre
 const RESOLUTION_MAX_CHARS: usize = 2_100;
 
 /// Decodes one alert row.
+/// [`Store::alert_list`] on `conn`.
+pub(super) async fn alert_list_on<C: Exec>(
+    store: &Store,
+    conn: &C,
+    run_id: Option<Uuid>,
+    open_only: bool,
+) -> Result<Vec<Alert>> {
+    let mut sql = format!("SELECT {ALERT_COLS} FROM sagaflow_alerts WHERE 1 = 1");
+    let mut values: Vec<Value> = Vec::new();
+    if let Some(r) = run_id {
+        sql.push_str(" AND run_id = $1");
+        values.push(r.into());
+    }
+    if open_only {
+        sql.push_str(" AND resolved_at IS NULL");
+    }
+    sql.push_str(" ORDER BY id");
+    let rows = conn.query_all(store.stmt(&sql, values)).await?;
+    rows.iter().map(decode).collect()
+}
+
 fn decode(r: &Row) -> Result<Alert> {
     let actions: String = r.try_get("", "actions")?;
     let kind: String = r.try_get("", "kind")?;
@@ -94,18 +115,7 @@ impl Store {
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn alert_list(&self, run_id: Option<Uuid>, open_only: bool) -> Result<Vec<Alert>> {
-        let mut sql = format!("SELECT {ALERT_COLS} FROM sagaflow_alerts WHERE 1 = 1");
-        let mut values: Vec<Value> = Vec::new();
-        if let Some(r) = run_id {
-            sql.push_str(" AND run_id = $1");
-            values.push(r.into());
-        }
-        if open_only {
-            sql.push_str(" AND resolved_at IS NULL");
-        }
-        sql.push_str(" ORDER BY id");
-        let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
-        rows.iter().map(decode).collect()
+        alert_list_on(self, &self.exec, run_id, open_only).await
     }
 
     /// Resolves one open alert, recording who (`by`) and why (`resolution`); returns whether

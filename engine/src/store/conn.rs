@@ -3,7 +3,8 @@
 //! implement [`Exec`], so every statement of the store is written once.
 
 use sea_orm::{
-    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, Statement, TransactionTrait,
+    AccessMode, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
+    Statement, TransactionTrait,
 };
 
 use super::lite::{LiteDb, LiteTx};
@@ -44,6 +45,29 @@ impl Db {
         Ok(match self {
             Self::Pool(db) => Txn::Pool(db.begin().await?),
             Self::Lite(db) => Txn::Lite(db.begin().await?),
+        })
+    }
+}
+
+impl Db {
+    /// Begins a transaction that only reads, all of it from one snapshot: `REPEATABLE READ,
+    /// READ ONLY` on PostgreSQL (a standby serves it too); on SQLite a deferred transaction,
+    /// on a reader of the fast path, which fixes its snapshot at its first read and never
+    /// takes the write lock. End it with a rollback (`Txn::end` keeping nothing).
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn begin_read(&self) -> Result<Txn, DbErr> {
+        Ok(match self {
+            Self::Pool(db) if db.get_database_backend() == DbBackend::Postgres => Txn::Pool(
+                db.begin_with_config(
+                    Some(IsolationLevel::RepeatableRead),
+                    Some(AccessMode::ReadOnly),
+                )
+                .await?,
+            ),
+            Self::Pool(db) => Txn::Pool(db.begin().await?),
+            Self::Lite(db) => Txn::Lite(db.begin_read().await?),
         })
     }
 }

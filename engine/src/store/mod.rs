@@ -27,7 +27,7 @@
 //!   [`Store::begin`]; [`StoreTx::commit`], [`StoreTx::commit_from`], [`StoreTx::rollback`],
 //!   [`StoreTx::notify`], [`StoreTx::pause_point`]
 //! - runs: [`Store::run_insert`], [`Store::run_insert_batch`], [`Store::run_insert_many`],
-//!   [`Store::run_get`], [`Store::run_view`], [`Store::run_by_key`], [`Store::run_steps`],
+//!   [`Store::run_get`], [`Store::run_view`], [`Store::run_page`], [`Store::run_by_key`], [`Store::run_steps`],
 //!   [`Store::run_history`], [`Store::run_history_after`], [`Store::run_list`], [`Store::run_list_dirty`],
 //!   [`Store::run_child_of_step`], [`Store::run_count_by_state`],
 //!   [`Store::run_unfinished_keys`], [`Store::runs_unfinished_page`],
@@ -146,6 +146,7 @@ pub use rewrite::{MigrationWrite, StepInsert, StepUpdate};
 pub(crate) use row::from_row;
 pub use row::{Cell, Exec, FromRow, LiteRow, Row};
 pub use rows::{ClaimedStep, Damage, ExpiredStep, RunRow, RunView, StepRow, quote};
+pub use runs::RunDetail;
 pub use schedules::{DueSchedule, DueSchedules, ScheduleTick};
 pub use stats::{ActiveCount, FinishedCounts, Stats, WorkflowQueue};
 pub use steps::StepInputs;

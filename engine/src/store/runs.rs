@@ -31,12 +31,33 @@ impl Store {
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_view(&self, id: Uuid) -> Result<Option<RunView>> {
-        let sql = format!("SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs WHERE id = $1");
-        let row = self
-            .exec
-            .query_one(self.stmt(&sql, vec![id.into()]))
-            .await?;
-        row.as_ref().map(RunView::decode).transpose()
+        run_view_on(self, &self.exec, id).await
+    }
+
+    /// A run as its page shows it: the run, its steps, its history and its alerts, all read
+    /// in one snapshot ([`Db::begin_read`](super::conn::Db::begin_read)), so that the page
+    /// never shows a run as it was with steps or history as they became (a running run with
+    /// its completion in its history and its steps gone). `None` when there is no such run.
+    ///
+    /// # Errors
+    /// [`Error::Db`], [`Error::CorruptRow`].
+    pub async fn run_page(&self, id: Uuid) -> Result<Option<RunDetail>> {
+        let txn = self.exec.begin_read().await?;
+        let read = async {
+            let Some(run) = run_view_on(self, &txn, id).await? else {
+                return Ok(None);
+            };
+            self.pause_point(Unit::Page, Point::AfterReads).await;
+            Ok(Some(RunDetail {
+                run,
+                steps: run_steps_on(self, &txn, id).await?,
+                history: self.history_on(&txn, id, 0, i64::MAX).await?,
+                alerts: super::alerts::alert_list_on(self, &txn, Some(id), false).await?,
+            }))
+        }
+        .await;
+        // Only read: rolled back, whatever the reads found.
+        txn.end(read, |_| false).await
     }
 
     /// The steps of an unfinished run (a finished run's steps have left the hot table; see
@@ -418,6 +439,26 @@ impl Store {
             }
         }
     }
+}
+
+/// A run's page, read in one snapshot ([`Store::run_page`]).
+#[derive(Debug, Clone)]
+pub struct RunDetail {
+    /// The run.
+    pub run: RunView,
+    /// Its steps (none once it finished).
+    pub steps: Vec<StepRow>,
+    /// Its history, oldest first.
+    pub history: Vec<HistoryEvent>,
+    /// Its alerts, open and resolved, oldest first.
+    pub alerts: Vec<crate::model::Alert>,
+}
+
+/// [`Store::run_view`] on `conn`.
+async fn run_view_on<C: Exec>(store: &Store, conn: &C, id: Uuid) -> Result<Option<RunView>> {
+    let sql = format!("SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs WHERE id = $1");
+    let row = conn.query_one(store.stmt(&sql, vec![id.into()])).await?;
+    row.as_ref().map(RunView::decode).transpose()
 }
 
 pub(super) async fn run_steps_on<C: Exec>(

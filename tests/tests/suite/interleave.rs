@@ -1314,6 +1314,59 @@ async fn interleave_the_timer_pass_during_a_pause_wakes_nothing_in_the_paused_ru
     }
 }
 
+/// A run's page (the console's and the HTTP API's run) is read while the run completes: it
+/// must show the run as of one moment. Held after the run's row, the page read meets the
+/// run's last evaluation (its steps deleted, its completion appended to its history); the
+/// page must show the running run with its steps and its history as they were, not a
+/// running run with no steps and a history that says it completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_run_page_read_during_the_runs_end_shows_one_moment() {
+    use sagaflow::RunState;
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let run = r.run().await;
+        r.sql(
+            "UPDATE sagaflow_steps SET state = 'completed', available_at = NULL, output = 'null' \
+             WHERE run_id = $1",
+            run,
+        )
+        .await;
+        let before = r.plain.run_history(run).await.expect("history").len();
+        let steps_before = r.rows(run).await.1.len();
+        let held = r.hook.hold(Unit::Page, Point::AfterReads);
+        let store = r.engine.store().clone();
+        let page = tokio::spawn(async move { store.run_page(run).await });
+        tokio::time::timeout(LIMIT, held.reached())
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the page read reached its point"));
+        r.evaluate(&r.plain, run).await;
+        let (state, steps) = r.rows(run).await;
+        assert_eq!(
+            (state.as_deref(), steps.len()),
+            (Some("completed"), 0),
+            "[{b}] the run completed meanwhile"
+        );
+        held.release();
+        let page = tokio::time::timeout(LIMIT, page)
+            .await
+            .unwrap_or_else(|_| panic!("[{b}] the page read finishes"))
+            .expect("page task")
+            .unwrap_or_else(|e| panic!("[{b}] page: {e}"))
+            .expect("the run's page");
+        assert_eq!(
+            (page.run.run.state, page.steps.len(), page.history.len()),
+            (RunState::Running, steps_before, before),
+            "[{b}] the page mixed two moments: {:?}",
+            page.history
+                .iter()
+                .map(|h| (&h.step, &h.kind, &h.to))
+                .collect::<Vec<_>>()
+        );
+        r.shutdown().await;
+    }
+}
+
 /// One completion batch carries two answers for one step: a stale one of attempt 1 (its
 /// instance was fenced and claimed the step again before its writers drained) and the live
 /// one of attempt 2. Only attempt 2's fenced write applies, and the batch must say so: the

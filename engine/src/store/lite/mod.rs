@@ -79,7 +79,7 @@ pub struct LiteDb {
     conn: Arc<Mutex<Shared>>,
     /// Readers: queries outside transactions that only read. In WAL mode they see the last
     /// commit and neither wait for the writer nor hold it up.
-    readers: Arc<[Mutex<Shared>]>,
+    readers: Arc<[Arc<Mutex<Shared>>]>,
     /// Which statement texts only read (learnt from the first reader that prepared them).
     read_only: Arc<SyncMutex<HashMap<String, bool>>>,
     next_reader: Arc<AtomicUsize>,
@@ -139,7 +139,7 @@ impl LiteDb {
             .map_err(err)?;
         let writer = shared(writer);
         let readers = (0..READERS)
-            .map(|_| connect(OpenFlags::SQLITE_OPEN_READ_ONLY).map(shared))
+            .map(|_| connect(OpenFlags::SQLITE_OPEN_READ_ONLY).map(|c| Arc::new(shared(c))))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             conn: Arc::new(writer),
@@ -151,12 +151,30 @@ impl LiteDb {
     }
 
     /// A reader, free if one is (else the next in turn, once it is).
-    async fn reader(&self) -> tokio::sync::MutexGuard<'_, Shared> {
-        if let Some(free) = self.readers.iter().find_map(|r| r.try_lock().ok()) {
+    async fn reader(&self) -> OwnedMutexGuard<Shared> {
+        if let Some(free) = self
+            .readers
+            .iter()
+            .find_map(|r| Arc::clone(r).try_lock_owned().ok())
+        {
             return free;
         }
         let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
-        self.readers[i].lock().await
+        Arc::clone(&self.readers[i]).lock_owned().await
+    }
+
+    /// Begins a read-only transaction on a reader: its reads see one snapshot of the file
+    /// (WAL mode fixes it at the first read), and it neither waits for the writer nor holds
+    /// it up. End it with a rollback.
+    pub(crate) async fn begin_read(&self) -> Result<LiteTx, DbErr> {
+        let guard = self.reader().await;
+        retry_busy(self.busy_timeout, || guard.conn().control("BEGIN"))
+            .await
+            .map_err(|e| db_err(Phase::Conn, e))?;
+        Ok(LiteTx {
+            guard: Some(guard),
+            busy_timeout: self.busy_timeout,
+        })
     }
 
     /// Waits for the connection and begins a transaction holding the write lock.
