@@ -122,14 +122,6 @@ impl Store {
                 workflow: d.name.clone(),
                 reason: format!("its description does not serialise: {e}"),
             })?;
-            let stored = txn
-                .query_one(self.stmt(
-                    "SELECT description FROM sagaflow_definitions WHERE workflow_key = $1",
-                    vec![key.clone().into()],
-                ))
-                .await?
-                .map(|r| r.try_get::<String>("", "description"))
-                .transpose()?;
             let values = vec![
                 key.clone().into(),
                 d.name.clone().into(),
@@ -137,19 +129,46 @@ impl Store {
                 text.clone().into(),
                 publisher.to_owned().into(),
             ];
-            // An upsert: two engines starting at once both get their row written, the later
-            // one's text last.
+            // The row is made if it is missing, else locked and read: an engine publishing
+            // the same version at once (its row not yet committed) is waited for and its
+            // text compared, never overwritten unseen. (Read before the write, as it was, two
+            // engines publishing a version's first row at once each saw no row, and the
+            // second overwrote the first's graph without an alert while runs of it began.)
+            let inserted = txn
+                .execute(self.stmt(
+                    "INSERT INTO sagaflow_definitions \
+                       (workflow_key, name, version, description, published_by, published_at) \
+                     VALUES ($1, $2, $3, $4, $5, {now}) ON CONFLICT (workflow_key) DO NOTHING",
+                    values,
+                ))
+                .await?;
+            if inserted == 1 {
+                continue;
+            }
+            let stored = txn
+                .query_one(self.stmt(
+                    &format!(
+                        "SELECT description FROM sagaflow_definitions WHERE workflow_key = $1{}",
+                        self.dialect().row_lock
+                    ),
+                    vec![key.clone().into()],
+                ))
+                .await?
+                .map(|r| r.try_get::<String>("", "description"))
+                .transpose()?;
+            // The same text is recorded again with the newest publisher; another replaces it
+            // (the code that runs is what executes).
             txn.execute(self.stmt(
-                "INSERT INTO sagaflow_definitions \
-                   (workflow_key, name, version, description, published_by, published_at) \
-                 VALUES ($1, $2, $3, $4, $5, {now}) \
-                 ON CONFLICT (workflow_key) DO UPDATE SET description = excluded.description, \
-                   published_by = excluded.published_by, published_at = excluded.published_at",
-                values,
+                "UPDATE sagaflow_definitions SET description = $2, published_by = $3, \
+                   published_at = {now} WHERE workflow_key = $1",
+                vec![
+                    key.clone().into(),
+                    text.clone().into(),
+                    publisher.to_owned().into(),
+                ],
             ))
             .await?;
-            let Some(stored) = stored else { continue };
-            if stored == text {
+            if stored.is_none_or(|stored| stored == text) {
                 continue;
             }
             let unfinished: i64 = txn

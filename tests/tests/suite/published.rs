@@ -158,3 +158,92 @@ async fn a_changed_graph_under_an_unchanged_version_raises_an_alert_while_its_ru
             .expect("shutdown");
     }
 }
+
+/// Two engines publish a version's first row at once, with different graphs, while runs of
+/// the first one's begin: the second must see the first's row (it waits for it) and raise the
+/// alert, not find no row and overwrite the graph unseen. PostgreSQL only: on SQLite the
+/// second engine's transaction waits for the first's whole, and the race cannot happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_graph_published_at_the_same_moment_as_the_first_one_raises_the_alert() {
+    use sagaflow::sea_orm::{ConnectionTrait, Database, Statement, TransactionTrait};
+    for db in backends().await {
+        let b = db.backend;
+        if b != "postgres" {
+            continue;
+        }
+        // The three-step graph's text, and a run of it left unfinished; then its row is gone,
+        // as before the first engine published it.
+        let first = start(&db, "first-1", order(true), false).await;
+        first
+            .start("order", &serde_json::json!({ "order_id": "o-1", "qty": 2 }))
+            .await
+            .expect("start");
+        first.shutdown().await;
+        let conn = Database::connect(db.url.as_str()).await.expect("connect");
+        let pg = conn.get_database_backend();
+        let row = conn
+            .query_one_raw(Statement::from_string(
+                pg,
+                "SELECT description FROM sagaflow_definitions WHERE workflow_key = 'order@1'",
+            ))
+            .await
+            .expect("read")
+            .expect("published");
+        let text: String = row.try_get("", "description").expect("description");
+        conn.execute_raw(Statement::from_string(
+            pg,
+            "DELETE FROM sagaflow_definitions WHERE workflow_key = 'order@1'",
+        ))
+        .await
+        .expect("delete");
+        // The first engine's publication, not yet committed.
+        let publishing = conn.begin().await.expect("begin");
+        publishing
+            .execute_raw(Statement::from_sql_and_values(
+                pg,
+                "INSERT INTO sagaflow_definitions \
+                   (workflow_key, name, version, description, published_by, published_at) \
+                 VALUES ('order@1', 'order', 1, $1, 'first-2', 0)",
+                [text.into()],
+            ))
+            .await
+            .expect("insert");
+        // The second engine starts and reaches the row the first holds; then the first
+        // commits.
+        let waits = async {
+            loop {
+                let n = conn
+                    .query_one_raw(Statement::from_string(
+                        pg,
+                        "SELECT COUNT(*) AS n FROM pg_stat_activity \
+                         WHERE wait_event_type = 'Lock' AND query LIKE '%sagaflow_definitions%'",
+                    ))
+                    .await
+                    .expect("activity")
+                    .map_or(0, |r| r.try_get::<i64>("", "n").expect("n"));
+                if n > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let first_commits = async {
+            tokio::time::timeout(Duration::from_secs(20), waits)
+                .await
+                .unwrap_or_else(|_| panic!("[{b}] the second engine's publication waits"));
+            publishing.commit().await.expect("commit");
+        };
+        let (second, ()) = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::join!(start(&db, "second-1", order(false), false), first_commits)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("[{b}] the second engine starts"));
+        assert_eq!(
+            open_kinds(&second).await,
+            [AlertKind::DefinitionChanged],
+            "[{b}] a graph replaced while its run is unfinished"
+        );
+        assert_eq!(published(&second, b).await.0.steps.len(), 2, "[{b}]");
+        second.shutdown().await;
+    }
+}
