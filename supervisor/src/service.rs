@@ -127,20 +127,28 @@ impl LeaderContext {
     }
 
     /// Stores `alert` unless one is open under its key, and delivers it if stored: 1 when
-    /// raised, 0 when it was already open.
+    /// raised, 0 when it was already open. Fenced by this term: a leader that lost its lease
+    /// raises nothing (`LeaseLost`).
     pub(crate) async fn alert_raise(&self, alert: &NewAlert) -> Result<u64> {
-        Ok(match self.store.alert_insert(alert).await? {
-            Some(a) => {
-                self.signals.alert(&a);
-                1
-            }
-            None => 0,
-        })
+        Ok(
+            match self.store.alert_insert_fenced(alert, &self.fence).await? {
+                Some(a) => {
+                    self.signals.alert(&a);
+                    1
+                }
+                None => 0,
+            },
+        )
     }
 
-    /// Resolves the open alert under `key`, saying why: 1 when one was open, else 0.
+    /// Resolves the open alert under `key`, saying why: 1 when one was open, else 0. Fenced
+    /// by this term: a leader that lost its lease resolves nothing.
     pub(crate) async fn alert_resolve(&self, key: &str, why: &str) -> Result<u64> {
-        Ok(u64::from(self.store.alert_resolve_key(key, why).await?))
+        Ok(u64::from(
+            self.store
+                .alert_resolve_key_fenced(key, why, &self.fence)
+                .await?,
+        ))
     }
 }
 

@@ -5,7 +5,7 @@ use sea_orm::Value;
 use super::row::{Exec, Row};
 use uuid::Uuid;
 
-use super::Store;
+use super::{LeaderFence, Store};
 use crate::Result;
 use crate::model::{Alert, AlertKind, RESOLVED_BY_ENGINE, timestamp};
 pub use crate::transition::writes::NewAlert;
@@ -110,6 +110,25 @@ impl Store {
         Ok(row)
     }
 
+    /// [`Store::alert_insert`] for the leader of `fence`'s term (its maintenance services):
+    /// nothing is stored unless that term still holds the lease, checked in the same
+    /// transaction, so that a leader that lost its lease mid-pass raises nothing from what it
+    /// read before.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`]; [`crate::Error::Db`].
+    pub async fn alert_insert_fenced(
+        &self,
+        alert: &NewAlert,
+        fence: &LeaderFence,
+    ) -> Result<Option<Alert>> {
+        let txn = self.exec.begin().await?;
+        self.fence_check(&txn, fence).await?;
+        let row = insert_alert(self, &txn, alert).await?;
+        txn.commit().await?;
+        Ok(row)
+    }
+
     /// Open alerts, oldest first; or all alerts of one run.
     ///
     /// # Errors
@@ -142,19 +161,35 @@ impl Store {
     /// # Errors
     /// [`crate::Error::Db`].
     pub async fn alert_resolve_key(&self, open_key: &str, resolution: &str) -> Result<bool> {
-        let res = self
-            .exec
-            .execute(self.stmt(
-                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL, resolved_by = $2, \
-                 resolution = $3 WHERE open_key = $1 AND resolved_at IS NULL",
-                vec![
-                    open_key.to_owned().into(),
-                    RESOLVED_BY_ENGINE.to_owned().into(),
-                    bounded(Some(resolution)).into(),
-                ],
-            ))
-            .await?;
-        Ok(res == 1)
+        self.resolve_key_while(open_key, resolution, "", Vec::new())
+            .await
+    }
+
+    /// [`Store::alert_resolve_key`] for the leader of `fence`'s term, only while that term
+    /// holds the lease (read again in the write): a leader that lost its lease mid-pass does
+    /// not resolve, from what it read before, an alert its successor raised since. Returns
+    /// whether one was resolved.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn alert_resolve_key_fenced(
+        &self,
+        open_key: &str,
+        resolution: &str,
+        fence: &LeaderFence,
+    ) -> Result<bool> {
+        self.resolve_key_while(
+            open_key,
+            resolution,
+            " AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $4 AND holder = $5 \
+               AND term = $6 AND expires_at > {wall_now})",
+            vec![
+                fence.name.clone().into(),
+                fence.holder.clone().into(),
+                fence.term.into(),
+            ],
+        )
+        .await
     }
 
     /// Resolves the open alert under `open_key` that says lease `lease` has no sweeping
@@ -171,22 +206,36 @@ impl Store {
         within_ms: i64,
         resolution: &str,
     ) -> Result<bool> {
-        let res = self
-            .exec
-            .execute(self.stmt(
-                "UPDATE sagaflow_alerts SET resolved_at = {now}, open_key = NULL, resolved_by = $2, \
-                 resolution = $3 WHERE open_key = $1 AND resolved_at IS NULL \
-                 AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $4 \
-                   AND last_sweep_at IS NOT NULL AND {wall_now} - last_sweep_at <= $5)",
-                vec![
-                    open_key.to_owned().into(),
-                    RESOLVED_BY_ENGINE.to_owned().into(),
-                    bounded(Some(resolution)).into(),
-                    lease.to_owned().into(),
-                    within_ms.into(),
-                ],
-            ))
-            .await?;
+        self.resolve_key_while(
+            open_key,
+            resolution,
+            " AND EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $4 \
+               AND last_sweep_at IS NOT NULL AND {wall_now} - last_sweep_at <= $5)",
+            vec![lease.to_owned().into(), within_ms.into()],
+        )
+        .await
+    }
+
+    /// Resolves the open alert under `open_key` as the engine, with `resolution`, where
+    /// `cond` (a condition from ` AND …` on, its parameters `values` from `$4` on) holds.
+    async fn resolve_key_while(
+        &self,
+        open_key: &str,
+        resolution: &str,
+        cond: &str,
+        values: Vec<Value>,
+    ) -> Result<bool> {
+        let mut bound = vec![
+            open_key.to_owned().into(),
+            RESOLVED_BY_ENGINE.to_owned().into(),
+            bounded(Some(resolution)).into(),
+        ];
+        bound.extend(values);
+        let sql = format!(
+            "UPDATE sagaflow_alerts SET resolved_at = {{now}}, open_key = NULL, resolved_by = $2, \
+             resolution = $3 WHERE open_key = $1 AND resolved_at IS NULL{cond}"
+        );
+        let res = self.exec.execute(self.stmt(&sql, bound)).await?;
         Ok(res == 1)
     }
 

@@ -52,8 +52,9 @@
 //!   [`StoreTx::callback_live`]
 //! - history: [`Store::history_event_counts`], [`Store::history_partitions_maintain`]; in a
 //!   unit of work [`StoreTx::history_push`]
-//! - alerts: [`Store::alert_insert`], [`Store::alert_list`], [`Store::alert_open_keys`],
-//!   [`Store::alert_resolve`], [`Store::alert_resolve_key`], [`Store::alert_resolve_stall`]
+//! - alerts: [`Store::alert_insert`], [`Store::alert_insert_fenced`], [`Store::alert_list`],
+//!   [`Store::alert_open_keys`], [`Store::alert_resolve`], [`Store::alert_resolve_key`],
+//!   [`Store::alert_resolve_key_fenced`], [`Store::alert_resolve_stall`]
 //! - notices to deliver: [`Store::outbox_pending`], [`Store::outbox_done`],
 //!   [`Store::outbox_purge`], [`Store::delivery_record`], [`Store::delivery_list`],
 //!   [`Store::delivery_counts`], [`Store::delivery_redeliver`]

@@ -215,6 +215,60 @@ async fn a_lost_lease_fences_the_old_leaders_writes() {
             db.backend
         );
         assert!(rescue_steps(&store, Some(&new), &[]).await.is_ok());
+        // The leader's alert writes are fenced too: the old term raises nothing, and does not
+        // resolve what the new one raised.
+        let alert = |leader: &str| store::NewAlert {
+            run_id: None,
+            step: None,
+            kind: AlertKind::Other("fence_test".into()),
+            reason: format!("raised by {leader}"),
+            attempts: 0,
+            actions: Vec::new(),
+            open_key: Some("fence_test".into()),
+        };
+        let err = store
+            .alert_insert_fenced(&alert("a"), &old)
+            .await
+            .expect_err("fenced");
+        assert!(
+            matches!(err, Error::LeaseLost { .. }),
+            "[{}] {err}",
+            db.backend
+        );
+        assert!(
+            store
+                .alert_insert_fenced(&alert("b"), &new)
+                .await
+                .expect("raise")
+                .is_some(),
+            "[{}] the leader raises",
+            db.backend
+        );
+        assert!(
+            !store
+                .alert_resolve_key_fenced("fence_test", "stale", &old)
+                .await
+                .expect("resolve"),
+            "[{}] the old term resolved the new one's alert",
+            db.backend
+        );
+        let open: Vec<String> = store
+            .alert_list(None, true)
+            .await
+            .expect("alerts")
+            .into_iter()
+            .filter(|a| a.reason.starts_with("raised by"))
+            .map(|a| a.reason)
+            .collect();
+        assert_eq!(open, ["raised by b"], "[{}]", db.backend);
+        assert!(
+            store
+                .alert_resolve_key_fenced("fence_test", "gone", &new)
+                .await
+                .expect("resolve"),
+            "[{}] the leader resolves",
+            db.backend
+        );
     }
 }
 
