@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sagaflow_engine::scheduler::ErrorStreak;
 use sagaflow_engine::store::{LeaderFence, NewAlert};
-use sagaflow_engine::{Error, Result, Signals, Store};
+use sagaflow_engine::{Alert, Error, Result, Signals, Store};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -130,15 +130,24 @@ impl LeaderContext {
     /// raised, 0 when it was already open. Fenced by this term: a leader that lost its lease
     /// raises nothing (`LeaseLost`).
     pub(crate) async fn alert_raise(&self, alert: &NewAlert) -> Result<u64> {
-        Ok(
-            match self.store.alert_insert_fenced(alert, &self.fence).await? {
-                Some(a) => {
-                    self.signals.alert(&a);
-                    1
-                }
-                None => 0,
-            },
-        )
+        let stored = self.store.alert_insert_fenced(alert, &self.fence).await?;
+        Ok(self.delivered(stored))
+    }
+
+    /// Stores `alert` unless one is open under its key, and delivers it if stored, whether or
+    /// not this term still leads: for an alert that reports what the pass has written
+    /// already (a notice dead-lettered), which no later leader would raise again.
+    pub(crate) async fn alert_report(&self, alert: &NewAlert) -> Result<u64> {
+        let stored = self.store.alert_insert(alert).await?;
+        Ok(self.delivered(stored))
+    }
+
+    /// Hands a stored alert to the sinks: 1 when one was stored, else 0.
+    fn delivered(&self, stored: Option<Alert>) -> u64 {
+        stored.map_or(0, |a| {
+            self.signals.alert(&a);
+            1
+        })
     }
 
     /// Resolves the open alert under `key`, saying why: 1 when one was open, else 0. Fenced

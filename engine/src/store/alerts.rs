@@ -17,7 +17,6 @@ const ALERT_COLS: &str = "id, run_id, step, kind, reason, attempts, actions, cre
 /// action's name goes before it.
 const RESOLUTION_MAX_CHARS: usize = 2_100;
 
-/// Decodes one alert row.
 /// [`Store::alert_list`] on `conn`.
 pub(super) async fn alert_list_on<C: Exec>(
     store: &Store,
@@ -39,6 +38,7 @@ pub(super) async fn alert_list_on<C: Exec>(
     rows.iter().map(decode).collect()
 }
 
+/// Decodes one alert row.
 fn decode(r: &Row) -> Result<Alert> {
     let actions: String = r.try_get("", "actions")?;
     let kind: String = r.try_get("", "kind")?;
@@ -62,25 +62,37 @@ pub(super) async fn insert_alert<C: Exec>(
     conn: &C,
     a: &NewAlert,
 ) -> Result<Option<Alert>> {
+    insert_alert_where(store, conn, a, "TRUE", Vec::new()).await
+}
+
+/// [`insert_alert`] where `cond` holds (read in the insert; its parameters `values` from `$8`
+/// on): `None` when it does not, as when one is open under the alert's key.
+async fn insert_alert_where<C: Exec>(
+    store: &Store,
+    conn: &C,
+    a: &NewAlert,
+    cond: &str,
+    values: Vec<Value>,
+) -> Result<Option<Alert>> {
+    // `SELECT … WHERE`: the condition is read in the insert's own statement. (SQLite needs
+    // the `WHERE` to read `ON CONFLICT` as the upsert clause after a `SELECT`.)
     let sql = format!(
         "INSERT INTO sagaflow_alerts (run_id, step, kind, reason, attempts, actions, open_key, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, {{now}}) ON CONFLICT (open_key) DO NOTHING RETURNING {ALERT_COLS}"
+         SELECT $1, $2, $3, $4, $5, $6, $7, {{now}} WHERE {cond} \
+         ON CONFLICT (open_key) DO NOTHING RETURNING {ALERT_COLS}"
     );
     let actions = serde_json::to_string(&a.actions).unwrap_or_else(|_| "[]".into());
-    let row = conn
-        .query_one(store.stmt(
-            &sql,
-            vec![
-                a.run_id.into(),
-                a.step.clone().into(),
-                a.kind.as_ref().to_owned().into(),
-                a.reason.clone().into(),
-                a.attempts.into(),
-                actions.into(),
-                a.open_key.clone().into(),
-            ],
-        ))
-        .await?;
+    let mut bound = vec![
+        a.run_id.into(),
+        a.step.clone().into(),
+        a.kind.as_ref().to_owned().into(),
+        a.reason.clone().into(),
+        a.attempts.into(),
+        actions.into(),
+        a.open_key.clone().into(),
+    ];
+    bound.extend(values);
+    let row = conn.query_one(store.stmt(&sql, bound)).await?;
     let Some(alert) = row.as_ref().map(decode).transpose()? else {
         return Ok(None);
     };
@@ -111,9 +123,9 @@ impl Store {
     }
 
     /// [`Store::alert_insert`] for the leader of `fence`'s term (its maintenance services):
-    /// nothing is stored unless that term still holds the lease, checked in the same
-    /// transaction, so that a leader that lost its lease mid-pass raises nothing from what it
-    /// read before.
+    /// nothing is stored unless that term still holds the lease, read again in the insert, so
+    /// that a leader that lost its lease mid-pass raises nothing from what it read before
+    /// (`None` when it lost it after the check).
     ///
     /// # Errors
     /// [`crate::Error::LeaseLost`]; [`crate::Error::Db`].
@@ -123,8 +135,22 @@ impl Store {
         fence: &LeaderFence,
     ) -> Result<Option<Alert>> {
         let txn = self.exec.begin().await?;
+        // Checked first to answer `LeaseLost`, and again in the insert, which a successor
+        // taking the lease in between would otherwise not stop (the check locks nothing).
         self.fence_check(&txn, fence).await?;
-        let row = insert_alert(self, &txn, alert).await?;
+        let row = insert_alert_where(
+            self,
+            &txn,
+            alert,
+            "EXISTS (SELECT 1 FROM sagaflow_leases WHERE name = $8 AND holder = $9 \
+               AND term = $10 AND expires_at > {wall_now})",
+            vec![
+                fence.name.clone().into(),
+                fence.holder.clone().into(),
+                fence.term.into(),
+            ],
+        )
+        .await?;
         txn.commit().await?;
         Ok(row)
     }

@@ -516,7 +516,7 @@ impl StoreTx<'_> {
 
     /// Whether the callback token with `hash` of run `run_id` is live, read in this unit of
     /// work (under the run's lock). The step that holds the token is locked too: the timer
-    /// pass, which does not lock runs, then passes over it (or, having woken it first, leaves
+    /// pass then passes over it (or, having woken it first, leaves
     /// the token spent), so a wait's timeout and its callback never both win (the callback
     /// kept for a step its timeout already woke, the remote told it was accepted).
     ///

@@ -249,7 +249,8 @@ async fn dead_letter_alert(ctx: &LeaderContext, sink: &str, notice: i64, error: 
         ],
         open_key: Some(dead_letter_key(sink)),
     };
-    if let Err(e) = ctx.alert_raise(&alert).await {
+    // Unfenced: the dead letter is recorded already, and a successor would not raise it.
+    if let Err(e) = ctx.alert_report(&alert).await {
         tracing::error!(error = %e, reason = %alert.reason, "could not store an alert");
     }
 }

@@ -1257,59 +1257,70 @@ async fn interleave_a_child_ending_during_its_parents_resume_leaves_the_woken_st
     }
 }
 
-/// The timer pass meets an operator's pause of the run whose step it wakes: the pause has
-/// locked the run and its steps and parked its queued steps, and is held before its commit.
-/// The pass must not wake the step (the pause, which read it waiting, would commit over it
-/// and leave it due in a paused run, for any claim to start an attempt the operator
-/// stopped); it passes over the run, and the step waits for the resume. (The matrix's pause
-/// writer meets the held timer pass, the other order. The window inside one statement, a
-/// pause committing between the pass's snapshot and its locks, is closed by the pass
-/// locking the run and reading its state again; no pause point reaches inside a statement.)
+/// The timer pass meets a pause of the run whose step it wakes, committed while the pass
+/// runs: a transaction has paused the run (its row written and locked) and not yet committed,
+/// and locks none of its steps, as a pause committing between the pass's snapshot and its
+/// step locks looks to the pass. The pass must not wake the step from a snapshot that still
+/// shows the run running (the step would be due in a paused run, for any claim to start an
+/// attempt the operator stopped); it passes over the run, and the step waits. (An operator's
+/// pause also locks the run's steps, which the pass skips: the matrix's pause writer meets the
+/// held timer pass, the other order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interleave_the_timer_pass_during_a_pause_wakes_nothing_in_the_paused_run() {
+    use sagaflow::sea_orm::TransactionTrait;
     for db in backends().await {
         let r = rig(db).await;
         let b = r.db.backend;
         let run = r.run().await;
         r.park_b(run, false).await;
-        let held = r.hook.hold(Unit::Operator, Point::BeforeCommit);
-        let op = r.engine.operator();
-        let pause = op.pause(run);
-        let pass = async {
-            tokio::time::timeout(LIMIT, held.reached())
-                .await
-                .unwrap_or_else(|_| panic!("[{b}] the pause reached its point"));
-            let wake = wake_due_steps(&r.plain, 16, "test");
-            tokio::pin!(wake);
-            let woken = match tokio::time::timeout(BLOCKED_AFTER, &mut wake).await {
-                Ok(woken) => woken,
-                Err(_) => {
-                    // SQLite: the pass waits for the pause's write lock, then reads it.
-                    held.release();
-                    wake.await
-                }
-            };
-            held.release();
-            woken.unwrap_or_else(|e| panic!("[{b}] timer pass: {e}"))
-        };
-        let (paused, woken) = tokio::time::timeout(LIMIT, async { tokio::join!(pause, pass) })
+        let conn = r.plain.connection();
+        let pausing = conn.begin().await.expect("begin");
+        pausing
+            .execute_raw(Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "UPDATE sagaflow_runs SET state = 'paused' WHERE id = $1",
+                [Value::from(run)],
+            ))
             .await
-            .unwrap_or_else(|_| panic!("[{b}] deadlocked"));
-        paused.unwrap_or_else(|e| panic!("[{b}] pause: {e}"));
+            .expect("pause the run");
+        let wake = wake_due_steps(&r.plain, 16, "test");
+        tokio::pin!(wake);
+        let (woken, pausing) = match tokio::time::timeout(BLOCKED_AFTER, &mut wake).await {
+            Ok(woken) => (woken, Some(pausing)),
+            Err(_) => {
+                // SQLite: the pass waits for the pausing transaction's write lock, then reads
+                // the run paused.
+                pausing.commit().await.expect("commit");
+                (
+                    tokio::time::timeout(LIMIT, wake)
+                        .await
+                        .unwrap_or_else(|_| panic!("[{b}] the timer pass finishes")),
+                    None,
+                )
+            }
+        };
+        if let Some(pausing) = pausing {
+            pausing.commit().await.expect("commit");
+        }
+        let woken = woken.unwrap_or_else(|e| panic!("[{b}] timer pass: {e}"));
         let (state, steps) = r.rows(run).await;
         assert_eq!(state.as_deref(), Some("paused"), "[{b}] {steps:?}");
         let step = steps.iter().find(|s| s.0 == "b").expect("b");
         assert_eq!(
             (woken, step.1.as_str()),
             (0, "waiting"),
-            "[{b}] the timer pass woke `b` under the pause: {step:?}"
+            "[{b}] the timer pass woke `b` in the run being paused: {step:?}"
         );
-        // Resumed, the run's timer fires at the next pass.
-        r.peer.operator().resume(run).await.expect("resume");
+        // Running again, the run's timer fires at the next pass.
+        r.sql(
+            "UPDATE sagaflow_runs SET state = 'running' WHERE id = $1",
+            run,
+        )
+        .await;
         let woken = wake_due_steps(&r.plain, 16, "test")
             .await
             .expect("timer pass");
-        assert_eq!(woken, 1, "[{b}] the resumed run's timer fires");
+        assert_eq!(woken, 1, "[{b}] the running run's timer fires");
         r.shutdown().await;
     }
 }

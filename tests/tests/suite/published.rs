@@ -216,7 +216,8 @@ async fn a_changed_graph_published_at_the_same_moment_as_the_first_one_raises_th
                     .query_one_raw(Statement::from_string(
                         pg,
                         "SELECT COUNT(*) AS n FROM pg_stat_activity \
-                         WHERE wait_event_type = 'Lock' AND query LIKE '%sagaflow_definitions%'",
+                         WHERE wait_event_type = 'Lock' AND query LIKE '%sagaflow_definitions%' \
+                           AND datname = current_database() AND pid <> pg_backend_pid()",
                     ))
                     .await
                     .expect("activity")
