@@ -115,12 +115,20 @@ pub(crate) struct Inner {
     pub(crate) replica: std::sync::OnceLock<Store>,
 }
 
-/// What a run's page shows ([`Engine::run_page`]).
-pub(crate) struct RunPageData {
-    pub(crate) run: Run,
-    pub(crate) steps: Vec<Step>,
-    pub(crate) history: Vec<HistoryEvent>,
-    pub(crate) alerts: Vec<Alert>,
+/// A run with its steps, its history and its alerts, read as of one moment
+/// ([`Engine::run_detail`]): what the console's run page and `GET /api/v1/runs/{id}` show.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RunDetail {
+    /// The run.
+    pub run: Run,
+    /// Its steps, in the order of the workflow's definition (none once it finished: a
+    /// finished run's story is its history).
+    pub steps: Vec<Step>,
+    /// Its history, oldest first.
+    pub history: Vec<HistoryEvent>,
+    /// Its alerts, open and resolved, oldest first.
+    pub alerts: Vec<Alert>,
 }
 
 /// A running sagaflow instance: scheduler, agents and (usually) a supervisor candidate over
@@ -653,10 +661,17 @@ impl Engine {
         }
     }
 
-    /// A run as a console or API page shows it: the run, its steps, its history and its
-    /// alerts, read in one snapshot where display reads go (a replica may lag), or from the
-    /// primary while the replica has not yet received the run.
-    pub(crate) async fn run_page(&self, id: Uuid) -> Result<Option<RunPageData>> {
+    /// Run `id` with its steps, its history and its alerts, read in one snapshot (a
+    /// `REPEATABLE READ, READ ONLY` transaction on PostgreSQL, a read transaction on SQLite),
+    /// so that they agree: [`Engine::run`], [`Engine::steps`] and [`Engine::history`] called
+    /// one after another can each see a different moment (a run read `running`, then its
+    /// history saying it completed). Read where display reads go (a replica may lag), or from
+    /// the primary while the replica has not yet received the run. `None` when there is no
+    /// such run (or retention purged it).
+    ///
+    /// # Errors
+    /// [`Error::Db`]; [`Error::CorruptRow`].
+    pub async fn run_detail(&self, id: Uuid) -> Result<Option<RunDetail>> {
         let reads = self.reads();
         let detail = match reads.run_page(id).await? {
             Some(d) => d,
@@ -666,7 +681,7 @@ impl Engine {
             },
             None => return Ok(None),
         };
-        Ok(Some(RunPageData {
+        Ok(Some(RunDetail {
             run: detail.run.into_run()?,
             steps: detail
                 .steps

@@ -90,7 +90,7 @@ pub mod testing {
 }
 
 pub use builder::{EngineBuilder, MAX_INPUT_DEFAULT};
-pub use engine::{Engine, Health, SupervisorStatus};
+pub use engine::{Engine, Health, RunDetail, SupervisorStatus};
 pub use events::{EVENT_NAME_MAX, EventTarget};
 pub use follow::{FOLLOW_POLL, RunUpdate};
 pub use hotplug::InstanceInfo;

@@ -169,11 +169,18 @@ pub(crate) async fn find(engine: &Engine, id: Uuid) -> Result<Run, Failure> {
 }
 
 async fn show(engine: &Engine, id: Uuid, json: bool) -> Outcome {
-    let run = find(engine, id).await?;
-    let steps = engine.steps(id).await?;
-    let alerts = engine.run_alerts(id).await?;
+    // One snapshot: the run, its steps, history and alerts as of one moment.
+    let sagaflow::RunDetail {
+        run,
+        steps,
+        history,
+        alerts,
+        ..
+    } = engine
+        .run_detail(id)
+        .await?
+        .ok_or_else(|| Failure::from(sagaflow::Error::RunNotFound(id)))?;
     if json {
-        let history = engine.history(id).await?;
         return output::json(&RunAnswer {
             run,
             steps,

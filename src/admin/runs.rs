@@ -332,12 +332,12 @@ pub(super) async fn run(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = run_id(&id)?;
-    let Some(crate::engine::RunPageData {
+    let Some(crate::RunDetail {
         run,
         steps,
         history,
         alerts,
-    }) = s.engine.run_page(id).await?
+    }) = s.engine.run_detail(id).await?
     else {
         return Err(Error::RunNotFound(id).into());
     };

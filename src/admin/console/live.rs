@@ -57,7 +57,7 @@ impl Overview {
 /// A summary of run `id` that differs whenever something its page shows changed.
 async fn fingerprint(engine: &Engine, id: Uuid) -> Option<String> {
     let mut fp = String::new();
-    let page = engine.run_page(id).await.ok()??;
+    let page = engine.run_detail(id).await.ok()??;
     let r = &page.run;
     let _ = write!(fp, "{}|{}|", r.state, r.updated_at.timestamp_millis());
     for s in &page.steps {

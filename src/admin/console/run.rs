@@ -115,12 +115,12 @@ fn step_states(steps: &[Step], history: &[HistoryEvent]) -> HashMap<String, Step
 }
 
 async fn body(engine: &Engine, id: Uuid, s: &Session) -> Result<Option<Markup>, Error> {
-    let Some(crate::engine::RunPageData {
+    let Some(crate::RunDetail {
         run,
         steps,
         history,
         alerts,
-    }) = engine.run_page(id).await?
+    }) = engine.run_detail(id).await?
     else {
         return Ok(None);
     };
