@@ -538,8 +538,8 @@ impl Engine {
         const BATCH: u32 = 1000;
         let age = millis(older_than);
         let total = self.inner.store.run_purge_due(age, BATCH).await?;
-        self.inner.store.history_partitions_maintain(age).await?;
-        Ok(total)
+        let days = self.inner.store.history_partitions_maintain(age).await?;
+        Ok(total + days.runs_dropped)
     }
 
     /// Alerts of one run, open or resolved.

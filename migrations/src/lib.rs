@@ -65,6 +65,7 @@ mod m0021_compensation_share;
 mod m0022_restarts;
 mod m0023_step_progress;
 mod m0024_history_partitions;
+mod m0025_finished_runs;
 pub mod partitions;
 
 /// Name of the table that records applied sagaflow migrations.
@@ -112,6 +113,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0022_restarts::Migration),
             Box::new(m0023_step_progress::Migration),
             Box::new(m0024_history_partitions::Migration),
+            Box::new(m0025_finished_runs::Migration),
         ]
     }
 

@@ -20,6 +20,24 @@ pub const HISTORY_DEFAULT_PARTITION: &str = "sagaflow_history_default";
 /// to the first UTC midnight after the migration ran.
 pub const HISTORY_BEFORE_PARTITION: &str = "sagaflow_history_before";
 
+/// The table of finished runs (migration `m0025`): on PostgreSQL a run that ends for good
+/// and holds no business key any more moves here from `sagaflow_runs`, into the partition of
+/// the day it started, the same days as the history's.
+pub const RUNS_DONE: &str = "sagaflow_runs_done";
+
+/// The partition of the finished runs whose ids no day's partition covers.
+pub const RUNS_DONE_DEFAULT_PARTITION: &str = "sagaflow_runs_done_default";
+
+/// Every run, live or finished, for reads: a view over `sagaflow_runs` and, on PostgreSQL,
+/// [`RUNS_DONE`].
+pub const RUNS_ALL: &str = "sagaflow_runs_all";
+
+/// The columns of `sagaflow_runs`, and of [`RUNS_DONE`], in their order.
+pub const RUN_TABLE_COLUMNS: &str = "id, workflow, version, workflow_key, business_key, active_key, \
+     state, input, output, error, dirty, created_at, updated_at, finished_at, failed_attempts, \
+     priority, start_at, notify, trace_parent, trace_state, flow_key, parent_step, \
+     restarted_from, restarted_as";
+
 /// The history table's columns, in their order.
 pub const HISTORY_COLUMNS: &str =
     "id, run_id, step, event, from_state, to_state, attempt, actor, detail, at, then_states";
@@ -52,21 +70,35 @@ pub fn next_span(ms: i64) -> i64 {
     (ms.div_euclid(HISTORY_PARTITION_SPAN_MS) + 1) * HISTORY_PARTITION_SPAN_MS
 }
 
-/// The name of the partition of the UTC day that starts at `day_ms`:
+/// The name of the history partition of the UTC day that starts at `day_ms`:
 /// `sagaflow_history_YYYYMMDD`.
 #[must_use]
 pub fn history_partition_name(day_ms: i64) -> String {
-    let (y, m, d) = civil_date(day_ms.div_euclid(HISTORY_PARTITION_SPAN_MS));
-    format!("sagaflow_history_{y:04}{m:02}{d:02}")
+    partition_name("sagaflow_history", day_ms)
 }
 
-/// The statement that makes the partition of the UTC day that starts at `day_ms` (nothing if
-/// a table of that name exists).
+/// The statement that makes the history partition of the UTC day that starts at `day_ms`
+/// (nothing if a table of that name exists).
 #[must_use]
 pub fn history_partition_create(day_ms: i64) -> String {
+    partition_create("sagaflow_history", day_ms)
+}
+
+/// The name of the partition of table `table` for the UTC day that starts at `day_ms`:
+/// `<table>_YYYYMMDD`.
+#[must_use]
+pub fn partition_name(table: &str, day_ms: i64) -> String {
+    let (y, m, d) = civil_date(day_ms.div_euclid(HISTORY_PARTITION_SPAN_MS));
+    format!("{table}_{y:04}{m:02}{d:02}")
+}
+
+/// The statement that makes the partition of `table` (the history or the finished runs)
+/// for the UTC day that starts at `day_ms` (nothing if a table of that name exists).
+#[must_use]
+pub fn partition_create(table: &str, day_ms: i64) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {} PARTITION OF sagaflow_history FOR VALUES FROM ('{}') TO ('{}')",
-        history_partition_name(day_ms),
+        "CREATE TABLE IF NOT EXISTS {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}')",
+        partition_name(table, day_ms),
         uuid_floor(day_ms),
         uuid_floor(day_ms + HISTORY_PARTITION_SPAN_MS)
     )

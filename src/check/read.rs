@@ -73,7 +73,7 @@ impl<'t> Reader<'t> {
     /// number of their open alerts.
     pub(super) async fn page(&self, after: Option<Uuid>, limit: u32) -> Result<Page> {
         const COLS: &str =
-            "id, workflow_key, state, error, dirty, start_at, parent_step FROM sagaflow_runs";
+            "id, workflow_key, state, error, dirty, start_at, parent_step FROM sagaflow_runs_all";
         let rows = match after {
             Some(id) => {
                 let sql = format!("SELECT {COLS} WHERE id > $1 ORDER BY id LIMIT $2");

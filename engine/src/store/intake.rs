@@ -419,7 +419,7 @@ impl Store {
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_by_key(&self, workflow: &str, business_key: &str) -> Result<Option<RunView>> {
         let sql = format!(
-            "SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs WHERE workflow = $1 AND business_key = $2 \
+            "SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs_all WHERE workflow = $1 AND business_key = $2 \
              ORDER BY created_at DESC LIMIT 1"
         );
         let row = self

@@ -388,8 +388,9 @@ impl Store {
             &mut values,
             i64::try_from(size + 1).unwrap_or(i64::MAX).into(),
         );
-        let sql =
-            format!("SELECT {LIST_COLS} FROM sagaflow_runs{filter} ORDER BY {order} LIMIT {limit}");
+        let sql = format!(
+            "SELECT {LIST_COLS} FROM sagaflow_runs_all{filter} ORDER BY {order} LIMIT {limit}"
+        );
         let rows = self.exec.query_all(self.stmt(&sql, values)).await?;
         let more = rows.len() > size;
         let mut last = None;

@@ -307,6 +307,15 @@ impl Store {
         self.backend
     }
 
+    /// The tables a run's row can be in: the runs table and, on PostgreSQL, the finished
+    /// runs' (migration `m0025`). Reads go through the view of both, `sagaflow_runs_all`.
+    pub(crate) fn run_tables(&self) -> &'static [&'static str] {
+        match self.backend {
+            Backend::Postgres => &["sagaflow_runs", sagaflow_migrations::partitions::RUNS_DONE],
+            Backend::Sqlite => &["sagaflow_runs"],
+        }
+    }
+
     /// This store with pause points a test armed (see [`crate::interleave`]): its units of
     /// work stop where the hook holds them. Never used outside tests.
     #[doc(hidden)]

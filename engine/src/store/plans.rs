@@ -16,6 +16,7 @@ use crate::model::{Alert, RunFinished};
 use crate::transition::Due;
 pub use crate::transition::writes::{PlanWrite, StepWrite};
 use crate::{Result, RunState, StepState};
+use sagaflow_migrations::partitions::{RUN_TABLE_COLUMNS, RUNS_DONE};
 
 /// What an evaluation or operator action did.
 #[derive(Debug, Clone)]
@@ -32,6 +33,9 @@ pub struct EvalApplied {
     pub alert: Option<Alert>,
 }
 
+/// A boolean column of a bulk write of payloads: its name, and how a run gives its value.
+type PayloadFlag = (&'static str, fn(&RunPayload) -> bool);
+
 /// A run's new state with its payload, for one bulk update.
 struct RunPayload {
     id: Uuid,
@@ -39,6 +43,8 @@ struct RunPayload {
     output: Option<String>,
     error: Option<String>,
     release_key: bool,
+    /// The run's error is cleared (a move only: the bulk update keeps its own rule).
+    clear_error: bool,
 }
 
 impl StoreTx<'_> {
@@ -135,6 +141,8 @@ impl StoreTx<'_> {
         let mut alerts: Vec<(usize, NewAlert)> = Vec::new();
         let mut resolve: Vec<(Uuid, Option<String>)> = Vec::new();
         let mut with_payload: Vec<RunPayload> = Vec::new();
+        // Runs that leave the runs table for the finished ones (PostgreSQL).
+        let mut moving: Vec<RunPayload> = Vec::new();
         let mut notices: Vec<RunFinished> = Vec::new();
         for (before, mut write) in plans {
             let id = before.id;
@@ -179,13 +187,25 @@ impl StoreTx<'_> {
             }
             let state = write.run_state.unwrap_or(before.state);
             let release_key = write.release_key && state.is_final();
-            if write.run_output.is_some() || write.run_error.is_some() {
+            if moves_on_end(s, &before, state, release_key) {
+                moving.push(RunPayload {
+                    id,
+                    state,
+                    output: write.run_output.clone(),
+                    error: write.run_error.clone(),
+                    release_key,
+                    clear_error: write.clear_error
+                        && write.run_output.is_none()
+                        && write.run_error.is_none(),
+                });
+            } else if write.run_output.is_some() || write.run_error.is_some() {
                 with_payload.push(RunPayload {
                     id,
                     state,
                     output: write.run_output.clone(),
                     error: write.run_error.clone(),
                     release_key,
+                    clear_error: false,
                 });
             } else if state != before.state || write.clear_error {
                 same_state
@@ -281,6 +301,7 @@ impl StoreTx<'_> {
             self.txn.execute(s.stmt(&sql, values)).await?;
         }
         mark_dirty(s, &self.txn, &stale_runs).await?;
+        self.runs_move_finished(&moving).await?;
         for (i, a) in alerts {
             out[i].alert = insert_alert(s, &self.txn, &a).await?;
         }
@@ -299,43 +320,94 @@ impl StoreTx<'_> {
         Ok(out)
     }
 
+    /// Ends runs by moving their rows from the runs table into the finished ones with their
+    /// final state, output and error: one `DELETE … RETURNING` into an `INSERT` per chunk,
+    /// which writes no new version of the live row (an update would, and index it). The runs
+    /// are locked by this unit of work; a unit that waited for one of them finds no row when
+    /// it gets the lock and reads the run again from the finished table.
+    async fn runs_move_finished(&self, runs: &[RunPayload]) -> Result<()> {
+        self.per_payload_chunk(runs, &[("clr", |r| r.clear_error)], |source| {
+            format!(
+                "WITH m AS (DELETE FROM sagaflow_runs AS r USING {source} WHERE r.id = v.vid \
+                   RETURNING r.*, v.state AS v_state, v.output AS v_output, v.error AS v_error, \
+                   v.clr AS v_clr) \
+                 INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) \
+                 SELECT id, workflow, version, workflow_key, business_key, NULL, v_state, input, \
+                   COALESCE(v_output, output), \
+                   CASE WHEN v_clr THEN NULL ELSE COALESCE(v_error, error) END, FALSE, \
+                   created_at, {{now}}, {{now}}, failed_attempts, priority, start_at, notify, \
+                   trace_parent, trace_state, flow_key, parent_step, restarted_from, restarted_as \
+                 FROM m"
+            )
+        })
+        .await
+    }
+
     /// Sets state, output and error of many runs in one statement per chunk.
     async fn runs_set_payload(&self, runs: &[RunPayload]) -> Result<()> {
-        const COLS: [(&str, &str); 6] = [
-            ("vid", "uuid"),
-            ("state", "text"),
-            ("output", "text"),
-            ("error", "text"),
-            ("fin", "boolean"),
-            ("rel", "boolean"),
-        ];
-        let s = self.store;
-        for chunk in runs.chunks(CHUNK) {
-            let rows = chunk
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.id.into(),
-                        r.state.as_str().into(),
-                        r.output.clone().into(),
-                        r.error.clone().into(),
-                        r.state.is_final().into(),
-                        r.release_key.into(),
-                    ]
-                })
-                .collect();
-            let (source, values) = s.rows_source(1, &COLS, rows)?;
-            let sql = format!(
+        let flags: [PayloadFlag; 2] = [("fin", |r| r.state.is_final()), ("rel", |r| r.release_key)];
+        self.per_payload_chunk(runs, &flags, |source| {
+            format!(
                 "UPDATE sagaflow_runs AS r SET state = v.state, output = COALESCE(v.output, r.output), \
                    error = COALESCE(v.error, r.error), updated_at = {{now}}, \
                    finished_at = CASE WHEN v.fin THEN {{now}} ELSE NULL END, \
                    active_key = CASE WHEN v.rel THEN NULL ELSE r.active_key END \
                  FROM {source} WHERE r.id = v.vid"
-            );
-            self.txn.execute(s.stmt(&sql, values)).await?;
+            )
+        })
+        .await
+    }
+
+    /// Runs the statement `sql_of(source)` once per chunk of `runs`, where `source` is a row
+    /// source `v` of their ids (`vid`), new states, outputs and errors, and the flags
+    /// `flags` names, each read from a run by its function.
+    async fn per_payload_chunk(
+        &self,
+        runs: &[RunPayload],
+        flags: &[PayloadFlag],
+        sql_of: impl Fn(&str) -> String,
+    ) -> Result<()> {
+        let mut cols = vec![
+            ("vid", "uuid"),
+            ("state", "text"),
+            ("output", "text"),
+            ("error", "text"),
+        ];
+        cols.extend(flags.iter().map(|(name, _)| (*name, "boolean")));
+        let s = self.store;
+        for chunk in runs.chunks(CHUNK) {
+            let rows = chunk
+                .iter()
+                .map(|r| {
+                    let mut row: Vec<Value> = vec![
+                        r.id.into(),
+                        r.state.as_str().into(),
+                        r.output.clone().into(),
+                        r.error.clone().into(),
+                    ];
+                    row.extend(flags.iter().map(|(_, flag)| flag(r).into()));
+                    row
+                })
+                .collect();
+            let (source, values) = s.rows_source(1, &cols, rows)?;
+            self.txn.execute(s.stmt(&sql_of(&source), values)).await?;
         }
         Ok(())
     }
+}
+
+/// Whether a run that `before` was and now ends in `state` leaves the runs table for the
+/// finished ones ([`RUNS_DONE`], PostgreSQL only): it ended for good just now, no parent step
+/// may undo it (a child run stays, for its parent's compensation), and it holds no business
+/// key after its end (the runs table's unique index is the intake's arbiter; a key kept for
+/// as long as the run is retained keeps the run there). A run's active key is its business
+/// key from its start until its end releases it.
+fn moves_on_end(s: &super::Store, before: &RunRow, state: RunState, release_key: bool) -> bool {
+    s.backend() == crate::Backend::Postgres
+        && state.is_final()
+        && state != before.state
+        && before.parent_step.is_none()
+        && (before.business_key.is_none() || release_key)
 }
 
 /// What the `run_finished` notice of a run that `write` finishes in `state` says.

@@ -46,12 +46,16 @@ impl StoreTx<'_> {
             "UPDATE sagaflow_runs SET restarted_as = restarted_as WHERE id = $1 \
              RETURNING {RUN_COLS}, restarted_as"
         );
-        let Some(row) = self
+        let row = match self
             .txn
             .query_one(self.store.stmt(&sql, vec![id.into()]))
             .await?
-        else {
-            return Ok(None);
+        {
+            Some(row) => row,
+            None => match self.run_finished_locked(id, ", restarted_as").await? {
+                Some(row) => row,
+                None => return Ok(None),
+            },
         };
         let run = RunRow::decode(&row)?;
         let restarted_as: Option<Uuid> = row.try_get("", "restarted_as")?;
@@ -101,13 +105,20 @@ impl StoreTx<'_> {
             vec![new.into(), w.source.into()],
         )
         .await?;
-        let linked = s_exec(
-            self,
-            "UPDATE sagaflow_runs SET restarted_as = $2, updated_at = {now} \
-             WHERE id = $1 AND restarted_as IS NULL",
-            vec![w.source.into(), new.into()],
-        )
-        .await?;
+        // The source is in the runs table or, finished and keyless on PostgreSQL, in the
+        // finished runs' (its lock was taken where it is).
+        let mut linked = 0;
+        for table in s.run_tables() {
+            linked += s_exec(
+                self,
+                &format!(
+                    "UPDATE {table} SET restarted_as = $2, updated_at = {{now}} \
+                     WHERE id = $1 AND restarted_as IS NULL"
+                ),
+                vec![w.source.into(), new.into()],
+            )
+            .await?;
+        }
         if linked != 1 {
             return Err(Error::corrupt(
                 "sagaflow_runs",

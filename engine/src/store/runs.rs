@@ -10,7 +10,9 @@ use super::{RunRow, RunView, StepRow, Store, StoreTx, placeholders};
 use crate::interleave::{Point, Unit};
 use crate::model::{HistoryEvent, HistoryKind, RunCounts};
 use crate::{Backend, Error, Result, RunState};
-use sagaflow_migrations::partitions::HISTORY_DEFAULT_PARTITION;
+use sagaflow_migrations::partitions::{
+    HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION,
+};
 
 impl Store {
     /// A run by id.
@@ -18,7 +20,7 @@ impl Store {
     /// # Errors
     /// [`Error::Db`], [`Error::CorruptRow`].
     pub async fn run_get(&self, id: Uuid) -> Result<Option<RunRow>> {
-        let sql = format!("SELECT {RUN_COLS} FROM sagaflow_runs WHERE id = $1");
+        let sql = format!("SELECT {RUN_COLS} FROM sagaflow_runs_all WHERE id = $1");
         let row = self
             .exec
             .query_one(self.stmt(&sql, vec![id.into()]))
@@ -103,7 +105,7 @@ impl Store {
             .query_all(self.stmt(
                 "SELECT id, step, event, from_state, to_state, attempt, actor, detail, at, then_states \
                  FROM sagaflow_history WHERE run_id = $1 AND id > $2 \
-                 AND EXISTS (SELECT 1 FROM sagaflow_runs WHERE id = $1) ORDER BY id LIMIT $3",
+                 AND EXISTS (SELECT 1 FROM sagaflow_runs_all WHERE id = $1) ORDER BY id LIMIT $3",
                 vec![id.into(), after.into(), rows.into()],
             ))
             .await?;
@@ -215,7 +217,7 @@ impl Store {
         let rows = self
             .exec
             .query_all(self.stmt(
-                "SELECT state, COUNT(*) AS n FROM sagaflow_runs GROUP BY state",
+                "SELECT state, COUNT(*) AS n FROM sagaflow_runs_all GROUP BY state",
                 vec![],
             ))
             .await?;
@@ -255,10 +257,13 @@ impl Store {
         let now = self.now_ms().await?;
         self.history_partitions_back_to(now - ages.end, now - ages.start)
             .await;
+        // Where the engine would have put them: on PostgreSQL the finished runs' table (they
+        // hold no active key), on SQLite the runs table.
+        let table = self.run_tables().last().copied().unwrap_or("sagaflow_runs");
         let txn = self.exec.begin().await?;
         txn.execute(self.stmt(
             &format!(
-                "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, state, input, \
+                "INSERT INTO {table} (id, workflow, version, workflow_key, business_key, state, input, \
                  output, dirty, created_at, updated_at, finished_at, failed_attempts) \
                  SELECT id, w, 1, w || '@1', 'order-' || i, \
                    CASE WHEN i % 100 = 0 THEN 'compensated' ELSE 'completed' END, 'null', '{{}}', FALSE, \
@@ -271,9 +276,11 @@ impl Store {
         .await?;
         // Their throughput, as if counted when they finished.
         txn.execute(self.stmt(
-            "INSERT INTO sagaflow_throughput (bucket, slot, finished) \
-             SELECT finished_at / 10000, 0, COUNT(*) FROM sagaflow_runs \
-             WHERE workflow IN ('archive', 'archive_b') GROUP BY finished_at / 10000",
+            &format!(
+                "INSERT INTO sagaflow_throughput (bucket, slot, finished) \
+                 SELECT finished_at / 10000, 0, COUNT(*) FROM {table} \
+                 WHERE workflow IN ('archive', 'archive_b') GROUP BY finished_at / 10000"
+            ),
             vec![],
         ))
         .await?;
@@ -281,7 +288,7 @@ impl Store {
             txn.execute(self.stmt(
                 &format!(
                     "INSERT INTO sagaflow_history (run_id, step, event, actor, at) \
-                     SELECT id, 'only', '{event}', 'fill', created_at FROM sagaflow_runs AS r \
+                     SELECT id, 'only', '{event}', 'fill', created_at FROM {table} AS r \
                      WHERE workflow IN ('archive', 'archive_b') AND NOT EXISTS (SELECT 1 \
                      FROM sagaflow_history AS h WHERE h.run_id = r.id AND h.event = '{event}')"
                 ),
@@ -304,7 +311,7 @@ impl Store {
             "SELECT event, COUNT(*) AS n FROM sagaflow_history WHERE {kept} GROUP BY event \
              UNION ALL SELECT '{state}', SUM({folded}) FROM sagaflow_history \
              WHERE then_states IS NOT NULL AND {kept}",
-            kept = "EXISTS (SELECT 1 FROM sagaflow_runs AS r WHERE r.id = sagaflow_history.run_id)",
+            kept = "EXISTS (SELECT 1 FROM sagaflow_runs_all AS r WHERE r.id = sagaflow_history.run_id)",
             state = HistoryKind::State.as_ref(),
             folded = self.dialect().folded_count,
         );
@@ -320,14 +327,37 @@ impl Store {
     }
 }
 
-/// The runs retention may delete (`$1`: the retention window in ms): final, finished before
-/// the window, and not a child run whose parent may still compensate it. A child's parent
-/// step row lives until the parent itself finishes (a completed child run keeps its steps
-/// for its own parent), so a child goes only once no step of a parent can reach it. A
-/// child reopened for compensation is no longer final and has no `finished_at`.
-const PURGEABLE: &str = "state IN ('completed', 'compensated') AND finished_at IS NOT NULL \
-     AND finished_at < {now} - $1 AND (parent_step IS NULL OR NOT EXISTS \
-     (SELECT 1 FROM sagaflow_steps AS p WHERE p.id = sagaflow_runs.parent_step))";
+/// The runs of `table` retention may delete (`$1`: the retention window in ms): final,
+/// finished before the window, and not a child run whose parent may still compensate it. A
+/// child's parent step row lives until the parent itself finishes (a completed child run
+/// keeps its steps for its own parent), so a child goes only once no step of a parent can
+/// reach it. A child reopened for compensation is no longer final and has no `finished_at`.
+fn purgeable(table: &str) -> String {
+    format!(
+        "state IN ('completed', 'compensated') AND finished_at IS NOT NULL \
+         AND finished_at < {{now}} - $1 AND (parent_step IS NULL OR NOT EXISTS \
+         (SELECT 1 FROM sagaflow_steps AS p WHERE p.id = {table}.parent_step))"
+    )
+}
+
+/// The tables retention deletes runs from row by row, for a retention of `retention_ms`:
+/// the runs table (runs that keep their business key or their parent's claim after they
+/// finish, and runs that finished before the finished runs' table existed) and, on
+/// PostgreSQL, the finished runs' default partition (runs kept past their day, moved there
+/// when the day was dropped). The finished runs' days go whole
+/// ([`Store::history_partitions_maintain`]) once all their runs are due, at most a day after
+/// the retention. A retention shorter than a day would keep runs several times as long as
+/// asked that way: then the finished runs are deleted row by row too, as on SQLite, and
+/// their days drop empty.
+fn purge_tables(store: &Store, retention_ms: i64) -> &'static [&'static str] {
+    match store.backend {
+        Backend::Postgres if retention_ms < HISTORY_PARTITION_SPAN_MS => {
+            &["sagaflow_runs", RUNS_DONE]
+        }
+        Backend::Postgres => &["sagaflow_runs", RUNS_DONE_DEFAULT_PARTITION],
+        Backend::Sqlite => &["sagaflow_runs"],
+    }
+}
 
 impl Store {
     /// How many runs finished more than `older_than_ms` ago (DB clock): what
@@ -336,18 +366,26 @@ impl Store {
     /// # Errors
     /// [`Error::Db`].
     pub async fn run_count_finished(&self, older_than_ms: i64) -> Result<u64> {
-        let row = self
-            .exec
-            .query_one(self.stmt(
-                &format!("SELECT COUNT(*) AS n FROM sagaflow_runs WHERE {PURGEABLE}"),
-                vec![older_than_ms.into()],
-            ))
-            .await?;
-        let n: i64 = match row {
-            Some(r) => r.try_get("", "n")?,
-            None => 0,
-        };
-        Ok(u64::try_from(n).unwrap_or(0))
+        let mut total = 0;
+        // A finished run of a day's partition goes when its day does.
+        for table in self.run_tables() {
+            let row = self
+                .exec
+                .query_one(self.stmt(
+                    &format!(
+                        "SELECT COUNT(*) AS n FROM {table} WHERE {}",
+                        purgeable(table)
+                    ),
+                    vec![older_than_ms.into()],
+                ))
+                .await?;
+            let n: i64 = match row {
+                Some(r) => r.try_get("", "n")?,
+                None => 0,
+            };
+            total += u64::try_from(n).unwrap_or(0);
+        }
+        Ok(total)
     }
 
     /// Deletes finished runs (and their history and alerts) that finished more than
@@ -364,19 +402,28 @@ impl Store {
             ))
             .await?;
         let txn = self.exec.begin().await?;
-        let rows = txn
-            .query_all(self.stmt(
-                &format!(
-                    "SELECT id, workflow, state FROM sagaflow_runs WHERE {PURGEABLE} \
-                     ORDER BY finished_at LIMIT $2 {lock}",
-                    lock = self.claim_lock(),
-                ),
-                vec![older_than_ms.into(), i64::from(limit).into()],
-            ))
-            .await?;
-        if rows.is_empty() {
-            return Ok(0);
+        // The first table that has runs due (see `purge_tables`).
+        let mut due = None;
+        for table in purge_tables(self, older_than_ms) {
+            let rows = txn
+                .query_all(self.stmt(
+                    &format!(
+                        "SELECT id, workflow, state FROM {table} WHERE {} \
+                         ORDER BY finished_at LIMIT $2 {lock}",
+                        purgeable(table),
+                        lock = self.claim_lock(),
+                    ),
+                    vec![older_than_ms.into(), i64::from(limit).into()],
+                ))
+                .await?;
+            if !rows.is_empty() {
+                due = Some((*table, rows));
+                break;
+            }
         }
+        let Some((runs_table, rows)) = due else {
+            return Ok(0);
+        };
         self.pause_point(Unit::Purge, Point::AfterReads).await;
         let mut ids: Vec<Uuid> = Vec::with_capacity(rows.len());
         // What the deleted runs took off the totals, per workflow and (stored) state.
@@ -406,7 +453,7 @@ impl Store {
             txn.execute(self.stmt(&sql, values)).await?;
         }
         let (cond, values) = self.in_list("id", 1, &ids)?;
-        let sql = format!("DELETE FROM sagaflow_runs WHERE {cond}");
+        let sql = format!("DELETE FROM {runs_table} WHERE {cond}");
         let n = txn.execute(self.stmt(&sql, values)).await?;
         // The totals are per run state: a stored state that is not one is left out.
         let counted = gone.iter().filter_map(|((w, st), n)| {
@@ -423,8 +470,9 @@ impl Store {
 
 impl Store {
     /// [`Store::run_purge_finished`], `batch` runs a transaction, until none is due: the
-    /// whole retention pass over the runs. Returns how many runs went; the batches deleted
-    /// before an error stay deleted.
+    /// retention pass over the runs deleted row by row (the finished runs' days go whole, in
+    /// [`Store::history_partitions_maintain`]). Returns how many runs went; the batches
+    /// deleted before an error stay deleted.
     ///
     /// # Errors
     /// [`Error::Db`].
@@ -432,9 +480,10 @@ impl Store {
         let batch = batch.max(1);
         let mut total = 0;
         loop {
+            // A short batch may be the end of one table of `purge_tables`: go on until none.
             let n = self.run_purge_finished(older_than_ms, batch).await?;
             total += n;
-            if n < u64::from(batch) {
+            if n == 0 {
                 return Ok(total);
             }
         }
@@ -456,7 +505,7 @@ pub struct RunDetail {
 
 /// [`Store::run_view`] on `conn`.
 async fn run_view_on<C: Exec>(store: &Store, conn: &C, id: Uuid) -> Result<Option<RunView>> {
-    let sql = format!("SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs WHERE id = $1");
+    let sql = format!("SELECT {RUN_COLS}, {RUN_VIEW_COLS} FROM sagaflow_runs_all WHERE id = $1");
     let row = conn.query_one(store.stmt(&sql, vec![id.into()])).await?;
     row.as_ref().map(RunView::decode).transpose()
 }

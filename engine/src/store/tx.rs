@@ -263,9 +263,39 @@ impl StoreTx<'_> {
             .await?;
         // The action marks the run for evaluation: wake every engine, not just this one.
         self.notify = true;
-        let Some(row) = row else { return Ok(None) };
+        let row = match row {
+            Some(row) => row,
+            None => match self.run_finished_locked(id, ", restarted_as").await? {
+                Some(row) => row,
+                None => return Ok(None),
+            },
+        };
         let restarted_as: Option<Uuid> = row.try_get("", "restarted_as")?;
         Ok(Some((RunRow::decode(&row)?, restarted_as)))
+    }
+
+    /// Run `id` in the table of finished runs (PostgreSQL), locked: where a unit of work
+    /// looks for a run it did not find in the runs table, because the run had finished, or
+    /// because its end moved it there while the unit waited for its lock (the new statement
+    /// sees that commit). `None` on SQLite, which keeps every run in one table. The row
+    /// lock serialises a restart's link with another restart or action on the same run.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub(super) async fn run_finished_locked(
+        &self,
+        id: Uuid,
+        extra: &str,
+    ) -> Result<Option<super::row::Row>> {
+        let s = self.store;
+        if s.backend() != crate::Backend::Postgres {
+            return Ok(None);
+        }
+        let sql = format!(
+            "SELECT {RUN_COLS}{extra} FROM {RUNS_DONE} WHERE id = $1 FOR UPDATE",
+            RUNS_DONE = sagaflow_migrations::partitions::RUNS_DONE
+        );
+        Ok(self.txn.query_one(s.stmt(&sql, vec![id.into()])).await?)
     }
 
     /// Stops at `point` of `unit` when a test's hook holds it (see [`crate::interleave`]).

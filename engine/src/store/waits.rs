@@ -679,14 +679,20 @@ impl StoreTx<'_> {
 /// Locks run `id` (its row lock on PostgreSQL, the write lock on SQLite) and reads its state.
 async fn lock_run_state(tx: &StoreTx<'_>, id: Uuid) -> Result<RunState> {
     let s = tx.store;
-    let row = tx
+    let row = match tx
         .txn
         .query_one(s.stmt(
             "UPDATE sagaflow_runs SET updated_at = updated_at WHERE id = $1 RETURNING state",
             vec![id.into()],
         ))
         .await?
-        .ok_or(Error::RunNotFound(id))?;
+    {
+        Some(row) => row,
+        None => tx
+            .run_finished_locked(id, "")
+            .await?
+            .ok_or(Error::RunNotFound(id))?,
+    };
     let state: String = row.try_get("", "state")?;
     state
         .parse::<RunState>()

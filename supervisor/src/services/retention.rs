@@ -56,7 +56,8 @@ impl MaintenanceService for Retention {
             .store
             .run_purge_due(self.age_ms, RETENTION_BATCH)
             .await?;
-        // On PostgreSQL the history of the runs gone goes with its day's partition.
+        // On PostgreSQL the history of the runs gone, and the finished runs of a day, go
+        // with the day's partitions.
         let partitions = match ctx.store.history_partitions_maintain(self.age_ms).await {
             Ok(p) => p,
             Err(e) => {
@@ -66,6 +67,7 @@ impl MaintenanceService for Retention {
         };
         Ok(ServiceReport::default()
             .with("runs_purged", runs)
+            .with("finished_runs_dropped", partitions.runs_dropped)
             .with("instances_purged", instances)
             .with("history_partitions_created", partitions.created)
             .with("history_partitions_dropped", partitions.dropped)

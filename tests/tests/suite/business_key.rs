@@ -49,7 +49,7 @@ async fn finish(engine: &Engine, key: &str, fail: bool, backend: &str) -> sagafl
 
 async fn runs_with_key(engine: &Engine, key: &str) -> i64 {
     let conn = engine.connection();
-    let sql = format!("SELECT COUNT(*) AS n FROM sagaflow_runs WHERE business_key = '{key}'");
+    let sql = format!("SELECT COUNT(*) AS n FROM sagaflow_runs_all WHERE business_key = '{key}'");
     let row = conn
         .query_one_raw(Statement::from_string(conn.get_database_backend(), sql))
         .await

@@ -387,6 +387,18 @@ impl Rig {
     }
 
     /// A fresh run of `pair@1`: `a` and `b` ready.
+    /// A run of `pair` whose steps all completed: its next evaluation ends it.
+    async fn run_done_but_not_ended(&self) -> Uuid {
+        let run = self.run().await;
+        self.sql(
+            "UPDATE sagaflow_steps SET state = 'completed', available_at = NULL, output = 'null' \
+             WHERE run_id = $1",
+            run,
+        )
+        .await;
+        run
+    }
+
     async fn run(&self) -> Uuid {
         self.intake
             .start("pair", &serde_json::json!(null))
@@ -624,7 +636,7 @@ impl Rig {
         let state = conn
             .query_one_raw(Statement::from_sql_and_values(
                 b,
-                "SELECT state FROM sagaflow_runs WHERE id = $1",
+                "SELECT state FROM sagaflow_runs_all WHERE id = $1",
                 [Value::from(run)],
             ))
             .await
@@ -1336,13 +1348,7 @@ async fn interleave_a_run_page_read_during_the_runs_end_shows_one_moment() {
     for db in backends().await {
         let r = rig(db).await;
         let b = r.db.backend;
-        let run = r.run().await;
-        r.sql(
-            "UPDATE sagaflow_steps SET state = 'completed', available_at = NULL, output = 'null' \
-             WHERE run_id = $1",
-            run,
-        )
-        .await;
+        let run = r.run_done_but_not_ended().await;
         let before = r.plain.run_history(run).await.expect("history").len();
         let steps_before = r.rows(run).await.1.len();
         let held = r.hook.hold(Unit::Page, Point::AfterReads);
@@ -1519,6 +1525,67 @@ async fn interleave_a_bulk_action_leaves_a_run_that_left_its_listed_state() {
         }
         let (state, _) = r.rows(run).await;
         assert_eq!(state.as_deref(), Some("running"), "[{b}]");
+        r.shutdown().await;
+    }
+}
+
+/// A run's end meets an operator's action, an event and a restart that wait for its lock:
+/// on PostgreSQL the end moves the run's row into the finished runs' table, so the waiting
+/// unit finds no row where it waited and must read the run again there. It does, and is
+/// refused as for any finished run (the cancel and the event) or acts on it (a restart from
+/// a completed run, linked in the finished row), never "no such run", never a write lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_an_action_waiting_for_a_runs_end_finds_the_run_it_moved() {
+    use sagaflow::{Error, RunState};
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        for competitor in ["cancel", "event", "restart"] {
+            let run = r.run_done_but_not_ended().await;
+            let held = r.hook.hold(Unit::Evaluate, Point::BeforeCommit);
+            let hooked = r.engine.store().clone();
+            let end = r.evaluate(&hooked, run);
+            let other = async {
+                tokio::time::timeout(LIMIT, held.reached())
+                    .await
+                    .unwrap_or_else(|_| panic!("[{b}] the end reached its point"));
+                let peer = r.peer.operator();
+                let acting = async {
+                    match competitor {
+                        "cancel" => peer.cancel(run).await.map(|_| None),
+                        "event" => r
+                            .peer
+                            .send_event(run, EVENT, &serde_json::json!(1))
+                            .await
+                            .map(|_| None),
+                        _ => peer.restart_from(run, "b", None).await.map(|s| Some(s.id)),
+                    }
+                };
+                tokio::pin!(acting);
+                if let Ok(done) = tokio::time::timeout(BLOCKED_AFTER, &mut acting).await {
+                    panic!("[{b}] the {competitor} ran under the held end: {done:?}");
+                }
+                held.release();
+                acting.await
+            };
+            let ((), acted) = tokio::join!(end, other);
+            let source = r
+                .peer
+                .run(run)
+                .await
+                .expect("read")
+                .expect("the run is found");
+            assert_eq!(source.state, RunState::Completed, "[{b}] {competitor}");
+            match (competitor, acted) {
+                ("restart", Ok(Some(new))) => {
+                    assert_eq!(source.restarted_as, Some(new), "[{b}] the link was written");
+                }
+                ("cancel" | "event", Err(Error::ActionNotAllowed { reason, .. })) => {
+                    assert!(reason.contains("completed"), "[{b}] {competitor}: {reason}");
+                }
+                (_, other) => panic!("[{b}] {competitor} after the run's end: {other:?}"),
+            }
+        }
         r.shutdown().await;
     }
 }

@@ -1,5 +1,6 @@
-//! History partitioned by time on PostgreSQL (issue 32): retention drops a past day's
-//! partition once none of its runs is kept, instead of deleting the history row by row.
+//! History and finished runs partitioned by time on PostgreSQL (issue 32): retention drops a
+//! past day's partitions once none of its runs is kept, instead of deleting the runs and
+//! their history row by row.
 //!
 //! Runs are filled at ages of 7 days and 1 hour to 10 days (the fill makes the partitions of
 //! those days, as an engine running then would have), so that with a retention of 7 days
@@ -10,7 +11,12 @@
 //! started ten days ago and still runs), so its history moves to the default partition and
 //! the day goes; the newest day's run keeps its day, which is still within reach of the
 //! retention. Nothing of either run is lost, the history of the purged runs is gone, and the
-//! partitions of the coming days exist.
+//! partitions of the coming days exist. A run of the oldest day that finished an hour ago is
+//! kept too: its row moves to the finished runs' default partition.
+//!
+//! The filled runs are finished and hold no active key, so they are where the engine puts
+//! such runs at their end: in the finished runs' table, by day. A day's finished runs go
+//! with the day, and wait for it while another run of the day is kept.
 
 use std::time::Duration;
 
@@ -19,7 +25,8 @@ use sagaflow::sea_orm::{
 };
 use sagaflow::{Engine, StepContext, StepError, Uuid, Workflow};
 use sagaflow_migrations::partitions::{
-    HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, history_partition_name,
+    HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION,
+    history_partition_name, partition_name,
 };
 use sagaflow_testkit::{eventually, postgres_db};
 
@@ -51,14 +58,15 @@ async fn one_i64(conn: &DatabaseConnection, sql: &str, values: Vec<Value>) -> i6
     .expect("n")
 }
 
-/// The history table's partitions, by name.
+/// The partitions of the history table and of the finished runs' table, by name.
 async fn partitions(conn: &DatabaseConnection) -> Vec<String> {
     let rows = conn
         .query_all_raw(Statement::from_string(
             DbBackend::Postgres,
             "SELECT c.relname::text AS name FROM pg_inherits AS i \
              JOIN pg_class AS c ON c.oid = i.inhrelid \
-             WHERE i.inhparent = 'sagaflow_history'::regclass ORDER BY 1",
+             WHERE i.inhparent IN ('sagaflow_history'::regclass, 'sagaflow_runs_done'::regclass) \
+             ORDER BY 1",
         ))
         .await
         .expect("partitions");
@@ -131,15 +139,34 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
     let (first_day, last_day) = (day_of(now - oldest), day_of(now - newest));
     let before = partitions(&conn).await;
     for day in [first_day, last_day] {
-        assert!(
-            before.contains(&history_partition_name(day)),
-            "the fill made the partitions of its days: {before:?}"
-        );
+        for name in [history_partition_name(day), partition_name(RUNS_DONE, day)] {
+            assert!(
+                before.contains(&name),
+                "the fill made the partitions of its days: {before:?}"
+            );
+        }
     }
+    let filled = "workflow IN ('archive', 'archive_b')";
+    let count_in = |table: &'static str| {
+        let conn = conn.clone();
+        async move {
+            one_i64(
+                &conn,
+                &format!("SELECT COUNT(*) AS n FROM {table} WHERE {filled}"),
+                vec![],
+            )
+            .await
+        }
+    };
+    assert_eq!(
+        (count_in("sagaflow_runs").await, count_in(RUNS_DONE).await),
+        (0, 300),
+        "finished runs with no active key are in the finished runs' table"
+    );
     let purged: Uuid = conn
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
-            "SELECT id FROM sagaflow_runs WHERE workflow = 'archive' ORDER BY created_at LIMIT 1",
+            "SELECT id FROM sagaflow_runs_all WHERE workflow = 'archive' ORDER BY created_at LIMIT 1",
         ))
         .await
         .expect("a filled run")
@@ -157,6 +184,17 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
     let writer = conn.begin().await.expect("begin");
     running_run(&writer, old_run, now).await;
     running_run(&writer, recent_run, now).await;
+    // A run of the oldest day that finished an hour ago, ended as the engine ends one.
+    let late_finisher = id_at(first_day + 3000);
+    conn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO sagaflow_runs_done (id, workflow, version, workflow_key, state, input, \
+         created_at, updated_at, finished_at) \
+         VALUES ($1, 'noop', 1, 'noop@1', 'completed', 'null', $2, $3, $3)",
+        vec![late_finisher.into(), first_day.into(), (now - HOUR).into()],
+    ))
+    .await
+    .expect("a late finisher");
 
     let pass = {
         let engine = engine.clone();
@@ -183,43 +221,73 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
     )
     .await;
     writer.commit().await.expect("commit");
-    let gone = pass.await.expect("task").expect("the pass");
-    assert_eq!(gone, 300, "every filled run was due");
+    let mut gone = pass.await.expect("task").expect("the pass");
     // On a machine slow enough that the commit came after the drop's 500 ms wait, the pass
     // left the day for the next one: that one takes it, and nothing may be lost either way.
     if partitions(&conn)
         .await
         .contains(&history_partition_name(first_day))
     {
-        engine
+        gone += engine
             .purge_finished(RETENTION)
             .await
             .expect("the next pass");
     }
+    // The filled runs of the days that went went with them; those of the newest day wait
+    // for it, which its recent run keeps.
+    let waiting = count_in(RUNS_DONE).await;
+    assert!(
+        waiting > 0 && waiting < 300,
+        "the newest filled day's runs wait for their day: {waiting}"
+    );
+    assert_eq!(gone + u64::try_from(waiting).expect("count"), 300);
 
     let after = partitions(&conn).await;
-    assert!(
-        !after.contains(&history_partition_name(first_day)),
-        "the oldest day went with its kept run moved out: {after:?}"
-    );
-    assert!(
-        after.contains(&history_partition_name(last_day)),
-        "the newest filled day stays while its run is kept and within reach: {after:?}"
-    );
+    let both = |day: i64| [history_partition_name(day), partition_name(RUNS_DONE, day)];
+    for name in both(first_day) {
+        assert!(
+            !after.contains(&name),
+            "the oldest day went with its kept runs moved out: {after:?}"
+        );
+    }
+    for name in both(last_day) {
+        assert!(
+            after.contains(&name),
+            "the newest filled day stays while its run is kept and within reach: {after:?}"
+        );
+    }
     let mut day = first_day + DAY;
     while day < last_day {
-        assert!(
-            !after.contains(&history_partition_name(day)),
-            "a day with no kept run went: {after:?}"
-        );
+        for name in both(day) {
+            assert!(
+                !after.contains(&name),
+                "a day with no kept run went: {after:?}"
+            );
+        }
         day += DAY;
     }
     for ahead in [day_of(now), day_of(now) + DAY] {
-        assert!(
-            after.contains(&history_partition_name(ahead)),
-            "the partitions of the coming days exist: {after:?}"
-        );
+        for name in both(ahead) {
+            assert!(
+                after.contains(&name),
+                "the partitions of the coming days exist: {after:?}"
+            );
+        }
     }
+    // The late finisher is kept, in the finished runs' default partition, readable.
+    assert_eq!(
+        one_i64(
+            &conn,
+            &format!("SELECT COUNT(*) AS n FROM {RUNS_DONE_DEFAULT_PARTITION} WHERE id = $1"),
+            vec![late_finisher.into()],
+        )
+        .await,
+        1
+    );
+    assert!(
+        engine.run(late_finisher).await.is_ok(),
+        "the late finisher is readable"
+    );
     // Nothing of the kept runs is lost; the old one's history moved to the default
     // partition, and what it writes from now on lands there too.
     for run in [old_run, recent_run] {
@@ -259,20 +327,218 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
     ))
     .await
     .expect("finish");
-    engine.purge_finished(RETENTION).await.expect("second pass");
-    let after = partitions(&conn).await;
-    assert!(
-        !after.contains(&history_partition_name(last_day)),
-        "{after:?}"
+    let second = engine.purge_finished(RETENTION).await.expect("second pass");
+    assert_eq!(
+        second,
+        u64::try_from(waiting + 1).expect("count"),
+        "the recent run, and the newest day's finished runs with their day"
     );
+    assert_eq!(count_in(RUNS_DONE).await, 0);
+    let after = partitions(&conn).await;
+    for name in both(last_day) {
+        assert!(!after.contains(&name), "{after:?}");
+    }
     assert_eq!(engine.history(old_run).await.expect("history").len(), 1);
     let orphans = one_i64(
         &conn,
         "SELECT COUNT(*) AS n FROM sagaflow_history AS h \
-         WHERE NOT EXISTS (SELECT 1 FROM sagaflow_runs AS r WHERE r.id = h.run_id)",
+         WHERE NOT EXISTS (SELECT 1 FROM sagaflow_runs_all AS r WHERE r.id = h.run_id)",
         vec![],
     )
     .await;
     assert_eq!(orphans, 0, "no history of a purged run is left behind");
+    engine.shutdown().await;
+}
+
+/// Where run `id`'s row is: `"live"` (the runs table), `"done"` (the finished runs') or
+/// `"nowhere"`.
+async fn where_is(conn: &DatabaseConnection, id: Uuid) -> &'static str {
+    let row = conn
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            format!(
+                "SELECT (SELECT COUNT(*) FROM sagaflow_runs WHERE id = $1) AS live, \
+                 (SELECT COUNT(*) FROM {RUNS_DONE} WHERE id = $1) AS done"
+            ),
+            vec![id.into()],
+        ))
+        .await
+        .expect("where is the run")
+        .expect("a row");
+    let n = |c: &str| row.try_get::<i64>("", c).expect("a count");
+    match (n("live"), n("done")) {
+        (1, 0) => "live",
+        (0, 1) => "done",
+        (0, 0) => "nowhere",
+        _ => "both",
+    }
+}
+
+/// A run that ends for good and holds no business key any more moves into the finished
+/// runs' table at its end, and reads as before: by id, in lists, its history; an operator's
+/// action on it is refused as on any finished run (not "no such run"), an event to it too,
+/// and a restart from it works and links the two. A run that keeps its business key after
+/// its end (the default policy) stays in the runs table, whose unique index keeps the key
+/// taken. The two tables and the view of both have the same columns, in the same order (a
+/// run moves with `DELETE … RETURNING` into `INSERT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_moves_to_the_finished_table_and_reads_as_before() {
+    if !postgres_wanted("the finished runs' table") {
+        return;
+    }
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let keyed = |name: &str, policy: sagaflow::KeyPolicy| {
+        Workflow::builder(name, 1)
+            .business_keys(policy)
+            .step("only", |_ctx: StepContext| async move {
+                Ok::<_, StepError>(serde_json::json!(true))
+            })
+            .build()
+            .expect("valid")
+    };
+    let engine = Engine::builder()
+        .with_database_url(db.url.clone())
+        .with_workflow(noop())
+        .with_workflow(keyed("retained", sagaflow::KeyPolicy::WhileRetained))
+        .with_workflow(keyed("active", sagaflow::KeyPolicy::WhileActive))
+        .with_retention(None)
+        .start()
+        .await
+        .expect("engine");
+    let conn = Database::connect(db.url.as_str()).await.expect("connect");
+    let wait = Duration::from_secs(30);
+
+    let plain = engine
+        .start("noop", &serde_json::json!(null))
+        .await
+        .expect("start");
+    let retained = engine
+        .start_with(
+            "retained",
+            &serde_json::json!(null),
+            sagaflow::StartOptions::keyed("k1"),
+        )
+        .await
+        .expect("start")
+        .id;
+    let active = engine
+        .start_with(
+            "active",
+            &serde_json::json!(null),
+            sagaflow::StartOptions::keyed("k1"),
+        )
+        .await
+        .expect("start")
+        .id;
+    for id in [plain, retained, active] {
+        let run = engine.wait(id, wait).await.expect("finishes");
+        assert_eq!(run.state, sagaflow::RunState::Completed, "{id}");
+    }
+    assert_eq!(where_is(&conn, plain).await, "done");
+    assert_eq!(
+        where_is(&conn, active).await,
+        "done",
+        "its end released its key"
+    );
+    assert_eq!(where_is(&conn, retained).await, "live", "it keeps its key");
+    // The kept key still returns the finished run.
+    let again = engine
+        .start_with(
+            "retained",
+            &serde_json::json!(null),
+            sagaflow::StartOptions::keyed("k1"),
+        )
+        .await
+        .expect("start");
+    assert_eq!((again.id, again.created), (retained, false));
+
+    // Reads.
+    let run = engine.run(plain).await.expect("read").expect("found");
+    assert_eq!(run.state, sagaflow::RunState::Completed);
+    assert!(!engine.history(plain).await.expect("history").is_empty());
+    let detail = engine
+        .run_detail(plain)
+        .await
+        .expect("read")
+        .expect("found");
+    assert_eq!(detail.run.state, sagaflow::RunState::Completed);
+    let listed = engine
+        .list_runs(&sagaflow::RunQuery::default())
+        .await
+        .expect("list");
+    for id in [plain, retained, active] {
+        assert!(listed.runs.iter().any(|r| r.id == id), "{id} is listed");
+    }
+    assert_eq!(
+        engine
+            .run_by_key("active", "k1")
+            .await
+            .expect("by key")
+            .map(|r| r.id),
+        Some(active)
+    );
+
+    // Actions on it are refused as on a finished run.
+    let op = engine.operator();
+    match op.cancel(plain).await {
+        Err(sagaflow::Error::ActionNotAllowed { .. }) => {}
+        other => panic!("a cancel of a finished run: {other:?}"),
+    }
+    match engine
+        .send_event(plain, "poke", &serde_json::json!(1))
+        .await
+    {
+        Err(sagaflow::Error::ActionNotAllowed { .. }) => {}
+        other => panic!("an event to a finished run: {other:?}"),
+    }
+    // A restart from it runs again and links the two.
+    let restarted = op.restart_from(plain, "only", None).await.expect("restart");
+    engine
+        .wait(restarted.id, wait)
+        .await
+        .expect("the restart finishes");
+    let source = engine.run(plain).await.expect("read").expect("found");
+    assert_eq!(source.restarted_as, Some(restarted.id));
+    match op.restart_from(plain, "only", None).await {
+        Err(sagaflow::Error::ActionNotAllowed { .. }) => {}
+        other => panic!("a second restart of the same run: {other:?}"),
+    }
+
+    // The same columns in the same order.
+    let columns = |table: &'static str| {
+        let conn = conn.clone();
+        async move {
+            conn.query_all_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT column_name::text AS c, data_type::text AS t FROM information_schema.columns \
+                 WHERE table_name = $1 ORDER BY ordinal_position",
+                vec![table.into()],
+            ))
+            .await
+            .expect("columns")
+            .iter()
+            .map(|r| {
+                (
+                    r.try_get::<String>("", "c").expect("c"),
+                    r.try_get::<String>("", "t").expect("t"),
+                )
+            })
+            .collect::<Vec<_>>()
+        }
+    };
+    let live = columns("sagaflow_runs").await;
+    assert_eq!(columns(RUNS_DONE).await, live);
+    assert_eq!(columns("sagaflow_runs_all").await, live);
+    let named: Vec<String> = sagaflow_migrations::partitions::RUN_TABLE_COLUMNS
+        .split(',')
+        .map(|c| c.trim().to_owned())
+        .collect();
+    let names: Vec<String> = live.into_iter().map(|(c, _)| c).collect();
+    assert_eq!(
+        names, named,
+        "RUN_TABLE_COLUMNS names the runs table's columns in order"
+    );
     engine.shutdown().await;
 }

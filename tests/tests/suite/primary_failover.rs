@@ -680,7 +680,7 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
         }
     };
     assert_eq!(
-        count("SELECT count(*) AS n FROM sagaflow_runs").await,
+        count("SELECT count(*) AS n FROM sagaflow_runs_all").await,
         0,
         "runs written to the foreign cluster ({refused} starts refused)"
     );
@@ -700,7 +700,7 @@ async fn a_server_of_another_cluster_at_a_listed_address_is_never_the_primary() 
 async fn has_run(db: &sagaflow::sea_orm::DatabaseConnection, id: Uuid) -> bool {
     db.query_one_raw(Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT 1 AS one FROM sagaflow_runs WHERE id = $1",
+        "SELECT 1 AS one FROM sagaflow_runs_all WHERE id = $1",
         [id.into()],
     ))
     .await

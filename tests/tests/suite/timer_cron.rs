@@ -49,7 +49,7 @@ async fn keys(engine: &Engine) -> BTreeMap<String, i64> {
     let rows = conn
         .query_all_raw(Statement::from_string(
             conn.get_database_backend(),
-            "SELECT business_key, COUNT(*) AS n FROM sagaflow_runs WHERE workflow = 'tick' \
+            "SELECT business_key, COUNT(*) AS n FROM sagaflow_runs_all WHERE workflow = 'tick' \
              GROUP BY business_key",
         ))
         .await

@@ -257,7 +257,7 @@ impl Window {
                 format!(
                     "SELECT COUNT(*) AS n, COALESCE(MAX(finished_at - prev), 0) AS gap FROM \
                      (SELECT finished_at, LAG(finished_at) OVER (ORDER BY finished_at) AS prev \
-                      FROM sagaflow_runs WHERE workflow = 'bench' AND state = 'completed' \
+                      FROM sagaflow_runs_all WHERE workflow = 'bench' AND state = 'completed' \
                       AND finished_at >= {p1} AND finished_at < {p2}) AS w"
                 ),
                 [from.into(), to.into()],

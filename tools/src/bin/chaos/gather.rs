@@ -189,7 +189,9 @@ async fn runs(
     );
     f.rows_total = count(
         store,
-        &format!("SELECT COUNT(*) AS n FROM sagaflow_runs WHERE workflow <> '{CHILD_WORKFLOW}'"),
+        &format!(
+            "SELECT COUNT(*) AS n FROM sagaflow_runs_all WHERE workflow <> '{CHILD_WORKFLOW}'"
+        ),
     )
     .await;
     f.history = store.history_event_counts().await.unwrap_or_default();
@@ -227,7 +229,7 @@ async fn children(store: &Store, observed: &HashMap<Uuid, Seen>, f: &mut Finding
         .query_all_raw(Statement::from_string(
             conn.get_database_backend(),
             format!(
-                "SELECT id, business_key, state FROM sagaflow_runs WHERE workflow = '{CHILD_WORKFLOW}'"
+                "SELECT id, business_key, state FROM sagaflow_runs_all WHERE workflow = '{CHILD_WORKFLOW}'"
             ),
         ))
         .await

@@ -67,7 +67,7 @@ impl Observed {
         let rows = conn
             .query_all_raw(Statement::from_string(
                 conn.get_database_backend(),
-                "SELECT id, workflow, version, state, business_key FROM sagaflow_runs \
+                "SELECT id, workflow, version, state, business_key FROM sagaflow_runs_all \
                  WHERE state IN ('completed', 'compensated', 'error')",
             ))
             .await?;
