@@ -512,7 +512,9 @@ impl Engine {
     }
 
     /// How many finished runs (`Completed` or `Compensated`) finished more than
-    /// `older_than` ago (database clock): what [`Engine::purge_finished`] would delete.
+    /// `older_than` ago (database clock): what [`Engine::purge_finished`] deletes, now or, on
+    /// PostgreSQL, for a finished run in a day's partition, when the last run of its day
+    /// is due too (at most a day later).
     ///
     /// # Errors
     /// [`Error::Db`].
@@ -528,8 +530,10 @@ impl Engine {
     /// [`EngineBuilder::with_retention`](crate::EngineBuilder::with_retention)), in bounded
     /// batches until none is left. On PostgreSQL their history goes with the partition of
     /// the day they started, dropped here once no kept run of that day needs it (a purged
-    /// run's history is unreadable from the moment its run is deleted). Returns how many
-    /// runs were deleted.
+    /// run's history is unreadable from the moment its run is deleted), and so do the
+    /// finished runs that hold no business key: those of a day some run of which is still
+    /// within `older_than` wait for it, at most a day (with `older_than` under a day they
+    /// are deleted one by one instead). Returns how many runs were deleted or dropped.
     ///
     /// # Errors
     /// [`Error::Db`] (the batches deleted before it stay deleted).

@@ -13,8 +13,8 @@
 
 use sagaflow_migrations::partitions::{
     HISTORY_COLUMNS, HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, RUN_TABLE_COLUMNS,
-    RUNS_DONE, history_partition_create, next_span, partition_create, partition_name, uuid_floor,
-    uuid_ms,
+    RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION, history_partition_create, next_span, partition_create,
+    uuid_floor, uuid_ms,
 };
 
 use super::Store;
@@ -66,6 +66,67 @@ fn day_create(day: i64) -> [String; 2] {
     ]
 }
 
+/// The run-totals slot the day drops take their runs off: no unit of work writes it (they
+/// write slots from 0 up), so a drop never waits for a unit's row lock while it holds the
+/// tables' locks, nor a unit for the drop's.
+const DROP_TOTALS_SLOT: i64 = -1;
+
+/// One day to drop: the history partition of a range of run ids, if there is one, and the
+/// finished runs' partitions within that range. The history's first partition
+/// (`sagaflow_history_before`) covers every day before its upgrade; a finished runs'
+/// partition with no history partition over it (its history went to the default partition)
+/// is a day of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Day {
+    lo: Option<i64>,
+    hi: i64,
+    history: Option<Partition>,
+    done: Vec<Partition>,
+}
+
+impl Day {
+    fn name(&self) -> &str {
+        self.history
+            .as_ref()
+            .or(self.done.first())
+            .map_or("", |p| p.name.as_str())
+    }
+}
+
+/// The days to consider, from the partitions of the two tables, by their end.
+fn days_of(history: Vec<Partition>, done: Vec<Partition>) -> Vec<Day> {
+    let mut days: Vec<Day> = history
+        .into_iter()
+        .map(|h| Day {
+            lo: h.lo,
+            hi: h.hi,
+            history: Some(h),
+            done: Vec::new(),
+        })
+        .collect();
+    for d in done {
+        let within = |day: &Day| {
+            d.hi <= day.hi
+                && match (day.lo, d.lo) {
+                    (None, _) => true,
+                    (Some(lo), Some(dlo)) => dlo >= lo,
+                    (Some(_), None) => false,
+                }
+        };
+        match days.iter_mut().find(|day| within(day)) {
+            Some(day) => day.done.push(d),
+            None => days.push(Day {
+                lo: d.lo,
+                hi: d.hi,
+                history: None,
+                done: vec![d],
+            }),
+        }
+    }
+    days.sort_by_key(|d| d.hi);
+    days
+}
+
 impl Store {
     /// Makes the partitions of the coming days (history and finished runs) and drops those of
     /// past days that hold no kept run (PostgreSQL; nothing on SQLite): a day goes once every
@@ -84,12 +145,17 @@ impl Store {
         if self.backend != Backend::Postgres {
             return Ok(pass);
         }
+        // Days are days of run ids, minted on real clocks; `finished_at` is on the clock
+        // the engine stamps it with (a test clock moves it).
         let now = self.wall_now_ms().await?;
-        let parts = self.history_partitions().await?;
+        let cutoff = self.now_ms().await?.saturating_sub(retention_ms);
+        let history = self
+            .partitions_of("sagaflow_history", HISTORY_DEFAULT_PARTITION)
+            .await?;
         // Ahead: from where the partitions end, or from the next midnight when they end in
         // the past (the days between went to the default partition, and a partition over
         // them would be refused for the rows there).
-        let mut day = match parts.iter().map(|p| p.hi).max() {
+        let mut day = match history.iter().map(|p| p.hi).max() {
             Some(end) if end >= now => end,
             _ => next_span(now),
         };
@@ -103,13 +169,18 @@ impl Store {
             day += HISTORY_PARTITION_SPAN_MS;
         }
         // Behind. Saturating: a retention of "forever" is `i64::MAX` milliseconds.
-        let cutoff = now.saturating_sub(retention_ms);
-        for part in parts.iter().filter(|p| p.hi <= now - DROP_MARGIN_MS) {
-            let stragglers_go = part.hi <= cutoff.saturating_sub(HISTORY_PARTITION_SPAN_MS);
-            if !stragglers_go && self.day_kept(&self.exec, part, cutoff).await? {
+        let done = self
+            .partitions_of(RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION)
+            .await?;
+        for day in days_of(history, done)
+            .iter()
+            .filter(|d| d.hi <= now - DROP_MARGIN_MS)
+        {
+            let stragglers_go = day.hi <= cutoff.saturating_sub(HISTORY_PARTITION_SPAN_MS);
+            if !stragglers_go && self.day_kept(&self.exec, day, cutoff).await? {
                 continue;
             }
-            match self.day_drop(part, cutoff, stragglers_go).await {
+            match self.day_drop(day, cutoff, stragglers_go).await {
                 Ok(Some((moved, runs))) => {
                     pass.dropped += 1;
                     pass.moved_rows += moved;
@@ -117,7 +188,7 @@ impl Store {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    tracing::info!(error = %e, partition = %part.name, "history partition left for the next pass");
+                    tracing::info!(error = %e, partition = %day.name(), "a day's partitions left for the next pass");
                     pass.busy += 1;
                 }
             }
@@ -125,37 +196,27 @@ impl Store {
         Ok(pass)
     }
 
-    /// Drops the day of `part` (its history partition and its finished runs' partition)
-    /// under both tables' locks, after checking again that none of its runs is kept or, with
-    /// `stragglers_go`, moving those that are out of the way: their history to the history's
-    /// default partition, their finished rows to the finished runs' default partition (runs
-    /// that are not finished stay in `sagaflow_runs`). The runs that go leave the run totals,
-    /// and their alerts and kept events go with them. `None` when a run is kept and may not
+    /// Drops `day` (its history partition and its finished runs' partitions) after checking
+    /// again, under both tables' locks, that none of its runs is kept or, with
+    /// `stragglers_go`, moving those that are out of the way: their history to the
+    /// history's default partition, their finished rows to the finished runs' default
+    /// partition (runs that are not finished stay in `sagaflow_runs`). The runs that go
+    /// leave the run totals, and their alerts, kept events and any history of theirs in the
+    /// default partition go with them: all of it before the tables' locks are taken (a past
+    /// day's runs that finished before the cutoff never change), so the locks are held for
+    /// the catalog changes and the stragglers alone. `None` when a run is kept and may not
     /// be moved yet; else how many history rows moved and how many finished runs went.
     async fn day_drop(
         &self,
-        part: &Partition,
+        day: &Day,
         cutoff: i64,
         stragglers_go: bool,
     ) -> Result<Option<(u64, u64)>> {
+        let range = range_of(day.lo, day.hi);
+        let going = format!("{range} AND finished_at < {cutoff}");
         let txn = self.exec.begin().await?;
         txn.execute_unprepared(&format!("SET LOCAL lock_timeout = '{DROP_LOCK_WAIT_MS}ms'"))
             .await?;
-        // The parents first, in one order: a transaction that wrote history into the
-        // partition, or ended a run into the day, has committed (and its run is seen below)
-        // before this one goes on.
-        txn.execute_unprepared(&format!(
-            "LOCK TABLE sagaflow_history, {RUNS_DONE} IN ACCESS EXCLUSIVE MODE"
-        ))
-        .await?;
-        let kept = self.day_kept(&txn, part, cutoff).await?;
-        if kept && !stragglers_go {
-            txn.rollback().await?;
-            return Ok(None);
-        }
-        let range = range_of(part);
-        let going = format!("{range} AND finished_at < {cutoff}");
-        // The finished runs that go: off the totals, with their alerts and events.
         let rows = txn
             .query_all(self.stmt(
                 &format!(
@@ -182,87 +243,91 @@ impl Store {
         super::stats::add_totals(
             self,
             &txn,
-            0,
+            DROP_TOTALS_SLOT,
             gone.iter().map(|(w, st, n)| (w.as_str(), *st, *n)),
         )
         .await?;
-        for table in ["sagaflow_alerts", "sagaflow_events"] {
+        let mut tables = vec!["sagaflow_alerts", "sagaflow_events"];
+        // History of the day in the default partition (its day had no partition): rare, so
+        // looked for first, by the range of the key.
+        let in_default = txn
+            .query_one(self.stmt(
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM {HISTORY_DEFAULT_PARTITION} WHERE {}) AS any",
+                    range.replace("id", "run_id")
+                ),
+                vec![],
+            ))
+            .await?
+            .map(|r| r.try_get::<bool>("", "any"))
+            .transpose()?
+            .unwrap_or(false);
+        if in_default {
+            tables.push(HISTORY_DEFAULT_PARTITION);
+        }
+        for table in tables {
             txn.execute_unprepared(&format!(
                 "DELETE FROM {table} WHERE run_id IN (SELECT id FROM {RUNS_DONE} WHERE {going})"
             ))
             .await?;
         }
+        // The tables in the writers' order: a unit of work that ends a run moves it into the
+        // finished runs, then writes its history at its commit.
+        txn.execute_unprepared(&format!(
+            "LOCK TABLE {RUNS_DONE}, sagaflow_history IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await?;
+        let kept = self.day_kept(&txn, day, cutoff).await?;
+        if kept && !stragglers_go {
+            txn.rollback().await?;
+            return Ok(None);
+        }
         let mut moved = 0;
         if kept {
             // No partition covers the range once detached: the rows land in the default
             // one, as will any history these runs write from here on.
-            txn.execute_unprepared(&format!(
-                "ALTER TABLE sagaflow_history DETACH PARTITION {}",
-                part.name
-            ))
-            .await?;
-            moved = txn
-                .execute_unprepared(&format!(
-                    "INSERT INTO sagaflow_history ({HISTORY_COLUMNS}) SELECT {HISTORY_COLUMNS} \
-                     FROM {} WHERE run_id IN (SELECT id FROM sagaflow_runs WHERE {range} \
-                     UNION ALL SELECT id FROM {RUNS_DONE} WHERE {range} AND finished_at >= {cutoff})",
-                    part.name,
+            if let Some(h) = &day.history {
+                txn.execute_unprepared(&format!(
+                    "ALTER TABLE sagaflow_history DETACH PARTITION {}",
+                    h.name
                 ))
                 .await?;
-        }
-        match self.done_partition_of(&txn, part).await? {
-            Some(done) => {
-                if kept {
-                    txn.execute_unprepared(&format!(
-                        "ALTER TABLE {RUNS_DONE} DETACH PARTITION {done}"
+                moved = txn
+                    .execute_unprepared(&format!(
+                        "INSERT INTO sagaflow_history ({HISTORY_COLUMNS}) SELECT {HISTORY_COLUMNS} \
+                         FROM {} WHERE run_id IN (SELECT id FROM sagaflow_runs WHERE {range} \
+                         UNION ALL SELECT id FROM {RUNS_DONE} WHERE {range} AND finished_at >= {cutoff})",
+                        h.name,
                     ))
                     .await?;
-                    txn.execute_unprepared(&format!(
-                        "INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) SELECT {RUN_TABLE_COLUMNS} \
-                         FROM {done} WHERE finished_at >= {cutoff}"
-                    ))
-                    .await?;
-                }
-                txn.execute_unprepared(&format!("DROP TABLE {done}"))
-                    .await?;
             }
-            // A day without a partition of finished runs (before there was the table, or
-            // not made in time): its runs are in the default partition, deleted here.
-            None => {
-                txn.execute_unprepared(&format!("DELETE FROM {RUNS_DONE} WHERE {going}"))
-                    .await?;
+            for d in &day.done {
+                txn.execute_unprepared(&format!(
+                    "ALTER TABLE {RUNS_DONE} DETACH PARTITION {}",
+                    d.name
+                ))
+                .await?;
+                txn.execute_unprepared(&format!(
+                    "INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) SELECT {RUN_TABLE_COLUMNS} \
+                     FROM {} WHERE finished_at >= {cutoff}",
+                    d.name
+                ))
+                .await?;
             }
         }
-        txn.execute_unprepared(&format!("DROP TABLE {}", part.name))
+        for d in &day.done {
+            txn.execute_unprepared(&format!("DROP TABLE {}", d.name))
+                .await?;
+        }
+        // What of the day no partition of its own held: the default partition's.
+        txn.execute_unprepared(&format!("DELETE FROM {RUNS_DONE} WHERE {going}"))
             .await?;
+        if let Some(h) = &day.history {
+            txn.execute_unprepared(&format!("DROP TABLE {}", h.name))
+                .await?;
+        }
         txn.commit().await?;
         Ok(Some((moved, runs)))
-    }
-
-    /// The finished runs' partition of the same day as the history partition `part`, if
-    /// there is one and it is attached.
-    async fn done_partition_of<C: Exec>(
-        &self,
-        conn: &C,
-        part: &Partition,
-    ) -> Result<Option<String>> {
-        let Some(lo) = part.lo else { return Ok(None) };
-        let name = partition_name(RUNS_DONE, lo);
-        let row = conn
-            .query_one(self.stmt(
-                &format!(
-                    "SELECT EXISTS (SELECT 1 FROM pg_inherits AS i JOIN pg_class AS c \
-                     ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass('{RUNS_DONE}') \
-                     AND c.relname = '{name}') AS attached"
-                ),
-                vec![],
-            ))
-            .await?;
-        let attached = match row {
-            Some(r) => r.try_get("", "attached")?,
-            None => false,
-        };
-        Ok(attached.then_some(name))
     }
 
     /// Makes the partitions of the days between `from_ms` and `to_ms` (database clock) where
@@ -283,11 +348,11 @@ impl Store {
         }
     }
 
-    /// Whether a run of the partition's day is kept: a run in the runs table (not finished,
-    /// or finished and keeping its business key or its parent's claim), or a finished run
-    /// that ended at or after `cutoff`. Two probes of indexes, however many runs there are.
-    async fn day_kept<C: Exec>(&self, conn: &C, part: &Partition, cutoff: i64) -> Result<bool> {
-        let range = range_of(part);
+    /// Whether a run of the day is kept: a run in the runs table (not finished, or finished
+    /// and keeping its business key or its parent's claim), or a finished run that ended at
+    /// or after `cutoff`. Two probes of indexes, however many runs there are.
+    async fn day_kept<C: Exec>(&self, conn: &C, day: &Day, cutoff: i64) -> Result<bool> {
+        let range = range_of(day.lo, day.hi);
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM sagaflow_runs WHERE {range}) \
              OR EXISTS (SELECT 1 FROM {RUNS_DONE} WHERE {range} AND finished_at >= {cutoff}) AS kept"
@@ -299,28 +364,28 @@ impl Store {
         })
     }
 
-    /// The history table's partitions but the default one, from the catalog.
-    async fn history_partitions(&self) -> Result<Vec<Partition>> {
+    /// The partitions of `table` but its default one `default`, from the catalog.
+    async fn partitions_of(&self, table: &str, default: &str) -> Result<Vec<Partition>> {
         let rows = self
             .exec
             .query_all(self.stmt(
                 "SELECT c.relname::text AS name, pg_get_expr(c.relpartbound, c.oid) AS bound \
                  FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid \
-                 WHERE i.inhparent = to_regclass('sagaflow_history')",
-                vec![],
+                 WHERE i.inhparent = to_regclass($1)",
+                vec![table.into()],
             ))
             .await?;
         let mut parts = Vec::with_capacity(rows.len());
         for r in &rows {
             let name: String = r.try_get("", "name")?;
             let bound: String = r.try_get("", "bound")?;
-            if name == HISTORY_DEFAULT_PARTITION {
+            if name == default {
                 continue;
             }
             match parse_bound(&bound) {
                 Some((lo, hi)) => parts.push(Partition { name, lo, hi }),
                 None => {
-                    tracing::warn!(partition = %name, %bound, "a history partition of a bound sagaflow did not make; left alone")
+                    tracing::warn!(partition = %name, %bound, "a partition of a bound sagaflow did not make; left alone")
                 }
             }
         }
@@ -329,10 +394,11 @@ impl Store {
     }
 }
 
-/// The condition on a runs table's `id` for the partition's range.
-fn range_of(part: &Partition) -> String {
-    let hi = uuid_floor(part.hi);
-    match part.lo {
+/// The condition on a runs table's `id` for the range of ids from `lo` (`None`: from the
+/// lowest) to `hi`.
+fn range_of(lo: Option<i64>, hi: i64) -> String {
+    let hi = uuid_floor(hi);
+    match lo {
         Some(lo) => format!("id >= '{}' AND id < '{hi}'", uuid_floor(lo)),
         None => format!("id < '{hi}'"),
     }
@@ -359,6 +425,51 @@ fn parse_bound(bound: &str) -> Option<(Option<i64>, i64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finished_runs_partitions_join_the_history_partition_over_their_day() {
+        let span = HISTORY_PARTITION_SPAN_MS;
+        let part = |name: &str, lo: Option<i64>, hi: i64| Partition {
+            name: name.into(),
+            lo,
+            hi,
+        };
+        let before = part("sagaflow_history_before", None, 3 * span);
+        let h3 = part("sagaflow_history_3", Some(3 * span), 4 * span);
+        let d2 = part("sagaflow_runs_done_2", Some(2 * span), 3 * span);
+        let d3 = part("sagaflow_runs_done_3", Some(3 * span), 4 * span);
+        let d5 = part("sagaflow_runs_done_5", Some(5 * span), 6 * span);
+        let days = days_of(
+            vec![before.clone(), h3.clone()],
+            vec![d5.clone(), d3.clone(), d2.clone()],
+        );
+        assert_eq!(
+            days,
+            vec![
+                // The history's first partition covers every day before it: the finished
+                // runs' partition of its last day goes with it.
+                Day {
+                    lo: None,
+                    hi: 3 * span,
+                    history: Some(before),
+                    done: vec![d2],
+                },
+                Day {
+                    lo: Some(3 * span),
+                    hi: 4 * span,
+                    history: Some(h3),
+                    done: vec![d3],
+                },
+                // A day whose history went to the default partition is a day of its own.
+                Day {
+                    lo: Some(5 * span),
+                    hi: 6 * span,
+                    history: None,
+                    done: vec![d5],
+                },
+            ]
+        );
+    }
 
     #[test]
     fn bounds_are_read_back_from_the_catalog_form() {

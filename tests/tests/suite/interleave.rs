@@ -1589,3 +1589,54 @@ async fn interleave_an_action_waiting_for_a_runs_end_finds_the_run_it_moved() {
         r.shutdown().await;
     }
 }
+
+/// The retention's drop of a past day meets a unit of work that has just ended a run (moved
+/// its row into the finished runs' table) and not yet committed (its history is written at
+/// its commit). The drop takes the tables' locks in the writers' order (finished runs, then
+/// history): it waits for the unit, the unit commits, the day goes. (Taken the other way
+/// round, each waited for the other until the drop's lock timeout: the day was left "busy"
+/// and the unit's commit stalled half a second, at every pass under load.) PostgreSQL only:
+/// SQLite has no partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
+    const DAY_MS: i64 = 24 * 3_600_000;
+    for db in backends().await {
+        if db.backend != "postgres" {
+            continue;
+        }
+        let r = rig(db).await;
+        r.plain
+            .run_fill_finished(50, 7 * DAY_MS + 3_600_000..10 * DAY_MS)
+            .await
+            .expect("fill");
+        let run = r.run_done_but_not_ended().await;
+        let held = r.hook.hold(Unit::Evaluate, Point::BeforeCommit);
+        let hooked = r.engine.store().clone();
+        let end = r.evaluate(&hooked, run);
+        let drop = async {
+            tokio::time::timeout(LIMIT, held.reached())
+                .await
+                .expect("the end reached its point");
+            let dropping = r.plain.history_partitions_maintain(7 * DAY_MS);
+            tokio::pin!(dropping);
+            if let Ok(done) = tokio::time::timeout(BLOCKED_AFTER, &mut dropping).await {
+                panic!("the drop ran under the held end: {done:?}");
+            }
+            held.release();
+            dropping.await
+        };
+        let ((), pass) = tokio::join!(end, drop);
+        let pass = pass.expect("the pass");
+        assert_eq!(
+            (pass.busy, pass.runs_dropped),
+            (0, 50),
+            "every filled day went, none was left busy: {pass:?}"
+        );
+        assert_eq!(
+            r.rows(run).await.0.as_deref(),
+            Some("completed"),
+            "the run ended"
+        );
+        r.shutdown().await;
+    }
+}

@@ -241,6 +241,21 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
         "the newest filled day's runs wait for their day: {waiting}"
     );
     assert_eq!(gone + u64::try_from(waiting).expect("count"), 300);
+    // The run totals count what is left.
+    let filled_total = || async {
+        let stats = engine.stats().await.expect("stats");
+        stats
+            .finished
+            .iter()
+            .filter(|c| c.workflow.starts_with("archive"))
+            .map(|c| c.runs)
+            .sum::<i64>()
+    };
+    assert_eq!(
+        filled_total().await,
+        waiting,
+        "the runs gone left the totals"
+    );
 
     let after = partitions(&conn).await;
     let both = |day: i64| [history_partition_name(day), partition_name(RUNS_DONE, day)];
@@ -334,6 +349,7 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
         "the recent run, and the newest day's finished runs with their day"
     );
     assert_eq!(count_in(RUNS_DONE).await, 0);
+    assert_eq!(filled_total().await, 0, "the totals of the filled runs");
     let after = partitions(&conn).await;
     for name in both(last_day) {
         assert!(!after.contains(&name), "{after:?}");

@@ -13,9 +13,9 @@ use sagaflow::sea_orm::{ConnectionTrait, Statement};
 use sagaflow::{Backend, Engine};
 
 /// The tables a saga writes (the others hold leases and heartbeats, written by time, not by
-/// sagas).
-const SAGA_TABLES: &str = "'sagaflow_runs', 'sagaflow_steps', 'sagaflow_history', \
-    'sagaflow_outbox', 'sagaflow_alerts'";
+/// sagas). A partitioned table's rows are counted by its partitions, summed under its name.
+const SAGA_TABLES: &str = "'sagaflow_runs', 'sagaflow_runs_done', 'sagaflow_steps', \
+    'sagaflow_history', 'sagaflow_outbox', 'sagaflow_alerts'";
 
 /// A table's cumulative row counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,10 +83,16 @@ pub(crate) async fn now(engine: &Engine) -> Option<Writes> {
 async fn postgres(engine: &Engine) -> Option<Writes> {
     let conn = engine.connection();
     let sql = format!(
-        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, \
+        "SELECT t.name, SUM(t.n_tup_ins)::bigint, SUM(t.n_tup_upd)::bigint, \
+           SUM(t.n_tup_hot_upd)::bigint, SUM(t.n_tup_del)::bigint, \
            (SELECT wal_bytes FROM pg_stat_wal)::bigint AS wal_bytes, \
            (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) \
-         FROM pg_stat_user_tables WHERE relname IN ({SAGA_TABLES})"
+         FROM (SELECT COALESCE(p.relname, s.relname)::text AS name, s.n_tup_ins, s.n_tup_upd, \
+                 s.n_tup_hot_upd, s.n_tup_del \
+               FROM pg_stat_user_tables AS s \
+               LEFT JOIN pg_inherits AS i ON i.inhrelid = s.relid \
+               LEFT JOIN pg_class AS p ON p.oid = i.inhparent) AS t \
+         WHERE t.name IN ({SAGA_TABLES}) GROUP BY t.name"
     );
     let rows = conn
         .query_all_raw(Statement::from_string(conn.get_database_backend(), sql))
