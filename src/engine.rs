@@ -531,7 +531,7 @@ impl Engine {
     /// batches until none is left. On PostgreSQL their history goes with the partition of
     /// the day they started, dropped here once no kept run of that day needs it (a purged
     /// run's history is unreadable from the moment its run is deleted), and so do the
-    /// finished runs that hold no business key: those of a day some run of which is still
+    /// finished runs that are not child runs: those of a day some run of which is still
     /// within `older_than` wait for it, at most a day (with `older_than` under a day they
     /// are deleted one by one instead). Returns how many runs were deleted or dropped.
     ///

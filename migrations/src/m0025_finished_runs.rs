@@ -1,8 +1,12 @@
-//! A table of finished runs on PostgreSQL (issue 32): a run that ends for good and holds no
-//! business key any more leaves `sagaflow_runs` for [`RUNS_DONE`], range-partitioned on `id`
-//! by the same UTC days of run start as the history (see [`crate::partitions`]), so that
-//! retention drops a day of finished runs with the day of their history instead of deleting
-//! them row by row, and the hot table holds the runs that are not finished.
+//! A table of finished runs on PostgreSQL (issue 32): a run that ends for good and is not a
+//! child run leaves `sagaflow_runs` for [`RUNS_DONE`], range-partitioned on `id` by the same
+//! UTC days of run start as the history (see [`crate::partitions`]), so that retention drops
+//! a day of finished runs with the day of their history instead of deleting them row by row,
+//! and the hot table holds the runs that are not finished.
+//!
+//! A finished run may keep its business key (the default key policy keeps it while the run
+//! is retained), so the intake's arbiter can no longer be the runs table's unique index: it
+//! is [`RUN_KEYS`], one row per key held, filled here from the runs that hold one.
 //!
 //! [`RUNS_ALL`] is every run, for reads: on PostgreSQL both tables (`UNION ALL`), on SQLite,
 //! which keeps one table and row deletes, `sagaflow_runs` alone.
@@ -19,8 +23,8 @@ use sea_orm_migration::sea_orm::{DbBackend, Statement};
 
 use crate::execute;
 use crate::partitions::{
-    HISTORY_PARTITION_SPAN_MS, RUNS_ALL, RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION, next_span,
-    partition_create,
+    HISTORY_PARTITION_SPAN_MS, RUN_KEYS, RUNS_ALL, RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION,
+    next_span, partition_create,
 };
 
 /// The migration.
@@ -29,7 +33,7 @@ pub(crate) struct Migration;
 
 /// The indexes of the finished runs: those of the run list (m0007), a run by business key
 /// (m0003) and the retention's look at when a day's runs finished. Child runs (a parent step
-/// may still undo them) and runs that keep their business key never move here, so the
+/// may still undo them) never move here, and the keys a run holds are in [`RUN_KEYS`], so the
 /// intake's unique index, the evaluator's and the children's are not needed.
 const DONE_INDEXES: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS sagaflow_runs_done_created ON sagaflow_runs_done (created_at, id)",
@@ -67,6 +71,19 @@ impl MigrationTrait for Migration {
             ),
         ];
         statements.extend(DONE_INDEXES.iter().map(|s| (*s).to_owned()));
+        statements.extend([
+            format!(
+                "CREATE TABLE IF NOT EXISTS {RUN_KEYS} (workflow TEXT NOT NULL, \
+                 business_key TEXT NOT NULL, run_id UUID NOT NULL, \
+                 CONSTRAINT sagaflow_run_keys_pkey PRIMARY KEY (workflow, business_key))"
+            ),
+            format!("CREATE INDEX IF NOT EXISTS sagaflow_run_keys_run ON {RUN_KEYS} (run_id)"),
+            format!(
+                "INSERT INTO {RUN_KEYS} (workflow, business_key, run_id) \
+                 SELECT workflow, active_key, id FROM sagaflow_runs WHERE active_key IS NOT NULL \
+                 ON CONFLICT (workflow, business_key) DO NOTHING"
+            ),
+        ]);
         let now = db_now_ms(manager).await?;
         let mut day = next_span(now) - HISTORY_PARTITION_SPAN_MS;
         while day < now + 2 * HISTORY_PARTITION_SPAN_MS {
@@ -91,6 +108,12 @@ impl MigrationTrait for Migration {
         let statements = [
             format!("INSERT INTO sagaflow_runs SELECT * FROM {RUNS_DONE}"),
             format!("DROP TABLE {RUNS_DONE}"),
+            // The keys of finished runs back on their rows, for the unique index.
+            format!(
+                "UPDATE sagaflow_runs AS r SET active_key = k.business_key FROM {RUN_KEYS} AS k \
+                 WHERE k.run_id = r.id AND r.active_key IS NULL"
+            ),
+            format!("DROP TABLE {RUN_KEYS}"),
         ];
         for sql in &statements {
             execute(manager, sql).await?;

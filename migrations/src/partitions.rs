@@ -21,12 +21,18 @@ pub const HISTORY_DEFAULT_PARTITION: &str = "sagaflow_history_default";
 pub const HISTORY_BEFORE_PARTITION: &str = "sagaflow_history_before";
 
 /// The table of finished runs (migration `m0025`): on PostgreSQL a run that ends for good
-/// and holds no business key any more moves here from `sagaflow_runs`, into the partition of
-/// the day it started, the same days as the history's.
+/// and is not a child run moves here from `sagaflow_runs`, into the partition of the day it
+/// started, the same days as the history's.
 pub const RUNS_DONE: &str = "sagaflow_runs_done";
 
 /// The partition of the finished runs whose ids no day's partition covers.
 pub const RUNS_DONE_DEFAULT_PARTITION: &str = "sagaflow_runs_done_default";
+
+/// The business keys runs hold, on PostgreSQL (migration `m0025`): the intake's arbiter. A
+/// keyed start inserts its key here (`ON CONFLICT DO NOTHING`) in the statement that inserts
+/// the run; the key stays while the run holds it, whichever table the run is in, and goes
+/// when its end releases it, a restart takes it over, or retention deletes the run.
+pub const RUN_KEYS: &str = "sagaflow_run_keys";
 
 /// Every run, live or finished, for reads: a view over `sagaflow_runs` and, on PostgreSQL,
 /// [`RUNS_DONE`].

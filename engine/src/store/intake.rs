@@ -1,6 +1,7 @@
 //! Submission: inserting runs and their steps, many per statement, with duplicate business
 //! keys resolved to the run that holds them.
 
+use sagaflow_migrations::partitions::RUN_KEYS;
 use sea_orm::Value;
 
 use super::row::Exec;
@@ -63,13 +64,39 @@ const START: &str = "COALESCE({now} + v.delay_ms, v.start_ms)";
 /// is already active is skipped by the unique index; the ids inserted are returned. (`WHERE TRUE`: SQLite needs it to read `ON CONFLICT` as the
 /// upsert clause after a `SELECT`.)
 fn insert_runs_sql(source: &str) -> String {
+    insert_runs_where(source, "TRUE ON CONFLICT (workflow, active_key) DO NOTHING")
+}
+
+/// PostgreSQL: `INSERT … SELECT` of the runs from the row source `v` that have no business
+/// key or whose key the statement's insert into the key table, `k`, took. The key table
+/// arbitrates (a finished run keeps its key there after its row left the runs table), so
+/// there is no conflict clause: a conflict on the runs table's own unique index would be a
+/// key held there and not in the key table, an error rather than a run silently dropped.
+fn insert_runs_keyed_sql(source: &str) -> String {
+    insert_runs_where(
+        source,
+        "v.business_key IS NULL OR v.id IN (SELECT run_id FROM k)",
+    )
+}
+
+/// The insert of runs from the row source `v`, with `tail` after `WHERE`.
+fn insert_runs_where(source: &str, tail: &str) -> String {
     format!(
         "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, business_key, active_key, state, \
            input, dirty, created_at, updated_at, priority, start_at, notify, trace_parent, trace_state, flow_key) \
          SELECT v.id, v.workflow, v.version, v.workflow_key, v.business_key, v.business_key, v.state, \
            v.input, FALSE, {{now}}, {{now}}, v.priority, {START}, v.notify, v.trace_parent, v.trace_state, v.flow_key \
-         FROM {source} WHERE TRUE \
-         ON CONFLICT (workflow, active_key) DO NOTHING RETURNING id, start_at, state"
+         FROM {source} WHERE {tail} RETURNING id, start_at, state"
+    )
+}
+
+/// PostgreSQL: the insert of the keys of the runs from the row source `v` that have one,
+/// each unless it is held; it returns the runs whose key it took.
+fn insert_keys_sql(source: &str) -> String {
+    format!(
+        "INSERT INTO {RUN_KEYS} (workflow, business_key, run_id) \
+         SELECT v.workflow, v.business_key, v.id FROM {source} WHERE v.business_key IS NOT NULL \
+         ON CONFLICT (workflow, business_key) DO NOTHING RETURNING run_id"
     )
 }
 
@@ -360,9 +387,18 @@ impl Store {
                 inserted.push(run);
                 continue;
             }
+            // The holder of the key: the key table's on PostgreSQL (the run may have
+            // finished and left the runs table), the runs table's unique index on SQLite.
+            let sql = if self.backend == super::Backend::Postgres {
+                "SELECT r.id, r.state FROM sagaflow_run_keys AS k \
+                 JOIN sagaflow_runs_all AS r ON r.id = k.run_id \
+                 WHERE k.workflow = $1 AND k.business_key = $2"
+            } else {
+                "SELECT id, state FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2"
+            };
             let holder = conn
                 .query_one(self.stmt(
-                    "SELECT id, state FROM sagaflow_runs WHERE workflow = $1 AND active_key = $2",
+                    sql,
                     vec![run.workflow.clone().into(), run.business_key.clone().into()],
                 ))
                 .await?;
@@ -399,8 +435,14 @@ impl Store {
         let (run_src, mut values) = self.rows_source(1, &RUN_COLS_IN, run_rows)?;
         let (step_src, step_values) = self.rows_source(2, &STEP_COLS_IN, step_rows)?;
         values.extend(step_values);
+        let keyed = runs.iter().any(|r| r.business_key.is_some());
         let sql = super::postgres::intake(
-            &insert_runs_sql(&run_src),
+            keyed.then(|| insert_keys_sql(&run_src)).as_deref(),
+            &if keyed {
+                insert_runs_keyed_sql(&run_src)
+            } else {
+                insert_runs_sql(&run_src)
+            },
             &insert_steps_sql(&step_src, "v.run_id IN (SELECT id FROM r)"),
             &super::Wake::CLAIM.payload(""),
         );

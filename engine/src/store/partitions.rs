@@ -3,18 +3,18 @@
 //!
 //! `sagaflow_history` and the finished runs' table, [`RUNS_DONE`], are range-partitioned on
 //! the run id, one partition of each per UTC day of run starts (see
-//! `sagaflow_migrations::partitions`). A run that ends for good and holds no business key
-//! moves into [`RUNS_DONE`] at its end; the others stay in `sagaflow_runs`, where retention
-//! deletes them row by row. [`Store::history_partitions_maintain`] drops a day's two
+//! `sagaflow_migrations::partitions`). A run that ends for good and is not a child run moves
+//! into [`RUNS_DONE`] at its end; the others stay in `sagaflow_runs`, where retention deletes
+//! them row by row. [`Store::history_partitions_maintain`] drops a day's two
 //! partitions at once, when no run of that day is kept, which costs a catalog change instead
 //! of a delete, a WAL record and a dead row per run and per event. The history of a run that
 //! is gone cannot be read in the meantime ([`Store::run_history_after`] asks for the run).
 //! SQLite keeps one table of each and deletes rows.
 
 use sagaflow_migrations::partitions::{
-    HISTORY_COLUMNS, HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, RUN_TABLE_COLUMNS,
-    RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION, history_partition_create, next_span, partition_create,
-    uuid_floor, uuid_ms,
+    HISTORY_COLUMNS, HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, RUN_KEYS,
+    RUN_TABLE_COLUMNS, RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION, history_partition_create, next_span,
+    partition_create, uuid_floor, uuid_ms,
 };
 
 use super::Store;
@@ -148,7 +148,14 @@ impl Store {
         // Days are days of run ids, minted on real clocks; `finished_at` is on the clock
         // the engine stamps it with (a test clock moves it).
         let now = self.wall_now_ms().await?;
-        let cutoff = self.now_ms().await?.saturating_sub(retention_ms);
+        // Never within the margin of now: the drop adjusts totals, alerts, events and keys
+        // for the runs that go before it takes the tables' locks, so a run that goes must
+        // have ended (its unit of work committed) before the pass began, which a run that
+        // ended an hour ago has.
+        let cutoff = self
+            .now_ms()
+            .await?
+            .saturating_sub(retention_ms.max(DROP_MARGIN_MS));
         let history = self
             .partitions_of("sagaflow_history", HISTORY_DEFAULT_PARTITION)
             .await?;
@@ -247,7 +254,7 @@ impl Store {
             gone.iter().map(|(w, st, n)| (w.as_str(), *st, *n)),
         )
         .await?;
-        let mut tables = vec!["sagaflow_alerts", "sagaflow_events"];
+        let mut tables = vec!["sagaflow_alerts", "sagaflow_events", RUN_KEYS];
         // History of the day in the default partition (its day had no partition): rare, so
         // looked for first, by the range of the key.
         let in_default = txn
@@ -348,8 +355,8 @@ impl Store {
         }
     }
 
-    /// Whether a run of the day is kept: a run in the runs table (not finished, or finished
-    /// and keeping its business key or its parent's claim), or a finished run that ended at
+    /// Whether a run of the day is kept: a run in the runs table (not finished, a finished
+    /// child run, or one that finished before the upgrade), or a finished run that ended at
     /// or after `cutoff`. Two probes of indexes, however many runs there are.
     async fn day_kept<C: Exec>(&self, conn: &C, day: &Day, cutoff: i64) -> Result<bool> {
         let range = range_of(day.lo, day.hi);

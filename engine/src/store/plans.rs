@@ -16,7 +16,7 @@ use crate::model::{Alert, RunFinished};
 use crate::transition::Due;
 pub use crate::transition::writes::{PlanWrite, StepWrite};
 use crate::{Result, RunState, StepState};
-use sagaflow_migrations::partitions::{RUN_TABLE_COLUMNS, RUNS_DONE};
+use sagaflow_migrations::partitions::{RUN_KEYS, RUN_TABLE_COLUMNS, RUNS_DONE};
 
 /// What an evaluation or operator action did.
 #[derive(Debug, Clone)]
@@ -143,6 +143,8 @@ impl StoreTx<'_> {
         let mut with_payload: Vec<RunPayload> = Vec::new();
         // Runs that leave the runs table for the finished ones (PostgreSQL).
         let mut moving: Vec<RunPayload> = Vec::new();
+        // Runs whose end releases their business key (the key table's rows, PostgreSQL).
+        let mut released: Vec<Uuid> = Vec::new();
         let mut notices: Vec<RunFinished> = Vec::new();
         for (before, mut write) in plans {
             let id = before.id;
@@ -187,7 +189,10 @@ impl StoreTx<'_> {
             }
             let state = write.run_state.unwrap_or(before.state);
             let release_key = write.release_key && state.is_final();
-            if moves_on_end(s, &before, state, release_key) {
+            if release_key && before.business_key.is_some() {
+                released.push(id);
+            }
+            if moves_on_end(s, &before, state) {
                 moving.push(RunPayload {
                     id,
                     state,
@@ -302,6 +307,13 @@ impl StoreTx<'_> {
         }
         mark_dirty(s, &self.txn, &stale_runs).await?;
         self.runs_move_finished(&moving).await?;
+        if s.backend() == crate::Backend::Postgres {
+            for chunk in released.chunks(CHUNK) {
+                let (cond, values) = s.in_list("run_id", 1, chunk)?;
+                let sql = format!("DELETE FROM {RUN_KEYS} WHERE {cond}");
+                self.txn.execute(s.stmt(&sql, values)).await?;
+            }
+        }
         for (i, a) in alerts {
             out[i].alert = insert_alert(s, &self.txn, &a).await?;
         }
@@ -397,17 +409,14 @@ impl StoreTx<'_> {
 }
 
 /// Whether a run that `before` was and now ends in `state` leaves the runs table for the
-/// finished ones ([`RUNS_DONE`], PostgreSQL only): it ended for good just now, no parent step
-/// may undo it (a child run stays, for its parent's compensation), and it holds no business
-/// key after its end (the runs table's unique index is the intake's arbiter; a key kept for
-/// as long as the run is retained keeps the run there). A run's active key is its business
-/// key from its start until its end releases it.
-fn moves_on_end(s: &super::Store, before: &RunRow, state: RunState, release_key: bool) -> bool {
+/// finished ones ([`RUNS_DONE`], PostgreSQL only): it ended for good just now and no parent
+/// step may undo it (a child run stays, for its parent's compensation). A business key it
+/// keeps stays taken in the key table ([`RUN_KEYS`]), the intake's arbiter there.
+fn moves_on_end(s: &super::Store, before: &RunRow, state: RunState) -> bool {
     s.backend() == crate::Backend::Postgres
         && state.is_final()
         && state != before.state
         && before.parent_step.is_none()
-        && (before.business_key.is_none() || release_key)
 }
 
 /// What the `run_finished` notice of a run that `write` finishes in `state` says.

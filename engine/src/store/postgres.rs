@@ -96,9 +96,13 @@ fn lock_runs(cond: &str, only: &str) -> String {
 /// repeats within a transaction) when at least one run was inserted. Its payload asks
 /// claimers only (new runs need no evaluation) and names no sender: the store does not know
 /// which engine submits, so every engine, the submitter's included, hears it.
-pub(super) fn intake(runs: &str, steps: &str, payload: &str) -> String {
+///
+/// With `keys` (the insert of the batch's business keys into the key table, returning the
+/// runs whose key it took), that insert comes first, as `k`, and `runs` reads it.
+pub(super) fn intake(keys: Option<&str>, runs: &str, steps: &str, payload: &str) -> String {
+    let keys = keys.map_or(String::new(), |k| format!("k AS ({k}), "));
     format!(
-        "WITH r AS ({runs}), s AS ({steps}), \
+        "WITH {keys}r AS ({runs}), s AS ({steps}), \
          h AS ( \
            INSERT INTO sagaflow_history (run_id, event, to_state, actor, at) \
            SELECT id, 'submitted', state, 'api', {{now}} FROM r) \

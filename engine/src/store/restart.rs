@@ -79,6 +79,14 @@ impl StoreTx<'_> {
             vec![w.source.into()],
         )
         .await?;
+        if s.backend() == crate::Backend::Postgres {
+            s_exec(
+                self,
+                "DELETE FROM sagaflow_run_keys WHERE run_id = $1",
+                vec![w.source.into()],
+            )
+            .await?;
+        }
         let outcome = s.run_insert(&self.txn, w.new).await?;
         if !matches!(outcome, RunInsertOutcome::Inserted(_)) {
             return Ok(outcome);
@@ -105,7 +113,7 @@ impl StoreTx<'_> {
             vec![new.into(), w.source.into()],
         )
         .await?;
-        // The source is in the runs table or, finished and keyless on PostgreSQL, in the
+        // The source is in the runs table or, finished on PostgreSQL, in the
         // finished runs' (its lock was taken where it is).
         let mut linked = 0;
         for table in s.run_tables() {

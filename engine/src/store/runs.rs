@@ -11,7 +11,8 @@ use crate::interleave::{Point, Unit};
 use crate::model::{HistoryEvent, HistoryKind, RunCounts};
 use crate::{Backend, Error, Result, RunState};
 use sagaflow_migrations::partitions::{
-    HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, RUNS_DONE, RUNS_DONE_DEFAULT_PARTITION,
+    HISTORY_DEFAULT_PARTITION, HISTORY_PARTITION_SPAN_MS, RUN_KEYS, RUNS_DONE,
+    RUNS_DONE_DEFAULT_PARTITION,
 };
 
 impl Store {
@@ -255,7 +256,8 @@ impl Store {
     /// Fills the database with `n` finished runs of the workflows `archive@1` and (one in ten)
     /// `archive_b@1`, each with three history entries, in bulk SQL: for capacity
     /// measurements ("throughput with a million finished runs in history", AT-5, and the
-    /// console's list over them). Every run has a business key (`order-<i>`); one in a
+    /// console's list over them). Every run has a business key (`order-<i>`), kept on
+    /// PostgreSQL in the key table as the default key policy keeps it; one in a
     /// hundred is compensated rather than completed, and one in fifty had failed attempts
     /// (1 to 7). The runs started and finished between `ages.start` and `ages.end`
     /// milliseconds ago (DB clock), evenly apart, newest first; on PostgreSQL their ids carry
@@ -270,8 +272,9 @@ impl Store {
         let now = self.now_ms().await?;
         self.history_partitions_back_to(now - ages.end, now - ages.start)
             .await;
-        // Where the engine would have put them: on PostgreSQL the finished runs' table (they
-        // hold no active key), on SQLite the runs table.
+        // Where the engine would have put them: on PostgreSQL the finished runs' table, with
+        // their business keys kept in the key table (as the default key policy keeps them),
+        // on SQLite the runs table (holding no key there).
         let table = self.run_tables().last().copied().unwrap_or("sagaflow_runs");
         let txn = self.exec.begin().await?;
         txn.execute(self.stmt(
@@ -287,6 +290,18 @@ impl Store {
             vec![],
         ))
         .await?;
+        if self.backend == Backend::Postgres {
+            txn.execute(self.stmt(
+                &format!(
+                    "INSERT INTO {RUN_KEYS} (workflow, business_key, run_id) \
+                     SELECT workflow, business_key, id FROM {RUNS_DONE} \
+                     WHERE workflow IN ('archive', 'archive_b') \
+                     ON CONFLICT (workflow, business_key) DO NOTHING"
+                ),
+                vec![],
+            ))
+            .await?;
+        }
         // Their totals, as if counted when they finished (slot 0, as a purge takes them off).
         txn.execute(self.stmt(
             &format!(
@@ -366,8 +381,8 @@ fn purgeable(table: &str) -> String {
 }
 
 /// The tables retention deletes runs from row by row, for a retention of `retention_ms`:
-/// the runs table (runs that keep their business key or their parent's claim after they
-/// finish, and runs that finished before the finished runs' table existed) and, on
+/// the runs table (child runs, which keep their parent's claim after they finish, and runs
+/// that finished before the finished runs' table existed) and, on
 /// PostgreSQL, the finished runs' default partition (runs kept past their day, moved there
 /// when the day was dropped). The finished runs' days go whole
 /// ([`Store::history_partitions_maintain`]) once all their runs are due, at most a day after
@@ -467,12 +482,17 @@ impl Store {
         } else {
             "sagaflow_history"
         };
-        for table in [
+        let mut tables = vec![
             history,
             "sagaflow_alerts",
             "sagaflow_steps",
             "sagaflow_events",
-        ] {
+        ];
+        // A purged run's business key is free again.
+        if self.backend == Backend::Postgres {
+            tables.push(RUN_KEYS);
+        }
+        for table in tables {
             let (cond, values) = self.in_list("run_id", 1, &ids)?;
             let sql = format!("DELETE FROM {table} WHERE {cond}");
             txn.execute(self.stmt(&sql, values)).await?;

@@ -172,10 +172,12 @@ impl StoreTx<'_> {
         ];
         self.txn.execute(s.stmt(sql, values)).await?;
         // The child may have ended already (an earlier attempt started it): wake at once.
+        // (Read through the view: a run that held the child's key and finished before any
+        // parent claimed it has left the runs table on PostgreSQL.)
         let row = self
             .txn
             .query_one(s.stmt(
-                "SELECT state, output FROM sagaflow_runs WHERE id = $1",
+                "SELECT state, output FROM sagaflow_runs_all WHERE id = $1",
                 vec![id.into()],
             ))
             .await?;

@@ -390,13 +390,18 @@ impl Rig {
     /// A run of `pair` whose steps all completed: its next evaluation ends it.
     async fn run_done_but_not_ended(&self) -> Uuid {
         let run = self.run().await;
+        self.complete_all(run).await;
+        run
+    }
+
+    /// Completes every step of `run` (written, not evaluated).
+    async fn complete_all(&self, run: Uuid) {
         self.sql(
             "UPDATE sagaflow_steps SET state = 'completed', available_at = NULL, output = 'null' \
              WHERE run_id = $1",
             run,
         )
         .await;
-        run
     }
 
     async fn run(&self) -> Uuid {
@@ -1636,6 +1641,72 @@ async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
             r.rows(run).await.0.as_deref(),
             Some("completed"),
             "the run ended"
+        );
+        r.shutdown().await;
+    }
+}
+
+/// A keyed start meets the end of the run that holds its key, held before its commit (on
+/// PostgreSQL that end moves the run out of the runs table, and the key stays in the key
+/// table). Under the default policy a finished run keeps its key: whichever commits first,
+/// the start returns the holder and no second run of the key exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_keyed_start_during_its_holders_end_returns_the_holder() {
+    use sagaflow::StartOptions;
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let holder = r
+            .intake
+            .start_with(
+                "pair",
+                &serde_json::json!(null),
+                StartOptions::keyed("order-1"),
+            )
+            .await
+            .expect("start")
+            .id;
+        r.complete_all(holder).await;
+        let held = r.hook.hold(Unit::Evaluate, Point::BeforeCommit);
+        let hooked = r.engine.store().clone();
+        let end = r.evaluate(&hooked, holder);
+        let start = async {
+            tokio::time::timeout(LIMIT, held.reached())
+                .await
+                .unwrap_or_else(|_| panic!("[{b}] the end reached its point"));
+            let starting = r.peer.start_with(
+                "pair",
+                &serde_json::json!(null),
+                StartOptions::keyed("order-1"),
+            );
+            tokio::pin!(starting);
+            // SQLite's start waits for the write lock; PostgreSQL's finds the key taken.
+            let early = tokio::time::timeout(BLOCKED_AFTER, &mut starting).await;
+            held.release();
+            match early {
+                Ok(done) => done,
+                Err(_) => starting.await,
+            }
+        };
+        let ((), started) = tokio::join!(end, start);
+        let started = started.unwrap_or_else(|e| panic!("[{b}] start: {e}"));
+        assert_eq!((started.id, started.created), (holder, false), "[{b}]");
+        let conn = r.plain.connection();
+        let n = conn
+            .query_one_raw(Statement::from_string(
+                conn.get_database_backend(),
+                "SELECT COUNT(*) AS n FROM sagaflow_runs_all WHERE business_key = 'order-1'",
+            ))
+            .await
+            .expect("count")
+            .expect("row")
+            .try_get::<i64>("", "n")
+            .expect("n");
+        assert_eq!(n, 1, "[{b}] one run of the key");
+        assert_eq!(
+            r.rows(holder).await.0.as_deref(),
+            Some("completed"),
+            "[{b}]"
         );
         r.shutdown().await;
     }

@@ -256,6 +256,12 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
         waiting,
         "the runs gone left the totals"
     );
+    // Their business keys, kept in the key table, went with them.
+    assert_eq!(
+        count_in("sagaflow_run_keys").await,
+        waiting,
+        "the keys of the runs gone are free"
+    );
 
     let after = partitions(&conn).await;
     let both = |day: i64| [history_partition_name(day), partition_name(RUNS_DONE, day)];
@@ -350,6 +356,11 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
     );
     assert_eq!(count_in(RUNS_DONE).await, 0);
     assert_eq!(filled_total().await, 0, "the totals of the filled runs");
+    assert_eq!(
+        count_in("sagaflow_run_keys").await,
+        0,
+        "the keys of the filled runs"
+    );
     let after = partitions(&conn).await;
     for name in both(last_day) {
         assert!(!after.contains(&name), "{after:?}");
@@ -390,13 +401,13 @@ async fn where_is(conn: &DatabaseConnection, id: Uuid) -> &'static str {
     }
 }
 
-/// A run that ends for good and holds no business key any more moves into the finished
-/// runs' table at its end, and reads as before: by id, in lists, its history; an operator's
-/// action on it is refused as on any finished run (not "no such run"), an event to it too,
-/// and a restart from it works and links the two. A run that keeps its business key after
-/// its end (the default policy) stays in the runs table, whose unique index keeps the key
-/// taken. The two tables and the view of both have the same columns, in the same order (a
-/// run moves with `DELETE … RETURNING` into `INSERT`).
+/// A run that ends for good moves into the finished runs' table at its end, and reads as
+/// before: by id, in lists, its history; an operator's action on it is refused as on any
+/// finished run (not "no such run"), an event to it too, and a restart from it works and
+/// links the two. A business key it keeps after its end (the default policy) stays taken in
+/// the key table: starting the workflow with it again returns the finished run; one its
+/// policy releases is free. The two tables and the view of both have the same columns, in
+/// the same order (a run moves with `DELETE … RETURNING` into `INSERT`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_run_moves_to_the_finished_table_and_reads_as_before() {
     if !postgres_wanted("the finished runs' table") {
@@ -452,14 +463,10 @@ async fn a_finished_run_moves_to_the_finished_table_and_reads_as_before() {
         let run = engine.wait(id, wait).await.expect("finishes");
         assert_eq!(run.state, sagaflow::RunState::Completed, "{id}");
     }
-    assert_eq!(where_is(&conn, plain).await, "done");
-    assert_eq!(
-        where_is(&conn, active).await,
-        "done",
-        "its end released its key"
-    );
-    assert_eq!(where_is(&conn, retained).await, "live", "it keeps its key");
-    // The kept key still returns the finished run.
+    for id in [plain, active, retained] {
+        assert_eq!(where_is(&conn, id).await, "done", "{id}");
+    }
+    // The kept key still returns the finished run; the released one starts a new run.
     let again = engine
         .start_with(
             "retained",
@@ -469,6 +476,16 @@ async fn a_finished_run_moves_to_the_finished_table_and_reads_as_before() {
         .await
         .expect("start");
     assert_eq!((again.id, again.created), (retained, false));
+    let fresh = engine
+        .start_with(
+            "active",
+            &serde_json::json!(null),
+            sagaflow::StartOptions::keyed("k1"),
+        )
+        .await
+        .expect("start");
+    assert!(fresh.created && fresh.id != active, "{fresh:?}");
+    engine.wait(fresh.id, wait).await.expect("finishes");
 
     // Reads.
     let run = engine.run(plain).await.expect("read").expect("found");
@@ -489,11 +506,11 @@ async fn a_finished_run_moves_to_the_finished_table_and_reads_as_before() {
     }
     assert_eq!(
         engine
-            .run_by_key("active", "k1")
+            .run_by_key("retained", "k1")
             .await
             .expect("by key")
             .map(|r| r.id),
-        Some(active)
+        Some(retained)
     );
 
     // Actions on it are refused as on a finished run.
