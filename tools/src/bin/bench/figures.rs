@@ -68,6 +68,8 @@ pub(crate) async fn settle(engine: &Engine) {
     let stmts: &[&str] = match db.get_database_backend() {
         sagaflow::sea_orm::DbBackend::Postgres => &[
             "VACUUM ANALYZE sagaflow_runs",
+            "VACUUM ANALYZE sagaflow_runs_done",
+            "VACUUM ANALYZE sagaflow_run_keys",
             "VACUUM ANALYZE sagaflow_history",
             "CHECKPOINT",
         ],

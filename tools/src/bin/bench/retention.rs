@@ -135,7 +135,11 @@ async fn purge(engine: &Engine) -> Result<u64, Error> {
 /// The statements that clean up after the pass.
 fn vacuums(backend: Backend) -> &'static [&'static str] {
     match backend {
-        Backend::Postgres => &["VACUUM sagaflow_runs", "VACUUM sagaflow_history"],
+        Backend::Postgres => &[
+            "VACUUM sagaflow_runs",
+            "VACUUM sagaflow_run_keys",
+            "VACUUM sagaflow_history",
+        ],
         Backend::Sqlite => &["PRAGMA wal_checkpoint(TRUNCATE)"],
     }
 }
