@@ -22,6 +22,11 @@ use crate::flow_control_gates::partner;
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The steps' deadline: longer than any hold of the test, so that a held call is never timed
+/// out and tried again while the service still holds it (which would count two calls of one
+/// slot: on a loaded machine a hold outlasted the default 30 s once).
+const HELD_FOR: Duration = Duration::from_secs(600);
+
 /// What one route of the service saw.
 #[derive(Default)]
 struct Route {
@@ -137,6 +142,7 @@ fn ship(url: &str, decide: Arc<Semaphore>) -> Workflow {
             async move { post(&c, u, ctx.idempotency_key().to_owned()).await }
         })
         .resource("partner")
+        .deadline(HELD_FOR)
         .step_using("decide", decide, |decide, _ctx: StepContext| async move {
             let _permit = decide
                 .acquire()
@@ -145,6 +151,7 @@ fn ship(url: &str, decide: Arc<Semaphore>) -> Workflow {
             Err::<(), _>(StepError::refused("declined", "the order is declined"))
         })
         .after(["reserve"])
+        .deadline(HELD_FOR)
         .build()
         .expect("ship")
 }
@@ -159,6 +166,7 @@ fn call(url: &str) -> Workflow {
             async move { post(&c, u, ctx.idempotency_key().to_owned()).await }
         })
         .resource("partner")
+        .deadline(HELD_FOR)
         .build()
         .expect("call")
 }
