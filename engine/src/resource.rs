@@ -156,10 +156,19 @@ impl Rate {
     }
 
     /// The theoretical arrival time after `n` attempts started at `now_us`.
+    ///
+    /// An attempt claimed late keeps up to half an interval of its lateness: the next one's
+    /// time is counted from its slot, not from when the claim came. Every claim goes
+    /// through a transaction and a timer, so it always comes a little late; counted from
+    /// the claim, that lateness would be lost at each attempt (2.6 ms a claim cost 5 % of
+    /// a rate of 20 a second, and would cost 20 % at 100). Half an interval keeps two
+    /// attempts at least that far apart and a period to the attempts even spacing allows,
+    /// and after a quiet spell the second attempt waits half an interval.
     pub fn advance(&self, tat_us: i64, now_us: i64, n: u32) -> i64 {
+        let t = self.interval_us();
         tat_us
-            .max(now_us)
-            .saturating_add(self.interval_us().saturating_mul(i64::from(n)))
+            .max(now_us.saturating_sub(t / 2))
+            .saturating_add(t.saturating_mul(i64::from(n)))
     }
 }
 
@@ -528,11 +537,35 @@ mod tests {
         // A quiet limiter lets one through, then asks to wait the interval.
         assert_eq!(r.allowance(0, 5_000_000), (1, 0));
         let tat = r.advance(0, 5_000_000, 1);
-        assert_eq!(tat, 5_100_000);
-        assert_eq!(r.allowance(tat, 5_000_000), (0, 100_000));
-        assert_eq!(r.allowance(tat, 5_100_000), (1, 0));
+        assert_eq!(tat, 5_050_000);
+        assert_eq!(r.allowance(tat, 5_000_000), (0, 50_000));
+        assert_eq!(r.allowance(tat, 5_050_000), (1, 0));
         // Late by 2.5 intervals: still one at a time with burst 1.
-        assert_eq!(r.allowance(tat, 5_350_000), (1, 0));
+        assert_eq!(r.allowance(tat, 5_300_000), (1, 0));
+    }
+
+    #[test]
+    fn a_late_claim_keeps_its_slot_up_to_half_an_interval() {
+        let r = Rate {
+            limit: 10,
+            period_ms: 1000,
+            burst: 1,
+        };
+        // Slot at 1.0 s, claimed 30 ms late: the next slot is 1.1 s, not 1.13 s.
+        let tat = r.advance(1_000_000, 1_030_000, 1);
+        assert_eq!(tat, 1_100_000);
+        // Claims 30 ms late each: ten of them take ten intervals, not 1.3 s.
+        let mut tat = 1_000_000;
+        for _ in 0..10 {
+            let now = tat + 30_000;
+            assert_eq!(r.allowance(tat, now).0, 1);
+            tat = r.advance(tat, now, 1);
+        }
+        assert_eq!(tat, 2_000_000);
+        // Late by 80 ms: 50 ms are kept, 30 ms lost; the next attempt is 50 ms away.
+        let tat = r.advance(1_000_000, 1_080_000, 1);
+        assert_eq!(tat, 1_130_000);
+        assert_eq!(r.allowance(tat, 1_080_000), (0, 50_000));
     }
 
     #[test]
