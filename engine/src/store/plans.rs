@@ -293,20 +293,19 @@ impl StoreTx<'_> {
         }
         // A child run's end wakes its parent's step; a completed child keeps its steps (its
         // parent may yet compensate it).
-        let kept = if ended.is_empty() {
-            Vec::new()
+        let parents = if ended.is_empty() {
+            super::waits::Parents::default()
         } else {
             self.wake_parents(&ended, actor).await?
         };
-        finished.retain(|id| !kept.contains(id));
-        // AT-5: a finished run's steps leave the hot table; history and the run row keep them.
-        for chunk in finished.chunks(CHUNK) {
-            let (cond, values) = s.in_list("run_id", 1, chunk)?;
-            let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
-            self.txn.execute(s.stmt(&sql, values)).await?;
-        }
+        finished.retain(|id| !parents.kept.contains(id));
         mark_dirty(s, &self.txn, &stale_runs).await?;
         self.runs_move_finished(&moving).await?;
+        // A child whose parent has no step left to undo it moves as it is, like any run.
+        if s.backend() == crate::Backend::Postgres {
+            self.runs_move_as_is(&parents.orphans).await?;
+        }
+        self.steps_leave(finished).await?;
         if s.backend() == crate::Backend::Postgres {
             for chunk in released.chunks(CHUNK) {
                 let (cond, values) = s.in_list("run_id", 1, chunk)?;
@@ -353,6 +352,77 @@ impl StoreTx<'_> {
             )
         })
         .await
+    }
+
+    /// AT-5: deletes the steps of `runs`, which finished for good (history and the run row
+    /// keep them), and those of the child runs this frees. A completed child keeps its steps
+    /// and stays in the runs table while its parent's step may compensate it; once that step
+    /// is gone nothing can reopen the child: its steps go too and, on PostgreSQL, it moves to
+    /// the finished runs' table as it is. Down the generations, each one statement per chunk
+    /// on PostgreSQL (the steps' delete returns the step ids the children are found by, on
+    /// the partial index of `parent_step`).
+    async fn steps_leave(&self, runs: Vec<Uuid>) -> Result<()> {
+        let s = self.store;
+        let postgres = s.backend() == crate::Backend::Postgres;
+        let mut runs = runs;
+        while !runs.is_empty() {
+            let mut freed: Vec<Uuid> = Vec::new();
+            for chunk in runs.chunks(CHUNK) {
+                let (cond, values) = s.in_list("run_id", 1, chunk)?;
+                let children = |steps: &str| {
+                    format!(
+                        "SELECT c.id FROM sagaflow_runs AS c WHERE c.parent_step IN ({steps}) \
+                         AND c.state IN ('completed', 'compensated')"
+                    )
+                };
+                let rows = if postgres {
+                    let sql = format!(
+                        "WITH d AS (DELETE FROM sagaflow_steps WHERE {cond} RETURNING id) {}",
+                        children("SELECT id FROM d")
+                    );
+                    self.txn.query_all(s.stmt(&sql, values)).await?
+                } else {
+                    let sql = children(&format!("SELECT id FROM sagaflow_steps WHERE {cond}"));
+                    let rows = self.txn.query_all(s.stmt(&sql, values.clone())).await?;
+                    let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
+                    self.txn.execute(s.stmt(&sql, values)).await?;
+                    rows
+                };
+                for r in rows {
+                    freed.push(r.try_get("", "id")?);
+                }
+            }
+            if postgres {
+                freed = self.runs_move_as_is(&freed).await?;
+            }
+            runs = freed;
+        }
+        Ok(())
+    }
+
+    /// Moves finished runs (`runs`, locked or freed by this unit of work) from the runs table
+    /// into the finished ones as they are, with their `finished_at`; a run no longer final
+    /// when the statement gets its row stays. Returns the runs moved.
+    async fn runs_move_as_is(&self, runs: &[Uuid]) -> Result<Vec<Uuid>> {
+        let s = self.store;
+        let mut moved = Vec::with_capacity(runs.len());
+        for chunk in runs.chunks(CHUNK) {
+            let (cond, values) = s.in_list("id", 1, chunk)?;
+            let sql = format!(
+                "WITH m AS (DELETE FROM sagaflow_runs WHERE {cond} \
+                   AND state IN ('completed', 'compensated') RETURNING *) \
+                 INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) \
+                 SELECT id, workflow, version, workflow_key, business_key, NULL, state, input, \
+                   output, error, FALSE, created_at, updated_at, finished_at, failed_attempts, \
+                   priority, start_at, notify, trace_parent, trace_state, flow_key, parent_step, \
+                   restarted_from, restarted_as \
+                 FROM m RETURNING id"
+            );
+            for r in self.txn.query_all(s.stmt(&sql, values)).await? {
+                moved.push(r.try_get("", "id")?);
+            }
+        }
+        Ok(moved)
     }
 
     /// Sets state, output and error of many runs in one statement per chunk.
@@ -410,8 +480,9 @@ impl StoreTx<'_> {
 
 /// Whether a run that `before` was and now ends in `state` leaves the runs table for the
 /// finished ones ([`RUNS_DONE`], PostgreSQL only): it ended for good just now and no parent
-/// step may undo it (a child run stays, for its parent's compensation). A business key it
-/// keeps stays taken in the key table ([`RUN_KEYS`]), the intake's arbiter there.
+/// step may undo it (a child run stays, for its parent's compensation, and moves once its
+/// parent's steps are gone: [`StoreTx::steps_leave`]). A business key it keeps stays taken
+/// in the key table ([`RUN_KEYS`]), the intake's arbiter there.
 fn moves_on_end(s: &super::Store, before: &RunRow, state: RunState) -> bool {
     s.backend() == crate::Backend::Postgres
         && state.is_final()

@@ -283,10 +283,11 @@ impl StoreTx<'_> {
         &mut self,
         finished: &[(Uuid, RunState, Option<String>)],
         actor: &str,
-    ) -> Result<Vec<Uuid>> {
+    ) -> Result<Parents> {
         let s = self.store;
         let ids: Vec<Uuid> = finished.iter().map(|(id, _, _)| *id).collect();
         let mut kept = Vec::new();
+        let mut found = Vec::new();
         for chunk in ids.chunks(super::tx::CHUNK) {
             let (cond, values) = s.in_list("c.id", 1, chunk)?;
             let sql = format!(
@@ -306,6 +307,7 @@ impl StoreTx<'_> {
                 else {
                     continue;
                 };
+                found.push(child);
                 if *ended == RunState::Completed {
                     kept.push(child);
                 }
@@ -332,8 +334,19 @@ impl StoreTx<'_> {
                 }
             }
         }
-        Ok(kept)
+        let orphans = ids.into_iter().filter(|id| !found.contains(id)).collect();
+        Ok(Parents { kept, orphans })
     }
+}
+
+/// What the ends of child runs found of their parents ([`StoreTx::wake_parents`]).
+#[derive(Debug, Default)]
+pub(super) struct Parents {
+    /// Completed children whose parent's step may yet compensate them: they keep their steps.
+    pub(super) kept: Vec<Uuid>,
+    /// Children whose parent's step is gone (the parent finished, or an operator ended it
+    /// while the child ran): nothing can reopen them.
+    pub(super) orphans: Vec<Uuid>,
 }
 
 fn child_woken(state: RunState, output: Option<&str>) -> Woken {

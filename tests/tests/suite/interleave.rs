@@ -1600,8 +1600,9 @@ async fn interleave_an_action_waiting_for_a_runs_end_finds_the_run_it_moved() {
 /// its commit). The drop takes the tables' locks in the writers' order (finished runs, then
 /// history): it waits for the unit, the unit commits, the day goes. (Taken the other way
 /// round, each waited for the other until the drop's lock timeout: the day was left "busy"
-/// and the unit's commit stalled half a second, at every pass under load.) PostgreSQL only:
-/// SQLite has no partitions.
+/// and the unit's commit stalled half a second, at every pass under load.) The run ending is
+/// a parent whose completed child its end frees: the child moves in the same unit, and the
+/// drop waits for both. PostgreSQL only: SQLite has no partitions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
     const DAY_MS: i64 = 24 * 3_600_000;
@@ -1614,7 +1615,14 @@ async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
             .run_fill_finished(50, 7 * DAY_MS + 3_600_000..10 * DAY_MS)
             .await
             .expect("fill");
-        let run = r.run_done_but_not_ended().await;
+        let run = r.run().await;
+        let child = r.child_of_b(run).await;
+        r.evaluate(&r.plain, child).await;
+        assert!(
+            !r.rows(child).await.1.is_empty(),
+            "a completed child keeps its steps while its parent's step may undo it"
+        );
+        r.complete_all(run).await;
         let held = r.hook.hold(Unit::Evaluate, Point::BeforeCommit);
         let hooked = r.engine.store().clone();
         let end = r.evaluate(&hooked, run);
@@ -1642,6 +1650,25 @@ async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
             Some("completed"),
             "the run ended"
         );
+        let (state, steps) = r.rows(child).await;
+        assert_eq!(
+            (state.as_deref(), steps.len()),
+            (Some("completed"), 0),
+            "the child reads completed and its steps left with its parent's"
+        );
+        let conn = r.plain.connection();
+        let row = conn
+            .query_one_raw(Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "SELECT (SELECT COUNT(*) FROM sagaflow_runs WHERE id = $1) AS live, \
+                 (SELECT COUNT(*) FROM sagaflow_runs_done WHERE id = $1) AS done",
+                [Value::from(child)],
+            ))
+            .await
+            .expect("where is the child")
+            .expect("a row");
+        let n = |c: &str| row.try_get::<i64>("", c).expect("a count");
+        assert_eq!((n("live"), n("done")), (0, 1), "the child moved");
         r.shutdown().await;
     }
 }

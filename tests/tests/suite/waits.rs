@@ -684,6 +684,36 @@ async fn child_of(engine: &Engine, parent: Uuid) -> Uuid {
     .await
 }
 
+/// An engine with `return@1` and a `claim@1` whose `close` fails, and a run of `claim` that
+/// completed its child, then compensated (the child with it); returns the child.
+async fn compensated_claim(db: &TestDb, server: &EffectServer) -> (Engine, Uuid) {
+    let engine = sagaflow_testkit::fast_builder(db)
+        .with_workflow(refund(server))
+        .with_workflow(claim(true, None))
+        .start()
+        .await
+        .expect("engine");
+    let bad = engine.start("claim", &()).await.expect("start");
+    expect_state(&engine, bad, RunState::Compensated, db.backend).await;
+    let child = child_of(&engine, bad).await;
+    (engine, child)
+}
+
+/// An engine with `claim@1` and the child `slow_child` (`return@1`), a run of `claim` and its
+/// child, parked in a wait.
+async fn parked_child(db: &TestDb, slow_child: Workflow) -> (Engine, Uuid, Uuid) {
+    let engine = sagaflow_testkit::fast_builder(db)
+        .with_workflow(slow_child)
+        .with_workflow(claim(false, None))
+        .start()
+        .await
+        .expect("engine");
+    let parent = engine.start("claim", &()).await.expect("start");
+    let child = child_of(&engine, parent).await;
+    parked(&engine, child).await;
+    (engine, parent, child)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_completes_with_its_output_and_is_compensated_with_its_parent() {
     for db in backends().await {
@@ -706,15 +736,7 @@ async fn child_completes_with_its_output_and_is_compensated_with_its_parent() {
         engine.shutdown().await;
 
         // A parent that fails after its child completed compensates the child.
-        let engine = sagaflow_testkit::fast_builder(&db)
-            .with_workflow(refund(&server))
-            .with_workflow(claim(true, None))
-            .start()
-            .await
-            .expect("engine");
-        let bad = engine.start("claim", &()).await.expect("start");
-        expect_state(&engine, bad, RunState::Compensated, db.backend).await;
-        let child = child_of(&engine, bad).await;
+        let (engine, child) = compensated_claim(&db, &server).await;
         expect_state(&engine, child, RunState::Compensated, db.backend).await;
         assert_eq!(server.ledger().applied("release"), 1, "[{}]", db.backend);
         engine.shutdown().await;
@@ -734,15 +756,7 @@ async fn child_is_cancelled_with_its_parent() {
             .after(["refund"])
             .build()
             .expect("valid");
-        let engine = sagaflow_testkit::fast_builder(&db)
-            .with_workflow(slow_child)
-            .with_workflow(claim(false, None))
-            .start()
-            .await
-            .expect("engine");
-        let parent = engine.start("claim", &()).await.expect("start");
-        let child = child_of(&engine, parent).await;
-        parked(&engine, child).await;
+        let (engine, parent, child) = parked_child(&db, slow_child).await;
         engine
             .operator()
             .on_behalf_of("ops", "customer withdrew")
@@ -927,6 +941,111 @@ async fn event_sent_from_the_console_completes_a_waiting_step() {
     }
 }
 
+/// Rows of run `id` in `table`, read on the engine's own database.
+async fn rows_of(engine: &Engine, table: &str, column: &str, id: Uuid) -> i64 {
+    use sagaflow::sea_orm::{ConnectionTrait, Statement};
+    let conn = engine.store().connection();
+    let sql = format!("SELECT COUNT(*) AS n FROM {table} WHERE {column} = $1");
+    conn.query_one_raw(Statement::from_sql_and_values(
+        conn.get_database_backend(),
+        &sql,
+        [sagaflow::sea_orm::Value::from(id)],
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    .expect("a row")
+    .try_get("", "n")
+    .expect("n")
+}
+
+/// Where finished run `id` is once nothing can reopen it: its steps have left the steps
+/// table, and on PostgreSQL its row is in the finished runs' table, not the runs table; it
+/// reads as before, in `state`.
+async fn finished_for_good(engine: &Engine, id: Uuid, state: RunState, b: &str, what: &str) {
+    assert_eq!(
+        rows_of(engine, "sagaflow_steps", "run_id", id).await,
+        0,
+        "[{b}] {what}: its steps are still in the steps table"
+    );
+    if b == "postgres" {
+        let live = rows_of(engine, "sagaflow_runs", "id", id).await;
+        let done = rows_of(engine, "sagaflow_runs_done", "id", id).await;
+        assert_eq!((live, done), (0, 1), "[{b}] {what}: (live, finished) rows");
+    }
+    let run = engine.run(id).await.expect("read").expect("found");
+    assert_eq!(run.state, state, "[{b}] {what}");
+}
+
+/// A child run stays where its parent can undo it (a completed child keeps its steps in the
+/// runs table) until its parent finishes; then nothing can reopen it, and it leaves the hot
+/// tables as any finished run does: its steps go, and on PostgreSQL it moves to the finished
+/// runs' table, down every generation (a grandchild too), whether the family completed or
+/// compensated. A child that ends after its parent's step is gone (the parent ended by other
+/// means while it ran) moves at its own end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_leave_the_hot_tables_once_their_parent_finished() {
+    for db in backends().await {
+        let b = db.backend;
+        let server = effects().await;
+        // `outer@1` starts `claim`, which starts `return`: three generations.
+        let outer = Workflow::builder("outer", 1)
+            .child("claim", "claim", |_: &StepContext| Ok(json!({})))
+            .build()
+            .expect("valid");
+        let engine = sagaflow_testkit::fast_builder(&db)
+            .with_workflow(refund(&server))
+            .with_workflow(claim(false, None))
+            .with_workflow(outer)
+            .start()
+            .await
+            .expect("engine");
+        let top = engine.start("outer", &()).await.expect("start");
+        expect_state(&engine, top, RunState::Completed, b).await;
+        let mid = engine
+            .run_by_key("claim", &format!("{top}:claim"))
+            .await
+            .expect("read")
+            .expect("the child")
+            .id;
+        let leaf = child_of(&engine, mid).await;
+        finished_for_good(&engine, top, RunState::Completed, b, "the parent").await;
+        finished_for_good(&engine, mid, RunState::Completed, b, "the child").await;
+        finished_for_good(&engine, leaf, RunState::Completed, b, "the grandchild").await;
+        engine.shutdown().await;
+
+        // A parent that compensates its completed child: both compensated, both gone.
+        let (engine, child) = compensated_claim(&db, &server).await;
+        finished_for_good(&engine, child, RunState::Compensated, b, "the undone child").await;
+        engine.shutdown().await;
+
+        // A child that ends after its parent's step is gone.
+        let slow_child = Workflow::builder("return", 1)
+            .wait_for_event("approved", EventWait::named("refund_approved"))
+            .build()
+            .expect("valid");
+        let (engine, parent, child) = parked_child(&db, slow_child).await;
+        {
+            use sagaflow::sea_orm::{ConnectionTrait, Statement};
+            let conn = engine.store().connection();
+            conn.execute_raw(Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "DELETE FROM sagaflow_steps WHERE run_id = $1 AND name = 'return'",
+                [sagaflow::sea_orm::Value::from(parent)],
+            ))
+            .await
+            .expect("the parent's step goes");
+        }
+        engine
+            .send_event(child, "refund_approved", &json!(true))
+            .await
+            .expect("event");
+        expect_state(&engine, child, RunState::Completed, b).await;
+        finished_for_good(&engine, child, RunState::Completed, b, "the orphan").await;
+        engine.shutdown().await;
+        server.shutdown().await.expect("stop");
+    }
+}
+
 /// Retention never takes a completed child its parent may still compensate (defect 3): a
 /// parent that parks for 30 days after its child completed keeps the child through a
 /// retention of 7 days, and when it then fails, the child's effect is undone, once.
@@ -969,11 +1088,21 @@ async fn child_completed_long_ago_outlives_retention_while_its_parent_may_compen
         );
         let report = sagaflow_testkit::check_engine_history(&engine).await;
         assert!(report.is_clean(), "[{}] {report}", db.backend);
-        // Both finished: now both may go.
+        // Both finished: now both may go. On PostgreSQL both left the runs table for the
+        // finished runs' table, whose days go whole once they are past on the wall clock,
+        // which a test clock does not move; a retention under a day deletes its rows one by
+        // one, as SQLite does with any retention.
         clock.advance(8 * DAY);
-        let purged = engine.purge_finished(7 * DAY).await.expect("purge");
+        let retention = if db.backend == "postgres" {
+            finished_for_good(&engine, parent, RunState::Compensated, db.backend, "parent").await;
+            finished_for_good(&engine, child, RunState::Compensated, db.backend, "child").await;
+            Duration::from_secs(3600)
+        } else {
+            7 * DAY
+        };
+        let purged = engine.purge_finished(retention).await.expect("purge");
         assert!(purged >= 1, "[{}] the parent goes", db.backend);
-        let purged_child = engine.purge_finished(7 * DAY).await.expect("purge");
+        let purged_child = engine.purge_finished(retention).await.expect("purge");
         assert!(
             engine.run(child).await.expect("read").is_none(),
             "[{}] the child goes once its parent is gone ({purged} then {purged_child})",
