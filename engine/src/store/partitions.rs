@@ -224,6 +224,16 @@ impl Store {
         let txn = self.exec.begin().await?;
         txn.execute_unprepared(&format!("SET LOCAL lock_timeout = '{DROP_LOCK_WAIT_MS}ms'"))
             .await?;
+        // A child run of the day still in the runs table (its parent runs on) moves into the
+        // day as it is, with its old `finished_at`, when its parent ends: one that moved
+        // after the adjustments below would go unadjusted. Counted first, and again under
+        // the locks (a move waits for them, so none is half seen); one gone meanwhile
+        // leaves the day for the next pass.
+        let children_before = if stragglers_go {
+            self.day_children(&txn, &range).await?
+        } else {
+            0
+        };
         let rows = txn
             .query_all(self.stmt(
                 &format!(
@@ -278,6 +288,11 @@ impl Store {
             ))
             .await?;
         }
+        self.pause_point(
+            crate::interleave::Unit::Purge,
+            crate::interleave::Point::AfterReads,
+        )
+        .await;
         // The tables in the writers' order: a unit of work that ends a run moves it into the
         // finished runs, then writes its history at its commit.
         txn.execute_unprepared(&format!(
@@ -285,7 +300,9 @@ impl Store {
         ))
         .await?;
         let kept = self.day_kept(&txn, day, cutoff).await?;
-        if kept && !stragglers_go {
+        if kept && !stragglers_go
+            || children_before > 0 && self.day_children(&txn, &range).await? < children_before
+        {
             txn.rollback().await?;
             return Ok(None);
         }
@@ -355,9 +372,23 @@ impl Store {
         }
     }
 
+    /// How many child runs of the day (`range` of ids) are in the runs table: on the
+    /// partial index of `parent_step`.
+    async fn day_children<C: Exec>(&self, conn: &C, range: &str) -> Result<i64> {
+        let sql = format!(
+            "SELECT COUNT(*) AS n FROM sagaflow_runs WHERE parent_step IS NOT NULL AND {range}"
+        );
+        let row = conn.query_one(self.stmt(&sql, vec![])).await?;
+        Ok(match row {
+            Some(r) => r.try_get("", "n")?,
+            None => 0,
+        })
+    }
+
     /// Whether a run of the day is kept: a run in the runs table (not finished, a finished
-    /// child run, or one that finished before the upgrade), or a finished run that ended at
-    /// or after `cutoff`. Two probes of indexes, however many runs there are.
+    /// child run whose parent runs on, or one that finished before the upgrade), or a
+    /// finished run that ended at or after `cutoff`. Two probes of indexes, however many
+    /// runs there are.
     async fn day_kept<C: Exec>(&self, conn: &C, day: &Day, cutoff: i64) -> Result<bool> {
         let range = range_of(day.lo, day.hi);
         let sql = format!(

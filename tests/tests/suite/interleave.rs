@@ -1595,26 +1595,33 @@ async fn interleave_an_action_waiting_for_a_runs_end_finds_the_run_it_moved() {
     }
 }
 
+const DAY_MS: i64 = 24 * 3_600_000;
+
+/// A rig with `n` finished runs filled at `ages` milliseconds ago, in their days' partitions:
+/// PostgreSQL only (`None` on SQLite, which has no partitions).
+async fn rig_with_past_days(db: TestDb, n: u64, ages: std::ops::Range<i64>) -> Option<Rig> {
+    if db.backend != "postgres" {
+        return None;
+    }
+    let r = rig(db).await;
+    r.plain.run_fill_finished(n, ages).await.expect("fill");
+    Some(r)
+}
+
 /// The retention's drop of a past day meets a unit of work that has just ended a run (moved
 /// its row into the finished runs' table) and not yet committed (its history is written at
 /// its commit). The drop takes the tables' locks in the writers' order (finished runs, then
 /// history): it waits for the unit, the unit commits, the day goes. (Taken the other way
 /// round, each waited for the other until the drop's lock timeout: the day was left "busy"
 /// and the unit's commit stalled half a second, at every pass under load.) The run ending is
-/// a parent whose completed child its end frees: the child moves in the same unit, and the
-/// drop waits for both. PostgreSQL only: SQLite has no partitions.
+/// a parent whose two completed children (of one step) its end frees: they move in the same
+/// unit, and the drop waits for all three. PostgreSQL only: SQLite has no partitions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
-    const DAY_MS: i64 = 24 * 3_600_000;
     for db in backends().await {
-        if db.backend != "postgres" {
+        let Some(r) = rig_with_past_days(db, 50, 7 * DAY_MS + 3_600_000..10 * DAY_MS).await else {
             continue;
-        }
-        let r = rig(db).await;
-        r.plain
-            .run_fill_finished(50, 7 * DAY_MS + 3_600_000..10 * DAY_MS)
-            .await
-            .expect("fill");
+        };
         let run = r.run().await;
         let child = r.child_of_b(run).await;
         r.evaluate(&r.plain, child).await;
@@ -1622,6 +1629,19 @@ async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
             !r.rows(child).await.1.is_empty(),
             "a completed child keeps its steps while its parent's step may undo it"
         );
+        // A second child of the same step (as a retry after a child that released its key
+        // starts another): it moves too.
+        let second = r.run_done_but_not_ended().await;
+        let conn = r.plain.connection();
+        conn.execute_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            "UPDATE sagaflow_runs SET parent_step = (SELECT parent_step FROM sagaflow_runs \
+             WHERE id = $1) WHERE id = $2",
+            [Value::from(child), Value::from(second)],
+        ))
+        .await
+        .expect("link the second child");
+        r.evaluate(&r.plain, second).await;
         r.complete_all(run).await;
         let held = r.hook.hold(Unit::Evaluate, Point::BeforeCommit);
         let hooked = r.engine.store().clone();
@@ -1650,25 +1670,92 @@ async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
             Some("completed"),
             "the run ended"
         );
-        let (state, steps) = r.rows(child).await;
-        assert_eq!(
-            (state.as_deref(), steps.len()),
-            (Some("completed"), 0),
-            "the child reads completed and its steps left with its parent's"
+        for child in [child, second] {
+            let (state, steps) = r.rows(child).await;
+            assert_eq!(
+                (state.as_deref(), steps.len()),
+                (Some("completed"), 0),
+                "the child reads completed and its steps left with its parent's"
+            );
+            let row = conn
+                .query_one_raw(Statement::from_sql_and_values(
+                    conn.get_database_backend(),
+                    "SELECT (SELECT COUNT(*) FROM sagaflow_runs WHERE id = $1) AS live, \
+                     (SELECT COUNT(*) FROM sagaflow_runs_done WHERE id = $1) AS done",
+                    [Value::from(child)],
+                ))
+                .await
+                .expect("where is the child")
+                .expect("a row");
+            let n = |c: &str| row.try_get::<i64>("", c).expect("a count");
+            assert_eq!((n("live"), n("done")), (0, 1), "the child {child} moved");
+        }
+        r.shutdown().await;
+    }
+}
+
+/// The retention's drop of a past day has adjusted the totals and deleted the alerts, events
+/// and keys of the day's runs that go, and has not yet taken the tables' locks, when a parent
+/// ends whose completed child started that day: the child moves into the day as it is, with
+/// its old `finished_at`. The drop counts the day's children in the runs table again under
+/// the locks, finds one gone, and leaves the day for the next pass, which takes the child with
+/// the rest. (Without the count, the day went with the child in it, its totals never
+/// adjusted.) PostgreSQL only: SQLite has no partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_child_moving_into_a_day_being_dropped_leaves_the_day_for_the_next_pass() {
+    for db in backends().await {
+        // Older than the retention and a day: the drop moves any straggler aside.
+        let Some(r) = rig_with_past_days(db, 20, 9 * DAY_MS + 3_600_000..10 * DAY_MS).await else {
+            continue;
+        };
+        let parent = r.run().await;
+        let now = r.plain.now_ms().await.expect("now");
+        // A minute into the oldest filled day, the first the pass drops.
+        let born = (now - 10 * DAY_MS).div_euclid(DAY_MS) * DAY_MS + 60_000;
+        let random = Uuid::new_v4().as_u128() & ((1 << 76) - 1);
+        let child = Uuid::from_u128(
+            (u128::try_from(born).expect("after 1970") << 80) | (0x7 << 76) | random,
         );
         let conn = r.plain.connection();
-        let row = conn
-            .query_one_raw(Statement::from_sql_and_values(
-                conn.get_database_backend(),
-                "SELECT (SELECT COUNT(*) FROM sagaflow_runs WHERE id = $1) AS live, \
-                 (SELECT COUNT(*) FROM sagaflow_runs_done WHERE id = $1) AS done",
-                [Value::from(child)],
-            ))
+        conn.execute_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            "INSERT INTO sagaflow_runs (id, workflow, version, workflow_key, state, input, \
+             output, created_at, updated_at, finished_at, parent_step) \
+             VALUES ($1, 'pair', 1, 'pair@1', 'completed', 'null', 'null', $2, $2, $2, \
+             (SELECT id FROM sagaflow_steps WHERE run_id = $3 AND name = 'b'))",
+            [Value::from(child), Value::from(born), Value::from(parent)],
+        ))
+        .await
+        .expect("a child of that day, completed");
+        r.complete_all(parent).await;
+        let held = r.hook.hold(Unit::Purge, Point::AfterReads);
+        let hooked = r.engine.store().clone();
+        let dropping = hooked.history_partitions_maintain(7 * DAY_MS);
+        let end = async {
+            tokio::time::timeout(LIMIT, held.reached())
+                .await
+                .expect("the drop reached its point");
+            r.evaluate(&r.plain, parent).await;
+            held.release();
+        };
+        let (first, ()) = tokio::join!(dropping, end);
+        let first = first.expect("the first pass");
+        assert_eq!(
+            r.rows(child).await.0.as_deref(),
+            Some("completed"),
+            "the child moved in during the pass and is still there: {first:?}"
+        );
+        let second = r
+            .plain
+            .history_partitions_maintain(7 * DAY_MS)
             .await
-            .expect("where is the child")
-            .expect("a row");
-        let n = |c: &str| row.try_get::<i64>("", c).expect("a count");
-        assert_eq!((n("live"), n("done")), (0, 1), "the child moved");
+            .expect("the second pass");
+        assert_eq!(r.rows(child).await.0, None, "the next pass took the child");
+        assert_eq!(
+            (first.runs_dropped + second.runs_dropped, second.busy),
+            (21, 0),
+            "the filled runs and the child went, each counted once: {first:?} {second:?}"
+        );
         r.shutdown().await;
     }
 }
