@@ -33,6 +33,27 @@ pub struct EvalApplied {
     pub alert: Option<Alert>,
 }
 
+/// What a move into the finished runs' table writes in the columns it may change: SQL
+/// expressions over the deleted row (and the values joined to it).
+struct Moved {
+    state: &'static str,
+    output: &'static str,
+    error: &'static str,
+    updated_at: &'static str,
+    finished_at: &'static str,
+}
+
+/// The select list of a move into the finished runs' table, in `RUN_TABLE_COLUMNS`' order:
+/// the moved row's columns as they are, but for `m`'s, a released key and a clean row.
+fn moved_run(m: Moved) -> String {
+    format!(
+        "id, workflow, version, workflow_key, business_key, NULL, {}, input, {}, {}, FALSE, \
+         created_at, {}, {}, failed_attempts, priority, start_at, notify, trace_parent, \
+         trace_state, flow_key, parent_step, restarted_from, restarted_as",
+        m.state, m.output, m.error, m.updated_at, m.finished_at
+    )
+}
+
 /// A boolean column of a bulk write of payloads: its name, and how a run gives its value.
 type PayloadFlag = (&'static str, fn(&RunPayload) -> bool);
 
@@ -342,13 +363,14 @@ impl StoreTx<'_> {
                 "WITH m AS (DELETE FROM sagaflow_runs AS r USING {source} WHERE r.id = v.vid \
                    RETURNING r.*, v.state AS v_state, v.output AS v_output, v.error AS v_error, \
                    v.clr AS v_clr) \
-                 INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) \
-                 SELECT id, workflow, version, workflow_key, business_key, NULL, v_state, input, \
-                   COALESCE(v_output, output), \
-                   CASE WHEN v_clr THEN NULL ELSE COALESCE(v_error, error) END, FALSE, \
-                   created_at, {{now}}, {{now}}, failed_attempts, priority, start_at, notify, \
-                   trace_parent, trace_state, flow_key, parent_step, restarted_from, restarted_as \
-                 FROM m"
+                 INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) SELECT {} FROM m",
+                moved_run(Moved {
+                    state: "v_state",
+                    output: "COALESCE(v_output, output)",
+                    error: "CASE WHEN v_clr THEN NULL ELSE COALESCE(v_error, error) END",
+                    updated_at: "{now}",
+                    finished_at: "{now}",
+                })
             )
         })
         .await
@@ -413,12 +435,14 @@ impl StoreTx<'_> {
             let sql = format!(
                 "WITH m AS (DELETE FROM sagaflow_runs WHERE {cond} \
                    AND state IN ('completed', 'compensated') RETURNING *) \
-                 INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) \
-                 SELECT id, workflow, version, workflow_key, business_key, NULL, state, input, \
-                   output, error, FALSE, created_at, updated_at, finished_at, failed_attempts, \
-                   priority, start_at, notify, trace_parent, trace_state, flow_key, parent_step, \
-                   restarted_from, restarted_as \
-                 FROM m RETURNING id"
+                 INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) SELECT {} FROM m RETURNING id",
+                moved_run(Moved {
+                    state: "state",
+                    output: "output",
+                    error: "error",
+                    updated_at: "updated_at",
+                    finished_at: "finished_at",
+                })
             );
             for r in self.txn.query_all(s.stmt(&sql, values)).await? {
                 moved.push(r.try_get("", "id")?);

@@ -2,6 +2,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -103,6 +104,10 @@ impl Fleet {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
+            // A group of its own: a SIGSTOPped engine in the coordinator's group would have
+            // the kernel send the whole group SIGHUP whenever that group is orphaned (the test
+            // command run by a runner in a session of its own) and one of its processes exits.
+            .process_group(0)
             .spawn()?;
         let stdin = child.stdin.take();
         if generation > 0 {
