@@ -47,6 +47,9 @@ banner() { printf '\n==> [%02d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "
 # shellcheck disable=SC2317  # invoked via trap
 cleanup() {
     local status=$?
+    if [[ -n "${schemathesis_pid:-}" ]]; then
+        kill "$schemathesis_pid" 2>/dev/null || true
+    fi
     if [[ -n "${SAGAFLOW_PG_DIR:-}" ]]; then
         banner "stopping PostgreSQL"
         pg_stop "$SAGAFLOW_PG_DIR" || true
@@ -130,11 +133,15 @@ if ! "$schemathesis_venv/bin/schemathesis" --version 2>/dev/null | grep -qxF "sc
             exit 1
         fi
     fi
-    banner "installing schemathesis $schemathesis_version into $schemathesis_venv (pip)"
+    # Beside the build (it waits on the network more than on the processors; 17 s from a
+    # fresh clone); the tests wait for it.
+    banner "installing schemathesis $schemathesis_version into $schemathesis_venv (pip, beside the build)"
     rm -rf "$schemathesis_venv"
     python3 -m venv "$schemathesis_venv"
+    schemathesis_log="$target_dir/schemathesis-install.log"
     "$schemathesis_venv/bin/pip" install -q --disable-pip-version-check \
-        "schemathesis==$schemathesis_version"
+        "schemathesis==$schemathesis_version" >"$schemathesis_log" 2>&1 &
+    schemathesis_pid=$!
 fi
 export SAGAFLOW_SCHEMATHESIS="$schemathesis_venv/bin/schemathesis"
 export SAGAFLOW_REQUIRE_SCHEMATHESIS=1
@@ -186,6 +193,15 @@ if [[ "$lint" -eq 1 ]]; then
     "$target_dir/debug/sagaflow-public-api" --check
 else
     banner "SAGAFLOW_SKIP_LINT=1: skipping cargo fmt, clippy, doc and the API listing"
+fi
+
+if [[ -n "${schemathesis_pid:-}" ]]; then
+    if ! wait "$schemathesis_pid"; then
+        cat "$schemathesis_log" >&2
+        echo "test.sh: installing schemathesis $schemathesis_version failed (above)" >&2
+        exit 1
+    fi
+    schemathesis_pid=""
 fi
 
 banner "cargo test --workspace --locked $*  (SAGAFLOW_PG_URL=$SAGAFLOW_PG_URL)"
