@@ -30,6 +30,7 @@
 #       the fuzzer of the HTTP contract test, installed here (pinned) from PyPI.
 #   SAGAFLOW_REQUIRE_SCHEMATHESIS=1
 #       the HTTP contract test must FAIL, not skip, when schemathesis is missing.
+#   RUST_TEST_THREADS=4 (unless set): four tests at a time, which mostly wait.
 #   SAGAFLOW_SCREENSHOTS (optional, yours to set)
 #       where the browser test saves its screenshots (default: target/console-screenshots).
 set -euo pipefail
@@ -47,7 +48,8 @@ banner() { printf '\n==> [%02d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "
 # shellcheck disable=SC2317  # invoked via trap
 cleanup() {
     local status=$?
-    if [[ -n "${schemathesis_pid:-}" ]]; then
+    # pip, when it still runs beside the build (a job of this shell's, not a reused pid).
+    if [[ -n "${schemathesis_pid:-}" ]] && jobs -pr | grep -qx "$schemathesis_pid"; then
         kill "$schemathesis_pid" 2>/dev/null || true
     fi
     if [[ -n "${SAGAFLOW_PG_DIR:-}" ]]; then
@@ -196,12 +198,13 @@ else
 fi
 
 if [[ -n "${schemathesis_pid:-}" ]]; then
-    if ! wait "$schemathesis_pid"; then
+    pip_pid=$schemathesis_pid
+    schemathesis_pid=""
+    if ! wait "$pip_pid"; then
         cat "$schemathesis_log" >&2
         echo "test.sh: installing schemathesis $schemathesis_version failed (above)" >&2
         exit 1
     fi
-    schemathesis_pid=""
 fi
 
 banner "cargo test --workspace --locked $*  (SAGAFLOW_PG_URL=$SAGAFLOW_PG_URL)"

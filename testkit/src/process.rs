@@ -59,9 +59,9 @@ impl ChildTest {
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
-        // A group of its own: a child a test SIGSTOPs, in the test's group, would have the
-        // kernel send that whole group SIGHUP whenever it is orphaned (the test command run
-        // by a runner in a session of its own) and one of its processes exits.
+        // A group of its own: while a child a test SIGSTOPped is in the test's group, an
+        // exit that leaves that group orphaned (its launching shell's, say) has the kernel
+        // send every member SIGHUP, the test included.
         .process_group(0)
         .kill_on_drop(true);
         for (k, v) in env {

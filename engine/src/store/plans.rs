@@ -44,13 +44,14 @@ struct Moved {
 }
 
 /// The select list of a move into the finished runs' table, in `RUN_TABLE_COLUMNS`' order:
-/// the moved row's columns as they are, but for `m`'s, a released key and a clean row.
-fn moved_run(m: Moved) -> String {
+/// the moved row's columns as they are, but for those `set` gives, a released key and a
+/// clean row.
+fn moved_run(set: Moved) -> String {
     format!(
         "id, workflow, version, workflow_key, business_key, NULL, {}, input, {}, {}, FALSE, \
          created_at, {}, {}, failed_attempts, priority, start_at, notify, trace_parent, \
          trace_state, flow_key, parent_step, restarted_from, restarted_as",
-        m.state, m.output, m.error, m.updated_at, m.finished_at
+        set.state, set.output, set.error, set.updated_at, set.finished_at
     )
 }
 
@@ -537,5 +538,41 @@ fn finished_notice(before: &RunRow, write: &PlanWrite, state: RunState) -> RunFi
             (None, true) => None,
             (None, false) => before.error.as_ref(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Moved, RUN_TABLE_COLUMNS, moved_run};
+
+    /// The move's select list gives every column of the runs' tables, in their order.
+    #[test]
+    fn a_moved_run_has_every_column_in_its_place() {
+        let list = moved_run(Moved {
+            state: "S",
+            output: "O",
+            error: "E",
+            updated_at: "U",
+            finished_at: "F",
+        });
+        let values: Vec<&str> = list.split(", ").map(str::trim).collect();
+        let columns: Vec<&str> = RUN_TABLE_COLUMNS.split(", ").map(str::trim).collect();
+        assert_eq!(values.len(), columns.len(), "{list}");
+        let set = [
+            ("active_key", "NULL"),
+            ("state", "S"),
+            ("output", "O"),
+            ("error", "E"),
+            ("dirty", "FALSE"),
+            ("updated_at", "U"),
+            ("finished_at", "F"),
+        ];
+        for (column, value) in columns.iter().zip(&values) {
+            let expected = set
+                .iter()
+                .find(|(c, _)| c == column)
+                .map_or(*column, |(_, v)| *v);
+            assert_eq!(*value, expected, "column {column} in {list}");
+        }
     }
 }

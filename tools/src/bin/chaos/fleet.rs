@@ -104,9 +104,9 @@ impl Fleet {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
-            // A group of its own: a SIGSTOPped engine in the coordinator's group would have
-            // the kernel send the whole group SIGHUP whenever that group is orphaned (the test
-            // command run by a runner in a session of its own) and one of its processes exits.
+            // A group of its own: while a SIGSTOPped engine is in the coordinator's group,
+            // an exit that leaves that group orphaned (its launching shell's, say) has the
+            // kernel send every member SIGHUP (a chaos run lost an engine so).
             .process_group(0)
             .spawn()?;
         let stdin = child.stdin.take();
