@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::alerts::{NewAlert, insert_alert};
 use super::outbox::{insert_notice, run_notice};
+use super::rows::FINAL_RUN_STATES;
 use super::tx::{CHUNK, HistoryEntry, mark_dirty};
 use super::{RunRow, StoreTx};
 use crate::model::{Alert, RunFinished};
@@ -399,7 +400,7 @@ impl StoreTx<'_> {
                 let sql = format!(
                     "DELETE FROM sagaflow_steps WHERE {cond} RETURNING id, (SELECT c.id \
                      FROM sagaflow_runs AS c WHERE c.parent_step = sagaflow_steps.id \
-                     AND c.state IN ('completed', 'compensated') LIMIT 1) AS child"
+                     AND c.state IN {FINAL_RUN_STATES} LIMIT 1) AS child"
                 );
                 for r in self.txn.query_all(s.stmt(&sql, values)).await? {
                     if r.try_get::<Option<Uuid>>("", "child")?.is_some() {
@@ -411,7 +412,7 @@ impl StoreTx<'_> {
                 let (cond, values) = s.in_list("parent_step", 1, chunk)?;
                 let sql = format!(
                     "SELECT id FROM sagaflow_runs WHERE {cond} \
-                     AND state IN ('completed', 'compensated')"
+                     AND state IN {FINAL_RUN_STATES}"
                 );
                 for r in self.txn.query_all(s.stmt(&sql, values)).await? {
                     freed.push(r.try_get("", "id")?);
@@ -435,7 +436,7 @@ impl StoreTx<'_> {
             let (cond, values) = s.in_list("id", 1, chunk)?;
             let sql = format!(
                 "WITH m AS (DELETE FROM sagaflow_runs WHERE {cond} \
-                   AND state IN ('completed', 'compensated') RETURNING *) \
+                   AND state IN {FINAL_RUN_STATES} RETURNING *) \
                  INSERT INTO {RUNS_DONE} ({RUN_TABLE_COLUMNS}) SELECT {} FROM m RETURNING id",
                 moved_run(Moved {
                     state: "state",

@@ -85,6 +85,9 @@ impl RunRow {
     }
 }
 
+/// The states a run ends in for good ([`crate::RunState::is_final`]), as an SQL list.
+pub(super) const FINAL_RUN_STATES: &str = "('completed', 'compensated')";
+
 /// The columns a [`RunView`] reads beside [`RUN_COLS`].
 pub(super) const RUN_VIEW_COLS: &str = "priority, start_at, restarted_from, restarted_as";
 
@@ -253,3 +256,19 @@ from_row!(HistoryColumns {
     at,
     then_states,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::FINAL_RUN_STATES;
+    use crate::RunState;
+
+    #[test]
+    fn the_sql_list_of_final_run_states_is_the_enums() {
+        let finals: Vec<String> = RunState::ALL
+            .iter()
+            .filter(|s| s.is_final())
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        assert_eq!(FINAL_RUN_STATES, format!("({})", finals.join(", ")));
+    }
+}

@@ -5,7 +5,7 @@ use sea_orm::Value;
 use super::row::Exec;
 use uuid::Uuid;
 
-use super::rows::{RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
+use super::rows::{FINAL_RUN_STATES, RUN_COLS, RUN_VIEW_COLS, STEP_COLS};
 use super::{RunRow, RunView, StepRow, Store, StoreTx, placeholders};
 use crate::interleave::{Point, Unit};
 use crate::model::{HistoryEvent, HistoryKind, RunCounts};
@@ -374,7 +374,7 @@ impl Store {
 /// reach it. A child reopened for compensation is no longer final and has no `finished_at`.
 fn purgeable(table: &str) -> String {
     format!(
-        "state IN ('completed', 'compensated') AND finished_at IS NOT NULL \
+        "state IN {FINAL_RUN_STATES} AND finished_at IS NOT NULL \
          AND finished_at < {{now}} - $1 AND (parent_step IS NULL OR NOT EXISTS \
          (SELECT 1 FROM sagaflow_steps AS p WHERE p.id = {table}.parent_step))"
     )
