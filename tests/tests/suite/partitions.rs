@@ -2,15 +2,16 @@
 //! past day's partitions once none of its runs is kept, instead of deleting the runs and
 //! their history row by row.
 //!
-//! Runs are filled at ages of 7 days and 1 hour to 10 days (the fill makes the partitions of
-//! those days, as an engine running then would have), so that with a retention of 7 days
-//! every filled run is due. Two runs of those days are written by a transaction that is
-//! still open when the pass begins: the pass's first look finds the oldest day empty and goes
-//! for its partition, then waits for the table's lock behind that transaction. Once it
-//! commits, the pass looks again under the lock: the oldest day's run is kept (a run that
-//! started ten days ago and still runs), so its history moves to the default partition and
-//! the day goes; the newest day's run keeps its day, which is still within reach of the
-//! retention. Nothing of either run is lost, the history of the purged runs is gone, and the
+//! Runs are filled at ages from two hours into the day that began at least 7 days and 3
+//! hours ago, back to 10 days (the fill makes the partitions of those days, as an engine
+//! running then would have), so that with a retention of 7 days every filled run is due,
+//! whatever the time of day the test runs at. Two runs of those days are written by a
+//! transaction that is still open when the pass begins: the pass's first look finds the
+//! oldest day empty and goes for its partition, then waits for the table's lock behind that
+//! transaction. Once it commits, the pass looks again under the lock: the oldest day's run
+//! is kept (a run that started ten days ago and still runs), so its history moves to the
+//! default partition and the day goes; the newest day's run keeps its day, which is still
+//! within reach of the retention. Nothing of either run is lost, the history of the purged runs is gone, and the
 //! partitions of the coming days exist. A run of the oldest day that finished an hour ago is
 //! kept too: its row moves to the finished runs' default partition.
 //!
@@ -34,7 +35,8 @@ use crate::fixtures::postgres_wanted;
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
-const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+const RETENTION_MS: i64 = 7 * DAY;
+const RETENTION: Duration = Duration::from_millis(RETENTION_MS.unsigned_abs());
 
 fn noop() -> Workflow {
     Workflow::builder("noop", 1)
@@ -129,13 +131,18 @@ async fn retention_drops_past_days_whole_and_keeps_the_history_of_kept_runs() {
         vec![],
     )
     .await;
-    let (newest, oldest) = (7 * DAY + HOUR, 10 * DAY);
+    let day_of = |ms: i64| ms.div_euclid(HISTORY_PARTITION_SPAN_MS) * HISTORY_PARTITION_SPAN_MS;
+    // The newest filled run two hours into its day, and at least an hour older than the
+    // retention, whatever the time of day: the newest filled day then holds filled runs
+    // and, an hour into it, the recent run below. (A fixed age of 7 days and 1 hour put the
+    // recent run on the day before when the test ran between 01:00 and 02:00 UTC.)
+    let newest = now - (day_of(now - RETENTION_MS - 3 * HOUR) + 2 * HOUR);
+    let oldest = 10 * DAY;
     engine
         .store()
         .run_fill_finished(300, newest..oldest)
         .await
         .expect("fill");
-    let day_of = |ms: i64| ms.div_euclid(HISTORY_PARTITION_SPAN_MS) * HISTORY_PARTITION_SPAN_MS;
     let (first_day, last_day) = (day_of(now - oldest), day_of(now - newest));
     let before = partitions(&conn).await;
     for day in [first_day, last_day] {
