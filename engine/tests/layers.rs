@@ -349,6 +349,7 @@ const CONNECTION: &[&str] = &[
     "open",
     "open_replica",
     "pause_point",
+    "primary_looks",
     "primary_moves",
     "primary_split_brain",
     "rollback",

@@ -19,7 +19,7 @@
 //!
 //! - connection and units of work: [`Store::open`], [`Store::open_replica`],
 //!   [`Store::replica_lag`], [`Store::is_replica`], [`Store::wal_position`],
-//!   [`Store::primary_moves`], [`Store::primary_split_brain`],
+//!   [`Store::primary_moves`], [`Store::primary_split_brain`], [`Store::primary_looks`],
 //!   [`Store::connect`],
 //!   [`Store::from_connection`], [`Store::schema_migrate`], [`Store::connection`],
 //!   [`Store::executor`], [`Store::backend`], [`Store::target`], [`Store::has_file`],
@@ -358,11 +358,20 @@ impl Store {
         self.primary.as_ref().map(|w| w.moves.clone())
     }
 
-    /// With a URL naming a primary and its standbys: the primaries the store's last look at
-    /// every server found, when it found more than one of its cluster (a split brain);
+    /// With a URL naming a primary and its standbys: the servers of its cluster accepting
+    /// writes that the store's last look at every server found, when it found more than one
+    /// (a split brain: a former primary on an older timeline counts, though the store
+    /// refuses it), or that an earlier look found while one of them has not answered since;
     /// `None` otherwise, and with one server.
     pub fn primary_split_brain(&self) -> Option<String> {
         self.primary.as_ref().and_then(|w| w.pin.split_brain())
+    }
+
+    /// With a URL naming a primary and its standbys: how many looks at every server the
+    /// store has taken (one at the open, then every tenth check of the primary and after
+    /// each failed one); `None` with one server. For a test to wait on looks, not on time.
+    pub fn primary_looks(&self) -> Option<u64> {
+        self.primary.as_ref().map(|w| w.pin.looks())
     }
 
     /// The primary's current WAL position (`pg_current_wal_lsn()`), which a replica that has

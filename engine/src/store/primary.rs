@@ -8,7 +8,8 @@
 //!   promoted, and the timeline, which each promotion raises). A server of another cluster at
 //!   a listed address (an old primary's address taken by a fresh server) is never taken for
 //!   the primary, nor is a former primary still writable on an older timeline (a split
-//!   brain); a URL listing primaries of two clusters fails at open;
+//!   brain, which lasts until it stops accepting writes, and while a server of it does not
+//!   answer); a URL listing primaries of two clusters fails at open;
 //! - every new pooled connection checks that its server is that primary, so the pool never
 //!   hands out a session on a standby (a demoted primary is restarted as one) or a stranger;
 //! - a watcher keeps one probe connection and asks it, every
@@ -212,8 +213,33 @@ struct Pinned {
     moved: Option<std::time::Instant>,
     /// The role may not read the identity: it is not asked for again.
     denied: bool,
-    /// The primaries the last look found, when it found more than one (a split brain).
-    split: Option<String>,
+    /// The split brain the last look found, if it found one, or kept (see [`Split`]).
+    split: Option<Split>,
+    /// Looks at every server so far.
+    looks: u64,
+}
+
+/// A split brain: more than one server of the cluster accepting writes (the primary and a
+/// former primary on an older timeline, which the store refuses but which still writes for
+/// whoever reaches it). A look that finds only one keeps the split when a server of it did
+/// not answer in time: whether that one still accepts writes is not known.
+#[derive(Debug, Clone)]
+struct Split {
+    /// The servers accepting writes, by their index in the URL.
+    members: Vec<usize>,
+    /// Them, named with their timelines, for the operator.
+    names: String,
+}
+
+/// What a server is to the store.
+enum Verdict {
+    /// Its primary, with its identity when readable.
+    Primary(Option<Identity>),
+    /// A former primary of its cluster, still writable on an older timeline (a split brain):
+    /// refused, and why.
+    Former(Identity, String),
+    /// A standby, or a server of another cluster: refused, and why.
+    Not(String),
 }
 
 impl Pin {
@@ -245,27 +271,38 @@ impl Pin {
         }
     }
 
-    /// Why a primary of identity `id` is not the store's, if it is not.
-    fn refuses(&self, id: Option<Identity>) -> Option<String> {
-        let id = id?;
+    /// What a primary of identity `id` is to the store.
+    fn verdict(&self, id: Option<Identity>) -> Verdict {
+        let Some(id) = id else {
+            return Verdict::Primary(None);
+        };
         let p = self.get();
         match p.cluster {
-            Some(ours) if ours != id.cluster => Some(format!(
+            Some(ours) if ours != id.cluster => Verdict::Not(format!(
                 "a primary of another cluster (system identifier {}, not {ours}): refused",
                 id.cluster
             )),
-            _ if id.timeline < p.timeline => Some(format!(
-                "a former primary, still writable on timeline {} while the cluster is on {} \
-                 (a split brain): refused",
-                id.timeline, p.timeline
-            )),
-            _ => None,
+            _ if id.timeline < p.timeline => Verdict::Former(
+                id,
+                format!(
+                    "a former primary, still writable on timeline {} while the cluster is on {} \
+                     (a split brain): refused",
+                    id.timeline, p.timeline
+                ),
+            ),
+            _ => Verdict::Primary(Some(id)),
         }
     }
 
-    /// The primaries the last look at every server found, when it found more than one.
+    /// The servers accepting writes that the last look at every server found, when it found
+    /// more than one (or kept them: see [`Split`]).
     pub(super) fn split_brain(&self) -> Option<String> {
-        self.get().split.clone()
+        self.get().split.as_ref().map(|s| s.names.clone())
+    }
+
+    /// How many looks at every server the watcher has taken.
+    pub(super) fn looks(&self) -> u64 {
+        self.get().looks
     }
 
     /// Whether a pooled connection `age` old was opened before the pool last moved.
@@ -274,20 +311,13 @@ impl Pin {
     }
 }
 
-/// What a server is to the store: its primary (with its identity when readable), or not, and
-/// why.
-async fn judge(
-    conn: &mut PgConnection,
-    pin: &Pin,
-) -> std::result::Result<Result<Option<Identity>, String>, sqlx::Error> {
+/// What the server behind `conn` is to the store.
+async fn judge(conn: &mut PgConnection, pin: &Pin) -> std::result::Result<Verdict, sqlx::Error> {
     if !ask(conn).await? {
-        return Ok(Err("a standby (in recovery)".into()));
+        return Ok(Verdict::Not("a standby (in recovery)".into()));
     }
     let id = identify(conn, pin).await?;
-    Ok(match pin.refuses(id) {
-        Some(why) => Err(why),
-        None => Ok(id),
-    })
+    Ok(pin.verdict(id))
 }
 
 /// A check for the pool's new connections: a session on a standby, on a server of another
@@ -298,8 +328,8 @@ pub(super) async fn refuse_unless_primary(
     pin: &Pin,
 ) -> std::result::Result<(), sqlx::Error> {
     match judge(conn, pin).await? {
-        Ok(_) => Ok(()),
-        Err(why) => Err(sqlx::Error::Configuration(
+        Verdict::Primary(_) => Ok(()),
+        Verdict::Former(_, why) | Verdict::Not(why) => Err(sqlx::Error::Configuration(
             format!("the server is {why}; the engine writes to its primary only").into(),
         )),
     }
@@ -309,9 +339,17 @@ pub(super) async fn refuse_unless_primary(
 /// and its identity.
 pub(super) type Found = (usize, PgConnection, Option<Identity>);
 
-/// What a visit to a server found: a connection to the primary and its identity, or why it
-/// is not the primary.
-type Visit = Result<(PgConnection, Option<Identity>), String>;
+/// What a visit to a server found.
+enum Visit {
+    /// The primary: a connection to it, and its identity.
+    Primary(PgConnection, Option<Identity>),
+    /// A former primary still accepting writes (a split brain), and why it is refused.
+    Former(Identity, String),
+    /// Not a primary, or not reachable, and why.
+    Not(String),
+    /// No answer within the connect timeout: whether it accepts writes is not known.
+    Silent(String),
+}
 
 /// Finds and follows the primary among the servers of a URL.
 #[derive(Debug, Clone)]
@@ -372,19 +410,23 @@ impl Primary {
         .await
         {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Err(e)) => return Visit::Not(e.to_string()),
             Err(_) => {
-                return Err(format!(
+                return Visit::Silent(format!(
                     "no connection within the connect timeout of {:?}",
                     self.connect_timeout
                 ));
             }
         };
         match tokio::time::timeout(self.connect_timeout, judge(&mut c, &self.pin)).await {
-            Ok(Ok(Ok(id))) => Ok((c, id)),
-            Ok(Ok(Err(why))) => Err(why),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer within the connect timeout".into()),
+            Ok(Ok(Verdict::Primary(id))) => Visit::Primary(c, id),
+            Ok(Ok(Verdict::Former(id, why))) => {
+                self.close_later(c);
+                Visit::Former(id, why)
+            }
+            Ok(Ok(Verdict::Not(why))) => Visit::Not(why),
+            Ok(Err(e)) => Visit::Not(e.to_string()),
+            Err(_) => Visit::Silent("no answer within the connect timeout".into()),
         }
     }
 
@@ -398,8 +440,10 @@ impl Primary {
     /// answer costs one connect timeout, whatever its place): the one on the newest
     /// timeline when every primary tells its identity, else, and among equals, `current` or
     /// the first in the URL's order. The store takes the cluster of the one chosen when it
-    /// has none yet; primaries of two clusters then are an error. More than one primary of
-    /// the cluster is a split brain, logged as an error. Else what each server answered.
+    /// has none yet; primaries of two clusters then are an error. More than one server of
+    /// the cluster accepting writes (a former primary on an older timeline counts) is a
+    /// split brain, logged as an error, and kept while a server of it does not answer. Else
+    /// what each server answered.
     pub(super) async fn locate(
         &self,
         current: Option<usize>,
@@ -410,7 +454,7 @@ impl Primary {
             let me = self.clone();
             visits.spawn(async move { (i, me.visit(i).await) });
         }
-        let mut answers: Vec<Visit> = (0..n).map(|_| Err("not asked".to_owned())).collect();
+        let mut answers: Vec<Visit> = (0..n).map(|_| Visit::Not("not asked".into())).collect();
         while let Some(joined) = visits.join_next().await {
             // A visit cancelled (the runtime shutting down) stays "not asked".
             if let Ok((i, visit)) = joined {
@@ -420,7 +464,10 @@ impl Primary {
         let primaries: Vec<(usize, Option<Identity>)> = answers
             .iter()
             .enumerate()
-            .filter_map(|(i, a)| Some((i, a.as_ref().ok()?.1)))
+            .filter_map(|(i, a)| match a {
+                Visit::Primary(_, id) => Some((i, *id)),
+                _ => None,
+            })
             .collect();
         if self.pin.get().cluster.is_none() {
             // Two primaries of different clusters in one URL: which one holds the runs is
@@ -430,8 +477,10 @@ impl Primary {
                 .filter_map(|(i, id)| Some((*i, id.as_ref()?.cluster)))
                 .collect();
             if let Some(&(j, other)) = clusters.iter().find(|(_, c)| *c != clusters[0].1) {
-                for (c, _) in answers.into_iter().flatten() {
-                    self.close_later(c);
+                for a in answers {
+                    if let Visit::Primary(c, _) = a {
+                        self.close_later(c);
+                    }
                 }
                 return Err(format!(
                     "the URL lists primaries of different clusters: {} (system identifier {}) \
@@ -457,32 +506,16 @@ impl Primary {
             })
             .max()
             .map(|(_, _, std::cmp::Reverse(i))| i);
-        self.pin.get().split = (primaries.len() > 1).then(|| {
-            primaries
-                .iter()
-                .map(|(i, id)| match id {
-                    Some(id) => format!("{} (timeline {})", self.name(*i), id.timeline),
-                    None => self.name(*i),
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        });
-        if let Some(all) = self.pin.split_brain() {
-            tracing::error!(
-                primaries = %all,
-                following = %best.map(|i| self.name(i)).unwrap_or_default(),
-                "more than one primary of the cluster accepts writes (a split brain); \
-                 following the newest timeline: fence the others, since what they commit now \
-                 is on no other server"
-            );
-        }
+        self.split_note(&answers, best);
         let mut causes = Vec::new();
         let mut found = None;
         for (i, a) in answers.into_iter().enumerate() {
             match a {
-                Ok((c, id)) if Some(i) == best => found = Some((i, c, id)),
-                Ok((c, _)) => self.close_later(c),
-                Err(e) => causes.push(format!("{}: {e}", self.name(i))),
+                Visit::Primary(c, id) if Some(i) == best => found = Some((i, c, id)),
+                Visit::Primary(c, _) => self.close_later(c),
+                Visit::Former(_, e) | Visit::Not(e) | Visit::Silent(e) => {
+                    causes.push(format!("{}: {e}", self.name(i)));
+                }
             }
         }
         match found {
@@ -491,6 +524,65 @@ impl Primary {
                 Ok(f)
             }
             None => Err(causes.join("; ")),
+        }
+    }
+
+    /// Notes the split brain a look's `answers` show, if any: more than one server accepting
+    /// writes; or none, unless the last look's split had a server that did not answer this
+    /// time (it may still accept writes: the operator's alert stays open). Logged as an
+    /// error while it lasts; `best` is the server followed.
+    fn split_note(&self, answers: &[Visit], best: Option<usize>) {
+        let writable: Vec<(usize, Option<Identity>)> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                Visit::Primary(_, id) => Some((i, *id)),
+                Visit::Former(id, _) => Some((i, Some(*id))),
+                Visit::Not(_) | Visit::Silent(_) => None,
+            })
+            .collect();
+        let mut pinned = self.pin.get();
+        pinned.looks += 1;
+        let silent = |s: &Split| {
+            s.members
+                .iter()
+                .any(|&i| matches!(answers.get(i), Some(Visit::Silent(_))))
+        };
+        pinned.split = if writable.len() > 1 {
+            Some(Split {
+                members: writable.iter().map(|(i, _)| *i).collect(),
+                names: writable
+                    .iter()
+                    .map(|(i, id)| match id {
+                        Some(id) => format!("{} (timeline {})", self.name(*i), id.timeline),
+                        None => self.name(*i),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+        } else {
+            pinned.split.take().filter(silent)
+        };
+        let Some(split) = pinned.split.clone() else {
+            return;
+        };
+        drop(pinned);
+        let following = best.map(|i| self.name(i)).unwrap_or_default();
+        if writable.len() > 1 {
+            tracing::error!(
+                primaries = %split.names,
+                %following,
+                "more than one primary of the cluster accepts writes (a split brain); \
+                 following the newest timeline: fence the others, since what they commit now \
+                 is on no other server"
+            );
+        } else {
+            tracing::error!(
+                primaries = %split.names,
+                %following,
+                "a server of the split brain does not answer: it may still accept writes, \
+                 so the split brain is not over until it answers or refuses connections"
+            );
         }
     }
 

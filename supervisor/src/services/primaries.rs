@@ -1,7 +1,8 @@
-//! The primaries service: while the leader's store sees more than one primary of the
+//! The primaries service: while the leader's store sees more than one server of the
 //! database's cluster accept writes (a standby promoted while its primary still runs), one
-//! open `split_brain` alert, raised on the primary the engines follow; resolved once one
-//! primary answers again. The store notices (it asks every listed server every tenth check of
+//! open `split_brain` alert, raised on the primary the engines follow; resolved once only one
+//! accepts writes (a server of the split that does not answer in time keeps it open: it may
+//! still accept writes). The store notices (it asks every listed server every tenth check of
 //! its primary, see `sagaflow_engine::store`); this service only tells the operator. With a
 //! one-server URL there is nothing to see, and a pass reads nothing.
 
@@ -49,7 +50,7 @@ impl MaintenanceService for Primaries {
                     actions: vec![
                         "fence the former primary: stop it, or make it a standby of the new one (pg_rewind)".into(),
                         "check it for writes accepted after the promotion (an engine that could reach only it)".into(),
-                        "the alert resolves itself once one primary answers".into(),
+                        "the alert resolves itself once only one server accepts writes (the former primary refuses connections or is a standby)".into(),
                     ],
                     open_key: Some(KEY.to_owned()),
                 };
@@ -57,7 +58,7 @@ impl MaintenanceService for Primaries {
             }
             None => (
                 0,
-                ctx.alert_resolve(KEY, "one primary of the cluster answers again")
+                ctx.alert_resolve(KEY, "only one server of the cluster accepts writes")
                     .await?,
             ),
         };

@@ -711,7 +711,10 @@ async fn has_run(db: &sagaflow::sea_orm::DatabaseConnection, id: Uuid) -> bool {
 /// A standby promoted while its primary still runs (a network partition; a promotion by
 /// hand): two primaries of one cluster, the promoted one on a newer timeline. The engine
 /// leaves the old one for it within ten checks, and writes nothing more there; an engine
-/// opened afterwards with the old primary listed first starts on the promoted one.
+/// opened afterwards with the old primary listed first starts on the promoted one. The
+/// operator's `split_brain` alert stays open while the old primary accepts writes (the
+/// engines refuse it; others may not), and while it is frozen (whether it accepts writes is
+/// not known); it resolves once the old primary is killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_brain_is_left_for_the_newer_timeline() {
     if !postgres_wanted("the split-brain scenario") {
@@ -724,6 +727,8 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
             .with_instance_id(id)
             .with_store_options(sagaflow::StoreOptions {
                 primary_check_interval: Duration::from_millis(100),
+                // A look at a frozen server below waits this long for it.
+                connect_timeout: Duration::from_secs(2),
                 ..sagaflow::StoreOptions::default()
             })
             .with_backlog_interval(Duration::from_millis(200))
@@ -830,6 +835,48 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
         "{}",
         alert.reason
     );
+    // Looks at every server after the one that raised it; the supervisor's pass (every
+    // 200 ms) would resolve the alert within one.
+    let looks_past = |n: u64| {
+        let store = engine.store().clone();
+        let looks = store.primary_looks().expect("a URL of two servers");
+        async move {
+            sagaflow_testkit::eventually(
+                Duration::from_secs(30),
+                "more looks at every server",
+                || async { store.primary_looks() >= Some(looks + n) },
+            )
+            .await;
+        }
+    };
+    // The old primary, which the engines refuse since the promotion, still accepts writes:
+    // the split brain goes on, and the alert stays open.
+    looks_past(3).await;
+    assert_eq!(
+        split_alerts(&engine).await.len(),
+        1,
+        "the split_brain alert stays open while both accept writes"
+    );
+    // Frozen, the old primary answers nothing: whether it accepts writes is not known, so the
+    // alert stays open.
+    let postmaster = {
+        let pid = std::fs::read_to_string(pair.primary.dir.join("data/postmaster.pid"))
+            .expect("postmaster.pid");
+        Pid::from_raw(
+            pid.lines()
+                .next()
+                .and_then(|l| l.trim().parse().ok())
+                .expect("a pid"),
+        )
+    };
+    nix::sys::signal::kill(postmaster, Signal::SIGSTOP).expect("freeze the old primary");
+    looks_past(2).await;
+    assert_eq!(
+        split_alerts(&engine).await.len(),
+        1,
+        "the split_brain alert stays open while the old primary does not answer"
+    );
+    // Fenced (killed, frozen or not), it refuses connections: the split brain is over.
     tokio::task::block_in_place(|| pair.primary.kill()).expect("fence the old primary");
     sagaflow_testkit::eventually(
         Duration::from_secs(20),
