@@ -279,6 +279,14 @@ impl StoreTx<'_> {
     /// After runs finished (`finished`, with their new states and outputs): the steps of
     /// their parents that waited for them are woken, and the completed children among them
     /// are returned, whose steps are kept (their parent may yet compensate them).
+    ///
+    /// On PostgreSQL the parents' steps are read under a lock, taken after a share lock on
+    /// the parents' runs (the order in which a parent's end takes them: its run, then its
+    /// steps' delete), so that a child's end and its parent's end meet there: a parent that
+    /// ended first has taken its steps with it, and the child finds its step gone (an
+    /// orphan, which moves as it is); a child that ends first holds up the parent's delete,
+    /// which then reads the child final ([`StoreTx::steps_leave`]). Read as of the
+    /// statement's start, each would see the other as it was, and the child stayed behind.
     pub(super) async fn wake_parents(
         &mut self,
         finished: &[(Uuid, RunState, Option<String>)],
@@ -286,51 +294,86 @@ impl StoreTx<'_> {
     ) -> Result<Parents> {
         let s = self.store;
         let ids: Vec<Uuid> = finished.iter().map(|(id, _, _)| *id).collect();
-        let mut kept = Vec::new();
-        let mut found = Vec::new();
+        let mut links: Vec<(Uuid, i64, Uuid)> = Vec::new();
         for chunk in ids.chunks(super::tx::CHUNK) {
             let (cond, values) = s.in_list("c.id", 1, chunk)?;
             let sql = format!(
-                "SELECT c.id AS child, p.id AS step_id, p.run_id, p.name, p.state, p.wait \
+                "SELECT c.id AS child, p.id AS step_id, p.run_id \
                  FROM sagaflow_runs c JOIN sagaflow_steps p ON p.id = c.parent_step \
                  WHERE {cond} AND c.parent_step IS NOT NULL"
             );
+            for r in self.txn.query_all(s.stmt(&sql, values)).await? {
+                links.push((
+                    r.try_get("", "child")?,
+                    r.try_get("", "step_id")?,
+                    r.try_get("", "run_id")?,
+                ));
+            }
+        }
+        let lock = s.dialect().row_lock;
+        if !lock.is_empty() && !links.is_empty() {
+            let mut parents: Vec<Uuid> = links.iter().map(|l| l.2).collect();
+            parents.sort_unstable();
+            parents.dedup();
+            for chunk in parents.chunks(super::tx::CHUNK) {
+                let (cond, values) = s.in_list("id", 1, chunk)?;
+                let sql = format!(
+                    "SELECT id FROM sagaflow_runs WHERE {cond} ORDER BY id{}",
+                    s.dialect().share_lock
+                );
+                self.txn.query_all(s.stmt(&sql, values)).await?;
+            }
+        }
+        let mut steps: Vec<i64> = links.iter().map(|l| l.1).collect();
+        steps.sort_unstable();
+        steps.dedup();
+        let mut kept = Vec::new();
+        let mut found = Vec::new();
+        for chunk in steps.chunks(super::tx::CHUNK) {
+            let (cond, values) = s.in_list("id", 1, chunk)?;
+            let sql = format!(
+                "SELECT id, run_id, name, state, wait FROM sagaflow_steps WHERE {cond} \
+                 ORDER BY id{lock}"
+            );
             let rows = self.txn.query_all(s.stmt(&sql, values)).await?;
             for r in rows {
-                let child: Uuid = r.try_get("", "child")?;
-                let step_id: i64 = r.try_get("", "step_id")?;
+                let step_id: i64 = r.try_get("", "id")?;
                 let run_id: Uuid = r.try_get("", "run_id")?;
                 let name: String = r.try_get("", "name")?;
                 let state: String = r.try_get("", "state")?;
                 let raw: Option<String> = r.try_get("", "wait")?;
-                let Some((_, ended, output)) = finished.iter().find(|(id, _, _)| *id == child)
-                else {
-                    continue;
-                };
-                found.push(child);
-                if *ended == RunState::Completed {
-                    kept.push(child);
-                }
-                if state == StepState::Waiting.as_str() {
-                    let Some(wait) = raw.and_then(|w| serde_json::from_str::<WaitState>(&w).ok())
+                for &(child, _, _) in links.iter().filter(|l| l.1 == step_id) {
+                    let Some((_, ended, output)) = finished.iter().find(|(id, _, _)| *id == child)
                     else {
                         continue;
                     };
-                    let wait = WaitState {
-                        woken: Some(child_woken(*ended, output.as_deref())),
-                        ..wait
-                    };
-                    self.wake(run_id, step_id, &name, &wait, actor).await?;
-                } else if state == StepState::CompensationReady.as_str() {
-                    // The parent's compensation waits for the child's: due now.
-                    self.txn
-                        .execute(s.stmt(
-                            "UPDATE sagaflow_steps SET available_at = {now} \
-                             WHERE id = $1 AND state = 'compensation_ready' AND available_at IS NOT NULL",
-                            vec![step_id.into()],
-                        ))
-                        .await?;
-                    self.notify = true;
+                    found.push(child);
+                    if *ended == RunState::Completed {
+                        kept.push(child);
+                    }
+                    if state == StepState::Waiting.as_str() {
+                        let Some(wait) = raw
+                            .as_deref()
+                            .and_then(|w| serde_json::from_str::<WaitState>(w).ok())
+                        else {
+                            continue;
+                        };
+                        let wait = WaitState {
+                            woken: Some(child_woken(*ended, output.as_deref())),
+                            ..wait
+                        };
+                        self.wake(run_id, step_id, &name, &wait, actor).await?;
+                    } else if state == StepState::CompensationReady.as_str() {
+                        // The parent's compensation waits for the child's: due now.
+                        self.txn
+                            .execute(s.stmt(
+                                "UPDATE sagaflow_steps SET available_at = {now} \
+                                 WHERE id = $1 AND state = 'compensation_ready' AND available_at IS NOT NULL",
+                                vec![step_id.into()],
+                            ))
+                            .await?;
+                        self.notify = true;
+                    }
                 }
             }
         }

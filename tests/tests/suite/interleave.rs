@@ -669,6 +669,23 @@ impl Rig {
         (state, steps)
     }
 
+    /// How many rows of `run` the runs table and the finished runs' table hold (PostgreSQL).
+    async fn tables_of(&self, run: Uuid) -> (i64, i64) {
+        let conn = self.plain.connection();
+        let row = conn
+            .query_one_raw(Statement::from_sql_and_values(
+                conn.get_database_backend(),
+                "SELECT (SELECT COUNT(*) FROM sagaflow_runs WHERE id = $1) AS live, \
+                 (SELECT COUNT(*) FROM sagaflow_runs_done WHERE id = $1) AS done",
+                [Value::from(run)],
+            ))
+            .await
+            .expect("where is the run")
+            .expect("a row");
+        let n = |c: &str| row.try_get::<i64>("", c).expect("a count");
+        (n("live"), n("done"))
+    }
+
     /// Holds `unit` at `point` while `writer` runs against one fresh run, then checks what
     /// they left. Returns how the two met.
     async fn triple(&self, unit: Unit, point: Point, writer: Writer) -> Meeting {
@@ -1688,18 +1705,7 @@ async fn interleave_a_days_drop_during_a_runs_end_waits_for_it_and_goes() {
                 (Some("completed"), 0),
                 "the child reads completed and its steps left with its parent's"
             );
-            let row = conn
-                .query_one_raw(Statement::from_sql_and_values(
-                    conn.get_database_backend(),
-                    "SELECT (SELECT COUNT(*) FROM sagaflow_runs WHERE id = $1) AS live, \
-                     (SELECT COUNT(*) FROM sagaflow_runs_done WHERE id = $1) AS done",
-                    [Value::from(child)],
-                ))
-                .await
-                .expect("where is the child")
-                .expect("a row");
-            let n = |c: &str| row.try_get::<i64>("", c).expect("a count");
-            assert_eq!((n("live"), n("done")), (0, 1), "the child {child} moved");
+            assert_eq!(r.tables_of(child).await, (0, 1), "the child {child} moved");
         }
         r.shutdown().await;
     }
@@ -1767,6 +1773,81 @@ async fn interleave_a_child_moving_into_a_day_being_dropped_leaves_the_day_for_t
             (21, 0),
             "the filled runs and the child went, each counted once: {first:?} {second:?}"
         );
+        r.shutdown().await;
+    }
+}
+
+/// A child run ends while its parent ends (the parent's steps all done: the step that
+/// waited for the child gave up on it, or an operator settled it), each unit held before its
+/// commit in turn. Whichever commits first, the child does not stay behind in the runs table
+/// with its steps, its parent gone: its steps go and, on PostgreSQL, it moves to the finished
+/// runs' table. The child's end locks the parent's step (the parent's run first, then the
+/// step: the order of the parent's end), so the two meet there: held first, the child's end
+/// holds up the parent's delete of the step, which then reads the child final and takes it
+/// along; held first, the parent's end leaves the child's end to find the step gone, and it
+/// moves the child itself. (Without the lock each read the other as it was before: the
+/// child stayed, completed, with its steps, under a step that no longer existed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_child_and_its_parent_ending_together_leave_no_child_behind() {
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        for child_first in [true, false] {
+            let parent = r.run().await;
+            let child = r.child_of_b(parent).await;
+            r.complete_all(parent).await;
+            let (first, second) = if child_first {
+                (child, parent)
+            } else {
+                (parent, child)
+            };
+            let held = r.hook.hold(Unit::Evaluate, Point::BeforeCommit);
+            let hooked = r.engine.store().clone();
+            let held_end = r.evaluate(&hooked, first);
+            let other_end = async {
+                tokio::time::timeout(LIMIT, held.reached())
+                    .await
+                    .unwrap_or_else(|_| panic!("[{b}] the held end reached its point"));
+                let ending = r.evaluate(&r.plain, second);
+                tokio::pin!(ending);
+                let blocked = tokio::time::timeout(BLOCKED_AFTER, &mut ending)
+                    .await
+                    .is_err();
+                held.release();
+                if blocked {
+                    ending.await;
+                }
+                blocked
+            };
+            let ((), blocked) =
+                tokio::time::timeout(LIMIT, async { tokio::join!(held_end, other_end) })
+                    .await
+                    .unwrap_or_else(|_| panic!("[{b}] deadlocked"));
+            let order = if child_first {
+                "the child's end held"
+            } else {
+                "the parent's end held"
+            };
+            assert!(
+                blocked || b != "postgres",
+                "[{b}] {order}: the other end went ahead instead of waiting at the parent's step"
+            );
+            for (what, run) in [("parent", parent), ("child", child)] {
+                let (state, steps) = r.rows(run).await;
+                assert_eq!(
+                    (state.as_deref(), steps.len()),
+                    (Some("completed"), 0),
+                    "[{b}] {order}: the {what} ended and its steps went: {steps:?}"
+                );
+            }
+            if b == "postgres" {
+                assert_eq!(
+                    r.tables_of(child).await,
+                    (0, 1),
+                    "[{b}] {order}: the child moved to the finished runs"
+                );
+            }
+        }
         r.shutdown().await;
     }
 }
