@@ -385,10 +385,10 @@ impl StoreTx<'_> {
     /// the finished runs' table as it is. Down the generations: the steps' delete returns
     /// whether each step has a child (found on the partial index of `parent_step`), and only
     /// the steps that have one are looked up for their finished children (a lookup after
-    /// every delete cost SQLite 5 % more instructions per saga). The lookup is a statement
-    /// of its own: on PostgreSQL a child's end that held the step's lock (see
-    /// [`StoreTx::wake_parents`]) has committed when the delete gets it, and only a later
-    /// statement reads the child final.
+    /// every delete cost SQLite 5 % more instructions per saga). A freed child's steps are
+    /// deleted without a lock taken first: on PostgreSQL a grandchild's end that held one
+    /// (see [`StoreTx::wake_parents`]) has committed when the delete gets it, which reads it
+    /// as of its start, running; the lookup, a statement of its own, reads it final.
     async fn steps_leave(&self, runs: Vec<Uuid>) -> Result<()> {
         let s = self.store;
         let postgres = s.backend() == crate::Backend::Postgres;

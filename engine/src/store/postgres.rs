@@ -18,7 +18,6 @@ pub(super) const DIALECT: Dialect = Dialect {
     claim_lock: CLAIM_LOCK,
     wake_lock: "FOR UPDATE OF s SKIP LOCKED FOR SHARE OF r SKIP LOCKED",
     row_lock: " FOR UPDATE",
-    share_lock: " FOR SHARE",
     explain: ("EXPLAIN", "QUERY PLAN"),
     folded_count: "json_array_length(then_states::json)",
     rows_as_objects: true,

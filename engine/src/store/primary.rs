@@ -345,10 +345,24 @@ enum Visit {
     Primary(PgConnection, Option<Identity>),
     /// A former primary still accepting writes (a split brain), and why it is refused.
     Former(Identity, String),
-    /// Not a primary, or not reachable, and why.
+    /// Not a primary (a standby, a server of another cluster), or down (its host refuses
+    /// connections), and why.
     Not(String),
-    /// No answer within the connect timeout: whether it accepts writes is not known.
+    /// No answer within the connect timeout, or a failure that does not say the server is
+    /// down (an unreachable host, a refused login, too many clients, a connection reset):
+    /// whether it accepts writes is not known.
     Silent(String),
+}
+
+/// What a failure to reach or ask a server says of it: down when its host refuses
+/// connections, else not known.
+fn unreached(e: &sqlx::Error) -> Visit {
+    match e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Visit::Not(e.to_string())
+        }
+        _ => Visit::Silent(e.to_string()),
+    }
 }
 
 /// Finds and follows the primary among the servers of a URL.
@@ -410,7 +424,7 @@ impl Primary {
         .await
         {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Visit::Not(e.to_string()),
+            Ok(Err(e)) => return unreached(&e),
             Err(_) => {
                 return Visit::Silent(format!(
                     "no connection within the connect timeout of {:?}",
@@ -425,7 +439,7 @@ impl Primary {
                 Visit::Former(id, why)
             }
             Ok(Ok(Verdict::Not(why))) => Visit::Not(why),
-            Ok(Err(e)) => Visit::Not(e.to_string()),
+            Ok(Err(e)) => unreached(&e),
             Err(_) => Visit::Silent("no answer within the connect timeout".into()),
         }
     }
@@ -528,9 +542,10 @@ impl Primary {
     }
 
     /// Notes the split brain a look's `answers` show, if any: more than one server accepting
-    /// writes; or none, unless the last look's split had a server that did not answer this
-    /// time (it may still accept writes: the operator's alert stays open). Logged as an
-    /// error while it lasts; `best` is the server followed.
+    /// writes; or the last look's split, kept while the servers of it that could not be
+    /// asked this time ([`Visit::Silent`]: they may still accept writes, and the operator's
+    /// alert stays open) and those that accept writes are more than one. Logged as an error
+    /// while it lasts; `best` is the server followed.
     fn split_note(&self, answers: &[Visit], best: Option<usize>) {
         let writable: Vec<(usize, Option<Identity>)> = answers
             .iter()
@@ -543,10 +558,15 @@ impl Primary {
             .collect();
         let mut pinned = self.pin.get();
         pinned.looks += 1;
+        // Kept while the servers that may accept writes are still more than one: those that
+        // do, and those of the split that cannot be asked.
         let silent = |s: &Split| {
-            s.members
+            let unknown = s
+                .members
                 .iter()
-                .any(|&i| matches!(answers.get(i), Some(Visit::Silent(_))))
+                .filter(|&&i| matches!(answers.get(i), Some(Visit::Silent(_))))
+                .count();
+            writable.len() + unknown > 1
         };
         pinned.split = if writable.len() > 1 {
             Some(Split {
@@ -692,6 +712,52 @@ pub(super) fn connect_error(target: &str, causes: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_brain_lasts_while_more_than_one_server_may_accept_writes() {
+        let p = Primary::new(
+            servers("postgres://app@a:1,b:2,c:3/orders").expect("url"),
+            PgConnectOptions::new(),
+            Duration::from_secs(1),
+        );
+        let former = |timeline| {
+            Visit::Former(
+                Identity {
+                    cluster: 7,
+                    timeline,
+                },
+                "refused".into(),
+            )
+        };
+        let standby = || Visit::Not("a standby (in recovery)".into());
+        let silent = || Visit::Silent("no answer within the connect timeout".into());
+        // Two servers of the cluster accept writes (a refused former primary counts).
+        p.split_note(&[former(1), former(2), standby()], None);
+        assert_eq!(
+            p.pin.split_brain().as_deref(),
+            Some("a:1 (timeline 1), b:2 (timeline 2)")
+        );
+        // One cannot be asked while the other writes: not known to be over.
+        p.split_note(&[silent(), former(2), standby()], None);
+        assert!(p.pin.split_brain().is_some());
+        // A server that was not in the split cannot be asked either: still one that may.
+        p.split_note(&[silent(), standby(), silent()], None);
+        assert_eq!(p.pin.split_brain(), None, "at most one may accept writes");
+        assert_eq!(p.pin.looks(), 3);
+    }
+
+    #[test]
+    fn only_a_refused_connection_says_a_server_is_down() {
+        let refused = sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into());
+        assert!(matches!(unreached(&refused), Visit::Not(_)));
+        for unknown in [
+            sqlx::Error::Io(std::io::ErrorKind::HostUnreachable.into()),
+            sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
+            sqlx::Error::Protocol("too many clients".into()),
+        ] {
+            assert!(matches!(unreached(&unknown), Visit::Silent(_)), "{unknown}");
+        }
+    }
 
     fn hosts(url: &str) -> Vec<(String, u16)> {
         servers(url).expect(url).hosts

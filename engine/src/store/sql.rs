@@ -27,10 +27,6 @@ pub(super) struct Dialect {
     pub(super) wake_lock: &'static str,
     /// The lock clause of a read whose rows the unit of work decides from (` FOR UPDATE`).
     pub(super) row_lock: &'static str,
-    /// The lock clause of a read of a row that must not change until the unit of work ends,
-    /// though others may read it under the same lock (` FOR SHARE`); empty where every
-    /// transaction writes alone.
-    pub(super) share_lock: &'static str,
     /// The query-plan prefix and the column its lines come back in.
     pub(super) explain: (&'static str, &'static str),
     /// The length of the JSON array in the text column `then_states`.

@@ -17,7 +17,6 @@ pub(super) const DIALECT: Dialect = Dialect {
     wake_lock: CLAIM_LOCK,
     // A unit of work holds the file's write lock already.
     row_lock: "",
-    share_lock: "",
     explain: ("EXPLAIN QUERY PLAN", "detail"),
     folded_count: "json_array_length(then_states)",
     rows_as_objects: false,

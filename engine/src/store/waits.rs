@@ -234,6 +234,15 @@ impl StoreTx<'_> {
     }
 
     /// Wakes one waiting step with `wait` (what woke it); returns whether it was waiting.
+    ///
+    /// Whether the run is paused decides when the step is due, and the wake reads it in its
+    /// statement. The caller holds the run (the unit of work that parked the step) or, on
+    /// PostgreSQL, the step itself, locked by an earlier statement (a child's end,
+    /// [`StoreTx::wake_parents`]): an operator's pause or resume, which locks the run's
+    /// steps, has then committed before the wake's statement begins, or waits for the wake.
+    /// (A wake that waited for the step's lock within its own statement would read the run
+    /// as it was when the statement began, and a resume that committed meanwhile would
+    /// leave the step ready but never due.)
     async fn wake(
         &mut self,
         run: Uuid,
@@ -243,20 +252,6 @@ impl StoreTx<'_> {
         actor: &str,
     ) -> Result<bool> {
         let s = self.store;
-        // Whether the run is paused decides when the step is due. On PostgreSQL the run's row
-        // is locked first: an operator's pause or resume that holds it then commits before
-        // the wake reads it (a subquery of the wake alone would read the run as it was when
-        // the statement began, even after waiting for the step's lock, and a resume that
-        // committed meanwhile would leave the step ready but never due).
-        let lock = s.dialect().share_lock;
-        if !lock.is_empty() {
-            self.txn
-                .execute(s.stmt(
-                    &format!("SELECT id FROM sagaflow_runs WHERE id = $1{lock}"),
-                    vec![run.into()],
-                ))
-                .await?;
-        }
         let values = vec![step_id.into(), wait.to_json().into()];
         let n = self.txn.execute(s.stmt(&wake_sql(), values)).await?;
         if n == 0 {
@@ -280,13 +275,15 @@ impl StoreTx<'_> {
     /// their parents that waited for them are woken, and the completed children among them
     /// are returned, whose steps are kept (their parent may yet compensate them).
     ///
-    /// On PostgreSQL the parents' steps are read under a lock, taken after a share lock on
-    /// the parents' runs (the order in which a parent's end takes them: its run, then its
-    /// steps' delete), so that a child's end and its parent's end meet there: a parent that
-    /// ended first has taken its steps with it, and the child finds its step gone (an
-    /// orphan, which moves as it is); a child that ends first holds up the parent's delete,
-    /// which then reads the child final ([`StoreTx::steps_leave`]). Read as of the
-    /// statement's start, each would see the other as it was, and the child stayed behind.
+    /// On PostgreSQL the parents' steps are read again under a lock (`FOR UPDATE`, in id
+    /// order), so that a child's end and its parent's end meet there: a parent that ended
+    /// first has taken its steps with it, and the child finds its step gone (an orphan,
+    /// which moves as it is); a child that ends first holds up the parent's end, which locks
+    /// its steps before it plans and then reads the child final ([`StoreTx::steps_leave`]). Read as of the statement's
+    /// start, each would see the other as it was, and the child stayed behind. The parent's
+    /// run is not locked: a unit of work holding it may be waiting for the child's run
+    /// (runs are locked in id order, a parent's before its child's), and no unit holding a
+    /// run's steps waits for another run.
     pub(super) async fn wake_parents(
         &mut self,
         finished: &[(Uuid, RunState, Option<String>)],
@@ -294,36 +291,18 @@ impl StoreTx<'_> {
     ) -> Result<Parents> {
         let s = self.store;
         let ids: Vec<Uuid> = finished.iter().map(|(id, _, _)| *id).collect();
-        let mut links: Vec<(Uuid, i64, Uuid)> = Vec::new();
+        // (child, its parent's step)
+        let mut links: Vec<(Uuid, i64)> = Vec::new();
         for chunk in ids.chunks(super::tx::CHUNK) {
-            let (cond, values) = s.in_list("c.id", 1, chunk)?;
+            let (cond, values) = s.in_list("id", 1, chunk)?;
             let sql = format!(
-                "SELECT c.id AS child, p.id AS step_id, p.run_id \
-                 FROM sagaflow_runs c JOIN sagaflow_steps p ON p.id = c.parent_step \
-                 WHERE {cond} AND c.parent_step IS NOT NULL"
+                "SELECT id, parent_step FROM sagaflow_runs WHERE {cond} AND parent_step IS NOT NULL"
             );
             for r in self.txn.query_all(s.stmt(&sql, values)).await? {
-                links.push((
-                    r.try_get("", "child")?,
-                    r.try_get("", "step_id")?,
-                    r.try_get("", "run_id")?,
-                ));
+                links.push((r.try_get("", "id")?, r.try_get("", "parent_step")?));
             }
         }
         let lock = s.dialect().row_lock;
-        if !lock.is_empty() && !links.is_empty() {
-            let mut parents: Vec<Uuid> = links.iter().map(|l| l.2).collect();
-            parents.sort_unstable();
-            parents.dedup();
-            for chunk in parents.chunks(super::tx::CHUNK) {
-                let (cond, values) = s.in_list("id", 1, chunk)?;
-                let sql = format!(
-                    "SELECT id FROM sagaflow_runs WHERE {cond} ORDER BY id{}",
-                    s.dialect().share_lock
-                );
-                self.txn.query_all(s.stmt(&sql, values)).await?;
-            }
-        }
         let mut steps: Vec<i64> = links.iter().map(|l| l.1).collect();
         steps.sort_unstable();
         steps.dedup();
@@ -342,7 +321,7 @@ impl StoreTx<'_> {
                 let name: String = r.try_get("", "name")?;
                 let state: String = r.try_get("", "state")?;
                 let raw: Option<String> = r.try_get("", "wait")?;
-                for &(child, _, _) in links.iter().filter(|l| l.1 == step_id) {
+                for &(child, _) in links.iter().filter(|l| l.1 == step_id) {
                     let Some((_, ended, output)) = finished.iter().find(|(id, _, _)| *id == child)
                     else {
                         continue;

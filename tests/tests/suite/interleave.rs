@@ -413,8 +413,13 @@ impl Rig {
 
     /// Evaluates `run` on `store`, as the evaluation loop does.
     async fn evaluate(&self, store: &Store, run: Uuid) {
+        self.evaluate_runs(store, &[run]).await;
+    }
+
+    /// Evaluates `runs` on `store` in one unit of work, as the evaluation loop does a batch.
+    async fn evaluate_runs(&self, store: &Store, runs: &[Uuid]) {
         let mut tx = store.begin().await.expect("begin");
-        let runs = tx.runs_lock(&[run], false).await.expect("lock");
+        let runs = tx.runs_lock(runs, false).await.expect("lock");
         plan_and_apply(&mut tx, &self.registry, runs, HashMap::new(), "test")
             .await
             .expect("evaluate");
@@ -667,6 +672,57 @@ impl Rig {
             })
             .collect();
         (state, steps)
+    }
+
+    /// Evaluates `held` on the hooked store, held at `point`, while `others` are evaluated in
+    /// one unit of work on the plain store; then releases it. Returns whether the others
+    /// waited for the held unit ([`BLOCKED_AFTER`]); panics when the two never both finish.
+    async fn evaluate_beside_held(&self, held: Uuid, point: Point, others: &[Uuid]) -> bool {
+        let b = self.db.backend;
+        let hold = self.hook.hold(Unit::Evaluate, point);
+        let hooked = self.engine.store().clone();
+        let held_end = self.evaluate(&hooked, held);
+        let other_end = async {
+            tokio::time::timeout(LIMIT, hold.reached())
+                .await
+                .unwrap_or_else(|_| panic!("[{b}] the held unit reached its point"));
+            let ending = self.evaluate_runs(&self.plain, others);
+            tokio::pin!(ending);
+            let blocked = tokio::time::timeout(BLOCKED_AFTER, &mut ending)
+                .await
+                .is_err();
+            hold.release();
+            if blocked {
+                ending.await;
+            }
+            blocked
+        };
+        let ((), blocked) =
+            tokio::time::timeout(LIMIT, async { tokio::join!(held_end, other_end) })
+                .await
+                .unwrap_or_else(|_| panic!("[{b}] deadlocked"));
+        blocked
+    }
+
+    /// Asserts that each of `runs` (named) completed for good: no step left and, on
+    /// PostgreSQL, moved to the finished runs' table. `order` says how the test met them.
+    async fn assert_completed_for_good(&self, order: &str, runs: &[(&str, Uuid)]) {
+        let b = self.db.backend;
+        for &(what, run) in runs {
+            let (state, steps) = self.rows(run).await;
+            assert_eq!(
+                (state.as_deref(), steps.len()),
+                (Some("completed"), 0),
+                "[{b}] {order}: the {what} ended and its steps went: {steps:?}"
+            );
+            if b == "postgres" {
+                assert_eq!(
+                    self.tables_of(run).await,
+                    (0, 1),
+                    "[{b}] {order}: the {what} moved to the finished runs"
+                );
+            }
+        }
     }
 
     /// How many rows of `run` the runs table and the finished runs' table hold (PostgreSQL).
@@ -1781,11 +1837,10 @@ async fn interleave_a_child_moving_into_a_day_being_dropped_leaves_the_day_for_t
 /// waited for the child gave up on it, or an operator settled it), each unit held before its
 /// commit in turn. Whichever commits first, the child does not stay behind in the runs table
 /// with its steps, its parent gone: its steps go and, on PostgreSQL, it moves to the finished
-/// runs' table. The child's end locks the parent's step (the parent's run first, then the
-/// step: the order of the parent's end), so the two meet there: held first, the child's end
-/// holds up the parent's delete of the step, which then reads the child final and takes it
-/// along; held first, the parent's end leaves the child's end to find the step gone, and it
-/// moves the child itself. (Without the lock each read the other as it was before: the
+/// runs' table. The child's end locks the parent's step, so the two meet there: held first,
+/// the child's end holds up the parent's end at its read of its steps, which then reads the
+/// child final and takes it along; held first, the parent's end leaves the child's end to
+/// find the step gone, and it moves the child itself. (Without the lock each read the other as it was before: the
 /// child stayed, completed, with its steps, under a step that no longer existed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interleave_a_child_and_its_parent_ending_together_leave_no_child_behind() {
@@ -1801,28 +1856,9 @@ async fn interleave_a_child_and_its_parent_ending_together_leave_no_child_behind
             } else {
                 (parent, child)
             };
-            let held = r.hook.hold(Unit::Evaluate, Point::BeforeCommit);
-            let hooked = r.engine.store().clone();
-            let held_end = r.evaluate(&hooked, first);
-            let other_end = async {
-                tokio::time::timeout(LIMIT, held.reached())
-                    .await
-                    .unwrap_or_else(|_| panic!("[{b}] the held end reached its point"));
-                let ending = r.evaluate(&r.plain, second);
-                tokio::pin!(ending);
-                let blocked = tokio::time::timeout(BLOCKED_AFTER, &mut ending)
-                    .await
-                    .is_err();
-                held.release();
-                if blocked {
-                    ending.await;
-                }
-                blocked
-            };
-            let ((), blocked) =
-                tokio::time::timeout(LIMIT, async { tokio::join!(held_end, other_end) })
-                    .await
-                    .unwrap_or_else(|_| panic!("[{b}] deadlocked"));
+            let blocked = r
+                .evaluate_beside_held(first, Point::BeforeCommit, &[second])
+                .await;
             let order = if child_first {
                 "the child's end held"
             } else {
@@ -1832,22 +1868,97 @@ async fn interleave_a_child_and_its_parent_ending_together_leave_no_child_behind
                 blocked || b != "postgres",
                 "[{b}] {order}: the other end went ahead instead of waiting at the parent's step"
             );
-            for (what, run) in [("parent", parent), ("child", child)] {
-                let (state, steps) = r.rows(run).await;
-                assert_eq!(
-                    (state.as_deref(), steps.len()),
-                    (Some("completed"), 0),
-                    "[{b}] {order}: the {what} ended and its steps went: {steps:?}"
-                );
-            }
-            if b == "postgres" {
-                assert_eq!(
-                    r.tables_of(child).await,
-                    (0, 1),
-                    "[{b}] {order}: the child moved to the finished runs"
-                );
-            }
+            r.assert_completed_for_good(order, &[("parent", parent), ("child", child)])
+                .await;
         }
+        r.shutdown().await;
+    }
+}
+
+/// A grandchild ends while its grandparent ends: the grandparent's end frees its completed
+/// child, whose steps it then deletes without having locked them first (they are not its
+/// own), and one of them waited for the grandchild. Held first, the grandchild's end (which
+/// locks that step) holds up the delete, which returns whether the step has a child at all;
+/// a statement after it reads the grandchild final, and it goes along. (The delete's own
+/// look, as of its start, saw the grandchild running: it stayed behind with its steps.)
+/// Held first, the grandparent's end leaves the grandchild's end to find the step gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_grandchild_ending_while_its_grandparent_ends_is_not_left_behind() {
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        for grandchild_first in [true, false] {
+            let top = r.run().await;
+            let child = r.child_of_b(top).await;
+            // The child's `b` waits for a grandchild; its other steps completed.
+            r.sql(
+                "UPDATE sagaflow_steps SET state = 'ready', output = NULL WHERE run_id = $1 \
+                 AND name = 'b'",
+                child,
+            )
+            .await;
+            let grandchild = r.child_of_b(child).await;
+            // The child's `b` gave up on it: the child completes, and is kept for its parent.
+            r.complete_all(child).await;
+            r.evaluate(&r.plain, child).await;
+            assert_eq!(
+                r.rows(child).await.0.as_deref(),
+                Some("completed"),
+                "[{b}] setup: the child completed"
+            );
+            r.complete_all(top).await;
+            let (held, other) = if grandchild_first {
+                (grandchild, top)
+            } else {
+                (top, grandchild)
+            };
+            r.evaluate_beside_held(held, Point::BeforeCommit, &[other])
+                .await;
+            let order = if grandchild_first {
+                "the grandchild's end held"
+            } else {
+                "the grandparent's end held"
+            };
+            r.assert_completed_for_good(
+                order,
+                &[("top", top), ("child", child), ("grandchild", grandchild)],
+            )
+            .await;
+        }
+        r.shutdown().await;
+    }
+}
+
+/// A child's end meets a unit of work that holds the parent's run and waits for the child's:
+/// a batch evaluating both (runs are locked in id order, and the parent's id is the lower).
+/// The child's end, held after its reads (its run and steps locked), goes on once released,
+/// and neither waits for the other: it locks the parent's step, which the batch has not
+/// reached (a unit locks its runs before their steps), and never the parent's run. (Taking
+/// the parent's run shared to wake its step, as the child's end did, closed a cycle with the
+/// batch: PostgreSQL found the deadlock after a second and failed one of them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_a_child_ending_under_a_batch_holding_its_parent_is_no_deadlock() {
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let parent = r.run().await;
+        let child = r.child_of_b(parent).await;
+        assert!(parent < child, "[{b}] the parent's id is the lower");
+        let blocked = r
+            .evaluate_beside_held(child, Point::AfterReads, &[parent, child])
+            .await;
+        assert!(blocked, "[{b}] the batch waited for the child's run");
+        assert_eq!(
+            r.rows(child).await.0.as_deref(),
+            Some("completed"),
+            "[{b}] the child ended"
+        );
+        let (state, steps) = r.rows(parent).await;
+        let woken = steps.iter().find(|s| s.0 == "b").expect("b");
+        assert!(
+            state.as_deref() == Some("running") && woken.1 == "ready" && woken.3.is_some(),
+            "[{b}] the child's end woke the parent's step, due: {state:?} {steps:?}"
+        );
         r.shutdown().await;
     }
 }

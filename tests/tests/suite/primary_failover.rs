@@ -835,16 +835,24 @@ async fn a_split_brain_is_left_for_the_newer_timeline() {
         "{}",
         alert.reason
     );
-    // Looks at every server after the one that raised it; the supervisor's pass (every
-    // 200 ms) would resolve the alert within one.
+    // Looks at every server after the one that raised it, by both engines (the leader's
+    // store is the one its supervisor reads): with looks a second apart, the supervisor's
+    // pass (every 200 ms) would have resolved the alert after the first of them.
     let looks_past = |n: u64| {
-        let store = engine.store().clone();
-        let looks = store.primary_looks().expect("a URL of two servers");
+        let stores = [engine.store().clone(), second.store().clone()];
+        let from = stores
+            .clone()
+            .map(|s| s.primary_looks().expect("a URL of two servers"));
         async move {
             sagaflow_testkit::eventually(
                 Duration::from_secs(30),
                 "more looks at every server",
-                || async { store.primary_looks() >= Some(looks + n) },
+                || async {
+                    stores
+                        .iter()
+                        .zip(from)
+                        .all(|(s, looks)| s.primary_looks() >= Some(looks + n))
+                },
             )
             .await;
         }
