@@ -120,13 +120,19 @@ pub(super) async fn count_finished(
 }
 
 /// Adds `n` (negative: takes off) runs per workflow and final state to slot `slot` of the
-/// totals, in one statement.
+/// totals, in one statement. The rows go in the order of their key as stored (workflow,
+/// then the state's name), which is the order their locks are taken in: every writer of a
+/// slot takes them alike (a unit of work's end kept them in the order of the state's
+/// variant, the retention in that of its name, and each could hold a row the other waited
+/// for).
 pub(super) async fn add_totals<'a>(
     store: &Store,
     txn: &Txn,
     slot: i64,
     counts: impl Iterator<Item = (&'a str, RunState, i64)>,
 ) -> Result<()> {
+    let mut counts: Vec<(&str, RunState, i64)> = counts.collect();
+    counts.sort_unstable_by(|a, b| (a.0, a.1.as_str()).cmp(&(b.0, b.1.as_str())));
     let mut values: Vec<sea_orm::Value> = vec![slot.into()];
     let mut rows = Vec::new();
     for (workflow, state, n) in counts {

@@ -19,7 +19,7 @@ use super::conn::Txn;
 use uuid::Uuid;
 
 use super::alerts::{NewAlert, insert_alert};
-use super::rows::{RUN_COLS, STEP_COLS};
+use super::rows::{FINAL_RUN_STATES, RUN_COLS, STEP_COLS};
 use super::{Backend, Damage, RunRow, StepRow, Store};
 use crate::model::{Alert, AlertKind, FoldedStates, HistoryKind};
 use crate::{Result, RunState};
@@ -313,7 +313,10 @@ impl StoreTx<'_> {
     /// The rows are locked until the unit of work ends (`FOR UPDATE` on PostgreSQL; SQLite's
     /// unit of work holds the file's write lock): what is decided from them cannot be undone
     /// by a writer that takes no run lock. A claim skips them (`SKIP LOCKED`), a timer wake
-    /// waits and then finds the state it expects gone or kept.
+    /// waits and then finds the state it expects gone or kept. On PostgreSQL the step of a
+    /// parent that each unfinished child run among `ids` would wake at its end is locked in
+    /// the same statement (not returned), every lock in id order: a unit takes no step lock
+    /// after this one but on rows it deletes.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
@@ -432,10 +435,19 @@ impl StoreTx<'_> {
 
 /// Marks runs for another evaluation.
 pub(super) async fn mark_dirty<C: Exec>(store: &Store, conn: &C, ids: &[Uuid]) -> Result<()> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
     for chunk in ids.chunks(CHUNK) {
         let (cond, values) = store.in_list("id", 1, chunk)?;
-        let sql =
-            format!("UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE {cond}");
+        // Locked in id order, as every unit of work locks runs: an update alone takes its
+        // rows in the order its scan finds them (a bitmap scan's is the table's), and a
+        // rescue marking runs that a completion batch holds could wait for one while
+        // holding another the batch waits for.
+        let sql = format!(
+            "UPDATE sagaflow_runs SET dirty = TRUE, updated_at = {{now}} WHERE id IN \
+             (SELECT id FROM sagaflow_runs WHERE {cond} ORDER BY id{})",
+            store.dialect().row_lock
+        );
         conn.execute(store.stmt(&sql, values)).await?;
     }
     Ok(())
@@ -454,15 +466,38 @@ pub(super) async fn read_steps<C: Exec>(
     let mut damaged: HashMap<Uuid, Damage> = HashMap::new();
     for chunk in ids.chunks(CHUNK) {
         let (cond, values) = s.in_list("run_id", 1, chunk)?;
-        // No `ORDER BY id` here: it would invite a walk of the whole primary key in id order
-        // instead of a lookup by run. Each run's steps are sorted below.
-        let sql = format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}{lock}");
+        let sql = if lock.is_empty() {
+            // No `ORDER BY id` here: it would invite a walk of the whole primary key in id
+            // order instead of a lookup by run. Each run's steps are sorted below.
+            format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}")
+        } else {
+            // Locked, with the parent's step of each unfinished child run among them, whose
+            // end wakes that step ([`StoreTx::wake_parents`]): every step lock of the unit
+            // in one statement, in id order (`id + 0`: sorted after the lookup by run, not
+            // read in primary-key order), so that two units that each hold a parent and
+            // the other's child take them in the same order, and neither waits for a step
+            // while holding one the other needs after it. `= ANY(ARRAY(…))`: the parents'
+            // steps are looked up first, and both lookups are index scans (`OR id IN (…)`
+            // read the whole table).
+            let (runs, _) = s.in_list("r.id", 1, chunk)?;
+            format!(
+                "SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond} OR id = ANY(ARRAY( \
+                 SELECT r.parent_step FROM sagaflow_runs AS r WHERE {runs} \
+                 AND r.parent_step IS NOT NULL AND r.state NOT IN {FINAL_RUN_STATES})) \
+                 ORDER BY id + 0{lock}"
+            )
+        };
         let rows = conn.query_all(s.stmt(&sql, values)).await?;
+        let members: Option<std::collections::HashSet<&Uuid>> =
+            (!lock.is_empty()).then(|| chunk.iter().collect());
         for r in &rows {
+            let run: Uuid = r.try_get("", "run_id")?;
+            if members.as_ref().is_some_and(|m| !m.contains(&run)) {
+                continue; // a parent's step, locked and not read
+            }
             match StepRow::decode(r) {
                 Ok(step) => out.entry(step.run_id).or_default().push(step),
                 Err(e) => {
-                    let run: Uuid = r.try_get("", "run_id")?;
                     damaged.entry(run).or_insert_with(|| Damage::of(run, e));
                 }
             }

@@ -279,11 +279,15 @@ impl StoreTx<'_> {
     /// order), so that a child's end and its parent's end meet there: a parent that ended
     /// first has taken its steps with it, and the child finds its step gone (an orphan,
     /// which moves as it is); a child that ends first holds up the parent's end, which locks
-    /// its steps before it plans and then reads the child final ([`StoreTx::steps_leave`]). Read as of the statement's
-    /// start, each would see the other as it was, and the child stayed behind. The parent's
-    /// run is not locked: a unit of work holding it may be waiting for the child's run
-    /// (runs are locked in id order, a parent's before its child's), and no unit holding a
-    /// run's steps waits for another run.
+    /// its steps before it plans and then reads the child final ([`StoreTx::steps_leave`]).
+    /// Read as of the statement's start, each would see the other as it was, and the child
+    /// stayed behind. The lock is already held when the unit read its steps
+    /// ([`StoreTx::steps_lock`] takes the parent's step of each unfinished child with them,
+    /// in id order), so the re-read waits for nothing; taken here, after the unit's own
+    /// steps, it closed a cycle with a unit holding the parent's steps and waiting for one
+    /// of this unit's. The parent's run is not locked: a unit of work holding it may be
+    /// waiting for the child's run (runs are locked in id order, a parent's before its
+    /// child's).
     pub(super) async fn wake_parents(
         &mut self,
         finished: &[(Uuid, RunState, Option<String>)],

@@ -674,14 +674,15 @@ impl Rig {
         (state, steps)
     }
 
-    /// Evaluates `held` on the hooked store, held at `point`, while `others` are evaluated in
-    /// one unit of work on the plain store; then releases it. Returns whether the others
-    /// waited for the held unit ([`BLOCKED_AFTER`]); panics when the two never both finish.
-    async fn evaluate_beside_held(&self, held: Uuid, point: Point, others: &[Uuid]) -> bool {
+    /// Evaluates `held` in one unit of work on the hooked store, held at `point`, while
+    /// `others` are evaluated in one on the plain store; then releases it. Returns whether
+    /// the others waited for the held unit ([`BLOCKED_AFTER`]); panics when the two never
+    /// both finish.
+    async fn evaluate_beside_held(&self, held: &[Uuid], point: Point, others: &[Uuid]) -> bool {
         let b = self.db.backend;
         let hold = self.hook.hold(Unit::Evaluate, point);
         let hooked = self.engine.store().clone();
-        let held_end = self.evaluate(&hooked, held);
+        let held_end = self.evaluate_runs(&hooked, held);
         let other_end = async {
             tokio::time::timeout(LIMIT, hold.reached())
                 .await
@@ -1857,7 +1858,7 @@ async fn interleave_a_child_and_its_parent_ending_together_leave_no_child_behind
                 (parent, child)
             };
             let blocked = r
-                .evaluate_beside_held(first, Point::BeforeCommit, &[second])
+                .evaluate_beside_held(&[first], Point::BeforeCommit, &[second])
                 .await;
             let order = if child_first {
                 "the child's end held"
@@ -1912,7 +1913,7 @@ async fn interleave_a_grandchild_ending_while_its_grandparent_ends_is_not_left_b
             } else {
                 (top, grandchild)
             };
-            r.evaluate_beside_held(held, Point::BeforeCommit, &[other])
+            r.evaluate_beside_held(&[held], Point::BeforeCommit, &[other])
                 .await;
             let order = if grandchild_first {
                 "the grandchild's end held"
@@ -1945,7 +1946,7 @@ async fn interleave_a_child_ending_under_a_batch_holding_its_parent_is_no_deadlo
         let child = r.child_of_b(parent).await;
         assert!(parent < child, "[{b}] the parent's id is the lower");
         let blocked = r
-            .evaluate_beside_held(child, Point::AfterReads, &[parent, child])
+            .evaluate_beside_held(&[child], Point::AfterReads, &[parent, child])
             .await;
         assert!(blocked, "[{b}] the batch waited for the child's run");
         assert_eq!(
@@ -1959,6 +1960,46 @@ async fn interleave_a_child_ending_under_a_batch_holding_its_parent_is_no_deadlo
             state.as_deref() == Some("running") && woken.1 == "ready" && woken.3.is_some(),
             "[{b}] the child's end woke the parent's step, due: {state:?} {steps:?}"
         );
+        r.shutdown().await;
+    }
+}
+
+/// Two batches each hold a parent and the other parent's child, ending: the first holds
+/// its runs' steps (the first parent's step waiting for its child among them) after its
+/// reads; the second's child ends and wakes the first parent's step, while the first's
+/// child wakes the second parent's step. Each unit locks the parent's step of its ending
+/// child with its own steps, in one statement in id order, so the second waits for the
+/// first and both finish. (Locked after the unit's own steps, each waited for a step the
+/// other held: PostgreSQL found the deadlock and failed one of them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleave_two_batches_each_ending_the_others_child_are_no_deadlock() {
+    for db in backends().await {
+        let r = rig(db).await;
+        let b = r.db.backend;
+        let (first, second) = (r.run().await, r.run().await);
+        let first_child = r.child_of_b(first).await;
+        let second_child = r.child_of_b(second).await;
+        r.evaluate_beside_held(
+            &[first, second_child],
+            Point::AfterReads,
+            &[second, first_child],
+        )
+        .await;
+        for child in [first_child, second_child] {
+            assert_eq!(
+                r.rows(child).await.0.as_deref(),
+                Some("completed"),
+                "[{b}] the child {child} ended"
+            );
+        }
+        for parent in [first, second] {
+            let (state, steps) = r.rows(parent).await;
+            let woken = steps.iter().find(|s| s.0 == "b").expect("b");
+            assert!(
+                state.as_deref() == Some("running") && woken.1 == "ready" && woken.3.is_some(),
+                "[{b}] its child's end woke the parent's step, due: {state:?} {steps:?}"
+            );
+        }
         r.shutdown().await;
     }
 }
