@@ -152,7 +152,11 @@ impl StoreTx<'_> {
             }
             RunInsertOutcome::Duplicate { existing, .. } => existing,
         };
-        let sql = "UPDATE sagaflow_runs SET parent_step = $1 WHERE id = $2";
+        // The link, written only where it is not already there: a child an earlier attempt
+        // of the step started is linked to it, and is then neither written nor locked (its
+        // run is not this unit's, and a unit ending it may be waiting for this step).
+        let sql = "UPDATE sagaflow_runs SET parent_step = $1 WHERE id = $2 \
+                   AND (parent_step IS NULL OR parent_step <> $1)";
         self.txn
             .execute(s.stmt(sql, vec![p.step_id.into(), id.into()]))
             .await?;
