@@ -194,6 +194,9 @@ async fn finish_batch_in(
     let mut tx = store.begin().await?;
     let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
     let runs = tx.runs_lock(&run_ids, false).await?;
+    // The steps the evaluation below reads, locked now in the order every unit takes them:
+    // the attempts' writes would otherwise lock some of them first, out of that order.
+    tx.steps_lock_ahead(&run_ids).await?;
     tx.pause_point(Unit::Complete, Point::AfterReads).await;
     let applied = tx.attempts_write(items, None).await?;
     let parks: Vec<Park> = items

@@ -43,7 +43,7 @@
 //!   [`Store::step_list_rescuable`], [`Store::step_queue_depth`], [`Store::steps_waiting`],
 //!   [`Store::steps_waiting_count`], [`Store::step_age`], [`Store::step_age_plan`],
 //!   [`Store::step_set_progress`]; in a unit
-//!   of work [`StoreTx::steps_lock`], [`StoreTx::steps_park_of_paused`],
+//!   of work [`StoreTx::steps_lock`], [`StoreTx::steps_lock_ahead`], [`StoreTx::steps_park_of_paused`],
 //!   [`StoreTx::steps_wake_due`]
 //! - plans, attempts, fences, parks and waits (in a unit of work): [`StoreTx::plan_apply`],
 //!   [`StoreTx::attempts_write`], [`StoreTx::fence_check`], [`StoreTx::parks_follow_up`],

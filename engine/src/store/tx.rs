@@ -324,6 +324,30 @@ impl StoreTx<'_> {
         read_steps(self.store, &self.txn, ids, self.store.dialect().row_lock).await
     }
 
+    /// Locks what [`StoreTx::steps_lock`] locks, reading nothing: for a unit of work that
+    /// writes some of its runs' steps before it reads them all (a completion batch writes
+    /// its attempts' ends first), so that its every step lock is still taken in one
+    /// statement, in id order. Nothing on SQLite, whose unit of work holds the write lock.
+    ///
+    /// # Errors
+    /// [`crate::Error::Db`].
+    pub async fn steps_lock_ahead(&self, ids: &[Uuid]) -> Result<()> {
+        let s = self.store;
+        let lock = s.dialect().row_lock;
+        if lock.is_empty() {
+            return Ok(());
+        }
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        for chunk in ids.chunks(CHUNK) {
+            let (cond, values) = s.in_list("run_id", 1, chunk)?;
+            let sql = locked_steps_sql(s, "id", &cond, chunk, lock)?;
+            self.txn.query_all(s.stmt(&sql, values)).await?;
+        }
+        Ok(())
+    }
+
     /// Sets runs aside for damaged rows, as the run table's
     /// [`RunTrigger::DamagedRow`](crate::transition::RunTrigger::DamagedRow) rule says: the run
     /// goes to `Error` with an error envelope naming the damage (code `corrupt_row`, the
@@ -387,8 +411,7 @@ impl StoreTx<'_> {
         Ok(alerts)
     }
 
-    /// Marks runs for another evaluation (ids sorted by the caller when the runs are not
-    /// locked yet).
+    /// Marks runs for another evaluation, locking those not locked yet in id order.
     ///
     /// # Errors
     /// [`crate::Error::Db`].
@@ -453,6 +476,31 @@ pub(super) async fn mark_dirty<C: Exec>(store: &Store, conn: &C, ids: &[Uuid]) -
     Ok(())
 }
 
+/// The statement that locks the steps of the runs `chunk` (`cond` selects them) with
+/// `lock`, and the parent's step of each unfinished child run among them, whose end wakes
+/// that step ([`StoreTx::wake_parents`]), returning `cols`: every step lock of the unit in
+/// one statement, in id order (`id + 0`: sorted after the lookup by run, not read in
+/// primary-key order), so that two units that each hold a parent and the other's child take
+/// them in the same order, and neither waits for a step while holding one the other needs
+/// after it. `= ANY(ARRAY(…))`: the parents' steps are looked up first, and both lookups are
+/// index scans (`OR id IN (…)` read the whole table). The runs' list takes the same
+/// placeholders as `cond`.
+fn locked_steps_sql(
+    s: &Store,
+    cols: &str,
+    cond: &str,
+    chunk: &[Uuid],
+    lock: &str,
+) -> Result<String> {
+    let (runs, _) = s.in_list("r.id", 1, chunk)?;
+    Ok(format!(
+        "SELECT {cols} FROM sagaflow_steps WHERE {cond} OR id = ANY(ARRAY( \
+         SELECT r.parent_step FROM sagaflow_runs AS r WHERE {runs} \
+         AND r.parent_step IS NOT NULL AND r.state NOT IN {FINAL_RUN_STATES})) \
+         ORDER BY id + 0{lock}"
+    ))
+}
+
 /// The steps of many runs read on `conn`, grouped by run, each run's sorted by id; `lock` is
 /// appended to each statement (` FOR UPDATE`, or nothing). A step row that does not decode
 /// marks its run damaged instead of failing the read.
@@ -471,21 +519,7 @@ pub(super) async fn read_steps<C: Exec>(
             // order instead of a lookup by run. Each run's steps are sorted below.
             format!("SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond}")
         } else {
-            // Locked, with the parent's step of each unfinished child run among them, whose
-            // end wakes that step ([`StoreTx::wake_parents`]): every step lock of the unit
-            // in one statement, in id order (`id + 0`: sorted after the lookup by run, not
-            // read in primary-key order), so that two units that each hold a parent and
-            // the other's child take them in the same order, and neither waits for a step
-            // while holding one the other needs after it. `= ANY(ARRAY(…))`: the parents'
-            // steps are looked up first, and both lookups are index scans (`OR id IN (…)`
-            // read the whole table).
-            let (runs, _) = s.in_list("r.id", 1, chunk)?;
-            format!(
-                "SELECT {STEP_COLS} FROM sagaflow_steps WHERE {cond} OR id = ANY(ARRAY( \
-                 SELECT r.parent_step FROM sagaflow_runs AS r WHERE {runs} \
-                 AND r.parent_step IS NOT NULL AND r.state NOT IN {FINAL_RUN_STATES})) \
-                 ORDER BY id + 0{lock}"
-            )
+            locked_steps_sql(s, STEP_COLS, &cond, chunk, lock)?
         };
         let rows = conn.query_all(s.stmt(&sql, values)).await?;
         let members: Option<std::collections::HashSet<&Uuid>> =
