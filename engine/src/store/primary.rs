@@ -560,7 +560,7 @@ impl Primary {
         pinned.looks += 1;
         // Kept while the servers that may accept writes are still more than one: those that
         // do, and those of the split that cannot be asked.
-        let silent = |s: &Split| {
+        let still_split = |s: &Split| {
             let unknown = s
                 .members
                 .iter()
@@ -581,7 +581,7 @@ impl Primary {
                     .join(", "),
             })
         } else {
-            pinned.split.take().filter(silent)
+            pinned.split.take().filter(still_split)
         };
         let Some(split) = pinned.split.clone() else {
             return;

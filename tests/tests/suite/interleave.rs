@@ -726,6 +726,23 @@ impl Rig {
         }
     }
 
+    /// Asserts that `child` completed and that its end woke `parent`'s step `b`, due, in a
+    /// parent still running.
+    async fn assert_child_ended_and_woke(&self, parent: Uuid, child: Uuid) {
+        let b = self.db.backend;
+        assert_eq!(
+            self.rows(child).await.0.as_deref(),
+            Some("completed"),
+            "[{b}] the child {child} ended"
+        );
+        let (state, steps) = self.rows(parent).await;
+        let woken = steps.iter().find(|s| s.0 == "b").expect("b");
+        assert!(
+            state.as_deref() == Some("running") && woken.1 == "ready" && woken.3.is_some(),
+            "[{b}] the child's end woke the parent's step, due: {state:?} {steps:?}"
+        );
+    }
+
     /// How many rows of `run` the runs table and the finished runs' table hold (PostgreSQL).
     async fn tables_of(&self, run: Uuid) -> (i64, i64) {
         let conn = self.plain.connection();
@@ -1949,17 +1966,7 @@ async fn interleave_a_child_ending_under_a_batch_holding_its_parent_is_no_deadlo
             .evaluate_beside_held(&[child], Point::AfterReads, &[parent, child])
             .await;
         assert!(blocked, "[{b}] the batch waited for the child's run");
-        assert_eq!(
-            r.rows(child).await.0.as_deref(),
-            Some("completed"),
-            "[{b}] the child ended"
-        );
-        let (state, steps) = r.rows(parent).await;
-        let woken = steps.iter().find(|s| s.0 == "b").expect("b");
-        assert!(
-            state.as_deref() == Some("running") && woken.1 == "ready" && woken.3.is_some(),
-            "[{b}] the child's end woke the parent's step, due: {state:?} {steps:?}"
-        );
+        r.assert_child_ended_and_woke(parent, child).await;
         r.shutdown().await;
     }
 }
@@ -1975,7 +1982,6 @@ async fn interleave_a_child_ending_under_a_batch_holding_its_parent_is_no_deadlo
 async fn interleave_two_batches_each_ending_the_others_child_are_no_deadlock() {
     for db in backends().await {
         let r = rig(db).await;
-        let b = r.db.backend;
         let (first, second) = (r.run().await, r.run().await);
         let first_child = r.child_of_b(first).await;
         let second_child = r.child_of_b(second).await;
@@ -1985,20 +1991,8 @@ async fn interleave_two_batches_each_ending_the_others_child_are_no_deadlock() {
             &[second, first_child],
         )
         .await;
-        for child in [first_child, second_child] {
-            assert_eq!(
-                r.rows(child).await.0.as_deref(),
-                Some("completed"),
-                "[{b}] the child {child} ended"
-            );
-        }
-        for parent in [first, second] {
-            let (state, steps) = r.rows(parent).await;
-            let woken = steps.iter().find(|s| s.0 == "b").expect("b");
-            assert!(
-                state.as_deref() == Some("running") && woken.1 == "ready" && woken.3.is_some(),
-                "[{b}] its child's end woke the parent's step, due: {state:?} {steps:?}"
-            );
+        for (parent, child) in [(first, first_child), (second, second_child)] {
+            r.assert_child_ended_and_woke(parent, child).await;
         }
         r.shutdown().await;
     }
